@@ -1,0 +1,105 @@
+"""Fill DeepSpeed's `"auto"` values, the way Hugging Face's integration does, from one source of truth.
+
+Qwen's `ds_config_zero2.json` / `ds_config_zero3.json` are accepted unchanged. Resolution happens in
+two places because the values come from two places:
+- `resolve_from_train` (in the flow, before spec.json is written): batch sizes, optimizer and clipping
+  come from `train` and the world size;
+- `resolve_from_runtime` (on each rank): precision from the hardware, ZeRO-3 bucket sizes from the
+  model's hidden size.
+Anything still `"auto"` after both is an error naming its key.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from config.errors import UserError
+from config.schema import TrainConfig
+
+AUTO = "auto"
+
+
+def read_deepspeed_json(path: str) -> dict[str, Any]:
+    """The DeepSpeed config file as a dict, or a UserError naming the file and line."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"deepspeed.config {path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    except OSError as exc:
+        raise UserError(f"deepspeed.config {path}: cannot read ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"deepspeed.config {path}: must hold a JSON object")
+    return data
+
+
+def _set_auto(section: dict[str, Any], key: str, value: Any) -> None:
+    if section.get(key) == AUTO:
+        section[key] = value
+
+
+def resolve_from_train(ds: dict[str, Any], train: TrainConfig, world_size: int) -> dict[str, Any]:
+    """Fill the `"auto"` values that come from `train` and the world size; check explicit ones agree."""
+    out = copy.deepcopy(ds)
+    wanted = {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.gradient_accumulation_steps,
+        "train_batch_size": train.micro_batch_size * train.gradient_accumulation_steps * world_size,
+    }
+    for key, value in wanted.items():
+        if key not in out or out[key] == AUTO:
+            out[key] = value
+        elif out[key] != value:
+            raise UserError(
+                f"deepspeed.config sets {key}={out[key]} but train gives {value}; "
+                f'set it to "auto" or change train.micro_batch_size/gradient_accumulation_steps'
+            )
+    _set_auto(out, "gradient_clipping", train.max_grad_norm)
+    out.setdefault("gradient_clipping", train.max_grad_norm)
+    optimizer = out.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    params = optimizer.setdefault("params", {})
+    for key, value in (
+        ("lr", train.learning_rate),
+        ("betas", [train.adam_beta1, train.adam_beta2]),
+        ("eps", train.adam_epsilon),
+        ("weight_decay", train.weight_decay),
+    ):
+        if params.get(key, AUTO) == AUTO:
+            params[key] = value
+    # The schedule is owned by train.lr_scheduler/warmup_ratio (applied by the trainer), so a
+    # DeepSpeed scheduler block (Qwen's configs carry WarmupLR with "auto") is dropped, not obeyed twice.
+    out.pop("scheduler", None)
+    return out
+
+
+def resolve_from_runtime(ds: dict[str, Any], *, bf16: bool, hidden_size: int) -> dict[str, Any]:
+    """Fill precision and ZeRO-3 bucket sizes, then refuse any `"auto"` left over."""
+    out = copy.deepcopy(ds)
+    bf16_section = out.setdefault("bf16", {})
+    _set_auto(bf16_section, "enabled", bf16)
+    fp16_section = out.get("fp16")
+    if isinstance(fp16_section, dict):
+        _set_auto(fp16_section, "enabled", False)
+    zero = out.get("zero_optimization", {})
+    _set_auto(zero, "reduce_bucket_size", hidden_size * hidden_size)
+    _set_auto(zero, "stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size))
+    _set_auto(zero, "stage3_param_persistence_threshold", 10 * hidden_size)
+    leftover = list(_auto_keys(out))
+    if leftover:
+        raise UserError(f"deepspeed.config: cannot resolve \"auto\" for {', '.join(leftover)}; give explicit values")
+    return out
+
+
+def zero_stage(ds: dict[str, Any]) -> int:
+    """The ZeRO stage of a DeepSpeed config (0 when absent)."""
+    return int(ds.get("zero_optimization", {}).get("stage", 0))
+
+
+def _auto_keys(tree: Any, prefix: str = ""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _auto_keys(value, f"{prefix}{key}.")
+    elif tree == AUTO:
+        yield prefix.rstrip(".")

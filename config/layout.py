@@ -1,0 +1,78 @@
+"""Names of everything Tandem writes on storage, in one place (see DESIGN.md "Storage contracts")."""
+
+from __future__ import annotations
+
+from config.storage import join
+
+__all__ = ["join"]
+
+DATASET_SCHEMA = "tandem.dataset/1"
+CHECKPOINT_SCHEMA = "tandem.checkpoint/1"
+SPEC_SCHEMA = "tandem.spec/1"
+EVAL_SCHEMA = "tandem.eval/1"
+REGISTRY_SCHEMA = "tandem.registry/1"
+MODEL_SCHEMA = "tandem.model/1"
+
+MANIFEST = "manifest.json"
+COMPLETE = "COMPLETE"
+SPEC = "spec.json"
+METRICS = "metrics.jsonl"
+EVAL = "eval.json"
+LOG = "log.txt"
+STATUS = "status.json"
+SPLITS = ("train", "eval")
+
+
+def dataset_dir(storage: str, dataset_id: str) -> str:
+    """{storage}/datasets/{dataset_id}"""
+    return join(storage, "datasets", dataset_id)
+
+
+def shard_name(split: str, index: int) -> str:
+    """Path of a tokenized shard, relative to its dataset directory."""
+    return f"{split}/shard-{index:05d}.parquet"
+
+
+def model_dir(storage: str, name: str) -> str:
+    """{storage}/models/{name}: base models materialized by Tandem (the built-in tiny model)."""
+    return join(storage, "models", name)
+
+
+def run_dir(storage: str, run_id: str) -> str:
+    """{storage}/runs/{run_id}"""
+    return join(storage, "runs", run_id)
+
+
+def node_dir(run: str, node_rank: int) -> str:
+    """{run}/nodes/{node_rank}"""
+    return join(run, "nodes", str(node_rank))
+
+
+def checkpoints_dir(run: str) -> str:
+    """{run}/checkpoints"""
+    return join(run, "checkpoints")
+
+
+def checkpoint_dir(run: str, step: int) -> str:
+    """{run}/checkpoints/step-{step:08d}"""
+    return join(run, "checkpoints", f"step-{step:08d}")
+
+
+def rank_dir_name(rank: int) -> str:
+    """rank-{rank:05d}: one rank's shard directory inside a checkpoint."""
+    return f"rank-{rank:05d}"
+
+
+def final_dir(run: str) -> str:
+    """{run}/final: the exported model."""
+    return join(run, "final")
+
+
+def registry_dir(storage: str, model: str) -> str:
+    """{storage}/registry/{model}"""
+    return join(storage, "registry", model)
+
+
+def registry_entry_name(version: int) -> str:
+    """v{n:04d}.json"""
+    return f"v{version:04d}.json"

@@ -1,0 +1,146 @@
+"""Build a `FinetuneConfig` from a YAML preset plus `--set key=value` overrides, and check its paths.
+
+Every failure is a `UserError` with one line that names the key (or the file) and what is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from config.errors import UserError
+from config.schema import FinetuneConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PRESETS_DIR = PROJECT_ROOT / "config" / "presets"
+DEFAULT_PRESET = "tiny-cpu"
+
+
+def preset_path(name_or_path: str) -> Path:
+    """A preset name (`tiny-cpu`) or a YAML path, as an existing file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix not in (".yaml", ".yml") and "/" not in name_or_path:
+        candidate = PRESETS_DIR / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
+        raise UserError(f"--config {name_or_path}: no such file; give a YAML path or a preset ({known})")
+    return candidate
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML file, or a UserError naming the file and line."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise UserError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a config file must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def apply_override(tree: dict[str, Any], assignment: str) -> None:
+    """Apply one `a.b.c=value` to a nested dict; the value is parsed as a YAML scalar/list."""
+    key, sep, raw = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UserError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set train.max_steps=100")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"--set {key}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def format_validation_error(exc: ValidationError, origin: str) -> str:
+    """All of pydantic's errors as one line: `origin: key: message (got value); key2: ...`."""
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            section = key.rsplit(".", 1)[0] if "." in key else None
+            allowed = _allowed_keys(section)
+            parts.append(f"{key}: unknown key (allowed here: {allowed})")
+            continue
+        got = err.get("input")
+        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+        parts.append(f"{key}: {err['msg']}{got_text}")
+    return f"{origin}: " + "; ".join(parts)
+
+
+def _allowed_keys(section: str | None) -> str:
+    model: Any = FinetuneConfig
+    for part in section.split(".") if section else []:
+        field = model.model_fields.get(part)
+        if field is None or not hasattr(field.annotation, "model_fields"):
+            return "see config/schema.py"
+        model = field.annotation
+    return ", ".join(model.model_fields)
+
+
+def validate(tree: dict[str, Any], origin: str) -> FinetuneConfig:
+    """A FinetuneConfig from a nested dict, or a one-line UserError."""
+    try:
+        return FinetuneConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc, origin)) from None
+
+
+def load_config(config: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> FinetuneConfig:
+    """Preset (default `tiny-cpu`) + overrides -> validated config with absolute, existing paths."""
+    path = preset_path(config or DEFAULT_PRESET)
+    tree = read_yaml(path)
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    origin = f"config {path.name}" + (" with --set" if overrides else "")
+    return check_paths(validate(tree, origin))
+
+
+def resolve_local(path: str) -> str:
+    """A relative path made absolute: against the working directory, else the project root."""
+    if "://" in path or os.path.isabs(path):
+        return path
+    here = Path.cwd() / path
+    if here.exists():
+        return str(here.resolve())
+    rooted = PROJECT_ROOT / path
+    return str(rooted.resolve()) if rooted.exists() else str(here.resolve())
+
+
+def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
+    """Make the config's local paths absolute and fail early, naming the key, when one is missing."""
+    data_source = resolve_local(cfg.data.source)
+    ds_config = resolve_local(cfg.deepspeed.config)
+    model_path = cfg.model.name_or_path
+    if model_path != "tiny":
+        model_path = resolve_local(model_path)
+    storage = cfg.run.storage if "://" in cfg.run.storage else str(Path(cfg.run.storage).resolve())
+    checks = [("data.source", data_source), ("deepspeed.config", ds_config)]
+    if model_path != "tiny":
+        checks.append(("model.name_or_path", model_path))
+    for key, value in checks:
+        if "://" not in value and not os.path.exists(value):
+            raise UserError(f"{key}: {value} does not exist; give an existing path (relative paths are tried "
+                            f"against the working directory, then {PROJECT_ROOT})")
+    return cfg.model_copy(
+        update={
+            "run": cfg.run.model_copy(update={"storage": storage}),
+            "data": cfg.data.model_copy(update={"source": data_source}),
+            "model": cfg.model.model_copy(update={"name_or_path": model_path}),
+            "deepspeed": cfg.deepspeed.model_copy(update={"config": ds_config}),
+        }
+    )

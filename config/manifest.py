@@ -1,0 +1,58 @@
+"""Manifests: the list of files (size, digest) that makes a directory whole, and its verification.
+
+Used for staged datasets and checkpoints alike. `verify_files` is the one check every node runs
+before its ranks read a byte (DESIGN.md: "Every node verifies the dataset manifest").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from config import layout
+from config.digest import digest_bytes, digest_url
+from config.errors import UserError
+from config.storage import filesystem, join, read_bytes
+
+VerifyMode = Literal["full", "size"]
+
+
+def file_entry(base: str, relpath: str, algorithm: str) -> dict[str, Any]:
+    """{path, size, digest} of one file under `base`."""
+    digest, size = digest_url(join(base, relpath), algorithm)
+    return {"path": relpath, "size": size, "digest": digest}
+
+
+def read_manifest(base: str, schema: str) -> tuple[dict[str, Any], str]:
+    """(manifest, digest of its bytes) of the directory `base`; refuses an unknown schema."""
+    url = join(base, layout.MANIFEST)
+    try:
+        raw = read_bytes(url)
+    except FileNotFoundError:
+        raise UserError(f"{url}: missing; the directory is incomplete (re-run the step that writes it)") from None
+    import json
+
+    doc = json.loads(raw)
+    if doc.get("schema") != schema:
+        raise UserError(f"{url}: schema {doc.get('schema')!r} is not {schema!r}; written by another Tandem version")
+    return doc, digest_bytes(raw, doc["digest_algorithm"])
+
+
+def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full") -> None:
+    """Check every file of `manifest` under `base`: present, same size, and (full) same digest."""
+    algorithm = manifest["digest_algorithm"]
+    fs, _ = filesystem(base)
+    for entry in manifest["files"]:
+        url = join(base, entry["path"])
+        _, path = filesystem(url)
+        if not fs.exists(path):
+            raise UserError(f"{url}: missing (listed in {layout.MANIFEST}); re-stage or restore it")
+        size = fs.size(path)
+        if size != entry["size"]:
+            raise UserError(f"{url}: size {size} != expected {entry['size']}; the file changed after staging")
+        if mode == "full":
+            actual, _ = digest_url(url, algorithm)
+            if actual != entry["digest"]:
+                raise UserError(
+                    f"{url}: {algorithm} digest mismatch: expected {entry['digest']}, got {actual}; "
+                    "the file is corrupt or was modified, re-stage it"
+                )

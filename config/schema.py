@@ -1,0 +1,156 @@
+"""The one typed description of a fine-tuning run: `FinetuneConfig`.
+
+Defaults live here and nowhere else. Every section forbids unknown keys and is frozen, so a typo in
+a preset or a `--set` override is an error that names the key, never a silently ignored value.
+The same model is the Prefect flow's parameter, so the UI form is generated from these fields.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, values cannot change after load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunConfig(Section):
+    """Where the run lives and what it is called."""
+
+    name: str | None = Field(
+        None,
+        description="Run id. Setting it makes the run resumable by name; empty: a new id per run.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+    )
+    storage: str = Field(
+        ".tandem/storage",
+        description="fsspec URL shared by every node: a local/NFS path or s3://bucket/prefix.",
+        min_length=1,
+    )
+    storage_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra fsspec options for run.storage (e.g. endpoint_url for MinIO).",
+    )
+
+
+class DataConfig(Section):
+    """The training data and how it is turned into token shards."""
+
+    source: str = Field(
+        "data/sample/conversations.json",
+        description="Data file (JSON array or JSONL) in Qwen 'conversations' format.",
+        min_length=1,
+    )
+    format: Literal["auto", "qwen"] = Field("auto", description="Record format of data.source.")
+    max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; longer ones are truncated.")
+    eval_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="Share of records held out for evaluation.")
+    digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
+    shard_rows: int = Field(10_000, gt=0, description="Examples per Parquet shard (bounds shard size).")
+
+
+class ModelConfig(Section):
+    """The base model."""
+
+    name_or_path: str = Field(
+        "tiny",
+        description="Local Hugging Face model directory, or 'tiny' for the built-in random Qwen2-shaped model.",
+        min_length=1,
+    )
+
+
+class LoraConfig(Section):
+    """LoRA adapter settings (PEFT), used by train.method lora and qlora."""
+
+    r: int = Field(8, gt=0, description="Adapter rank.")
+    alpha: int = Field(16, gt=0, description="Scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj"],
+        min_length=1,
+        description="Module names that get adapters (Qwen2 defaults: every attention and MLP projection).",
+    )
+
+
+class TrainConfig(Section):
+    """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
+
+    method: Literal["full", "lora", "qlora"] = Field("lora", description="Which parameters are trained.")
+    learning_rate: float = Field(3e-4, gt=0.0, le=1.0, description="Peak learning rate.")
+    max_steps: int = Field(1000, gt=0, description="Optimizer steps to run.")
+    save_steps: int = Field(1000, gt=0, description="Save a checkpoint every N steps (and at the end).")
+    micro_batch_size: int = Field(2, gt=0, description="Examples per rank per forward pass.")
+    gradient_accumulation_steps: int = Field(8, gt=0, description="Micro-batches per optimizer step.")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.95, gt=0.0, lt=1.0, description="AdamW beta2.")
+    adam_epsilon: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    lr_scheduler: Literal["cosine", "linear"] = Field("cosine", description="Decay after warmup.")
+    warmup_ratio: float = Field(0.01, ge=0.0, le=1.0, description="Share of max_steps spent warming up.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    seed: int = Field(42, ge=0, description="Base seed; rank r uses seed + r.")
+    log_steps: int = Field(1, gt=0, description="Append to metrics.jsonl every N steps.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations to save memory.")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class DeepSpeedSection(Section):
+    """DeepSpeed engine configuration."""
+
+    config: str = Field(
+        "config/deepspeed/zero2.json",
+        description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).",
+        min_length=1,
+    )
+
+
+class LaunchConfig(Section):
+    """How torchrun reaches every node."""
+
+    backend: Literal["local"] = Field("local", description="local: every node is a torchrun agent on this machine.")
+    nnodes: int = Field(2, gt=0, le=1024, description="Number of nodes.")
+    nproc_per_node: int = Field(1, gt=0, le=64, description="Ranks per node (GPUs per node).")
+    master_addr: str = Field("127.0.0.1", min_length=1, description="Rendezvous host (node 0).")
+    master_port: int | None = Field(
+        None, ge=1024, le=65535, description="Rendezvous port; empty: a free port is picked per launch."
+    )
+    rdzv_timeout: int = Field(120, gt=0, description="Seconds to wait for every node to join.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every rank (NCCL_*, GLOO_*).")
+
+
+class EvalConfig(Section):
+    """Evaluation of the trained model on the eval split."""
+
+    batch_size: int = Field(8, gt=0, description="Examples per rank per forward pass.")
+
+
+class RegisterConfig(Section):
+    """Where the trained model is registered."""
+
+    model_name: str = Field(
+        "tandem-tiny",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="Registry name; versions are registry/{model_name}/v0001.json, v0002.json, ...",
+    )
+
+
+class FinetuneConfig(Section):
+    """A whole fine-tuning run: prepare, train, evaluate, register."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    register: RegisterConfig = Field(default_factory=RegisterConfig)
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks across all nodes."""
+        return self.launch.nnodes * self.launch.nproc_per_node
+

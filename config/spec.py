@@ -1,0 +1,59 @@
+"""The resolved run description, `spec.json`: written once by the flow, read and re-validated by every
+node and every rank. Its digest is part of the lineage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from config import layout
+from config.digest import digest_bytes
+from config.errors import UserError
+from config.schema import FinetuneConfig, Section
+from config.storage import read_bytes, write_json_atomic
+
+
+class DatasetRef(Section):
+    """A staged dataset, as the trainer and evaluator find it."""
+
+    dataset_id: str
+    url: str = Field(description="{storage}/datasets/{dataset_id}")
+    manifest_digest: str
+
+
+class Spec(Section):
+    """Everything a rank needs: the config, resolved values, and where things are."""
+
+    schema_name: str = Field(layout.SPEC_SCHEMA, alias="schema")
+    run_id: str
+    run_url: str
+    config: FinetuneConfig
+    deepspeed: dict[str, Any]
+    world_size: int = Field(gt=0)
+    model_path: str = Field(description="Local directory of the base model (from_pretrained).")
+    dataset: DatasetRef
+    code_version: str
+
+
+def write_spec(spec: Spec) -> str:
+    """Write spec.json into the run directory; returns the digest of its bytes."""
+    data = write_json_atomic(layout.join(spec.run_url, layout.SPEC), spec.model_dump(mode="json", by_alias=True))
+    return digest_bytes(data, "sha256")
+
+
+def load_spec(url: str) -> tuple[Spec, str]:
+    """(spec, sha256 of its bytes) from a spec.json URL, validated again."""
+    try:
+        raw = read_bytes(url)
+    except FileNotFoundError:
+        raise UserError(f"--spec {url}: no such file; pass the spec.json of a run") from None
+    try:
+        spec = Spec.model_validate_json(raw)
+    except ValidationError as exc:
+        raise UserError(f"{url}: not a valid {layout.SPEC_SCHEMA} document ({exc.error_count()} errors, "
+                        f"first: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})") from None
+    if spec.schema_name != layout.SPEC_SCHEMA:
+        raise UserError(f"{url}: schema {spec.schema_name!r} is not {layout.SPEC_SCHEMA!r}")
+    return spec, digest_bytes(raw, "sha256")

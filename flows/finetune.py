@@ -1,0 +1,104 @@
+"""The fine-tuning pipeline: prepare -> train on every node -> COMPLETE -> evaluate -> register.
+
+    python -m flows.finetune                      # the embedded default: tiny model, 2 local nodes, CPU
+    python -m flows.finetune --config qwen-7b-lora --set run.storage=/mnt/shared/tandem
+    python -m flows.finetune --set train.max_steps=100 --set launch.nnodes=3
+
+Without PREFECT_API_URL, Prefect starts a temporary local server for the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from config import layout
+from config.loader import check_paths, load_config
+from config.schema import FinetuneConfig
+from config.storage import exists, join, read_bytes, set_storage_options
+from flows.cli import add_config_arguments, run_cli
+from tasks.checkpoints import wait_for_checkpoint
+from tasks.evaluate import evaluate_on_nodes
+from tasks.prepare import prepare_dataset, prepare_model
+from tasks.register import register_model
+from tasks.run import new_run_id, write_run_spec
+from tasks.train import train_on_nodes
+
+
+def last_train_loss(run_url: str) -> float | None:
+    """The loss of the last line of metrics.jsonl."""
+    url = join(run_url, layout.METRICS)
+    if not exists(url):
+        return None
+    lines = read_bytes(url).decode().strip().splitlines()
+    return json.loads(lines[-1])["loss"] if lines else None
+
+
+@flow(name="finetune", log_prints=True)
+def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # noqa: B008 - the UI form's defaults
+    """Fine-tune a model on every node and register it with its metrics and lineage."""
+    logger = get_run_logger()
+    cfg = check_paths(config)
+    set_storage_options(cfg.run.storage, cfg.run.storage_options)
+    run_id = new_run_id(cfg)
+    logger.info("run %s: %s, %d node(s) x %d rank(s), storage %s", run_id, cfg.train.method, cfg.launch.nnodes,
+                cfg.launch.nproc_per_node, cfg.run.storage)
+    model_path = prepare_model(cfg)
+    dataset = prepare_dataset(cfg, model_path)
+    spec, spec_url, spec_digest = write_run_spec(cfg, run_id, model_path, dataset)
+    train_on_nodes(spec, spec_url)
+    checkpoint = wait_for_checkpoint(spec.run_url, cfg.train.max_steps)
+    model_url = layout.final_dir(spec.run_url)
+    metrics = evaluate_on_nodes(spec, spec_url, model_url)
+    registered = register_model(spec, spec_digest, checkpoint, model_url, metrics)
+    return {
+        "run_id": run_id,
+        "run_url": spec.run_url,
+        "dataset_id": dataset.dataset_id,
+        "train_loss": last_train_loss(spec.run_url),
+        "eval": {key: metrics[key] for key in ("loss", "perplexity", "token_accuracy", "target_tokens")},
+        "checkpoint_url": checkpoint.url,
+        "model_url": model_url,
+        "registered": f"{cfg.register.model_name} v{registered['version']:04d}",
+        "registry_url": registered["url"],
+    }
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The CLI's final summary (the one place a bare print is right)."""
+    ev = summary["eval"]
+    train_loss = summary["train_loss"]
+    rows = [
+        ("run", summary["run_id"]),
+        ("train loss", f"{train_loss:.4f}" if train_loss is not None else "n/a"),
+        ("eval loss", f"{ev['loss']:.4f}"),
+        ("perplexity", f"{ev['perplexity']:.2f}"),
+        ("token accuracy", f"{ev['token_accuracy']:.4f} ({ev['target_tokens']} target tokens)"),
+        ("checkpoint", summary["checkpoint_url"]),
+        ("model", summary["model_url"]),
+        ("registered", f"{summary['registered']} ({summary['registry_url']})"),
+    ]
+    print("\n" + "\n".join(f"{name:<15}{value}" for name, value in rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(prog="python -m flows.finetune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        cfg = load_config(args.config, args.overrides)
+        print_summary(finetune(cfg))
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Evaluate: run `python -m trainer.evaluate` on every node and read the all-reduced eval.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from config import layout
+from config.spec import Spec
+from config.storage import join, read_json
+from tasks.local_nodes import run_local_nodes
+
+
+@task(name="evaluate")
+def evaluate_on_nodes(spec: Spec, spec_url: str, model_url: str) -> dict[str, Any]:
+    """Exact eval metrics of the model at `model_url` on the eval split."""
+    logger = get_run_logger()
+    run_local_nodes(spec.run_url, spec.config.launch, "trainer.evaluate",
+                    ["--spec", spec_url, "--model", model_url], "eval", logger.info)
+    result = read_json(join(spec.run_url, layout.EVAL))
+    logger.info("eval loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
+                result["loss"], result["perplexity"], result["token_accuracy"], result["target_tokens"],
+                result["world_size"])
+    return result

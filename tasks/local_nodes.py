@@ -1,0 +1,153 @@
+"""`launch.backend: local`: every node is a torchrun agent on this machine.
+
+Each agent runs in its own session (so a whole node's process tree can be signalled at once), logs
+to {run}/nodes/{r}/log.txt and leaves status.json. The supervisor polls the agents: the first one
+that exits non-zero stops all the others, and the error names the node and quotes its log's tail.
+Any exception on our side (including Ctrl-C or a Prefect cancellation) kills every agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from config import layout
+from config.errors import EXIT_USER_ERROR, RetryableError, UserError
+from config.loader import PROJECT_ROOT
+from config.schema import LaunchConfig
+from config.storage import is_local, join, local_path, makedirs, write_json_atomic
+
+POLL_S = 0.5
+KILL_GRACE_S = 10.0
+
+
+@dataclass
+class Agent:
+    """One node's torchrun process and its log file."""
+
+    node_rank: int
+    process: subprocess.Popen
+    log_path: str
+    started_at: str
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (a fresh one per launch: FACTS.md on reused ports)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(launch: LaunchConfig, node_rank: int, port: int, module: str, args: list[str]) -> list[str]:
+    """The per-node torchrun line (the same for every backend)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}", f"--node-rank={node_rank}",
+        f"--master-addr={launch.master_addr}", f"--master-port={port}",
+        "--rdzv-conf", f"timeout={launch.rdzv_timeout}",
+        "-m", module, *args,
+    ]
+
+
+def rank_environment(launch: LaunchConfig) -> dict[str, str]:
+    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower (FACTS.md)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(launch.env)
+    return env
+
+
+def tail(path: str, lines: int = 20) -> str:
+    """The last lines of a log file."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _kill(agents: list[Agent]) -> None:
+    """SIGTERM every agent's process group, SIGKILL what is left after the grace period."""
+    for agent in agents:
+        if agent.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_S
+    for agent in agents:
+        try:
+            agent.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.process.pid, signal.SIGKILL)  # also reaps ranks that outlived their agent
+        agent.process.wait()
+
+
+def _write_status(run_url: str, agent: Agent, phase: str) -> None:
+    write_json_atomic(join(layout.node_dir(run_url, agent.node_rank), layout.STATUS), {
+        "node_rank": agent.node_rank, "phase": phase, "exit_code": agent.process.returncode,
+        "host": socket.gethostname(), "started_at": agent.started_at,
+        "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    })
+
+
+def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[str], phase: str,
+                    info: Callable[[str], None]) -> None:
+    """Start one torchrun agent per node, wait for all; raise naming the first node that fails."""
+    if not is_local(run_url):
+        raise UserError("launch.backend=local needs run.storage on a local or NFS path for node logs")
+    port = launch.master_port or free_port()
+    env = rank_environment(launch)
+    agents: list[Agent] = []
+    try:
+        for node_rank in range(launch.nnodes):
+            node_url = layout.node_dir(run_url, node_rank)
+            makedirs(node_url)
+            log_path = local_path(join(node_url, layout.LOG))  # appended to by every phase
+            with open(log_path, "ab") as log_file:
+                process = subprocess.Popen(
+                    torchrun_command(launch, node_rank, port, module, args), cwd=PROJECT_ROOT, env=env,
+                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            agents.append(Agent(node_rank, process, log_path, datetime.now(UTC).isoformat(timespec="seconds")))
+        info(f"{phase}: started {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), "
+             f"rendezvous {launch.master_addr}:{port}")
+        _supervise(agents, run_url, phase)
+    finally:
+        _kill(agents)
+
+
+def _supervise(agents: list[Agent], run_url: str, phase: str) -> None:
+    """Poll until every agent exited 0, or raise for the first failure."""
+    pending = list(agents)
+    while pending:
+        for agent in list(pending):
+            code = agent.process.poll()
+            if code is None:
+                continue
+            pending.remove(agent)
+            _write_status(run_url, agent, phase)
+            if code != 0:
+                message = (f"{phase} failed on node {agent.node_rank} (torchrun exit code {code}); "
+                           f"log {agent.log_path}, last lines:\n{tail(agent.log_path)}")
+                if _user_error_in(agent.log_path):
+                    raise UserError(message)
+                raise RetryableError(message)
+        time.sleep(POLL_S)
+
+
+def _user_error_in(log_path: str) -> bool:
+    """Whether a rank of this node exited with the user-error code (torchrun reports it as exitcode)."""
+    return f"exitcode  : {EXIT_USER_ERROR}" in tail(log_path, 200)
+

@@ -1,0 +1,46 @@
+"""Run identity and the resolved spec.json that every node and rank reads."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+
+from prefect import get_run_logger, task
+
+from config import layout
+from config.deepspeed import read_deepspeed_json, resolve_from_train
+from config.schema import FinetuneConfig
+from config.spec import DatasetRef, Spec, write_spec
+from config.version import code_version
+
+
+def new_run_id(cfg: FinetuneConfig) -> str:
+    """run.name when set (re-running it continues that run), else time + a short random suffix."""
+    if cfg.run.name:
+        return cfg.run.name
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
+    """Resolve the config once: world size, DeepSpeed "auto" values, absolute locations."""
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    return Spec(
+        run_id=run_id,
+        run_url=layout.run_dir(cfg.run.storage, run_id),
+        config=cfg,
+        deepspeed=ds,
+        world_size=cfg.world_size,
+        model_path=model_path,
+        dataset=dataset,
+        code_version=code_version(),
+    )
+
+
+@task(name="write-spec")
+def write_run_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> tuple[Spec, str, str]:
+    """Write {run}/spec.json; returns (the spec, its URL, its sha256)."""
+    spec = build_spec(cfg, run_id, model_path, dataset)
+    digest = write_spec(spec)
+    url = layout.join(spec.run_url, layout.SPEC)
+    get_run_logger().info("run %s: spec %s (sha256 %s)", run_id, url, digest[:12])
+    return spec, url, digest

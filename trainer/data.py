@@ -1,0 +1,100 @@
+"""Token shards -> per-rank micro-batches, deterministically from (seed, step) alone.
+
+Every rank computes the same global order; a step takes the next
+`micro_batch_size * gradient_accumulation_steps * world_size` examples of it, and rank r takes its
+contiguous slice. So the data a step sees depends only on the step and the world size, which makes
+"resume at step N" exact and node layouts (2 nodes x 1 rank vs 1 node x 2 ranks) equivalent.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+import torch
+
+from config import layout
+from config.manifest import read_manifest
+from config.storage import filesystem, join
+
+IGNORE_INDEX = -100
+Example = tuple[list[int], list[int]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A padded micro-batch."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+
+    @property
+    def target_tokens(self) -> int:
+        """Positions that are predicted (labels after the shift, not -100)."""
+        return int((self.labels[:, 1:] != IGNORE_INDEX).sum())
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """(pad positions, all positions)."""
+        return int((self.attention_mask == 0).sum()), self.attention_mask.numel()
+
+
+def load_split(dataset_url: str, split: str) -> list[Example]:
+    """Every example of a split, in manifest order."""
+    manifest, _ = read_manifest(dataset_url, layout.DATASET_SCHEMA)
+    examples: list[Example] = []
+    for entry in manifest["files"]:
+        if not entry["path"].startswith(f"{split}/"):
+            continue
+        fs, path = filesystem(join(dataset_url, entry["path"]))
+        with fs.open(path, "rb") as handle:
+            table = pq.read_table(handle)
+        examples.extend(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True))
+    return examples
+
+
+def collate(examples: list[Example], pad_id: int) -> Batch:
+    """Right-pad to the longest example: pad id for inputs, -100 for labels, 0 in the mask."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (example_ids, example_labels) in enumerate(examples):
+        n = len(example_ids)
+        ids[row, :n] = torch.tensor(example_ids)
+        labels[row, :n] = torch.tensor(example_labels)
+        mask[row, :n] = 1
+    return Batch(ids, mask, labels)
+
+
+def global_order(n_examples: int, seed: int, epoch: int) -> list[int]:
+    """The epoch's permutation of example indices, identical on every rank."""
+    order = list(range(n_examples))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def step_indices(n_examples: int, seed: int, step: int, per_step: int) -> list[int]:
+    """The global indices consumed by optimizer step `step` (0-based), wrapping across epochs."""
+    out: list[int] = []
+    position = step * per_step
+    while len(out) < per_step:
+        epoch, offset = divmod(position, n_examples)
+        take = min(per_step - len(out), n_examples - offset)
+        out.extend(global_order(n_examples, seed, epoch)[offset : offset + take])
+        position += take
+    return out
+
+
+def rank_micro_batches(
+    examples: list[Example], *, seed: int, step: int, micro: int, accum: int, rank: int, world: int, pad_id: int
+) -> Iterator[Batch]:
+    """This rank's `accum` micro-batches for optimizer step `step`."""
+    per_rank = micro * accum
+    indices = step_indices(len(examples), seed, step, per_rank * world)
+    mine = indices[rank * per_rank : (rank + 1) * per_rank]
+    for start in range(0, per_rank, micro):
+        yield collate([examples[i] for i in mine[start : start + micro]], pad_id)

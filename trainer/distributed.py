@@ -1,0 +1,93 @@
+"""Everything about process groups, in one place: rank identity, init/teardown, and reductions.
+
+The rest of the trainer receives a `Dist` and calls `dist_sum`/`gather_objects`/`barrier`; nothing
+else reads RANK/LOCAL_RANK/WORLD_SIZE or calls torch.distributed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This rank's place in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int
+    host: str
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the one that writes shared files."""
+        return self.rank == 0
+
+
+def init(*, deepspeed_backend: bool, timeout_s: int = 300) -> Dist:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on GPU) and describe this rank."""
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if "MASTER_ADDR" not in os.environ:  # a plain `python -m trainer` run: a group of one
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if deepspeed_backend:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    else:
+        tdist.init_process_group(backend=backend, timeout=timeout)
+    return Dist(rank, local_rank, world_size, rank // local_world, socket.gethostname(), device)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def dist_sum(values: Sequence[float], dist: Dist) -> list[float]:
+    """Element-wise SUM over all ranks, in float64 (sum numerators and denominators, divide once)."""
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=dist.device)
+    if tdist.is_initialized() and dist.world_size > 1:
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def gather_objects(obj: Any, dist: Dist) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not tdist.is_initialized() or dist.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.world_size
+    tdist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    """Wait for every rank."""
+    if tdist.is_initialized():
+        tdist.barrier()
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly."""
+    if tdist.is_initialized():
+        tdist.destroy_process_group()

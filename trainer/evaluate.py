@@ -1,0 +1,119 @@
+"""Evaluate a model on the eval split under torchrun, exactly.
+
+    torchrun ... -m trainer.evaluate --spec SPEC --model URL
+
+Example i goes to rank i % world_size (each example to exactly one rank, no padding duplicates); each
+rank sums loss, predicted target tokens and correct tokens; the sums are all-reduced and divided
+once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from typing import Any
+
+import torch
+
+from config import layout
+from config.errors import TandemError, UserError
+from config.spec import Spec, load_spec
+from config.storage import exists, join, write_json_atomic
+from trainer.data import IGNORE_INDEX, collate, load_split
+from trainer.distributed import Dist, dist_sum
+
+log = logging.getLogger(__name__)
+
+
+def load_for_eval(model_url: str, spec: Spec, device: torch.device) -> Any:
+    """A model from an exported directory: a PEFT adapter on the spec's base, or full weights."""
+    from transformers import AutoModelForCausalLM
+
+    if not exists(join(model_url, layout.COMPLETE)):
+        raise UserError(f"--model {model_url}: no {layout.COMPLETE} marker; only complete exports can be evaluated")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if exists(join(model_url, "adapter_config.json")):
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
+        model = PeftModel.from_pretrained(base, model_url)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_url, dtype=dtype)
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size: int, pad_id: int,
+               device: torch.device) -> tuple[float, int, int, int]:
+    """(summed loss, target tokens, correct tokens, examples) over this rank's examples."""
+    mine = examples[rank::world]
+    loss_sum, targets, correct = 0.0, 0, 0
+    for start in range(0, len(mine), batch_size):
+        batch = collate(mine[start : start + batch_size], pad_id)
+        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+        logits = logits[:, :-1, :].float()
+        labels = batch.labels[:, 1:].to(device)
+        mask = labels != IGNORE_INDEX
+        loss_sum += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        ).item()
+        targets += int(mask.sum())
+        correct += int(((logits.argmax(-1) == labels) & mask).sum())
+    return loss_sum, targets, correct, len(mine)
+
+
+def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
+    """All-reduced eval metrics; rank 0 writes them to {run}/eval.json."""
+    model = load_for_eval(model_url, spec, dist.device)
+    examples = load_split(spec.dataset.url, "eval")
+    sums = local_sums(model, examples, rank=dist.rank, world=dist.world_size, batch_size=spec.config.eval.batch_size,
+                      pad_id=int(model.config.pad_token_id), device=dist.device)
+    loss_sum, targets, correct, count = dist_sum(sums, dist)
+    loss = loss_sum / targets
+    result = {
+        "schema": layout.EVAL_SCHEMA,
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "token_accuracy": correct / targets,
+        "loss_sum": loss_sum,
+        "target_tokens": int(targets),
+        "correct_tokens": int(correct),
+        "examples": int(count),
+        "world_size": dist.world_size,
+        "model_url": model_url,
+        "dataset_id": spec.dataset.dataset_id,
+    }
+    if dist.is_main:
+        write_json_atomic(join(spec.run_url, layout.EVAL), result)
+        log.info("eval loss %.4f perplexity %.2f token accuracy %.4f over %d target tokens",
+                 loss, result["perplexity"], result["token_accuracy"], targets)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry for one rank."""
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
+    parser.add_argument("--model", required=True, help="URL of an exported model directory (with COMPLETE)")
+    args = parser.parse_args(argv)
+    from trainer import distributed
+    from trainer.logging_setup import configure
+
+    try:
+        spec, _ = load_spec(args.spec)
+        dist = distributed.init(deepspeed_backend=False, timeout_s=spec.config.launch.rdzv_timeout)
+        configure(dist)
+        evaluate(spec, args.model, dist)
+    except TandemError as exc:
+        logging.getLogger("trainer").error("%s", exc)
+        return exc.exit_code
+    finally:
+        distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Rank-0 side effects: metrics.jsonl lines and the one-line log summary, through one helper."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from config import layout
+from config.storage import is_local, join, local_path, makedirs, write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+
+class MetricsWriter:
+    """Appends one JSON line per logged step to {run}/metrics.jsonl; a no-op on ranks other than 0."""
+
+    def __init__(self, run_url: str, enabled: bool) -> None:
+        self.url = join(run_url, layout.METRICS)
+        self.enabled = enabled
+        self._lines: list[str] = []  # kept for object stores, which cannot append
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Record one step's metrics."""
+        if not self.enabled:
+            return
+        line = json.dumps(record, sort_keys=True)
+        if is_local(self.url):
+            path = local_path(self.url)
+            makedirs(path.rsplit("/", 1)[0])
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+        else:
+            self._lines.append(line)
+            write_bytes_atomic(self.url, ("\n".join(self._lines) + "\n").encode())
+        log.info(
+            "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f",
+            record["step"], record["max_steps"], record["loss"], record["lr"], record["grad_norm"], record["tokens_per_s"],
+        )

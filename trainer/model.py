@@ -1,0 +1,60 @@
+"""Load the base model through `from_pretrained` and make the trainable part (full, LoRA, Q-LoRA)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from config.errors import UserError
+from config.schema import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def load_base(model_path: str, *, method: str, bf16: bool) -> Any:
+    """The base causal LM in bf16 (GPU) or fp32 (CPU); 4-bit nf4 for Q-LoRA."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
+    if method == "qlora":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=kwargs["dtype"],
+        )
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    except OSError as exc:
+        raise UserError(f"model.name_or_path {model_path}: cannot load ({exc})") from None
+
+
+def make_trainable(model: Any, train: TrainConfig) -> Any:
+    """Wrap the base for the chosen method; returns the model whose trainable params DeepSpeed optimizes."""
+    if train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if train.method == "full":
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if train.method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=train.gradient_checkpointing)
+    missing = [m for m in train.lora.target_modules if not any(n.endswith(m) for n, _ in model.named_modules())]
+    if missing:
+        raise UserError(f"train.lora.target_modules: {missing} not found in the model; "
+                        "use module names such as q_proj, v_proj")
+    config = LoraConfig(
+        r=train.lora.r,
+        lora_alpha=train.lora.alpha,
+        lora_dropout=train.lora.dropout,
+        target_modules=list(train.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in peft_model.parameters())
+    log.info("%s: %d trainable parameters of %d (%.2f%%)", train.method, trainable, total, 100 * trainable / total)
+    return peft_model
