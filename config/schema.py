@@ -7,6 +7,7 @@ The same model is the Prefect flow's parameter, so the UI form is generated from
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -135,6 +136,11 @@ class RegisterConfig(Section):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
         description="Registry name; versions are registry/{model_name}/v0001.json, v0002.json, ...",
     )
+
+
+# `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
+# deprecated classmethod of that name, which this model never uses.
+warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
 
 
 class FinetuneConfig(Section):

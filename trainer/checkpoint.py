@@ -38,9 +38,11 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def _rank_files(root: str, rank_dir: str) -> list[str]:
-    """Files under root/rank_dir, as paths relative to root."""
+def _rank_files(root: str, rank_dir: str, with_root_files: bool) -> list[str]:
+    """Files under root/rank_dir (plus, for rank 0, DeepSpeed's scripts at the root), relative to root."""
     out = []
+    if with_root_files:  # DeepSpeed's rank 0 drops zero_to_fp32.py next to the tags; list it too
+        out += [n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n)) and not n.startswith(".")]
     for dirpath, _, names in os.walk(os.path.join(root, rank_dir)):
         for name in names:
             out.append(os.path.relpath(os.path.join(dirpath, name), root))
@@ -60,11 +62,13 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
     barrier()
     engine.save_checkpoint(root, tag=rank_dir, client_state={"step": step}, save_latest=False)
     torch.save({"step": step, "rank": dist.rank, "rng": rng_state(), **meta}, os.path.join(root, rank_dir, TRAINER_STATE))
+    mine = _rank_files(root, rank_dir, with_root_files=dist.is_main)
     if not local:
-        fs, remote = filesystem(join(url, rank_dir))
-        fs.put(os.path.join(root, rank_dir), remote, recursive=True)
+        fs, _ = filesystem(url)
+        for rel in mine:
+            fs.put_file(os.path.join(root, rel), filesystem(join(url, rel))[1])
     entries = []
-    for rel in _rank_files(root, rank_dir):
+    for rel in mine:
         digest, size = digest_url(join(url, rel), algorithm)
         entries.append({"path": rel, "size": size, "digest": digest, "rank": dist.rank, "host": dist.host})
     all_entries = [e for per_rank in gather_objects(entries, dist) for e in per_rank]
