@@ -8,6 +8,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.tandem/torch_extensions
 .PHONY: setup demo test bench clean
 setup:
 	@bash tools/install.sh
+	@mkdir -p $(PREFECT_HOME)
 
 demo: setup
 	$(PY) -m flows.finetune $(ARGS)
