@@ -69,10 +69,11 @@ class LoraConfig(Section):
     r: int = Field(8, gt=0, description="Adapter rank.")
     alpha: int = Field(16, gt=0, description="Scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj"],
+    target_modules: list[str] | None = Field(
+        None,
         min_length=1,
-        description="Module names that get adapters (Qwen2 defaults: every attention and MLP projection).",
+        description="Module names that get adapters; empty: every attention and MLP projection of the "
+        "model family (q/k/v/o/gate/up/down_proj for Qwen2/Llama/Mistral, c_attn/c_proj/w1/w2 for Qwen-1).",
     )
 
 
@@ -81,8 +82,23 @@ class TrainConfig(Section):
 
     method: Literal["full", "lora", "qlora"] = Field("lora", description="Which parameters are trained.")
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0, description="Peak learning rate.")
-    max_steps: int = Field(1000, gt=0, description="Optimizer steps to run.")
+    max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
+    epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
     save_steps: int = Field(1000, gt=0, description="Save a checkpoint every N steps (and at the end).")
+    keep_latest_k: int | None = Field(
+        None, ge=1, description="Keep only the newest k complete checkpoints; empty: keep all."
+    )
+    resume: str = Field(
+        "auto",
+        min_length=1,
+        description="auto: continue from the run's newest complete checkpoint; never; or a checkpoint URL.",
+    )
+    export_merged: bool = Field(False, description="LoRA/Q-LoRA: also export base + adapter merged into full weights.")
+    length_grouping: bool = Field(True, description="Group similar lengths into micro-batches (less padding).")
+    straggler_check_steps: int = Field(10, gt=0, description="Compare per-rank step times every N steps.")
+    straggler_factor: float = Field(
+        1.5, gt=1.0, description="Warn when the slowest rank's step time exceeds the median by this factor."
+    )
     micro_batch_size: int = Field(2, gt=0, description="Examples per rank per forward pass.")
     gradient_accumulation_steps: int = Field(8, gt=0, description="Micro-batches per optimizer step.")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")

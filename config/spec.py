@@ -4,6 +4,7 @@ node and every rank. Its digest is part of the lineage.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -11,7 +12,7 @@ from pydantic import Field, ValidationError
 from config import layout
 from config.digest import digest_bytes
 from config.errors import UserError
-from config.schema import FinetuneConfig, Section
+from config.schema import FinetuneConfig, Section, TrainConfig
 from config.storage import read_bytes, write_json_atomic
 
 
@@ -32,9 +33,18 @@ class Spec(Section):
     config: FinetuneConfig
     deepspeed: dict[str, Any]
     world_size: int = Field(gt=0)
+    total_steps: int = Field(gt=0, description="Optimizer steps of the whole run (train.max_steps or from epochs).")
     model_path: str = Field(description="Local directory of the base model (from_pretrained).")
     dataset: DatasetRef
     code_version: str
+
+
+def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
+    """train.max_steps when set, else enough steps for train.epochs passes over the train split."""
+    if train.max_steps is not None:
+        return train.max_steps
+    per_step = train.micro_batch_size * train.gradient_accumulation_steps * world_size
+    return max(1, math.ceil(train.epochs * train_records / per_step))
 
 
 def write_spec(spec: Spec) -> str:

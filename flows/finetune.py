@@ -51,7 +51,7 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     dataset = prepare_dataset(cfg, model_path)
     spec, spec_url, spec_digest = write_run_spec(cfg, run_id, model_path, dataset)
     train_on_nodes(spec, spec_url)
-    checkpoint = wait_for_checkpoint(spec.run_url, cfg.train.max_steps)
+    checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
     model_url = layout.final_dir(spec.run_url)
     metrics = evaluate_on_nodes(spec, spec_url, model_url)
     registered = register_model(spec, spec_digest, checkpoint, model_url, metrics)

@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from config.spec import Spec
 from config.version import code_version
-from tasks.checkpoints import CompleteCheckpoint
+from config.checkpoints import CompleteCheckpoint
 from tasks.registry import register_version
 
 METRIC_KEYS = ("loss", "perplexity", "token_accuracy", "target_tokens", "correct_tokens", "examples")

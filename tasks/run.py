@@ -10,7 +10,8 @@ from prefect import get_run_logger, task
 from config import layout
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.schema import FinetuneConfig
-from config.spec import DatasetRef, Spec, write_spec
+from config.manifest import read_manifest
+from config.spec import DatasetRef, Spec, total_steps, write_spec
 from config.version import code_version
 
 
@@ -24,12 +25,15 @@ def new_run_id(cfg: FinetuneConfig) -> str:
 def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
     """Resolve the config once: world size, DeepSpeed "auto" values, absolute locations."""
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    manifest, _ = read_manifest(dataset.url, layout.DATASET_SCHEMA)
+    steps = total_steps(cfg.train, manifest["splits"]["train"]["records"], cfg.world_size)
     return Spec(
         run_id=run_id,
         run_url=layout.run_dir(cfg.run.storage, run_id),
         config=cfg,
         deepspeed=ds,
         world_size=cfg.world_size,
+        total_steps=steps,
         model_path=model_path,
         dataset=dataset,
         code_version=code_version(),

@@ -1,9 +1,18 @@
 """Token shards -> per-rank micro-batches, deterministically from (seed, step) alone.
 
 Every rank computes the same global order; a step takes the next
-`micro_batch_size * gradient_accumulation_steps * world_size` examples of it, and rank r takes its
-contiguous slice. So the data a step sees depends only on the step and the world size, which makes
-"resume at step N" exact and node layouts (2 nodes x 1 rank vs 1 node x 2 ranks) equivalent.
+`micro_batch_size * gradient_accumulation_steps * world_size` examples of it. So the data a step
+sees depends only on the step, which makes "resume at step N" exact and node layouts (2 nodes x 1
+rank vs 1 node x 2 ranks) equivalent.
+
+Within a step, examples are grouped by length (length grouping, not packing): the step's examples are
+sorted by length, cut into micro-batches, and the micro-batches are dealt to ranks so that padded
+token counts balance (longest first, to the least-loaded rank). Packing would remove padding
+entirely, but exact packing needs per-document attention masks (flash-attention varlen kernels,
+GPU only); without them packed documents attend to each other and the loss changes. Grouping keeps
+every example independent, so the loss equals the unpadded one, and ranks get similar work. The
+loss is normalized by the step's global target-token count, so how examples are dealt to ranks and
+micro-batches does not change the gradient.
 """
 
 from __future__ import annotations
@@ -89,12 +98,35 @@ def step_indices(n_examples: int, seed: int, step: int, per_step: int) -> list[i
     return out
 
 
+def deal_by_length(indices: list[int], lengths: dict[int, int], micro: int, accum: int, world: int) -> list[list[list[int]]]:
+    """Sort by length, cut into micro-batches, deal them to ranks balancing padded tokens.
+
+    Returns per rank a list of `accum` micro-batches (lists of example indices). Deterministic: ties
+    break on index and rank.
+    """
+    ordered = sorted(indices, key=lambda i: (-lengths[i], i))
+    groups = [ordered[start : start + micro] for start in range(0, len(ordered), micro)]
+    cost = [len(g) * max(lengths[i] for i in g) for g in groups]
+    load, dealt = [0] * world, [[] for _ in range(world)]
+    for g in sorted(range(len(groups)), key=lambda k: (-cost[k], k)):
+        rank = min((r for r in range(world) if len(dealt[r]) < accum), key=lambda r: (load[r], r))
+        dealt[rank].append(groups[g])
+        load[rank] += cost[g]
+    return dealt
+
+
 def rank_micro_batches(
-    examples: list[Example], *, seed: int, step: int, micro: int, accum: int, rank: int, world: int, pad_id: int
+    examples: list[Example], *, seed: int, step: int, micro: int, accum: int, rank: int, world: int, pad_id: int,
+    group_by_length: bool = True,
 ) -> Iterator[Batch]:
     """This rank's `accum` micro-batches for optimizer step `step`."""
     per_rank = micro * accum
     indices = step_indices(len(examples), seed, step, per_rank * world)
-    mine = indices[rank * per_rank : (rank + 1) * per_rank]
-    for start in range(0, per_rank, micro):
-        yield collate([examples[i] for i in mine[start : start + micro]], pad_id)
+    if group_by_length:
+        lengths = {i: len(examples[i][0]) for i in indices}
+        mine = deal_by_length(indices, lengths, micro, accum, world)[rank]
+    else:
+        flat = indices[rank * per_rank : (rank + 1) * per_rank]
+        mine = [flat[start : start + micro] for start in range(0, per_rank, micro)]
+    for group in mine:
+        yield collate([examples[i] for i in group], pad_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -14,27 +15,31 @@ import torch.nn.functional as F
 
 from config.deepspeed import resolve_from_runtime, zero_stage
 from config.spec import Spec
-from trainer.checkpoint import export_final, save_checkpoint
+from trainer import faults
+from trainer.checkpoint import apply_retention, export_final, save_checkpoint
 from trainer.data import IGNORE_INDEX, Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.metrics import MetricsWriter
 from trainer.model import load_base, make_trainable
+from trainer.resume import check_compatible, choose_checkpoint, load_checkpoint
+from trainer.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StepStats:
-    """One optimizer step, reduced over every rank."""
+    """One optimizer step, reduced over every rank, plus this rank's compute time."""
 
     loss: float
     target_tokens: int
     tokens: int
     padding_fraction: float
+    compute_s: float
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (the caller passes base seed + rank)."""
+    """Seed python, numpy and torch."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -56,17 +61,20 @@ def train_step(engine: Any, batches: list[Batch], dist: Dist) -> StepStats:
     # DeepSpeed divides by the accumulation steps and averages gradients over ranks; undo both so each
     # target token weighs the same whatever the micro-batch, accumulation and world size.
     scale = dist.world_size * len(batches) / max(global_targets, 1.0)
-    loss_sum, tokens, pads, positions = 0.0, 0, 0, 0
+    loss_sum, tokens, pads, positions, compute_s = 0.0, 0, 0, 0, 0.0
     for batch in batches:
+        started = time.perf_counter()
+        faults.maybe_slow(dist.rank)
         loss = summed_loss(engine, batch, dist.device)
         engine.backward(loss * scale)
+        compute_s += time.perf_counter() - started
         engine.step()
         loss_sum += loss.item()
         pad, total = batch.padding
         pads, positions, tokens = pads + pad, positions + total, tokens + total - pad
     total_loss, total_tokens, total_pads, total_positions = dist_sum([loss_sum, tokens, pads, positions], dist)
     return StepStats(total_loss / max(global_targets, 1.0), int(global_targets), int(total_tokens),
-                     total_pads / max(total_positions, 1.0))
+                     total_pads / max(total_positions, 1.0), compute_s)
 
 
 def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
@@ -76,14 +84,16 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
 
     train = spec.config.train
     bf16 = dist.device.type == "cuda"
+    seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
     model = make_trainable(load_base(spec.model_path, method=train.method, bf16=bf16), train)
     ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, hidden_size=model.config.hidden_size)
     # Each rank saves under its own tag (rank-{r}); DeepSpeed's cross-rank tag check would flag that.
     ds.setdefault("checkpoint", {})["tag_validation"] = "Ignore"
-    warmup = int(np.ceil(train.warmup_ratio * train.max_steps))
+    warmup = math.ceil(train.warmup_ratio * spec.total_steps)
 
     def scheduler(optimizer: Any) -> Any:
-        return get_scheduler(train.lr_scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=train.max_steps)
+        return get_scheduler(train.lr_scheduler, optimizer, num_warmup_steps=warmup,
+                             num_training_steps=spec.total_steps)
 
     params = [p for p in model.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds, lr_scheduler=scheduler)
@@ -91,34 +101,47 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
 
 
 def train(spec: Spec, dist: Dist) -> None:
-    """Run train.max_steps optimizer steps, logging, checkpointing and exporting as configured."""
-    cfg = spec.config
-    train_cfg = cfg.train
-    seed_everything(train_cfg.seed + dist.rank)
+    """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
+    cfg, train_cfg = spec.config, spec.config.train
     engine, pad_id = build_engine(spec, dist)
+    stage, adapters = zero_stage(spec.deepspeed), train_cfg.method != "full"
+    seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
+    start = 0
+    ckpt = choose_checkpoint(train_cfg.resume, spec.run_url, dist)
+    if ckpt is not None:
+        check_compatible(ckpt, world_size=dist.world_size, zero_stage=stage, method=train_cfg.method)
+        start = load_checkpoint(engine, ckpt, dist, frozen_excluded=adapters)
     examples = load_split(spec.dataset.url, "train")
-    metrics = MetricsWriter(spec.run_url, enabled=dist.is_main)
-    stage = zero_stage(spec.deepspeed)
+    metrics = MetricsWriter(spec.run_url, enabled=dist.is_main, start_step=start)
+    watch = StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist)
     meta = {"zero_stage": stage, "method": train_cfg.method}
-    log.info("training %d examples for %d steps on %d ranks", len(examples), train_cfg.max_steps, dist.world_size)
-    for step in range(train_cfg.max_steps):
+    log.info("training %d examples, steps %d..%d on %d ranks", len(examples), start + 1, spec.total_steps,
+             dist.world_size)
+    for step in range(start, spec.total_steps):
+        faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
         batches = list(rank_micro_batches(
             examples, seed=train_cfg.seed, step=step, micro=train_cfg.micro_batch_size,
             accum=train_cfg.gradient_accumulation_steps, rank=dist.rank, world=dist.world_size, pad_id=pad_id,
+            group_by_length=train_cfg.length_grouping,
         ))
         stats = train_step(engine, batches, dist)
-        elapsed = time.perf_counter() - started
-        done = step + 1
-        if done % train_cfg.log_steps == 0 or done == train_cfg.max_steps:
+        elapsed, done = time.perf_counter() - started, step + 1
+        watch.observe(stats.compute_s)
+        for event in watch.check(done):
+            metrics.write(event)
+        if done % train_cfg.log_steps == 0 or done == spec.total_steps:
             metrics.write({
-                "step": done, "max_steps": train_cfg.max_steps, "loss": stats.loss,
+                "step": done, "max_steps": spec.total_steps, "loss": stats.loss,
                 "lr": engine.get_lr()[0], "grad_norm": float(engine.get_global_grad_norm() or 0.0),
                 "target_tokens": stats.target_tokens, "tokens": stats.tokens,
                 "tokens_per_s": stats.tokens / elapsed, "step_time_s": elapsed,
                 "padding_fraction": stats.padding_fraction,
             })
-        if done % train_cfg.save_steps == 0 or done == train_cfg.max_steps:
+        if done % train_cfg.save_steps == 0 or done == spec.total_steps:
             save_checkpoint(engine, run_url=spec.run_url, step=done, meta=meta, dist=dist,
-                            algorithm=cfg.data.digest_algorithm)
-    export_final(engine, run_url=spec.run_url, model_path=spec.model_path, zero_stage=stage, dist=dist)
+                            algorithm=cfg.data.digest_algorithm, exclude_frozen=adapters)
+            if dist.is_main:
+                apply_retention(spec.run_url, train_cfg.keep_latest_k)
+    export_final(engine, run_url=spec.run_url, model_path=spec.model_path, step=spec.total_steps, zero_stage=stage,
+                 merged=train_cfg.export_merged, dist=dist)

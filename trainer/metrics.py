@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from config import layout
-from config.storage import is_local, join, local_path, makedirs, write_bytes_atomic
+from config.storage import exists, is_local, join, local_path, makedirs, read_bytes, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -15,16 +15,33 @@ log = logging.getLogger(__name__)
 class MetricsWriter:
     """Appends one JSON line per logged step to {run}/metrics.jsonl; a no-op on ranks other than 0."""
 
-    def __init__(self, run_url: str, enabled: bool) -> None:
+    def __init__(self, run_url: str, enabled: bool, start_step: int) -> None:
         self.url = join(run_url, layout.METRICS)
         self.enabled = enabled
-        self._lines: list[str] = []  # kept for object stores, which cannot append
+        self._lines: list[str] = []  # the whole file: object stores cannot append
+        if enabled and exists(self.url):
+            # Resuming at start_step: lines written after that checkpoint by the failed attempt are
+            # dropped, so the file reads as one uninterrupted run.
+            kept = [line for line in read_bytes(self.url).decode().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= start_step]
+            write_bytes_atomic(self.url, "".join(f"{line}\n" for line in kept).encode())
+            self._lines = kept
 
     def write(self, record: dict[str, Any]) -> None:
         """Record one step's metrics."""
         if not self.enabled:
             return
         line = json.dumps(record, sort_keys=True)
+        if "event" in record:
+            self._append(line)
+            return
+        self._append(line)
+        log.info(
+            "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f",
+            record["step"], record["max_steps"], record["loss"], record["lr"], record["grad_norm"], record["tokens_per_s"],
+        )
+
+    def _append(self, line: str) -> None:
         if is_local(self.url):
             path = local_path(self.url)
             makedirs(path.rsplit("/", 1)[0])
@@ -33,7 +50,3 @@ class MetricsWriter:
         else:
             self._lines.append(line)
             write_bytes_atomic(self.url, ("\n".join(self._lines) + "\n").encode())
-        log.info(
-            "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f",
-            record["step"], record["max_steps"], record["loss"], record["lr"], record["grad_norm"], record["tokens_per_s"],
-        )

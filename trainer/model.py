@@ -11,6 +11,25 @@ from config.errors import UserError
 from config.schema import TrainConfig
 
 log = logging.getLogger(__name__)
+_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Every attention and MLP projection, as Qwen's and LLaMA-Factory's "all" targets do.
+LORA_TARGETS = {
+    "qwen2": _PROJECTIONS, "qwen3": _PROJECTIONS, "qwen2_moe": _PROJECTIONS, "llama": _PROJECTIONS,
+    "mistral": _PROJECTIONS, "gemma": _PROJECTIONS, "gemma2": _PROJECTIONS,
+    "qwen": ["c_attn", "c_proj", "w1", "w2"],  # Qwen-1 (trust_remote_code), as in Qwen's finetune.py
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+}
+
+
+def lora_targets(model: Any, configured: list[str] | None) -> list[str]:
+    """The configured target modules, else the model family's default, else every Linear but lm_head."""
+    if configured:
+        return list(configured)
+    model_type = getattr(model.config, "model_type", "")
+    if model_type in LORA_TARGETS:
+        return LORA_TARGETS[model_type]
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    return sorted(names - {"lm_head"})
 
 
 def load_base(model_path: str, *, method: str, bf16: bool) -> Any:
@@ -42,7 +61,8 @@ def make_trainable(model: Any, train: TrainConfig) -> Any:
 
     if train.method == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=train.gradient_checkpointing)
-    missing = [m for m in train.lora.target_modules if not any(n.endswith(m) for n, _ in model.named_modules())]
+    targets = lora_targets(model, train.lora.target_modules)
+    missing = [m for m in targets if not any(n.endswith(m) for n, _ in model.named_modules())]
     if missing:
         raise UserError(f"train.lora.target_modules: {missing} not found in the model; "
                         "use module names such as q_proj, v_proj")
@@ -50,7 +70,7 @@ def make_trainable(model: Any, train: TrainConfig) -> Any:
         r=train.lora.r,
         lora_alpha=train.lora.alpha,
         lora_dropout=train.lora.dropout,
-        target_modules=list(train.lora.target_modules),
+        target_modules=targets,
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)

@@ -1,0 +1,68 @@
+"""Which checkpoints exist for readers: only those whose COMPLETE matches their manifest.
+
+Shared by the trainer (resume, retention) and the flow (wait, evaluate, register), so both sides
+apply the same rule (DESIGN.md: "A directory without COMPLETE does not exist for readers").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from config import layout
+from config.errors import UserError
+from config.manifest import read_manifest, verify_files
+from config.storage import exists, join, listdir, read_bytes
+
+STEP_PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class CompleteCheckpoint:
+    """A checkpoint whose COMPLETE marker matches its manifest."""
+
+    url: str
+    step: int
+    manifest_digest: str
+    manifest: dict[str, Any]
+
+
+def step_of(name: str) -> int | None:
+    """The step number of a `step-00000100` directory name, else None."""
+    digits = name.removeprefix(STEP_PREFIX)
+    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
+
+
+def read_complete(url: str) -> CompleteCheckpoint | None:
+    """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size."""
+    if not exists(join(url, layout.COMPLETE)):
+        return None
+    try:
+        manifest, digest = read_manifest(url, layout.CHECKPOINT_SCHEMA)
+        if read_bytes(join(url, layout.COMPLETE)).decode().strip() != digest:
+            return None
+        verify_files(url, manifest, mode="size")
+    except (UserError, ValueError, KeyError):
+        return None
+    return CompleteCheckpoint(url, int(manifest["step"]), digest, manifest)
+
+
+def step_dirs(run_url: str) -> list[tuple[int, str]]:
+    """(step, URL) of every step directory of a run, complete or not, newest first."""
+    root = layout.checkpoints_dir(run_url)
+    found = [(step, join(root, name)) for name in listdir(root) if (step := step_of(name)) is not None]
+    return sorted(found, reverse=True)
+
+
+def complete_checkpoints(run_url: str) -> list[CompleteCheckpoint]:
+    """Every complete checkpoint of a run, newest first."""
+    return [ckpt for _, url in step_dirs(run_url) if (ckpt := read_complete(url)) is not None]
+
+
+def latest_complete(run_url: str) -> CompleteCheckpoint | None:
+    """The newest complete checkpoint of a run, or None."""
+    for _, url in step_dirs(run_url):
+        ckpt = read_complete(url)
+        if ckpt is not None:
+            return ckpt
+    return None

@@ -1,0 +1,87 @@
+"""Run the real trainer under real torchrun agents (gloo, DeepSpeed on CPU) from tests, without Prefect.
+
+The tiny model and the sample dataset are built once per session; each training run gets its own
+run directory and a fresh rendezvous port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from config import layout
+from config.loader import load_config
+from config.schema import FinetuneConfig
+from config.spec import DatasetRef, Spec, write_spec
+from tasks.data.stage import stage_dataset
+from tasks.local_nodes import run_local_nodes
+from tasks.prepare import resolve_model
+from tasks.run import build_spec
+
+# Small and fast: 12 steps of 2 micro-batches x 2 examples per rank, a checkpoint every 4 steps.
+BASE_OVERRIDES = [
+    "train.max_steps=12", "train.save_steps=4", "train.micro_batch_size=2", "train.gradient_accumulation_steps=2",
+    "train.learning_rate=0.003", "train.warmup_ratio=0.1", "train.lora.dropout=0.1", "train.log_steps=1",
+    "data.max_length=128", "launch.rdzv_timeout=60",
+]
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Storage with the tiny model and the staged sample data."""
+
+    storage: Path
+    model_path: str
+    dataset: DatasetRef
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished (or failed) training run."""
+
+    spec: Spec
+    spec_url: str
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_url)
+
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.metrics() if "event" not in r]
+
+    def metrics(self) -> list[dict]:
+        path = self.run_dir / layout.METRICS
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def checkpoint(self, step: int) -> Path:
+        return Path(layout.checkpoint_dir(self.spec.run_url, step))
+
+
+def stage(storage: Path) -> Staged:
+    """Build the tiny model and stage the sample data under `storage`."""
+    cfg = load_config(None, [f"run.storage={storage}", *BASE_OVERRIDES])
+    model_path = resolve_model(cfg)
+    return Staged(storage, model_path, stage_dataset(cfg.data, cfg.run.storage, model_path))
+
+
+def config(staged: Staged, name: str, overrides: list[str]) -> FinetuneConfig:
+    """The test config: base overrides, then the test's own."""
+    return load_config(None, [f"run.storage={staged.storage}", f"run.name={name}", *BASE_OVERRIDES, *overrides])
+
+
+def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str, str] | None = None) -> Run:
+    """Write the spec and run `python -m trainer` on every node; raises like the pipeline does."""
+    cfg = config(staged, name, list(overrides))
+    spec = build_spec(cfg, name, staged.model_path, staged.dataset)
+    write_spec(spec)
+    spec_url = layout.join(spec.run_url, layout.SPEC)
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        run_local_nodes(spec.run_url, cfg.launch, "trainer", ["--spec", spec_url], "train", lambda _: None)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return Run(spec, spec_url)

@@ -1,0 +1,33 @@
+"""Test-only fault hooks, off unless their environment variable is set. They let tests make a rank
+slow or die at a chosen step through the real entry point, instead of mocking the trainer.
+
+    TANDEM_TEST_SLOW_RANK=RANK:SECONDS   sleep SECONDS per micro-batch on global rank RANK
+    TANDEM_TEST_EXIT_AT_STEP=RANK:STEP   hard-exit global rank RANK when it reaches optimizer step STEP
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _parse(name: str) -> tuple[int, float] | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    rank, _, amount = value.partition(":")
+    return int(rank), float(amount)
+
+
+def maybe_slow(rank: int) -> None:
+    """Sleep if this rank is the configured slow one."""
+    hook = _parse("TANDEM_TEST_SLOW_RANK")
+    if hook and hook[0] == rank:
+        time.sleep(hook[1])
+
+
+def maybe_exit(rank: int, step: int) -> None:
+    """Exit abruptly (no cleanup, like a killed process) if this rank should die at this step."""
+    hook = _parse("TANDEM_TEST_EXIT_AT_STEP")
+    if hook and hook[0] == rank and int(hook[1]) == step:
+        os._exit(137)

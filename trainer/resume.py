@@ -1,0 +1,118 @@
+"""Resume: pick a checkpoint (`train.resume: auto|never|URL`), verify it, check it fits, and load it.
+
+`auto` takes the run's newest checkpoint that is complete and whose every file matches its digest;
+a checkpoint that fails verification is skipped with a warning naming the file. An explicit URL that
+fails is an error. A checkpoint written with another world size, ZeRO stage or method is refused
+with what differs and what to do: DeepSpeed's optimizer shards are per rank and stage, and loading
+them into another layout would be wrong, not merely slow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+from config import layout
+from config.checkpoints import CompleteCheckpoint, complete_checkpoints, read_complete
+from config.digest import digest_url
+from config.errors import UserError
+from config.storage import filesystem, is_local, join, local_path
+from trainer.checkpoint import TRAINER_STATE, set_rng_state
+from trainer.distributed import Dist, gather_objects
+
+log = logging.getLogger(__name__)
+DS_TAG = "ckpt"
+
+
+def verify_shared(ckpt: CompleteCheckpoint, dist: Dist) -> str | None:
+    """Full digest check, the files split across ranks; the first problem (same on every rank) or None."""
+    algorithm = ckpt.manifest["digest_algorithm"]
+    problem = None
+    for entry in ckpt.manifest["files"][dist.rank :: dist.world_size]:
+        url = join(ckpt.url, entry["path"])
+        try:
+            actual, _ = digest_url(url, algorithm)
+        except FileNotFoundError:
+            problem = f"{url}: missing"
+            break
+        if actual != entry["digest"]:
+            problem = f"{url}: {algorithm} digest {actual} != {entry['digest']} in its manifest"
+            break
+    return next((p for p in gather_objects(problem, dist) if p), None)
+
+
+def check_compatible(ckpt: CompleteCheckpoint, *, world_size: int, zero_stage: int, method: str) -> None:
+    """Refuse a checkpoint whose layout differs from this run's, saying what differs and what to do."""
+    have = (ckpt.manifest["world_size"], ckpt.manifest["zero_stage"], ckpt.manifest["method"])
+    want = (world_size, zero_stage, method)
+    if have != want:
+        raise UserError(
+            f"{ckpt.url} was written by {have[0]} ranks with ZeRO-{have[1]} ({have[2]}); this run has {want[0]} "
+            f"ranks with ZeRO-{want[1]} ({want[2]}). Resume with the same launch.nnodes x launch.nproc_per_node, "
+            f"DeepSpeed stage and train.method, or set train.resume=never to start over"
+        )
+
+
+def choose_checkpoint(resume: str, run_url: str, dist: Dist) -> CompleteCheckpoint | None:
+    """The verified checkpoint to resume from, or None to start at step 0."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        candidates = complete_checkpoints(run_url)
+    else:
+        explicit = read_complete(resume)
+        if explicit is None:
+            raise UserError(f"train.resume={resume}: not a complete checkpoint (no {layout.COMPLETE} matching "
+                            f"its {layout.MANIFEST}); pass a checkpoints/step-N directory, auto or never")
+        candidates = [explicit]
+    for ckpt in candidates:
+        problem = verify_shared(ckpt, dist)
+        if problem is None:
+            return ckpt
+        if resume != "auto":
+            raise UserError(f"train.resume={resume}: {problem}; the checkpoint is corrupt, pick another one")
+        log.warning("not resuming from step %d: %s", ckpt.step, problem)
+    return None
+
+
+def _assemble(ckpt: CompleteCheckpoint, rank: int) -> str:
+    """A local directory in DeepSpeed's layout ({dir}/{tag}/files) with every rank's shard files."""
+    root = tempfile.mkdtemp(prefix="tandem-resume-")
+    tag_dir = os.path.join(root, DS_TAG)
+    os.makedirs(tag_dir)
+    fs, _ = filesystem(ckpt.url)
+    for entry in ckpt.manifest["files"]:
+        path = entry["path"]
+        if not path.startswith("rank-") or path.endswith(TRAINER_STATE):
+            continue
+        source = join(ckpt.url, path)
+        target = os.path.join(tag_dir, os.path.basename(path))
+        if is_local(source):
+            os.symlink(local_path(source), target)
+        else:
+            fs.get_file(filesystem(source)[1], target)
+    return root
+
+
+def load_checkpoint(engine: Any, ckpt: CompleteCheckpoint, dist: Dist, *, frozen_excluded: bool) -> int:
+    """Load model, optimizer, scheduler and this rank's RNG state; returns the step to continue from."""
+    root = _assemble(ckpt, dist.rank)
+    try:
+        path, _ = engine.load_checkpoint(root, tag=DS_TAG, load_module_strict=not frozen_excluded,
+                                         load_optimizer_states=True, load_lr_scheduler_states=True)
+        if path is None:
+            raise UserError(f"{ckpt.url}: DeepSpeed could not load it; see the log above")
+        state_url = join(ckpt.url, layout.rank_dir_name(dist.rank), TRAINER_STATE)
+        fs, state_path = filesystem(state_url)
+        with fs.open(state_path, "rb") as handle:
+            state = torch.load(handle, weights_only=False)  # our own file, digest-verified above
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    set_rng_state(state["rng"])
+    log.info("resumed from step %d (%s)", state["step"], ckpt.url)
+    return int(state["step"])

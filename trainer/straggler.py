@@ -1,0 +1,51 @@
+"""Straggler detection: every N steps, all-gather each rank's compute time and flag the slow ones.
+
+Compute time (forward + backward of this rank's micro-batches) is measured, not the whole step: in
+synchronous training the collectives make every rank's step as slow as the slowest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.distributed import Dist, gather_objects
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StragglerWatch:
+    """Accumulates this rank's compute time; `check` is collective (every rank calls it at the same steps)."""
+
+    every: int
+    factor: float
+    dist: Dist
+    _seconds: float = 0.0
+    _steps: int = 0
+    _events: list[dict[str, Any]] = field(default_factory=list)
+
+    def observe(self, compute_s: float) -> None:
+        """Add one step's compute time."""
+        self._seconds += compute_s
+        self._steps += 1
+
+    def check(self, step: int) -> list[dict[str, Any]]:
+        """At every Nth step: the stragglers since the last check (the same list on every rank)."""
+        if step % self.every != 0 or self._steps == 0:
+            return []
+        mine = (self.dist.rank, self.dist.host, self._seconds / self._steps)
+        self._seconds, self._steps = 0.0, 0
+        per_rank = gather_objects(mine, self.dist)
+        median = statistics.median(seconds for _, _, seconds in per_rank)
+        events = []
+        for rank, host, seconds in per_rank:
+            if median > 0 and seconds > self.factor * median:
+                events.append({"event": "straggler", "step": step, "rank": rank, "host": host,
+                               "compute_s": seconds, "median_s": median, "ratio": seconds / median})
+                if self.dist.is_main:
+                    log.warning("straggler at step %d: rank %d on %s takes %.3f s/step, %.1fx the median %.3f s",
+                                step, rank, host, seconds, seconds / median, median)
+        return events
