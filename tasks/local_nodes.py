@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,6 +37,7 @@ class Agent:
     node_rank: int
     process: subprocess.Popen
     log_path: str
+    log_offset: int  # where this launch's part of the (appended) log begins
     started_at: str
 
 
@@ -68,13 +70,31 @@ def rank_environment(launch: LaunchConfig) -> dict[str, str]:
     return env
 
 
-def tail(path: str, lines: int = 20) -> str:
-    """The last lines of a log file."""
+RANK_ERROR = re.compile(r"\[rank (\d+)/\d+ [^\]]*\] ERROR trainer: (.*)")
+ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank.*?exitcode\s+: (-?\d+)", re.S)
+
+
+def read_from(path: str, offset: int) -> str:
+    """The text of a log file from a byte offset on."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode("utf-8", errors="replace")
     except OSError:
-        return "(no log)"
+        return ""
+
+
+def failure_summary(text: str) -> tuple[str, int | None]:
+    """(one line saying which rank failed and why, that rank's exit code) from a node's log text."""
+    errors = RANK_ERROR.findall(text)
+    cause = ROOT_CAUSE.search(text)
+    code = int(cause.group(2)) if cause else None
+    if errors:
+        rank, message = errors[0]
+        return f"rank {rank}: {message}", code
+    if cause:
+        return f"rank {cause.group(1)} exited with code {code}", code
+    return "see the log", code
 
 
 def _kill(agents: list[Agent]) -> None:
@@ -116,11 +136,12 @@ def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[
             makedirs(node_url)
             log_path = local_path(join(node_url, layout.LOG))  # appended to by every phase
             with open(log_path, "ab") as log_file:
+                offset = log_file.tell()
                 process = subprocess.Popen(
                     torchrun_command(launch, node_rank, port, module, args), cwd=PROJECT_ROOT, env=env,
                     stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                 )
-            agents.append(Agent(node_rank, process, log_path, datetime.now(UTC).isoformat(timespec="seconds")))
+            agents.append(Agent(node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds")))
         info(f"{phase}: started {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), "
              f"rendezvous {launch.master_addr}:{port}")
         _supervise(agents, run_url, phase)
@@ -139,15 +160,12 @@ def _supervise(agents: list[Agent], run_url: str, phase: str) -> None:
             pending.remove(agent)
             _write_status(run_url, agent, phase)
             if code != 0:
-                message = (f"{phase} failed on node {agent.node_rank} (torchrun exit code {code}); "
-                           f"log {agent.log_path}, last lines:\n{tail(agent.log_path)}")
-                if _user_error_in(agent.log_path):
+                text = read_from(agent.log_path, agent.log_offset)
+                summary, rank_code = failure_summary(text)
+                tail = "".join(text.splitlines(keepends=True)[-15:])
+                message = f"{phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, last lines:\n{tail}"
+                if rank_code == EXIT_USER_ERROR:
                     raise UserError(message)
                 raise RetryableError(message)
         time.sleep(POLL_S)
-
-
-def _user_error_in(log_path: str) -> bool:
-    """Whether a rank of this node exited with the user-error code (torchrun reports it as exitcode)."""
-    return f"exitcode  : {EXIT_USER_ERROR}" in tail(log_path, 200)
 

@@ -46,13 +46,21 @@ def load_for_eval(model_url: str, spec: Spec, device: torch.device) -> Any:
 
 @torch.no_grad()
 def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size: int, pad_id: int,
-               device: torch.device) -> tuple[float, int, int, int]:
-    """(summed loss, target tokens, correct tokens, examples) over this rank's examples."""
+               device: torch.device, lockstep: bool = False) -> tuple[float, int, int, int]:
+    """(summed loss, target tokens, correct tokens, examples) over this rank's examples.
+
+    With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
+    forward passes: ranks with fewer examples run throw-away passes so nobody waits forever.
+    """
     mine = examples[rank::world]
+    batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
+    passes = math.ceil(math.ceil(len(examples) / world) / batch_size) if lockstep else len(batches)
     loss_sum, targets, correct = 0.0, 0, 0
-    for start in range(0, len(mine), batch_size):
-        batch = collate(mine[start : start + batch_size], pad_id)
+    for index in range(passes):
+        batch = collate(batches[index] if index < len(batches) else examples[:1], pad_id)
         logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+        if index >= len(batches):
+            continue
         logits = logits[:, :-1, :].float()
         labels = batch.labels[:, 1:].to(device)
         mask = labels != IGNORE_INDEX
@@ -64,23 +72,23 @@ def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size:
     return loss_sum, targets, correct, len(mine)
 
 
+def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, Any]:
+    """SUM-reduce the per-rank sums and divide once."""
+    loss_sum, targets, correct, count = dist_sum(sums, dist)
+    loss = loss_sum / targets
+    return {"loss": loss, "perplexity": math.exp(loss), "token_accuracy": correct / targets, "loss_sum": loss_sum,
+            "target_tokens": int(targets), "correct_tokens": int(correct), "examples": int(count)}
+
+
 def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
     """All-reduced eval metrics; rank 0 writes them to {run}/eval.json."""
     model = load_for_eval(model_url, spec, dist.device)
     examples = load_split(spec.dataset.url, "eval")
     sums = local_sums(model, examples, rank=dist.rank, world=dist.world_size, batch_size=spec.config.eval.batch_size,
                       pad_id=int(model.config.pad_token_id), device=dist.device)
-    loss_sum, targets, correct, count = dist_sum(sums, dist)
-    loss = loss_sum / targets
     result = {
         "schema": layout.EVAL_SCHEMA,
-        "loss": loss,
-        "perplexity": math.exp(loss),
-        "token_accuracy": correct / targets,
-        "loss_sum": loss_sum,
-        "target_tokens": int(targets),
-        "correct_tokens": int(correct),
-        "examples": int(count),
+        **reduced_metrics(sums, dist),
         "world_size": dist.world_size,
         "model_url": model_url,
         "dataset_id": spec.dataset.dataset_id,
@@ -88,7 +96,7 @@ def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
     if dist.is_main:
         write_json_atomic(join(spec.run_url, layout.EVAL), result)
         log.info("eval loss %.4f perplexity %.2f token accuracy %.4f over %d target tokens",
-                 loss, result["perplexity"], result["token_accuracy"], targets)
+                 result["loss"], result["perplexity"], result["token_accuracy"], result["target_tokens"])
     return result
 
 

@@ -19,6 +19,7 @@ from trainer import faults
 from trainer.checkpoint import apply_retention, export_final, save_checkpoint
 from trainer.data import IGNORE_INDEX, Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
+from trainer.evaluate import local_sums, reduced_metrics
 from trainer.metrics import MetricsWriter
 from trainer.model import load_base, make_trainable
 from trainer.resume import check_compatible, choose_checkpoint, load_checkpoint
@@ -66,8 +67,10 @@ def train_step(engine: Any, batches: list[Batch], dist: Dist) -> StepStats:
         started = time.perf_counter()
         faults.maybe_slow(dist.rank)
         loss = summed_loss(engine, batch, dist.device)
-        engine.backward(loss * scale)
+        # Only the forward pass is timed for straggler detection: DeepSpeed's backward reduces
+        # gradients across ranks, so it would include waiting for the slowest rank.
         compute_s += time.perf_counter() - started
+        engine.backward(loss * scale)
         engine.step()
         loss_sum += loss.item()
         pad, total = batch.padding
@@ -143,5 +146,17 @@ def train(spec: Spec, dist: Dist) -> None:
                             algorithm=cfg.data.digest_algorithm, exclude_frozen=adapters)
             if dist.is_main:
                 apply_retention(spec.run_url, train_cfg.keep_latest_k)
+    if start < spec.total_steps:
+        metrics.write({"event": "final_eval", "step": spec.total_steps, **final_eval(engine, spec, dist, pad_id)})
     export_final(engine, run_url=spec.run_url, model_path=spec.model_path, step=spec.total_steps, zero_stage=stage,
                  merged=train_cfg.export_merged, dist=dist)
+
+
+def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
+    """Eval metrics of the in-memory trained model (the exported one must reproduce them)."""
+    engine.eval()
+    sums = local_sums(engine, load_split(spec.dataset.url, "eval"), rank=dist.rank, world=dist.world_size,
+                      batch_size=spec.config.eval.batch_size, pad_id=pad_id, device=dist.device,
+                      lockstep=zero_stage(spec.deepspeed) == 3)
+    engine.train()
+    return reduced_metrics(sums, dist)

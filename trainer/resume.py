@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from config.digest import digest_url
 from config.errors import UserError
 from config.storage import filesystem, is_local, join, local_path
 from trainer.checkpoint import TRAINER_STATE, set_rng_state
-from trainer.distributed import Dist, gather_objects
+from trainer.distributed import Dist, barrier, gather_objects
 
 log = logging.getLogger(__name__)
 DS_TAG = "ckpt"
@@ -58,6 +59,16 @@ def check_compatible(ckpt: CompleteCheckpoint, *, world_size: int, zero_stage: i
         )
 
 
+def quarantine(ckpt: CompleteCheckpoint) -> str:
+    """Move a checkpoint that failed verification aside (kept for inspection, invisible to readers)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = join(layout.checkpoints_dir(ckpt.url.rsplit("/checkpoints/", 1)[0]),
+                  f"corrupt-{ckpt.url.rstrip('/').rsplit('/', 1)[1]}-{stamp}")
+    fs, source = filesystem(ckpt.url)
+    fs.mv(source, filesystem(target)[1], recursive=True)
+    return target
+
+
 def choose_checkpoint(resume: str, run_url: str, dist: Dist) -> CompleteCheckpoint | None:
     """The verified checkpoint to resume from, or None to start at step 0."""
     if resume == "never":
@@ -77,6 +88,9 @@ def choose_checkpoint(resume: str, run_url: str, dist: Dist) -> CompleteCheckpoi
         if resume != "auto":
             raise UserError(f"train.resume={resume}: {problem}; the checkpoint is corrupt, pick another one")
         log.warning("not resuming from step %d: %s", ckpt.step, problem)
+        if dist.is_main:
+            log.warning("moved the corrupt checkpoint to %s", quarantine(ckpt))
+        barrier()
     return None
 
 

@@ -1,7 +1,10 @@
 """Straggler detection: every N steps, all-gather each rank's compute time and flag the slow ones.
 
-Compute time (forward + backward of this rank's micro-batches) is measured, not the whole step: in
-synchronous training the collectives make every rank's step as slow as the slowest one.
+Forward time of this rank's micro-batches is measured, not the whole step: in synchronous training
+the collectives make every rank's step as slow as the slowest one, and DeepSpeed's backward already
+reduces gradients across ranks. Under ZeRO-2 the forward pass has no collectives, so it is pure
+compute. Under ZeRO-3 it includes parameter all-gathers, which partly hide a straggler (fast ranks
+wait inside their forward too); a rank that is slow by a large factor still shows.
 """
 
 from __future__ import annotations

@@ -1,0 +1,179 @@
+"""The trainer under real torchrun agents (2 "nodes" on 127.0.0.1), DeepSpeed on gloo, the tiny model.
+
+Every test runs `python -m trainer` exactly as the pipeline does and checks what users see: the loss
+trajectory in metrics.jsonl, the files on storage, the exit and the error text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from config.errors import RetryableError, UserError
+from tests.distributed.harness import Run, Staged, train
+
+# Qwen's finetune/ds_config_zero3.json as users have it, "auto" values and all (written out here).
+QWEN_ZERO3 = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none", "pin_memory": True},
+                          "offload_param": {"device": "none", "pin_memory": True}, "overlap_comm": True,
+                          "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                          "stage3_gather_16bit_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 100,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+QWEN_ZERO2 = {**QWEN_ZERO3, "zero_optimization": {
+    "stage": 2, "offload_optimizer": {"device": "none", "pin_memory": True}, "allgather_partitions": True,
+    "allgather_bucket_size": 2e8, "overlap_comm": True, "reduce_scatter": True, "reduce_bucket_size": 2e8,
+    "contiguous_gradients": True}}
+
+
+@pytest.fixture(scope="module")
+def reference(staged: Staged) -> Run:
+    """2 nodes x 1 rank, ZeRO-2 + LoRA, 12 steps, a checkpoint every 4, keeping the newest 2."""
+    return train(staged, "ref", ["launch.nnodes=2", "train.keep_latest_k=2"])
+
+
+def qwen_json(tmp_path: Path, content: dict) -> str:
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(content))
+    return str(path)
+
+
+def final_eval(run: Run) -> dict:
+    return next(r for r in run.metrics() if r.get("event") == "final_eval")
+
+
+def eval_exported(run: Run) -> float:
+    """The exported final/ model's eval loss, computed in this process through the real loading path."""
+    from trainer.data import load_split
+    from trainer.evaluate import load_for_eval, local_sums
+
+    model = load_for_eval(str(run.run_dir / "final"), run.spec, torch.device("cpu"))
+    sums = local_sums(model, load_split(run.spec.dataset.url, "eval"), rank=0, world=1, batch_size=8,
+                      pad_id=int(model.config.pad_token_id), device=torch.device("cpu"))
+    return sums[0] / sums[1]
+
+
+def test_loss_falls_and_retention_keeps_exactly_k(reference: Run) -> None:
+    losses = reference.losses()
+    assert len(losses) == 12 and losses[-1] < losses[0] - 0.2
+    names = sorted(p.name for p in (reference.run_dir / "checkpoints").iterdir())
+    assert names == ["step-00000008", "step-00000012"]
+    assert all((reference.run_dir / "checkpoints" / n / "COMPLETE").exists() for n in names)
+
+
+def test_node_layout_does_not_change_the_trajectory(staged: Staged, reference: Run) -> None:
+    one_node = train(staged, "layout-1x2", ["launch.nnodes=1", "launch.nproc_per_node=2"])
+    assert_close(one_node.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
+
+
+def test_resume_after_a_rank_dies_reproduces_the_trajectory(staged: Staged, reference: Run) -> None:
+    with pytest.raises(RetryableError, match="train failed on node 1, rank 1 exited with code 137"):
+        train(staged, "resume", ["launch.nnodes=2"], env={"TANDEM_TEST_EXIT_AT_STEP": "1:7"})
+    run_dir = Path(staged.storage) / "runs" / "resume"
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000004"]
+    resumed = train(staged, "resume", ["launch.nnodes=2"])
+    assert "resumed from step 4" in (run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert_close(resumed.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
+
+
+def test_incomplete_and_corrupt_checkpoints_are_never_resumed(staged: Staged) -> None:
+    first = train(staged, "damaged", ["launch.nnodes=2", "train.max_steps=8"])
+    step8 = first.checkpoint(8)
+    (step8 / "COMPLETE").unlink()
+    train(staged, "damaged", ["launch.nnodes=2", "train.max_steps=12"])
+    log = (first.run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert "resumed from step 4" in log  # step 8 had no COMPLETE: it did not exist
+
+    step12 = first.checkpoint(12)
+    manifest = json.loads((step12 / "manifest.json").read_text())
+    shard = step12 / next(f["path"] for f in manifest["files"] if f["path"].endswith("optim_states.pt"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different bytes: only the digest can tell
+    shard.write_bytes(bytes(data))
+    train(staged, "damaged", ["launch.nnodes=2", "train.max_steps=16"])
+    log = (first.run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert f"not resuming from step 12: {shard}: blake3 digest" in log
+    assert "resumed from step 8" in log
+
+    kept = [p.name for p in (first.run_dir / "checkpoints").iterdir() if p.name.startswith("corrupt-step-00000012-")]
+    assert len(kept) == 1  # moved aside for inspection, then step 12 was trained and saved again
+    assert (step12 / "COMPLETE").exists()
+
+    step16 = first.checkpoint(16)
+    shard16 = step16 / shard.relative_to(step12)
+    data = bytearray(shard16.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard16.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="the checkpoint is corrupt, pick another one"):
+        train(staged, "damaged-explicit", ["launch.nnodes=2", f"train.resume={step16}"])
+
+
+def test_a_checkpoint_from_another_layout_is_refused(staged: Staged, reference: Run) -> None:
+    ckpt = reference.checkpoint(12)
+    with pytest.raises(UserError) as info:
+        train(staged, "other-layout", ["launch.nnodes=1", "launch.nproc_per_node=1", f"train.resume={ckpt}"])
+    assert "was written by 2 ranks with ZeRO-2 (lora); this run has 1 ranks with ZeRO-2 (lora)" in str(info.value)
+
+
+def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(staged: Staged, reference: Run, tmp_path) -> None:
+    zero3 = train(staged, "zero3", ["launch.nnodes=2", f"deepspeed.config={qwen_json(tmp_path, QWEN_ZERO3)}"])
+    assert_close(zero3.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(zero3.run_dir / "final" / "adapter_model.safetensors"))
+    lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+    assert lora_b and all(t.numel() > 0 for t in adapter.values())
+    assert any(t.abs().sum() > 0 for t in lora_b)  # B starts at zero: non-zero means trained weights were gathered
+    assert_close(eval_exported(zero3), final_eval(zero3)["loss"], rtol=1e-5, atol=1e-5)
+
+
+def test_qwen_zero2_json_loads_unchanged(staged: Staged, reference: Run, tmp_path) -> None:
+    run = train(staged, "qwen-zero2", ["launch.nnodes=2", f"deepspeed.config={qwen_json(tmp_path, QWEN_ZERO2)}"])
+    assert_close(run.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
+
+
+def test_micro_batch_and_accumulation_are_interchangeable(staged: Staged) -> None:
+    common = ["launch.nnodes=2", "train.lora.dropout=0", "train.max_steps=6", "train.save_steps=6"]
+    small = train(staged, "mb1x4", [*common, "train.micro_batch_size=1", "train.gradient_accumulation_steps=4"])
+    large = train(staged, "mb4x1", [*common, "train.micro_batch_size=4", "train.gradient_accumulation_steps=1"])
+    assert_close(small.losses(), large.losses(), rtol=1e-4, atol=1e-4)
+
+
+def test_qlora_trains_on_cpu_and_exports_merged_weights(staged: Staged) -> None:
+    run = train(staged, "qlora", ["launch.nnodes=2", "train.method=qlora", "train.export_merged=true"])
+    losses = run.losses()
+    assert losses[-1] < losses[0] - 0.1
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(run.run_dir / "final" / "merged")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_full_finetuning_with_zero3_exports_safetensors(staged: Staged) -> None:
+    run = train(staged, "full-zero3", ["launch.nnodes=2", "train.method=full", "train.learning_rate=0.001",
+                                       "deepspeed.config=config/deepspeed/zero3.json"])
+    assert run.losses()[-1] < run.losses()[0] - 0.2
+    assert (run.run_dir / "final" / "model.safetensors").stat().st_size > 0
+    assert_close(eval_exported(run), final_eval(run)["loss"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_slow_rank_is_reported_as_a_straggler(staged: Staged) -> None:
+    run = train(staged, "straggler", ["launch.nnodes=2", "train.max_steps=4", "train.straggler_check_steps=2"],
+                env={"TANDEM_TEST_SLOW_RANK": "1:0.25"})
+    events = [r for r in run.metrics() if r.get("event") == "straggler"]
+    assert events and {e["rank"] for e in events} == {1}
+    assert all(e["ratio"] > 1.5 and e["host"] for e in events)
+    assert "straggler at step 2: rank 1 on" in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
