@@ -62,8 +62,8 @@ def _rank_files(root: str, rank_dir: str, with_root_files: bool) -> list[str]:
 
 
 def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any], dist: Dist, algorithm: str,
-                    exclude_frozen: bool) -> str:
-    """Save step `step` under checkpoints/step-N with manifest and COMPLETE; returns its URL."""
+                    exclude_frozen: bool) -> tuple[str, int]:
+    """Save step `step` under checkpoints/step-N with manifest and COMPLETE; returns (URL, bytes written)."""
     url = layout.checkpoint_dir(run_url, step)
     if read_complete(url) is not None:
         raise UserError(f"{url} is already complete; refusing to overwrite a checkpoint (use a new run.name)")
@@ -96,7 +96,7 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
     if not local:
         shutil.rmtree(root, ignore_errors=True)
     barrier()
-    return url
+    return url, sum(e["size"] for e in all_entries)
 
 
 def _remove(url: str) -> None:

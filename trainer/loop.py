@@ -142,8 +142,11 @@ def train(spec: Spec, dist: Dist) -> None:
                 "padding_fraction": stats.padding_fraction,
             })
         if done % train_cfg.save_steps == 0 or done == spec.total_steps:
-            save_checkpoint(engine, run_url=spec.run_url, step=done, meta=meta, dist=dist,
-                            algorithm=cfg.data.digest_algorithm, exclude_frozen=adapters)
+            saving = time.perf_counter()
+            _, size = save_checkpoint(engine, run_url=spec.run_url, step=done, meta=meta, dist=dist,
+                                      algorithm=cfg.data.digest_algorithm, exclude_frozen=adapters)
+            metrics.write({"event": "checkpoint", "step": done, "bytes": size,
+                           "seconds": time.perf_counter() - saving})
             if dist.is_main:
                 apply_retention(spec.run_url, train_cfg.keep_latest_k)
     if start < spec.total_steps:
