@@ -15,13 +15,21 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-_OPTIONS: dict[str, dict[str, Any]] = {}
+# Processes started by a launcher (torchrun ranks) inherit the options here, so that they can read
+# spec.json from an object store before they know the config.
+OPTIONS_ENV = "TANDEM_STORAGE_OPTIONS"
+_OPTIONS: dict[str, dict[str, Any]] = json.loads(os.environ.get(OPTIONS_ENV) or "{}")
 
 
 def set_storage_options(prefix: str, options: dict[str, Any]) -> None:
     """Remember fsspec options (endpoint, credentials) for every URL under `prefix`."""
     if options:
         _OPTIONS[prefix.rstrip("/")] = dict(options)
+
+
+def options_environment() -> dict[str, str]:
+    """The environment entry that hands the registered options to child processes."""
+    return {OPTIONS_ENV: json.dumps(_OPTIONS)} if _OPTIONS else {}
 
 
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:

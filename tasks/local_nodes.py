@@ -24,7 +24,7 @@ from config import layout
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
-from config.storage import is_local, join, local_path, makedirs, write_json_atomic
+from config.storage import filesystem, is_local, join, local_path, options_environment, write_json_atomic
 
 POLL_S = 0.5
 KILL_GRACE_S = 10.0
@@ -66,6 +66,7 @@ def rank_environment(launch: LaunchConfig) -> dict[str, str]:
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(options_environment())
     env.update(launch.env)
     return env
 
@@ -114,8 +115,22 @@ def _kill(agents: list[Agent]) -> None:
         agent.process.wait()
 
 
-def _write_status(run_url: str, agent: Agent, phase: str) -> None:
-    write_json_atomic(join(layout.node_dir(run_url, agent.node_rank), layout.STATUS), {
+def node_scratch(run_url: str, node_rank: int) -> str:
+    """A local directory for a node's log: the run's node directory when storage is local, else a
+    local mirror that is uploaded after each phase (object stores cannot append)."""
+    if is_local(run_url):
+        return local_path(layout.node_dir(run_url, node_rank))
+    run_id = run_url.rstrip("/").rsplit("/", 1)[1]
+    return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
+
+
+def _publish_node_files(run_url: str, agent: Agent, phase: str) -> None:
+    """Write status.json, and upload the log when the run's storage is not local."""
+    node_url = layout.node_dir(run_url, agent.node_rank)
+    if not is_local(run_url):
+        fs, remote = filesystem(join(node_url, layout.LOG))
+        fs.put_file(agent.log_path, remote)
+    write_json_atomic(join(node_url, layout.STATUS), {
         "node_rank": agent.node_rank, "phase": phase, "exit_code": agent.process.returncode,
         "host": socket.gethostname(), "started_at": agent.started_at,
         "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -125,16 +140,14 @@ def _write_status(run_url: str, agent: Agent, phase: str) -> None:
 def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[str], phase: str,
                     info: Callable[[str], None]) -> None:
     """Start one torchrun agent per node, wait for all; raise naming the first node that fails."""
-    if not is_local(run_url):
-        raise UserError("launch.backend=local needs run.storage on a local or NFS path for node logs")
     port = launch.master_port or free_port()
     env = rank_environment(launch)
     agents: list[Agent] = []
     try:
         for node_rank in range(launch.nnodes):
-            node_url = layout.node_dir(run_url, node_rank)
-            makedirs(node_url)
-            log_path = local_path(join(node_url, layout.LOG))  # appended to by every phase
+            scratch = node_scratch(run_url, node_rank)
+            os.makedirs(scratch, exist_ok=True)
+            log_path = os.path.join(scratch, layout.LOG)  # appended to by every phase
             with open(log_path, "ab") as log_file:
                 offset = log_file.tell()
                 process = subprocess.Popen(
@@ -158,7 +171,7 @@ def _supervise(agents: list[Agent], run_url: str, phase: str) -> None:
             if code is None:
                 continue
             pending.remove(agent)
-            _write_status(run_url, agent, phase)
+            _publish_node_files(run_url, agent, phase)
             if code != 0:
                 text = read_from(agent.log_path, agent.log_offset)
                 summary, rank_code = failure_summary(text)

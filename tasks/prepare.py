@@ -9,7 +9,6 @@ from prefect import get_run_logger, task
 
 from config import layout
 from config.digest import digest_bytes
-from config.errors import UserError
 from config.loader import PROJECT_ROOT
 from config.schema import FinetuneConfig
 from config.spec import DatasetRef
@@ -20,9 +19,16 @@ TINY_CORPUS = PROJECT_ROOT / "data" / "sample" / "conversations.json"
 
 
 def tiny_model_url(storage: str) -> str:
-    """Where the tiny model lives: named by the digest of its recipe inputs, so it is built once."""
+    """Where the tiny model lives: named by the digest of its recipe inputs, so it is built once.
+
+    `from_pretrained` needs a local directory, so with object-store storage the model goes to a local
+    cache; the build is deterministic, so every machine that builds it gets the same bytes.
+    """
     recipe = (PROJECT_ROOT / "trainer" / "tiny.py").read_bytes() + TINY_CORPUS.read_bytes()
-    return layout.model_dir(storage, f"tiny-{digest_bytes(recipe, 'blake3')[:12]}")
+    name = f"tiny-{digest_bytes(recipe, 'blake3')[:12]}"
+    if is_local(storage):
+        return layout.model_dir(storage, name)
+    return str(PROJECT_ROOT / ".tandem" / "models" / name)
 
 
 def resolve_model(cfg: FinetuneConfig) -> str:
@@ -30,8 +36,6 @@ def resolve_model(cfg: FinetuneConfig) -> str:
     if cfg.model.name_or_path != "tiny":
         return cfg.model.name_or_path
     url = tiny_model_url(cfg.run.storage)
-    if not is_local(url):
-        raise UserError("model.name_or_path=tiny needs run.storage on a local or NFS path")
     if not exists(join(url, layout.COMPLETE)):
         result = subprocess.run(
             [sys.executable, "-m", "trainer.tiny", "--out", local_path(url), "--corpus", str(TINY_CORPUS)],
