@@ -98,18 +98,20 @@ def step_indices(n_examples: int, seed: int, step: int, per_step: int) -> list[i
     return out
 
 
-def deal_by_length(indices: list[int], lengths: dict[int, int], micro: int, accum: int, world: int) -> list[list[list[int]]]:
+def deal_by_length(indices: list[int], lengths: dict[int, int], micro: int, accum: int, world: int,
+                   rotation: int = 0) -> list[list[list[int]]]:
     """Sort by length, cut into micro-batches, deal them to ranks balancing padded tokens.
 
     Returns per rank a list of `accum` micro-batches (lists of example indices). Deterministic: ties
-    break on index and rank.
+    break on index, and on rank order rotated by `rotation` (the step), so that the longest
+    micro-batch does not land on rank 0 every step.
     """
     ordered = sorted(indices, key=lambda i: (-lengths[i], i))
     groups = [ordered[start : start + micro] for start in range(0, len(ordered), micro)]
     cost = [len(g) * max(lengths[i] for i in g) for g in groups]
     load, dealt = [0] * world, [[] for _ in range(world)]
     for g in sorted(range(len(groups)), key=lambda k: (-cost[k], k)):
-        rank = min((r for r in range(world) if len(dealt[r]) < accum), key=lambda r: (load[r], r))
+        rank = min((r for r in range(world) if len(dealt[r]) < accum), key=lambda r: (load[r], (r - rotation) % world))
         dealt[rank].append(groups[g])
         load[rank] += cost[g]
     return dealt
@@ -124,7 +126,7 @@ def rank_micro_batches(
     indices = step_indices(len(examples), seed, step, per_rank * world)
     if group_by_length:
         lengths = {i: len(examples[i][0]) for i in indices}
-        mine = deal_by_length(indices, lengths, micro, accum, world)[rank]
+        mine = deal_by_length(indices, lengths, micro, accum, world, rotation=step)[rank]
     else:
         flat = indices[rank * per_rank : (rank + 1) * per_rank]
         mine = [flat[start : start + micro] for start in range(0, per_rank, micro)]

@@ -153,7 +153,8 @@ def test_micro_batch_and_accumulation_are_interchangeable(staged: Staged) -> Non
 
 
 def test_qlora_trains_on_cpu_and_exports_merged_weights(staged: Staged) -> None:
-    run = train(staged, "qlora", ["launch.nnodes=2", "train.method=qlora", "train.export_merged=true"])
+    run = train(staged, "qlora", ["launch.nnodes=2", "train.method=qlora", "train.export_merged=true",
+                                  "train.gradient_checkpointing=true"])
     losses = run.losses()
     assert losses[-1] < losses[0] - 0.1
     from transformers import AutoModelForCausalLM
