@@ -15,6 +15,7 @@ from config import layout
 from config.loader import load_config
 from config.schema import FinetuneConfig
 from config.spec import DatasetRef, Spec, write_spec
+from config.storage import read_bytes
 from tasks.data.stage import stage_dataset
 from tasks.local_nodes import run_local_nodes
 from tasks.prepare import resolve_model
@@ -30,9 +31,9 @@ BASE_OVERRIDES = [
 
 @dataclass(frozen=True)
 class Staged:
-    """Storage with the tiny model and the staged sample data."""
+    """Storage (a path or URL) with the tiny model and the staged sample data."""
 
-    storage: Path
+    storage: Path | str
     model_path: str
     dataset: DatasetRef
 
@@ -52,14 +53,14 @@ class Run:
         return [r["loss"] for r in self.metrics() if "event" not in r]
 
     def metrics(self) -> list[dict]:
-        path = self.run_dir / layout.METRICS
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = read_bytes(layout.join(self.spec.run_url, layout.METRICS)).decode()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def checkpoint(self, step: int) -> Path:
         return Path(layout.checkpoint_dir(self.spec.run_url, step))
 
 
-def stage(storage: Path) -> Staged:
+def stage(storage: Path | str) -> Staged:
     """Build the tiny model and stage the sample data under `storage`."""
     cfg = load_config(None, [f"run.storage={storage}", *BASE_OVERRIDES])
     model_path = resolve_model(cfg)
