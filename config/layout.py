@@ -76,3 +76,6 @@ def registry_dir(storage: str, model: str) -> str:
 def registry_entry_name(version: int) -> str:
     """v{n:04d}.json"""
     return f"v{version:04d}.json"
+
+# Set by the launcher for every rank of a node: where its ranks touch their heartbeat files.
+HEARTBEAT_ENV = "TANDEM_HEARTBEAT_DIR"

@@ -135,6 +135,9 @@ class LaunchConfig(Section):
         None, ge=1024, le=65535, description="Rendezvous port; empty: a free port is picked per launch."
     )
     rdzv_timeout: int = Field(120, gt=0, description="Seconds to wait for every node to join.")
+    stall_timeout: int = Field(
+        600, gt=0, description="Stop the job when no optimizer step completes for this many seconds."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every rank (NCCL_*, GLOO_*).")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import re
 import signal
 import socket
@@ -24,6 +25,8 @@ from config import layout
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
+from tasks.watch import Watch, metrics_url
+
 from config.storage import filesystem, is_local, join, local_path, options_environment, write_json_atomic
 
 POLL_S = 0.5
@@ -138,15 +141,23 @@ def _publish_node_files(run_url: str, agent: Agent, phase: str) -> None:
 
 
 def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[str], phase: str,
-                    info: Callable[[str], None]) -> None:
-    """Start one torchrun agent per node, wait for all; raise naming the first node that fails."""
+                    info: Callable[[str], None], on_progress: Callable[[dict], None] | None = None) -> None:
+    """Start one torchrun agent per node, wait for all; raise naming the first node that fails.
+
+    With `on_progress` (training), new steps are reported through it and a stall stops the job.
+    """
     port = launch.master_port or free_port()
-    env = rank_environment(launch)
     agents: list[Agent] = []
+    beats = {n: os.path.join(node_scratch(run_url, n), f"heartbeat-{phase}") for n in range(launch.nnodes)}
+    watch = None
+    if on_progress is not None:
+        watch = Watch(metrics_url(run_url), beats, launch.stall_timeout, launch.rdzv_timeout, on_progress)
     try:
         for node_rank in range(launch.nnodes):
             scratch = node_scratch(run_url, node_rank)
-            os.makedirs(scratch, exist_ok=True)
+            shutil.rmtree(beats[node_rank], ignore_errors=True)
+            os.makedirs(beats[node_rank])
+            env = {**rank_environment(launch), layout.HEARTBEAT_ENV: beats[node_rank]}
             log_path = os.path.join(scratch, layout.LOG)  # appended to by every phase
             with open(log_path, "ab") as log_file:
                 offset = log_file.tell()
@@ -157,15 +168,17 @@ def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[
             agents.append(Agent(node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds")))
         info(f"{phase}: started {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), "
              f"rendezvous {launch.master_addr}:{port}")
-        _supervise(agents, run_url, phase)
+        _supervise(agents, run_url, phase, watch)
     finally:
         _kill(agents)
 
 
-def _supervise(agents: list[Agent], run_url: str, phase: str) -> None:
-    """Poll until every agent exited 0, or raise for the first failure."""
+def _supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | None) -> None:
+    """Poll until every agent exited 0, or raise for the first failure or a stall."""
     pending = list(agents)
     while pending:
+        if watch is not None:
+            watch.poll()
         for agent in list(pending):
             code = agent.process.poll()
             if code is None:

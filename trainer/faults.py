@@ -3,6 +3,7 @@ slow or die at a chosen step through the real entry point, instead of mocking th
 
     TANDEM_TEST_SLOW_RANK=RANK:SECONDS   sleep SECONDS per micro-batch on global rank RANK
     TANDEM_TEST_EXIT_AT_STEP=RANK:STEP   hard-exit global rank RANK when it reaches optimizer step STEP
+    TANDEM_TEST_STALL_AT_STEP=RANK:STEP  hang global rank RANK (sleep for an hour) in optimizer step STEP
 """
 
 from __future__ import annotations
@@ -31,3 +32,10 @@ def maybe_exit(rank: int, step: int) -> None:
     hook = _parse("TANDEM_TEST_EXIT_AT_STEP")
     if hook and hook[0] == rank and int(hook[1]) == step:
         os._exit(137)
+
+
+def maybe_stall(rank: int, step: int) -> None:
+    """Hang (as a stuck kernel or a dead NFS mount would) if this rank should stall at this step."""
+    hook = _parse("TANDEM_TEST_STALL_AT_STEP")
+    if hook and hook[0] == rank and int(hook[1]) == step:
+        time.sleep(3600)

@@ -20,6 +20,7 @@ from trainer.checkpoint import apply_retention, export_final, save_checkpoint
 from trainer.data import IGNORE_INDEX, Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics
+from trainer.heartbeat import Heartbeat
 from trainer.metrics import MetricsWriter
 from trainer.model import load_base, make_trainable
 from trainer.resume import check_compatible, choose_checkpoint, load_checkpoint
@@ -55,9 +56,10 @@ def summed_loss(engine: Any, batch: Batch, device: torch.device) -> torch.Tensor
                            reduction="sum")
 
 
-def train_step(engine: Any, batches: list[Batch], dist: Dist) -> StepStats:
+def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbeat, step: int) -> StepStats:
     """Forward/backward every micro-batch so that the gradient is d(total loss / global target tokens)."""
     local_targets = sum(b.target_tokens for b in batches)
+    heartbeat.beat(step)  # beats mark arrival at a collective: a stuck rank's beat is the oldest
     (global_targets,) = dist_sum([local_targets], dist)
     # DeepSpeed divides by the accumulation steps and averages gradients over ranks; undo both so each
     # target token weighs the same whatever the micro-batch, accumulation and world size.
@@ -66,7 +68,9 @@ def train_step(engine: Any, batches: list[Batch], dist: Dist) -> StepStats:
     for batch in batches:
         started = time.perf_counter()
         faults.maybe_slow(dist.rank)
+        faults.maybe_stall(dist.rank, step)
         loss = summed_loss(engine, batch, dist.device)
+        heartbeat.beat(step)
         # Only the forward pass is timed for straggler detection: DeepSpeed's backward reduces
         # gradients across ranks, so it would include waiting for the slowest rank.
         compute_s += time.perf_counter() - started
@@ -117,6 +121,7 @@ def train(spec: Spec, dist: Dist) -> None:
     examples = load_split(spec.dataset.url, "train")
     metrics = MetricsWriter(spec.run_url, enabled=dist.is_main, start_step=start)
     watch = StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist)
+    heartbeat = Heartbeat(dist.rank)
     meta = {"zero_stage": stage, "method": train_cfg.method}
     log.info("training %d examples, steps %d..%d on %d ranks", len(examples), start + 1, spec.total_steps,
              dist.world_size)
@@ -128,7 +133,7 @@ def train(spec: Spec, dist: Dist) -> None:
             accum=train_cfg.gradient_accumulation_steps, rank=dist.rank, world=dist.world_size, pad_id=pad_id,
             group_by_length=train_cfg.length_grouping,
         ))
-        stats = train_step(engine, batches, dist)
+        stats = train_step(engine, batches, dist, heartbeat, step + 1)
         elapsed, done = time.perf_counter() - started, step + 1
         watch.observe(stats.compute_s)
         for event in watch.check(done):

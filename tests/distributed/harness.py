@@ -81,7 +81,8 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
-        run_local_nodes(spec.run_url, cfg.launch, "trainer", ["--spec", spec_url], "train", lambda _: None)
+        run_local_nodes(spec.run_url, cfg.launch, "trainer", ["--spec", spec_url], "train", lambda _: None,
+                        on_progress=lambda _: None)
     finally:
         os.environ.clear()
         os.environ.update(old)

@@ -178,3 +178,20 @@ def test_a_slow_rank_is_reported_as_a_straggler(staged: Staged) -> None:
     assert events and {e["rank"] for e in events} == {1}
     assert all(e["ratio"] > 1.5 and e["host"] for e in events)
     assert "straggler at step 2: rank 1 on" in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
+
+
+def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> None:
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(RetryableError) as info:
+        train(staged, "stall", ["launch.nnodes=2", "launch.stall_timeout=5", "train.max_steps=6"],
+              env={"TANDEM_TEST_STALL_AT_STEP": "1:3"})
+    message = str(info.value)
+    assert message.startswith("training stalled: no new step for")
+    assert "last step 2" in message and "node 1 rank 1 is the slowest" in message
+    assert time.monotonic() - started < 90  # not NCCL/gloo's 30-minute timeout
+    import subprocess
+
+    leftovers = subprocess.run(["pgrep", "-f", "TANDEM_TEST_STALL|trainer --spec .*stall"], capture_output=True)
+    assert leftovers.returncode == 1, leftovers.stdout  # every rank of every node is gone
