@@ -50,7 +50,7 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     model_path = prepare_model(cfg)
     dataset = prepare_dataset(cfg, model_path)
     spec, spec_url, spec_digest = write_run_spec(cfg, run_id, model_path, dataset)
-    train_on_nodes(spec, spec_url)
+    train_on_nodes(spec, spec_url, spec_digest)
     checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
     model_url = layout.final_dir(spec.run_url)
     metrics = evaluate_on_nodes(spec, spec_url, model_url)

@@ -1,197 +1,41 @@
-"""`launch.backend: local`: every node is a torchrun agent on this machine.
+"""`launch.backend: local`: every node is a torchrun agent on this machine (the default; CI; debugging).
 
-Each agent runs in its own session (so a whole node's process tree can be signalled at once), logs
-to {run}/nodes/{r}/log.txt and leaves status.json. The supervisor polls the agents: the first one
-that exits non-zero stops all the others, and the error names the node and quotes its log's tail.
-Any exception on our side (including Ctrl-C or a Prefect cancellation) kills every agent.
+Nodes start in order, as on a real cluster: node 0's preflight and agent first (its agent opens the
+rendezvous port), then each other node's preflight (which waits for that port) and agent.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
-from config import layout
-from config.errors import EXIT_USER_ERROR, RetryableError, UserError
-from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
+from tasks.agent import Agent, free_port, heartbeat_dir, kill, start_agent, supervise
+from tasks.preflight import NodePlan
 from tasks.watch import Watch, metrics_url
-
-from config.storage import filesystem, is_local, join, local_path, options_environment, write_json_atomic
-
-POLL_S = 0.5
-KILL_GRACE_S = 10.0
-
-
-@dataclass
-class Agent:
-    """One node's torchrun process and its log file."""
-
-    node_rank: int
-    process: subprocess.Popen
-    log_path: str
-    log_offset: int  # where this launch's part of the (appended) log begins
-    started_at: str
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (a fresh one per launch: FACTS.md on reused ports)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def torchrun_command(launch: LaunchConfig, node_rank: int, port: int, module: str, args: list[str]) -> list[str]:
-    """The per-node torchrun line (the same for every backend)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}", f"--node-rank={node_rank}",
-        f"--master-addr={launch.master_addr}", f"--master-port={port}",
-        "--rdzv-conf", f"timeout={launch.rdzv_timeout}",
-        "-m", module, *args,
-    ]
-
-
-def rank_environment(launch: LaunchConfig) -> dict[str, str]:
-    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower (FACTS.md)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(options_environment())
-    env.update(launch.env)
-    return env
-
-
-RANK_ERROR = re.compile(r"\[rank (\d+)/\d+ [^\]]*\] ERROR trainer: (.*)")
-ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank.*?exitcode\s+: (-?\d+)", re.S)
-
-
-def read_from(path: str, offset: int) -> str:
-    """The text of a log file from a byte offset on."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def failure_summary(text: str) -> tuple[str, int | None]:
-    """(one line saying which rank failed and why, that rank's exit code) from a node's log text."""
-    errors = RANK_ERROR.findall(text)
-    cause = ROOT_CAUSE.search(text)
-    code = int(cause.group(2)) if cause else None
-    if errors:
-        rank, message = errors[0]
-        return f"rank {rank}: {message}", code
-    if cause:
-        return f"rank {cause.group(1)} exited with code {code}", code
-    return "see the log", code
-
-
-def _kill(agents: list[Agent]) -> None:
-    """SIGTERM every agent's process group, SIGKILL what is left after the grace period."""
-    for agent in agents:
-        if agent.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent.process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + KILL_GRACE_S
-    for agent in agents:
-        try:
-            agent.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(agent.process.pid, signal.SIGKILL)  # also reaps ranks that outlived their agent
-        agent.process.wait()
-
-
-def node_scratch(run_url: str, node_rank: int) -> str:
-    """A local directory for a node's log: the run's node directory when storage is local, else a
-    local mirror that is uploaded after each phase (object stores cannot append)."""
-    if is_local(run_url):
-        return local_path(layout.node_dir(run_url, node_rank))
-    run_id = run_url.rstrip("/").rsplit("/", 1)[1]
-    return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
-
-
-def _publish_node_files(run_url: str, agent: Agent, phase: str) -> None:
-    """Write status.json, and upload the log when the run's storage is not local."""
-    node_url = layout.node_dir(run_url, agent.node_rank)
-    if not is_local(run_url):
-        fs, remote = filesystem(join(node_url, layout.LOG))
-        fs.put_file(agent.log_path, remote)
-    write_json_atomic(join(node_url, layout.STATUS), {
-        "node_rank": agent.node_rank, "phase": phase, "exit_code": agent.process.returncode,
-        "host": socket.gethostname(), "started_at": agent.started_at,
-        "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    })
 
 
 def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[str], phase: str,
-                    info: Callable[[str], None], on_progress: Callable[[dict], None] | None = None) -> None:
+                    info: Callable[[str], None], on_progress: Callable[[dict], None] | None = None,
+                    preflight: Callable[[NodePlan], object] | None = None) -> None:
     """Start one torchrun agent per node, wait for all; raise naming the first node that fails.
 
-    With `on_progress` (training), new steps are reported through it and a stall stops the job.
+    With `on_progress` (training), new steps are reported through it and a stall stops the job;
+    with `preflight`, each node is checked before its agent starts.
     """
     port = launch.master_port or free_port()
     agents: list[Agent] = []
-    beats = {n: os.path.join(node_scratch(run_url, n), f"heartbeat-{phase}") for n in range(launch.nnodes)}
     watch = None
     if on_progress is not None:
+        beats = {n: heartbeat_dir(run_url, n, phase) for n in range(launch.nnodes)}
         watch = Watch(metrics_url(run_url), beats, launch.stall_timeout, launch.rdzv_timeout, on_progress)
     try:
         for node_rank in range(launch.nnodes):
-            scratch = node_scratch(run_url, node_rank)
-            shutil.rmtree(beats[node_rank], ignore_errors=True)
-            os.makedirs(beats[node_rank])
-            env = {**rank_environment(launch), layout.HEARTBEAT_ENV: beats[node_rank]}
-            log_path = os.path.join(scratch, layout.LOG)  # appended to by every phase
-            with open(log_path, "ab") as log_file:
-                offset = log_file.tell()
-                process = subprocess.Popen(
-                    torchrun_command(launch, node_rank, port, module, args), cwd=PROJECT_ROOT, env=env,
-                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                )
-            agents.append(Agent(node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds")))
+            plan = NodePlan(node_rank, launch.nnodes, launch.nproc_per_node, launch.master_addr, port)
+            if preflight is not None:
+                preflight(plan)
+            agents.append(start_agent(run_url, plan, launch, module, args, phase))
         info(f"{phase}: started {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), "
              f"rendezvous {launch.master_addr}:{port}")
-        _supervise(agents, run_url, phase, watch)
+        supervise(agents, run_url, phase, watch)
     finally:
-        _kill(agents)
-
-
-def _supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | None) -> None:
-    """Poll until every agent exited 0, or raise for the first failure or a stall."""
-    pending = list(agents)
-    while pending:
-        if watch is not None:
-            watch.poll()
-        for agent in list(pending):
-            code = agent.process.poll()
-            if code is None:
-                continue
-            pending.remove(agent)
-            _publish_node_files(run_url, agent, phase)
-            if code != 0:
-                text = read_from(agent.log_path, agent.log_offset)
-                summary, rank_code = failure_summary(text)
-                tail = "".join(text.splitlines(keepends=True)[-15:])
-                message = f"{phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, last lines:\n{tail}"
-                if rank_code == EXIT_USER_ERROR:
-                    raise UserError(message)
-                raise RetryableError(message)
-        time.sleep(POLL_S)
-
+        kill(agents)

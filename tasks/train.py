@@ -1,4 +1,4 @@
-"""Train: verify the staged data, then run the trainer on every node and wait for all of them."""
+"""Train: preflight every node, run the trainer on each, follow progress, and wait for all of them."""
 
 from __future__ import annotations
 
@@ -9,37 +9,21 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from config.manifest import read_manifest, verify_files
-from config import layout
 from config.spec import Spec
 from tasks.local_nodes import run_local_nodes
-
-
-def verify_dataset(spec: Spec) -> None:
-    """Full digest check of the staged dataset against its manifest (and the manifest against the spec)."""
-    manifest, digest = read_manifest(spec.dataset.url, layout.DATASET_SCHEMA)
-    if digest != spec.dataset.manifest_digest:
-        raise_mismatch(spec, digest)
-    verify_files(spec.dataset.url, manifest, mode="full")
-
-
-def raise_mismatch(spec: Spec, digest: str) -> None:
-    """The dataset manifest changed since the spec was written."""
-    from config.errors import UserError
-
-    raise UserError(f"{spec.dataset.url}/{layout.MANIFEST}: digest {digest} != {spec.dataset.manifest_digest} "
-                    "recorded in spec.json; the staged dataset changed, prepare it again")
+from tasks.preflight import NodePlan, run_preflight
 
 
 @task(name="train")
-def train_on_nodes(spec: Spec, spec_url: str) -> None:
-    """Launch `python -m trainer` on every node; returns when all ranks finished."""
+def train_on_nodes(spec: Spec, spec_url: str, spec_digest: str) -> None:
+    """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished."""
     logger = get_run_logger()
-    # The local backend's nodes share this machine's files, so one verification covers all of them.
-    verify_dataset(spec)
-    logger.info("dataset %s verified (%s)", spec.dataset.dataset_id, spec.config.data.digest_algorithm)
+
+    def preflight(plan: NodePlan) -> None:
+        run_preflight(spec, spec_url, plan, expected_spec_digest=spec_digest, info=logger.info)
+
     run_local_nodes(spec.run_url, spec.config.launch, "trainer", ["--spec", spec_url], "train", logger.info,
-                    on_progress=progress_reporter(spec.total_steps, logger.info))
+                    on_progress=progress_reporter(spec.total_steps, logger.info), preflight=preflight)
 
 
 def progress_reporter(total: int, info: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:

@@ -30,7 +30,9 @@ from config import layout  # noqa: E402
 from config.loader import load_config  # noqa: E402
 from config.spec import write_spec  # noqa: E402
 from tasks.data.stage import stage_dataset  # noqa: E402
-from tasks.local_nodes import free_port, rank_environment, run_local_nodes, torchrun_command  # noqa: E402
+from tasks.agent import free_port, rank_environment, torchrun_command  # noqa: E402
+from tasks.local_nodes import run_local_nodes  # noqa: E402
+from tasks.preflight import NodePlan  # noqa: E402
 from tasks.prepare import resolve_model  # noqa: E402
 from tasks.run import build_spec  # noqa: E402
 
@@ -104,7 +106,8 @@ def huggingface(model: str, dataset: object, base: list[str], name: str, steps: 
     script = str(ROOT / "tests" / "benchmarks" / "hf_trainer_baseline.py")
     procs = []
     for node in range(cfg.launch.nnodes):
-        command = torchrun_command(cfg.launch, node, port, "trainer", [])
+        plan = NodePlan(node, cfg.launch.nnodes, cfg.launch.nproc_per_node, cfg.launch.master_addr, port)
+        command = torchrun_command(plan, cfg.launch.rdzv_timeout, "trainer", [])
         command = command[: command.index("-m", 3)] + [script, "--spec", url, "--out", str(out),
                                                        "--warmup", str(WARMUP_STEPS)]
         procs.append(subprocess.Popen(command, cwd=ROOT, env=rank_environment(cfg.launch),

@@ -18,6 +18,7 @@ from config.spec import DatasetRef, Spec, write_spec
 from config.storage import read_bytes
 from tasks.data.stage import stage_dataset
 from tasks.local_nodes import run_local_nodes
+from tasks.preflight import run_preflight
 from tasks.prepare import resolve_model
 from tasks.run import build_spec
 
@@ -76,13 +77,15 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
     """Write the spec and run `python -m trainer` on every node; raises like the pipeline does."""
     cfg = config(staged, name, list(overrides))
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    write_spec(spec)
+    digest = write_spec(spec)
     spec_url = layout.join(spec.run_url, layout.SPEC)
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
         run_local_nodes(spec.run_url, cfg.launch, "trainer", ["--spec", spec_url], "train", lambda _: None,
-                        on_progress=lambda _: None)
+                        on_progress=lambda _: None,
+                        preflight=lambda plan: run_preflight(spec, spec_url, plan, expected_spec_digest=digest,
+                                                             info=lambda _: None))
     finally:
         os.environ.clear()
         os.environ.update(old)

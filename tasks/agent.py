@@ -1,0 +1,186 @@
+"""One node's torchrun agent: the command line, its environment, starting, supervising and stopping it.
+
+Used by every backend (all nodes on this machine, or one node under a per-node flow). Each agent runs
+in its own session, so a whole node's process tree can be signalled at once; it logs to
+{run}/nodes/{r}/log.txt and leaves status.json. The supervisor polls the agents: the first one that
+exits non-zero stops all the others, and the error names the node, the rank and that rank's own error
+line. Any exception on our side (Ctrl-C, a Prefect cancellation, a stall) kills every agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from config import layout
+from config.errors import EXIT_USER_ERROR, RetryableError, UserError
+from config.loader import PROJECT_ROOT
+from config.schema import LaunchConfig
+from config.storage import filesystem, is_local, join, local_path, options_environment, write_json_atomic
+from tasks.preflight import NodePlan
+from tasks.watch import Watch
+
+POLL_S = 0.5
+KILL_GRACE_S = 10.0
+
+
+@dataclass
+class Agent:
+    """One node's torchrun process and its log file."""
+
+    node_rank: int
+    process: subprocess.Popen
+    log_path: str
+    log_offset: int  # where this launch's part of the (appended) log begins
+    started_at: str
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (a fresh one per launch: FACTS.md on reused ports)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[str]) -> list[str]:
+    """The per-node torchrun line (the same for every backend)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}", f"--node-rank={plan.node_rank}",
+        f"--master-addr={plan.master_addr}", f"--master-port={plan.master_port}",
+        "--rdzv-conf", f"timeout={rdzv_timeout}",
+        "-m", module, *args,
+    ]
+
+
+def rank_environment(launch: LaunchConfig) -> dict[str, str]:
+    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower (FACTS.md)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(options_environment())
+    env.update(launch.env)
+    return env
+
+
+RANK_ERROR = re.compile(r"\[rank (\d+)/\d+ [^\]]*\] ERROR trainer: (.*)")
+ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank.*?exitcode\s+: (-?\d+)", re.S)
+
+
+def read_from(path: str, offset: int) -> str:
+    """The text of a log file from a byte offset on."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def failure_summary(text: str) -> tuple[str, int | None]:
+    """(one line saying which rank failed and why, that rank's exit code) from a node's log text."""
+    errors = RANK_ERROR.findall(text)
+    cause = ROOT_CAUSE.search(text)
+    code = int(cause.group(2)) if cause else None
+    if errors:
+        rank, message = errors[0]
+        return f"rank {rank}: {message}", code
+    if cause:
+        return f"rank {cause.group(1)} exited with code {code}", code
+    return "see the log", code
+
+
+def kill(agents: list[Agent]) -> None:
+    """SIGTERM every agent's process group, SIGKILL what is left after the grace period."""
+    for agent in agents:
+        if agent.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_S
+    for agent in agents:
+        try:
+            agent.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.process.pid, signal.SIGKILL)  # also reaps ranks that outlived their agent
+        agent.process.wait()
+
+
+def node_scratch(run_url: str, node_rank: int) -> str:
+    """A local directory for a node's log: the run's node directory when storage is local, else a
+    local mirror that is uploaded after each phase (object stores cannot append)."""
+    if is_local(run_url):
+        return local_path(layout.node_dir(run_url, node_rank))
+    run_id = run_url.rstrip("/").rsplit("/", 1)[1]
+    return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
+
+
+def _publish_node_files(run_url: str, agent: Agent, phase: str) -> None:
+    """Write status.json, and upload the log when the run's storage is not local."""
+    node_url = layout.node_dir(run_url, agent.node_rank)
+    if not is_local(run_url):
+        fs, remote = filesystem(join(node_url, layout.LOG))
+        fs.put_file(agent.log_path, remote)
+    write_json_atomic(join(node_url, layout.STATUS), {
+        "node_rank": agent.node_rank, "phase": phase, "exit_code": agent.process.returncode,
+        "host": socket.gethostname(), "started_at": agent.started_at,
+        "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    })
+
+
+def heartbeat_dir(run_url: str, node_rank: int, phase: str) -> str:
+    """Where the ranks of a node touch their heartbeat files during a phase."""
+    return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase}")
+
+
+def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str, args: list[str],
+                phase: str) -> Agent:
+    """Start this node's torchrun agent in its own session, logging to the node's log."""
+    beats = heartbeat_dir(run_url, plan.node_rank, phase)
+    shutil.rmtree(beats, ignore_errors=True)
+    os.makedirs(beats)
+    env = {**rank_environment(launch), layout.HEARTBEAT_ENV: beats}
+    log_path = os.path.join(node_scratch(run_url, plan.node_rank), layout.LOG)  # appended to by every phase
+    with open(log_path, "ab") as log_file:
+        offset = log_file.tell()
+        process = subprocess.Popen(
+            torchrun_command(plan, launch.rdzv_timeout, module, args), cwd=PROJECT_ROOT, env=env,
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    return Agent(plan.node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+def supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | None) -> None:
+    """Poll until every agent exited 0, or raise for the first failure or a stall."""
+    pending = list(agents)
+    while pending:
+        if watch is not None:
+            watch.poll()
+        for agent in list(pending):
+            code = agent.process.poll()
+            if code is None:
+                continue
+            pending.remove(agent)
+            _publish_node_files(run_url, agent, phase)
+            if code != 0:
+                text = read_from(agent.log_path, agent.log_offset)
+                summary, rank_code = failure_summary(text)
+                tail = "".join(text.splitlines(keepends=True)[-15:])
+                message = f"{phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, last lines:\n{tail}"
+                if rank_code == EXIT_USER_ERROR:
+                    raise UserError(message)
+                raise RetryableError(message)
+        time.sleep(POLL_S)
+

@@ -1,0 +1,97 @@
+"""Preflight: each classic multi-node failure is caught before training, with its one-line message.
+Real sockets on 127.0.0.1, real files; no torchrun is needed to reach these checks."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from config import layout
+from config.errors import RetryableError, UserError
+from config.spec import write_spec
+from tasks.agent import free_port
+from tasks.preflight import NodePlan, run_preflight
+from tasks.run import build_spec
+from tests.distributed.harness import Staged, config, stage
+
+
+@pytest.fixture
+def prepared(staged: Staged):
+    """A written spec for a 2-node job, its URL and digest."""
+    spec = build_spec(config(staged, "preflight", ["launch.nnodes=2"]), "preflight", staged.model_path, staged.dataset)
+    digest = write_spec(spec)
+    return spec, layout.join(spec.run_url, layout.SPEC), digest
+
+
+def check(prepared, plan: NodePlan, digest: str | None = None) -> dict:
+    spec, url, real = prepared
+    return run_preflight(spec, url, plan, expected_spec_digest=digest or real, info=lambda _: None)
+
+
+def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
+    report = check(prepared, NodePlan(0, 2, 1, "127.0.0.1", free_port()))
+    assert set(report["checks"]) == {"world size", "code version", "spec digest", "master address", "master port",
+                                     "gpus", "dataset", "storage", "environment"}
+    spec = prepared[0]
+    saved = json.loads(Path(layout.node_dir(spec.run_url, 0), "preflight.json").read_text())
+    assert saved["checks"]["dataset"].startswith(spec.dataset.dataset_id)
+
+
+def test_port_taken_on_the_master(prepared) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(UserError, match=rf"^node 0: port {port} on 127.0.0.1 is already in use; pick another"):
+            check(prepared, NodePlan(0, 2, 1, "127.0.0.1", port))
+
+
+def test_unreachable_master(prepared) -> None:
+    spec, url, digest = prepared
+    quick = spec.model_copy(update={"config": spec.config.model_copy(update={
+        "launch": spec.config.launch.model_copy(update={"rdzv_timeout": 2})})})
+    port = free_port()
+    with pytest.raises(RetryableError, match=rf"^node 1: cannot reach 127.0.0.1:{port} \(connection refused\) "
+                                             "— is node 0 up and the port open\\?$"):
+        run_preflight(quick, url, NodePlan(1, 2, 1, "127.0.0.1", port), expected_spec_digest=digest,
+                      info=lambda _: None)
+
+
+def test_unresolvable_master(prepared) -> None:
+    with pytest.raises(UserError, match="node 1: cannot resolve master address no-such-host.invalid"):
+        check(prepared, NodePlan(1, 2, 1, "no-such-host.invalid", free_port()))
+
+
+def test_rank_mismatch(prepared) -> None:
+    with pytest.raises(UserError, match=r"node 2: rank mismatch: 3 nodes x 1 ranks .* resolved for 2 ranks"):
+        check(prepared, NodePlan(2, 3, 1, "127.0.0.1", free_port()))
+
+
+def test_another_spec_on_this_node(prepared) -> None:
+    with pytest.raises(UserError, match=r"node 1: .*spec.json has sha256 .* the pipeline wrote 000000000000"):
+        check(prepared, NodePlan(1, 2, 1, "127.0.0.1", free_port()), digest="0" * 64)
+
+
+def test_different_code_on_this_node(prepared) -> None:
+    spec, url, _ = prepared
+    other = spec.model_copy(update={"code_version": "0.0.9+0123456789ab"})
+    with pytest.raises(UserError, match=r"node 0: code version .* differs from 0.0.9\+0123456789ab in spec.json; "
+                                        "install the same Tandem commit on every node"):
+        run_preflight(other, url, NodePlan(0, 2, 1, "127.0.0.1", free_port()), expected_spec_digest=None,
+                      info=lambda _: None)
+
+
+def test_corrupted_dataset_file(tmp_path) -> None:
+    private = stage(tmp_path / "storage")  # a copy of its own: the shared one stays intact
+    spec = build_spec(config(private, "corrupt", ["launch.nnodes=2"]), "corrupt", private.model_path, private.dataset)
+    digest = write_spec(spec)
+    shard = Path(spec.dataset.url) / "train" / "shard-00000.parquet"
+    data = bytearray(shard.read_bytes())
+    data[64] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=rf"node 0: {shard}: blake3 digest mismatch: expected [0-9a-f]+, got [0-9a-f]+"):
+        run_preflight(spec, layout.join(spec.run_url, layout.SPEC), NodePlan(0, 2, 1, "127.0.0.1", free_port()),
+                      expected_spec_digest=digest, info=lambda _: None)
