@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -140,6 +141,18 @@ def _publish_node_files(run_url: str, agent: Agent, phase: str) -> None:
     })
 
 
+def raise_on_sigterm() -> None:
+    """Turn SIGTERM (a Prefect worker cancelling this flow run) into SystemExit, so that the `finally`
+    blocks that stop our agents' process groups run; Python's default would exit at once and leave
+    the agents, which live in their own sessions, running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def heartbeat_dir(run_url: str, node_rank: int, phase: str) -> str:
     """Where the ranks of a node touch their heartbeat files during a phase."""
     return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase}")
@@ -159,6 +172,7 @@ def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str,
             torchrun_command(plan, launch.rdzv_timeout, module, args), cwd=PROJECT_ROOT, env=env,
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
+    raise_on_sigterm()
     return Agent(plan.node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds"))
 
 

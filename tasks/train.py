@@ -12,6 +12,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from config.spec import Spec
 from tasks.local_nodes import run_local_nodes
 from tasks.preflight import NodePlan, run_preflight
+from tasks.prefect_nodes import run_prefect_nodes
 
 
 @task(name="train")
@@ -22,8 +23,12 @@ def train_on_nodes(spec: Spec, spec_url: str, spec_digest: str) -> None:
     def preflight(plan: NodePlan) -> None:
         run_preflight(spec, spec_url, plan, expected_spec_digest=spec_digest, info=logger.info)
 
-    run_local_nodes(spec.run_url, spec.config.launch, "trainer", ["--spec", spec_url], "train", logger.info,
-                    on_progress=progress_reporter(spec.total_steps, logger.info), preflight=preflight)
+    progress = progress_reporter(spec.total_steps, logger.info)
+    if spec.config.launch.backend == "prefect":  # preflight runs inside each node's flow
+        run_prefect_nodes(spec, spec_url, "train", logger.info, spec_digest=spec_digest, on_progress=progress)
+    else:
+        run_local_nodes(spec.run_url, spec.config.launch, "trainer", ["--spec", spec_url], "train", logger.info,
+                        on_progress=progress, preflight=preflight)
 
 
 def progress_reporter(total: int, info: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:

@@ -1,0 +1,66 @@
+"""launch.backend=prefect: the pipeline sends one `node` flow run per node to queues node-0/node-1, real
+process workers run them (preflight + torchrun), and the pipeline follows them to COMPLETE — or names
+the node that failed, within seconds, leaving no process behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from config.checkpoints import latest_complete
+from config.errors import RetryableError
+from config.loader import load_config
+from tasks.agent import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def settings(storage, name: str, extra: list[str]) -> list[str]:
+    return [f"run.storage={storage}", f"run.name={name}", "launch.backend=prefect", "launch.nnodes=2",
+            f"launch.master_port={free_port()}", "launch.rdzv_timeout=60", "train.max_steps=6", "train.save_steps=3",
+            *extra]
+
+
+def node_runs(flow_run_name_prefix: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=flow_run_name_prefix)))
+    return [r for r in runs if r.name.startswith(flow_run_name_prefix)]
+
+
+def test_the_pipeline_trains_through_node_flows_on_two_workers(node_workers, tmp_path) -> None:
+    from flows.finetune import finetune
+
+    summary = finetune(load_config(None, settings(tmp_path, "via-workers", [])))
+    assert summary["registered"] == "tandem-tiny v0001"
+    assert latest_complete(summary["run_url"]).step == 6
+    runs = node_runs("via-workers-train-node")
+    assert sorted((r.name, r.work_queue_name, r.state.name) for r in runs) == [
+        ("via-workers-train-node0", "node-0", "Completed"), ("via-workers-train-node1", "node-1", "Completed")]
+    preflight = json.loads((tmp_path / "runs" / "via-workers" / "nodes" / "1" / "preflight.json").read_text())
+    assert preflight["checks"]["master port"].endswith("reachable")
+
+
+def test_a_dead_node_fails_the_pipeline_fast_and_leaves_no_process(node_workers, tmp_path) -> None:
+    from flows.finetune import finetune
+
+    cfg = load_config(None, settings(tmp_path, "dead-node", ["launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:4'}",
+                                                             "train.max_steps=40"]))
+    started = time.monotonic()
+    with pytest.raises(RetryableError) as info:
+        finetune(cfg)
+    elapsed = time.monotonic() - started
+    assert str(info.value).startswith("train failed on node 1 ")
+    assert elapsed < 120
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-f", "trainer --spec .*dead-node"], capture_output=True, text=True).stdout
+        if not left:
+            break
+        time.sleep(1)
+    assert not left, f"processes left behind: {left}"
