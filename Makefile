@@ -14,6 +14,7 @@ demo: setup
 	$(PY) -m flows.finetune $(ARGS)
 
 test: setup
+	@bash tools/install-test-services.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup

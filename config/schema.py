@@ -127,13 +127,16 @@ class DeepSpeedSection(Section):
 class LaunchConfig(Section):
     """How torchrun reaches every node."""
 
-    backend: Literal["local", "prefect"] = Field(
+    backend: Literal["local", "prefect", "slurm"] = Field(
         "local",
         description="local: every node is a torchrun agent on this machine; prefect: one node flow run per node, "
-        "on work queue {queue_prefix}{rank}, served by a process worker on that node.",
+        "on work queue {queue_prefix}{rank}, served by a process worker on that node; slurm: one sbatch job.",
     )
     queue_prefix: str = Field("node-", min_length=1, description="prefect backend: node r's work queue is prefix + r.")
     node_deployment: str = Field("node/node", min_length=3, description="prefect backend: the per-node deployment.")
+    slurm_args: list[str] = Field(
+        default_factory=list, description="slurm backend: extra #SBATCH options, e.g. --partition=gpu, --time=24:00:00."
+    )
     nnodes: int = Field(2, gt=0, le=1024, description="Number of nodes.")
     nproc_per_node: int = Field(1, gt=0, le=64, description="Ranks per node (GPUs per node).")
     master_addr: str = Field("127.0.0.1", min_length=1, description="Rendezvous host (node 0).")

@@ -27,9 +27,9 @@ from config.spec import load_spec
 from config.storage import set_storage_options
 from flows.cli import run_cli
 from tasks.agent import kill, start_agent, supervise
+from tasks.launch import MODULES
 from tasks.preflight import NodePlan, run_preflight
 
-PHASES = {"train": "trainer", "eval": "trainer.evaluate"}
 log = logging.getLogger("tandem.node")
 
 
@@ -42,7 +42,7 @@ def run_node(spec_url: str, plan: NodePlan, *, phase: str = "train", model_url: 
     if phase == "train":
         run_preflight(spec, spec_url, plan, expected_spec_digest=expected_spec_digest, info=info)
     args = ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
-    agent = start_agent(spec.run_url, plan, spec.config.launch, PHASES[phase], args, phase)
+    agent = start_agent(spec.run_url, plan, spec.config.launch, MODULES[phase], args, phase)
     info(f"node {plan.node_rank}/{plan.nnodes}: {phase} started, {plan.nproc_per_node} rank(s), "
          f"rendezvous {plan.master_addr}:{plan.master_port}")
     try:
@@ -94,15 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.node", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", required=True, help="URL of the run's spec.json (written by flows.finetune)")
-    parser.add_argument("--phase", choices=sorted(PHASES), default="train")
+    parser.add_argument("--phase", choices=sorted(MODULES), default="train")
     parser.add_argument("--model", default=None, help="model URL to evaluate (--phase eval)")
+    parser.add_argument("--spec-digest", default=None, help="sha256 the pipeline recorded for spec.json (checked)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
 
     def body() -> int:
         spec, _ = load_spec(args.spec)
         plan = plan_from_environment(spec.config.launch.nproc_per_node)
-        run_node(args.spec, plan, phase=args.phase, model_url=args.model)
+        run_node(args.spec, plan, phase=args.phase, model_url=args.model, expected_spec_digest=args.spec_digest)
         return 0
 
     return run_cli(body)

@@ -76,7 +76,7 @@ def rank_environment(launch: LaunchConfig) -> dict[str, str]:
 
 
 RANK_ERROR = re.compile(r"\[rank (\d+)/\d+ [^\]]*\] ERROR trainer: (.*)")
-ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank.*?exitcode\s+: (-?\d+)", re.S)
+ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank[^\n]*\n[^\n]*exitcode\s+: (-?\d+)")
 
 
 def read_from(path: str, offset: int) -> str:
@@ -90,15 +90,20 @@ def read_from(path: str, offset: int) -> str:
 
 
 def failure_summary(text: str) -> tuple[str, int | None]:
-    """(one line saying which rank failed and why, that rank's exit code) from a node's log text."""
+    """(one line saying which rank failed and why, that rank's exit code) from a node's log text.
+
+    A rank's own error line wins. Otherwise torchrun's failure report is used, skipping ranks that
+    torchrun itself terminated (SIGTERM, -15) after the first one failed.
+    """
     errors = RANK_ERROR.findall(text)
-    cause = ROOT_CAUSE.search(text)
-    code = int(cause.group(2)) if cause else None
+    failures = [(int(rank), int(code)) for rank, code in ROOT_CAUSE.findall(text)]
+    first = next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
+    code = first[1] if first else None
     if errors:
         rank, message = errors[0]
         return f"rank {rank}: {message}", code
-    if cause:
-        return f"rank {cause.group(1)} exited with code {code}", code
+    if first:
+        return f"rank {first[0]} exited with code {code}", code
     return "see the log", code
 
 

@@ -9,19 +9,14 @@ from prefect import get_run_logger, task
 from config import layout
 from config.spec import Spec
 from config.storage import join, read_json
-from tasks.local_nodes import run_local_nodes
-from tasks.prefect_nodes import run_prefect_nodes
+from tasks.launch import run_phase
 
 
 @task(name="evaluate")
 def evaluate_on_nodes(spec: Spec, spec_url: str, model_url: str) -> dict[str, Any]:
     """Exact eval metrics of the model at `model_url` on the eval split."""
     logger = get_run_logger()
-    if spec.config.launch.backend == "prefect":
-        run_prefect_nodes(spec, spec_url, "eval", logger.info, model_url=model_url)
-    else:
-        run_local_nodes(spec.run_url, spec.config.launch, "trainer.evaluate",
-                        ["--spec", spec_url, "--model", model_url], "eval", logger.info)
+    run_phase(spec, spec_url, "eval", logger.info, model_url=model_url)
     result = read_json(join(spec.run_url, layout.EVAL))
     logger.info("eval loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
                 result["loss"], result["perplexity"], result["token_accuracy"], result["target_tokens"],

@@ -10,25 +10,15 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from config.spec import Spec
-from tasks.local_nodes import run_local_nodes
-from tasks.preflight import NodePlan, run_preflight
-from tasks.prefect_nodes import run_prefect_nodes
+from tasks.launch import run_phase
 
 
 @task(name="train")
 def train_on_nodes(spec: Spec, spec_url: str, spec_digest: str) -> None:
     """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished."""
     logger = get_run_logger()
-
-    def preflight(plan: NodePlan) -> None:
-        run_preflight(spec, spec_url, plan, expected_spec_digest=spec_digest, info=logger.info)
-
-    progress = progress_reporter(spec.total_steps, logger.info)
-    if spec.config.launch.backend == "prefect":  # preflight runs inside each node's flow
-        run_prefect_nodes(spec, spec_url, "train", logger.info, spec_digest=spec_digest, on_progress=progress)
-    else:
-        run_local_nodes(spec.run_url, spec.config.launch, "trainer", ["--spec", spec_url], "train", logger.info,
-                        on_progress=progress, preflight=preflight)
+    run_phase(spec, spec_url, "train", logger.info, spec_digest=spec_digest,
+              on_progress=progress_reporter(spec.total_steps, logger.info))
 
 
 def progress_reporter(total: int, info: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:

@@ -32,3 +32,11 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, tim
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def staged(tmp_path_factory):
+    """The tiny model and the sample data, staged once for every test that runs real ranks."""
+    from tests.distributed.harness import stage
+
+    return stage(tmp_path_factory.mktemp("dist-storage"))
