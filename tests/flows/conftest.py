@@ -54,3 +54,33 @@ def node_workers(prefect_server) -> Iterator[str]:
                 worker.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(worker.pid, signal.SIGKILL)
+
+
+PIPELINE_POOL = "tandem-test-pipeline"
+
+
+@pytest.fixture(scope="session")
+def pipeline_worker(node_workers) -> Iterator[str]:
+    """The finetune flow deployed as finetune/test to a process pool, with one worker serving it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.flows import Flow
+
+    api_url = node_workers
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=PIPELINE_POOL, type="process"), overwrite=True)
+    pipeline = Flow.from_source(source=str(ROOT), entrypoint="flows/finetune.py:finetune")
+    pipeline.deploy(name="test", work_pool_name=PIPELINE_POOL, build=False, push=False, print_next_steps=False)
+    log = open(ROOT / ".tandem" / "test-pipeline-worker.log", "ab")  # noqa: SIM115 - lives with the worker
+    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", PIPELINE_POOL,
+                               "--name", "test-pipeline"], cwd=ROOT, env=worker_env(api_url), stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    time.sleep(3)
+    try:
+        yield "finetune/test"
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)

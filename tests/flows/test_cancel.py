@@ -1,0 +1,60 @@
+"""Cancelling a pipeline run through the API (what the UI's Cancel button calls) while it trains: the
+worker stops the flow run, the flow run stops every torchrun agent and rank on every node, and no
+process is left behind — for the local backend and for node flows on other workers."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from config.loader import load_config
+from tasks.agent import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_for(predicate, timeout: float, what: str) -> float:
+    """Seconds it took for predicate() to hold; fails naming `what` after timeout."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def processes(pattern: str) -> str:
+    return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+
+
+def state_name(run_id) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id).state.name
+
+
+@pytest.mark.parametrize("backend", ["local", "prefect"])
+def test_cancel_while_training_leaves_no_process(pipeline_worker, tmp_path, backend: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    name = f"cancel-{backend}"
+    cfg = load_config(None, [f"run.storage={tmp_path}", f"run.name={name}", f"launch.backend={backend}",
+                             "launch.nnodes=2", f"launch.master_port={free_port()}", "train.max_steps=100000",
+                             "train.save_steps=100000", "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.05'}"])
+    run = run_deployment(pipeline_worker, parameters={"config": cfg.model_dump(mode="json")}, timeout=0)
+    metrics = Path(tmp_path) / "runs" / name / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180, "training to start")
+    assert processes(f"trainer --spec .*{name}")
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+    gone_after = wait_for(lambda: not processes(f"trainer --spec .*{name}"), 30, "every rank to stop")
+    wait_for(lambda: not processes(f"torch.distributed.run.*{name}"), 30, "every torchrun agent to stop")
+    wait_for(lambda: state_name(run.id) == "Cancelled", 60, "the flow run to be Cancelled")
+    assert gone_after < 30
