@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Section(BaseModel):
@@ -144,6 +144,11 @@ class LaunchConfig(Section):
         None, ge=1024, le=65535, description="Rendezvous port; empty: a free port is picked per launch."
     )
     rdzv_timeout: int = Field(120, gt=0, description="Seconds to wait for every node to join.")
+    retries: int = Field(
+        0, ge=0, le=20, description="Retry training this many times after a retryable failure (lost node, stall, "
+        "rendezvous timeout); each retry resumes from the newest complete checkpoint. Bad config/data is not retried."
+    )
+    retry_delay_s: int = Field(10, ge=0, description="Seconds between a failure and its retry.")
     stall_timeout: int = Field(
         600, gt=0, description="Stop the job when no optimizer step completes for this many seconds."
     )
@@ -182,6 +187,12 @@ class FinetuneConfig(Section):
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     register: RegisterConfig = Field(default_factory=RegisterConfig)
+
+    @model_validator(mode="after")
+    def _retries_resume(self) -> FinetuneConfig:
+        if self.launch.retries and self.train.resume == "never":
+            raise ValueError("launch.retries needs train.resume=auto (a retry continues from the newest checkpoint)")
+        return self
 
     @property
     def world_size(self) -> int:

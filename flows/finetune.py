@@ -26,7 +26,7 @@ from tasks.evaluate import evaluate_on_nodes
 from tasks.prepare import prepare_dataset, prepare_model
 from tasks.register import register_model
 from tasks.run import new_run_id, write_run_spec
-from tasks.train import train_on_nodes
+from tasks.train import train_with_retries
 
 
 def last_train_loss(run_url: str) -> float | None:
@@ -50,7 +50,7 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     model_path = prepare_model(cfg)
     dataset = prepare_dataset(cfg, model_path)
     spec, spec_url, spec_digest = write_run_spec(cfg, run_id, model_path, dataset)
-    train_on_nodes(spec, spec_url, spec_digest)
+    train_with_retries(spec)(spec, spec_url, spec_digest)
     checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
     model_url = layout.final_dir(spec.run_url)
     metrics = evaluate_on_nodes(spec, spec_url, model_url)

@@ -9,6 +9,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from prefect.states import State
+
+from config.errors import RetryableError
 from config.spec import Spec
 from tasks.launch import run_phase
 
@@ -19,6 +22,24 @@ def train_on_nodes(spec: Spec, spec_url: str, spec_digest: str) -> None:
     logger = get_run_logger()
     run_phase(spec, spec_url, "train", logger.info, spec_digest=spec_digest,
               on_progress=progress_reporter(spec.total_steps, logger.info))
+
+
+def retry_only_retryable(_task: object, _task_run: object, state: State) -> bool:
+    """Prefect's retry condition: retry lost nodes, stalls and timeouts, never bad config or data."""
+    try:
+        state.result(raise_on_failure=True)
+    except RetryableError:
+        return True
+    except Exception:  # noqa: BLE001 - anything else (UserError above all) is not worth a retry
+        return False
+    return False
+
+
+def train_with_retries(spec: Spec) -> Any:
+    """The train task with the run's retry policy (launch.retries); a retry resumes (train.resume=auto)."""
+    launch = spec.config.launch
+    return train_on_nodes.with_options(retries=launch.retries, retry_delay_seconds=launch.retry_delay_s,
+                                       retry_condition_fn=retry_only_retryable)
 
 
 def progress_reporter(total: int, info: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:

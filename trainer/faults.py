@@ -4,6 +4,8 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_SLOW_RANK=RANK:SECONDS   sleep SECONDS per micro-batch on global rank RANK
     TANDEM_TEST_EXIT_AT_STEP=RANK:STEP   hard-exit global rank RANK when it reaches optimizer step STEP
     TANDEM_TEST_STALL_AT_STEP=RANK:STEP  hang global rank RANK (sleep for an hour) in optimizer step STEP
+    TANDEM_TEST_EXIT_ONCE=PATH           with TANDEM_TEST_EXIT_AT_STEP: exit only if PATH does not exist yet
+                                         (it is created first), so that a retry succeeds
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ def maybe_exit(rank: int, step: int) -> None:
     """Exit abruptly (no cleanup, like a killed process) if this rank should die at this step."""
     hook = _parse("TANDEM_TEST_EXIT_AT_STEP")
     if hook and hook[0] == rank and int(hook[1]) == step:
+        once = os.environ.get("TANDEM_TEST_EXIT_ONCE")
+        if once:
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return
         os._exit(137)
 
 
