@@ -6,6 +6,7 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_STALL_AT_STEP=RANK:STEP  hang global rank RANK (sleep for an hour) in optimizer step STEP
     TANDEM_TEST_EXIT_ONCE=PATH           with TANDEM_TEST_EXIT_AT_STEP: exit only if PATH does not exist yet
                                          (it is created first), so that a retry succeeds
+    TANDEM_TEST_EXIT_STAMP=PATH          with TANDEM_TEST_EXIT_AT_STEP: write the time of death to PATH first
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def maybe_exit(rank: int, step: int) -> None:
                 os.close(os.open(once, os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 return
+        stamp = os.environ.get("TANDEM_TEST_EXIT_STAMP")
+        if stamp:
+            with open(stamp, "w") as handle:
+                handle.write(f"{time.time():.3f}\n")
         os._exit(137)
 
 
