@@ -10,31 +10,7 @@ from config.deepspeed import read_deepspeed_json, resolve_from_runtime, resolve_
 from config.errors import UserError
 from config.loader import PRESETS_DIR, load_config
 from config.schema import FinetuneConfig, TrainConfig
-
-# Qwen's finetune/ds_config_zero2.json and ds_config_zero3.json, as users have them (written out here).
-QWEN_ZERO2 = {
-    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
-             "hysteresis": 2, "min_loss_scale": 1},
-    "bf16": {"enabled": "auto"},
-    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                 "warmup_num_steps": "auto"}},
-    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none", "pin_memory": True},
-                          "allgather_partitions": True, "allgather_bucket_size": 2e8, "overlap_comm": True,
-                          "reduce_scatter": True, "reduce_bucket_size": 2e8, "contiguous_gradients": True},
-    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 100,
-    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
-}
-QWEN_ZERO3 = {
-    **{k: v for k, v in QWEN_ZERO2.items() if k != "zero_optimization"},
-    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none", "pin_memory": True},
-                          "offload_param": {"device": "none", "pin_memory": True}, "overlap_comm": True,
-                          "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
-                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
-                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
-                          "stage3_gather_16bit_weights_on_model_save": True},
-}
-
+from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
 def test_every_preset_validates_and_starts_with_its_command(preset: str) -> None:
