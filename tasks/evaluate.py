@@ -14,12 +14,14 @@ from tasks.local_nodes import run_local_nodes
 
 @task(name="evaluate")
 def evaluate_on_nodes(spec: Spec, spec_url: str, model_url: str) -> dict[str, Any]:
-    """Exact eval metrics of the model at `model_url` on the eval split."""
+    """Exact eval metrics of the model at `model_url` (final/ or checkpoints/step-N) on the eval split."""
     logger = get_run_logger()
     run_local_nodes(spec.run_url, spec.config.launch, "trainer.evaluate",
                     ["--spec", spec_url, "--model", model_url], "eval", logger.info)
     result = read_json(join(spec.run_url, layout.EVAL))
-    logger.info("eval loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
-                result["loss"], result["perplexity"], result["token_accuracy"], result["target_tokens"],
-                result["world_size"])
+    logger.info("eval of the %s %s: loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
+                result["model_kind"], model_url, result["loss"], result["perplexity"], result["token_accuracy"],
+                result["target_tokens"], result["world_size"])
+    if result.get("samples_url"):
+        logger.info("greedy samples: %s", result["samples_url"])
     return result
