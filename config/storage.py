@@ -135,7 +135,10 @@ def _s3_error_code(exc: BaseException) -> str | None:
 
 def _require_s3(url: str) -> None:
     if not url.startswith(("s3://", "s3a://")):
-        raise NotImplementedError(f"{url}: atomic create and compare-and-swap need a local/NFS path or s3://")
+        from config.errors import UserError
+
+        raise UserError(f"{url}: atomic create and compare-and-swap (registry versions, the champion alias) need "
+                        "run.storage on a local/NFS path or s3://")
 
 
 def read_versioned(url: str) -> tuple[bytes | None, str | None]:

@@ -67,3 +67,15 @@ def test_racing_promotions_leave_the_best_version_champion(storage) -> None:
     assert resolve(url, "champ:champion")["writer"] == "w1"
     fs, path = filesystem(url + "/registry/champ/champion.json")
     assert json.loads(fs.cat_file(path))["schema"] == "tandem.champion/1"
+
+
+def test_registry_cli_reads_an_s3_registry(s3_endpoint, s3_bucket) -> None:
+    from tests.conftest import run_cli
+
+    storage = s3_bucket + "/tandem"
+    register_version(storage, "remote", entry(1.5, "w0"))
+    result = run_cli("flows.registry", "--storage", storage, "show", "remote:1", env={"AWS_ENDPOINT_URL": s3_endpoint},
+                     timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("remote v0001\n") and '"writer": "w0"' in result.stdout
+    assert "# from_pretrained needs a local directory" not in result.stdout  # model_url here is a local path
