@@ -74,8 +74,8 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     }
     # The run ends Completed whether or not the gate passed; its state message says which (the UI shows
     # it), and callers of finetune() receive the summary.
-    return Completed(message=f"{'registered' if registered['registered'] else ''} {registered['message']}".strip(),
-                     data=summary)  # type: ignore[return-value]
+    message = f"registered {registered['message']}" if registered["registered"] else registered["message"]
+    return Completed(message=message, data=summary)  # type: ignore[return-value]
 
 
 def print_summary(summary: dict[str, Any]) -> None:
