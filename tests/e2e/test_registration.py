@@ -67,7 +67,6 @@ def test_a_run_that_passes_the_gate_registers_the_next_version(pipeline, reruns)
 
 def test_registered_lora_model_loads_back_and_reproduces_its_eval_loss(pipeline) -> None:
     import torch
-    from transformers import AutoModelForCausalLM  # noqa: F401 - the snippet's imports, checked by exec
 
     from config.spec import load_spec
     from tasks.model_card import load_snippet
