@@ -12,12 +12,18 @@ SPEC_SCHEMA = "tandem.spec/1"
 EVAL_SCHEMA = "tandem.eval/1"
 REGISTRY_SCHEMA = "tandem.registry/1"
 MODEL_SCHEMA = "tandem.model/1"
+CHAMPION_SCHEMA = "tandem.champion/1"
+SAMPLES_SCHEMA = "tandem.samples/1"
 
 MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
 SPEC = "spec.json"
 METRICS = "metrics.jsonl"
 EVAL = "eval.json"
+SAMPLES = "samples.jsonl"
+LOSS_PLOT = "loss.png"
+MODEL_CARD = "model_card.md"
+CHAMPION = "champion.json"
 LOG = "log.txt"
 STATUS = "status.json"
 SPLITS = ("train", "eval")
@@ -70,12 +76,23 @@ def final_dir(run: str) -> str:
 
 def registry_dir(storage: str, model: str) -> str:
     """{storage}/registry/{model}"""
-    return join(storage, "registry", model)
+    return join(registry_root(storage), model)
+
+
+def registry_root(storage: str) -> str:
+    """{storage}/registry"""
+    return join(storage, "registry")
 
 
 def registry_entry_name(version: int) -> str:
     """v{n:04d}.json"""
     return f"v{version:04d}.json"
+
+
+def champion_url(storage: str, model: str) -> str:
+    """{storage}/registry/{model}/champion.json: the alias naming the best version."""
+    return join(registry_dir(storage, model), CHAMPION)
+
 
 # Set by the launcher for every rank of a node: where its ranks touch their heartbeat files.
 HEARTBEAT_ENV = "TANDEM_HEARTBEAT_DIR"

@@ -159,15 +159,56 @@ class EvalConfig(Section):
     """Evaluation of the trained model on the eval split."""
 
     batch_size: int = Field(8, gt=0, description="Examples per rank per forward pass.")
+    model: Literal["final", "checkpoint"] = Field(
+        "final",
+        description="What the pipeline evaluates: the exported final/ model, or the final complete checkpoint "
+        "(DeepSpeed shards, reassembled on the base model).",
+    )
+    generate_samples: int = Field(
+        0, ge=0, le=1000, description="Write this many greedy completions of eval prompts to {run}/samples.jsonl."
+    )
+    max_new_tokens: int = Field(32, gt=0, le=4096, description="Tokens generated per sample (eval.generate_samples).")
+
+
+Metric = Literal["loss", "perplexity", "token_accuracy"]
+# Which way each metric improves; a gate pointing the other way would promote worse models.
+METRIC_DIRECTION: dict[str, str] = {"loss": "min", "perplexity": "min", "token_accuracy": "max"}
+# How the champion is chosen when register.gate is not set.
+CHAMPION_METRIC: Metric = "loss"
+
+
+class GateConfig(Section):
+    """Promotion gate: register only when the eval metric passes a threshold or beats the champion."""
+
+    metric: Metric = Field("loss", description="Eval metric the gate compares (and the champion is ranked by).")
+    direction: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher is better.")
+    threshold: float | None = Field(
+        None, description="Pass when the metric is at most (min) or at least (max) this value."
+    )
+    better_than: Literal["champion"] | None = Field(
+        None, description="champion: pass only when strictly better than the current champion (or none exists)."
+    )
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> GateConfig:
+        if (self.threshold is None) == (self.better_than is None):
+            raise ValueError("set exactly one of register.gate.threshold and register.gate.better_than")
+        if self.direction != METRIC_DIRECTION[self.metric]:
+            raise ValueError(f"register.gate.direction must be {METRIC_DIRECTION[self.metric]} for {self.metric}, "
+                             f"got {self.direction}")
+        return self
 
 
 class RegisterConfig(Section):
-    """Where the trained model is registered."""
+    """Where the trained model is registered, and the gate it must pass."""
 
     model_name: str = Field(
         "tandem-tiny",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
         description="Registry name; versions are registry/{model_name}/v0001.json, v0002.json, ...",
+    )
+    gate: GateConfig | None = Field(
+        None, description="Promotion gate; empty: every evaluated model is registered."
     )
 
 

@@ -7,9 +7,13 @@ committed by the marker (COMPLETE, manifest.json) written last.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -95,7 +99,11 @@ def write_json_atomic(url: str, doc: Any) -> bytes:
 
 
 def create_exclusive(url: str, data: bytes) -> bool:
-    """Create the object only if nothing is there yet; False when it already exists."""
+    """Create the object only if nothing is there yet; False when it already exists.
+
+    Local/NFS: link() of a finished temporary file, which fails if the name exists. S3: a conditional
+    PUT (`If-None-Match: *`), which AWS S3 and compatible stores resolve atomically on the server.
+    """
     fs, path = filesystem(url)
     if is_local(url):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -111,12 +119,100 @@ def create_exclusive(url: str, data: bytes) -> bool:
         finally:
             os.unlink(tmp)
         return True
-    raise NotImplementedError(f"exclusive create is implemented for local storage only, not {url}")
+    _require_s3(url)
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if _s3_error_code(exc) in _LOST_RACE:
+            return False
+        raise
+    return True
+
+
+# A failed precondition, or S3's 409 for a conditional write racing another one on the same key.
+_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code behind an s3fs exception (s3fs keeps botocore's ClientError as the cause)."""
+    response = getattr(exc.__cause__, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def _require_s3(url: str) -> None:
+    if not url.startswith(("s3://", "s3a://")):
+        from config.errors import UserError
+
+        raise UserError(f"{url}: atomic create and compare-and-swap (registry versions, the champion alias) need "
+                        "run.storage on a local/NFS path or s3://")
+
+
+def read_versioned(url: str) -> tuple[bytes | None, str | None]:
+    """(bytes, token) of an object, or (None, None) when absent; pass the token to replace_if_unchanged."""
+    fs, path = filesystem(url)
+    if is_local(url):
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return None, None
+        return data, hashlib.sha256(data).hexdigest()
+    _require_s3(url)
+    fs.invalidate_cache(path)
+    try:
+        # ETag first, then the bytes: if a write lands in between, the stale ETag makes the swap fail.
+        token = fs.info(path)["ETag"]
+        return fs.cat_file(path), token
+    except FileNotFoundError:
+        return None, None
+
+
+def replace_if_unchanged(url: str, data: bytes, token: str | None) -> bool:
+    """Write `data` only if the object still has `token` (None: only if it is still absent)."""
+    fs, path = filesystem(url)
+    if is_local(url):
+        with _locked(path):
+            current = read_versioned(url)[1]
+            if current != token:
+                return False
+            write_bytes_atomic(url, data)
+            return True
+    _require_s3(url)
+    bucket, key, _ = fs.split_path(path)
+    condition = {"IfMatch": token} if token is not None else {"IfNoneMatch": "*"}
+    try:
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+    except (FileExistsError, FileNotFoundError):
+        return False
+    except OSError as exc:
+        if _s3_error_code(exc) in _LOST_RACE:
+            return False
+        raise
+    finally:
+        fs.invalidate_cache(path)
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive lock (flock on a sidecar file) around a local read-modify-write."""
+    directory, name = os.path.split(path)
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, f".{name}.lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def listdir(url: str) -> list[str]:
     """Base names in a directory (empty when it does not exist)."""
     fs, path = filesystem(url)
+    fs.invalidate_cache(path)  # object stores cache listings; another writer may have added names
     if not fs.exists(path):
         return []
     return sorted(os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))

@@ -3,6 +3,7 @@
     python -m flows.finetune                      # the embedded default: tiny model, 2 local nodes, CPU
     python -m flows.finetune --config qwen-7b-lora --set run.storage=/mnt/shared/tandem
     python -m flows.finetune --set train.max_steps=100 --set launch.nnodes=3
+    python -m flows.finetune --set register.gate="{metric: loss, direction: min, threshold: 2.0}"
 
 Without PREFECT_API_URL, Prefect starts a temporary local server for the run.
 """
@@ -10,32 +11,31 @@ Without PREFECT_API_URL, Prefect starts a temporary local server for the run.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed
 
 from config import layout
 from config.loader import check_paths, load_config
 from config.schema import FinetuneConfig
-from config.storage import exists, join, read_bytes, set_storage_options
+from config.storage import set_storage_options
 from flows.cli import add_config_arguments, run_cli
 from tasks.checkpoints import wait_for_checkpoint
 from tasks.evaluate import evaluate_on_nodes
 from tasks.prepare import prepare_dataset, prepare_model
+from tasks.assets import record_model_asset
+from tasks.loss_curve import plot_loss, read_metrics
 from tasks.register import register_model
 from tasks.run import new_run_id, write_run_spec
 from tasks.train import train_with_retries
 
 
 def last_train_loss(run_url: str) -> float | None:
-    """The loss of the last line of metrics.jsonl."""
-    url = join(run_url, layout.METRICS)
-    if not exists(url):
-        return None
-    lines = read_bytes(url).decode().strip().splitlines()
-    return json.loads(lines[-1])["loss"] if lines else None
+    """The loss of the last step line of metrics.jsonl (event lines such as final_eval are not steps)."""
+    steps = [record for record in read_metrics(run_url) if "event" not in record]
+    return steps[-1]["loss"] if steps else None
 
 
 @flow(name="finetune", log_prints=True)
@@ -53,9 +53,13 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     train_with_retries(spec)(spec, spec_url, spec_digest)
     checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
     model_url = layout.final_dir(spec.run_url)
-    metrics = evaluate_on_nodes(spec, spec_url, model_url)
-    registered = register_model(spec, spec_digest, checkpoint, model_url, metrics)
-    return {
+    evaluated = checkpoint.url if cfg.eval.model == "checkpoint" else model_url
+    metrics = evaluate_on_nodes(spec, spec_url, evaluated)
+    loss_plot = plot_loss(spec.run_url, checkpoint.step, metrics["loss"], f"{cfg.register.model_name}, run {run_id}")
+    registered = register_model(spec, spec_digest, checkpoint, model_url, metrics, loss_plot)
+    if registered["registered"]:
+        record_model_asset(spec, registered)
+    summary = {
         "run_id": run_id,
         "run_url": spec.run_url,
         "dataset_id": dataset.dataset_id,
@@ -63,9 +67,15 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
         "eval": {key: metrics[key] for key in ("loss", "perplexity", "token_accuracy", "target_tokens")},
         "checkpoint_url": checkpoint.url,
         "model_url": model_url,
-        "registered": f"{cfg.register.model_name} v{registered['version']:04d}",
-        "registry_url": registered["url"],
+        "loss_plot": loss_plot,
+        "registered": registered["registered"],
+        "registration": registered["message"],
+        "registry_url": registered.get("url"),
     }
+    # The run ends Completed whether or not the gate passed; its state message says which (the UI shows
+    # it), and callers of finetune() receive the summary.
+    message = f"registered {registered['message']}" if registered["registered"] else registered["message"]
+    return Completed(message=message, data=summary)  # type: ignore[return-value]
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -80,8 +90,12 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("token accuracy", f"{ev['token_accuracy']:.4f} ({ev['target_tokens']} target tokens)"),
         ("checkpoint", summary["checkpoint_url"]),
         ("model", summary["model_url"]),
-        ("registered", f"{summary['registered']} ({summary['registry_url']})"),
+        ("loss curve", summary["loss_plot"] or "n/a"),
     ]
+    if summary["registered"]:
+        rows.append(("registered", f"{summary['registration']} ({summary['registry_url']})"))
+    else:
+        rows.append(("registered", summary["registration"]))
     print("\n" + "\n".join(f"{name:<15}{value}" for name, value in rows))
 
 

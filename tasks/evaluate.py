@@ -14,11 +14,13 @@ from tasks.launch import run_phase
 
 @task(name="evaluate")
 def evaluate_on_nodes(spec: Spec, spec_url: str, model_url: str) -> dict[str, Any]:
-    """Exact eval metrics of the model at `model_url` on the eval split."""
+    """Exact eval metrics of the model at `model_url` (final/ or checkpoints/step-N) on the eval split."""
     logger = get_run_logger()
     run_phase(spec, spec_url, "eval", logger.info, model_url=model_url)
     result = read_json(join(spec.run_url, layout.EVAL))
-    logger.info("eval loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
-                result["loss"], result["perplexity"], result["token_accuracy"], result["target_tokens"],
-                result["world_size"])
+    logger.info("eval of the %s %s: loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
+                result["model_kind"], model_url, result["loss"], result["perplexity"], result["token_accuracy"],
+                result["target_tokens"], result["world_size"])
+    if result.get("samples_url"):
+        logger.info("greedy samples: %s", result["samples_url"])
     return result

@@ -1,18 +1,24 @@
-"""Register: write the registry entry with its lineage and publish Prefect artifacts."""
+"""Register: apply the gate, write the registry entry with its lineage, promote the champion, and publish
+Prefect artifacts (metrics table, model card, link to the model)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from prefect import get_run_logger, runtime, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from config.spec import Spec
-from config.version import code_version
+from config import layout
 from config.checkpoints import CompleteCheckpoint
-from tasks.registry import register_version
+from config.manifest import read_manifest
+from config.spec import Spec
+from config.storage import is_local, join, local_path, write_bytes_atomic
+from config.version import code_version
+from tasks.gate import check_gate, ranking
+from tasks.model_card import model_card
+from tasks.registry import promote, read_entry, register_version
 
-METRIC_KEYS = ("loss", "perplexity", "token_accuracy", "target_tokens", "correct_tokens", "examples")
+METRIC_KEYS = ("loss", "perplexity", "token_accuracy", "loss_sum", "target_tokens", "correct_tokens", "examples")
 
 
 def lineage(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint) -> dict[str, Any]:
@@ -29,29 +35,55 @@ def lineage(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint) -> dic
     }
 
 
-@task(name="register")
-def register_model(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint, model_url: str,
+def browser_link(url: str) -> str:
+    """A URL a browser or the Prefect UI can show: file:// for local paths, the URL itself otherwise."""
+    return f"file://{local_path(url)}" if is_local(url) else url
+
+
+def registry_entry(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint, model_url: str,
                    metrics: dict[str, Any]) -> dict[str, Any]:
-    """Claim the next registry version for this model and publish the metrics as artifacts."""
-    logger = get_run_logger()
-    model = spec.config.register.model_name
-    entry = {
+    """The registry document's body (the registry adds schema, model, version, created_at)."""
+    return {
         "metrics": {key: metrics[key] for key in METRIC_KEYS},
         "model_url": model_url,
         "checkpoint_url": checkpoint.url,
+        "evaluated_url": metrics["model_url"],
+        "base_model": spec.model_path,
+        "method": spec.config.train.method,
+        "run_url": spec.run_url,
         "lineage": lineage(spec, spec_digest, checkpoint),
     }
-    version, url = register_version(spec.config.run.storage, model, entry)
-    logger.info("registered %s v%04d at %s", model, version, url)
+
+
+@task(name="register")
+def register_model(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint, model_url: str,
+                   metrics: dict[str, Any], loss_plot: str | None = None) -> dict[str, Any]:
+    """Gate, then claim the next registry version, promote the champion and publish the artifacts."""
+    logger = get_run_logger()
+    model, storage = spec.config.register.model_name, spec.config.run.storage
     create_table_artifact(
         key="eval-metrics",
         table=[{"metric": key, "value": metrics[key]} for key in METRIC_KEYS],
-        description=f"{model} v{version:04d}: eval metrics (all-reduced over {metrics['world_size']} ranks)",
+        description=f"{model}, run {spec.run_id}: eval metrics (all-reduced over {metrics['world_size']} ranks)",
     )
-    create_markdown_artifact(
-        key="registered-model",
-        markdown=f"# {model} v{version:04d}\n\n- model: `{model_url}`\n- checkpoint: `{checkpoint.url}`\n"
-        f"- dataset: `{spec.dataset.dataset_id}`\n- registry entry: `{url}`\n",
-        description="registered model",
-    )
-    return {"version": version, "url": url, **entry}
+    gate = check_gate(spec.config.register.gate, metrics, storage, model)
+    if not gate.passed:
+        logger.warning("%s (registry %s left untouched)", gate.message, layout.registry_dir(storage, model))
+        return {"registered": False, "message": gate.message}
+    entry = registry_entry(spec, spec_digest, checkpoint, model_url, metrics)
+    version, url = register_version(storage, model, entry)
+    metric, direction = ranking(spec.config.register.gate)
+    is_champion = promote(storage, model, version, metrics, metric, direction)
+    logger.info("registered %s v%04d at %s (%s)%s", model, version, url, gate.message,
+                f"; champion by {metric}" if is_champion else "")
+    doc = {**read_entry(storage, model, version), "url": url}
+    splits = read_manifest(spec.dataset.url, layout.DATASET_SCHEMA)[0]["splits"]
+    card = model_card(spec, doc, splits, loss_plot)
+    write_bytes_atomic(join(spec.run_url, layout.MODEL_CARD), card.encode())
+    create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")
+    create_link_artifact(key="model", link=browser_link(model_url), link_text=f"{model} v{version:04d}",
+                         description=f"the registered model ({entry['method']}); registry entry {url}")
+    message = f"{model} v{version:04d}" + (" (champion)" if is_champion else "")
+    return {"registered": True, "message": message, "version": version, "url": url, "champion": is_champion,
+            **entry}
+

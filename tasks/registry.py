@@ -1,8 +1,9 @@
-"""The model registry on storage: registry/{model}/v{n:04d}.json, versions claimed atomically.
+"""The model registry on any fsspec storage (DESIGN.md): registry/{model}/v{n:04d}.json + champion.json.
 
-Plain functions (used by the register task and, later, the registry CLI). A version is claimed by
-creating its file exclusively: two registrations racing get two versions, and no entry is ever
-overwritten.
+Plain functions, free of Prefect (the registry CLI uses them without a server). A version is claimed
+by creating its file exclusively (link() locally, a conditional PUT on S3): two registrations racing
+get two versions and no entry is ever overwritten. The `champion` alias is a separate small document
+swapped atomically (compare-and-swap on its previous content), naming the best version so far.
 """
 
 from __future__ import annotations
@@ -13,10 +14,25 @@ from datetime import UTC, datetime
 from typing import Any
 
 from config import layout
-from config.storage import create_exclusive, join, listdir
+from config.errors import UserError
+from config.storage import (create_exclusive, exists, join, listdir, read_json, read_versioned,
+                            replace_if_unchanged)
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")
-MAX_CLAIM_ATTEMPTS = 100
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+MAX_CLAIM_ATTEMPTS = 1000
+MAX_SWAP_ATTEMPTS = 100
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    """The bytes every registry document is stored as."""
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def models(storage: str) -> list[str]:
+    """Names of the models that have at least one version."""
+    return [name for name in listdir(layout.registry_root(storage))
+            if MODEL_NAME.match(name) and versions(storage, name)]
 
 
 def versions(storage: str, model: str) -> list[int]:
@@ -25,11 +41,29 @@ def versions(storage: str, model: str) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
+def entry_url(storage: str, model: str, version: int) -> str:
+    """URL of one version's document."""
+    return join(layout.registry_dir(storage, model), layout.registry_entry_name(version))
+
+
+def read_entry(storage: str, model: str, version: int) -> dict[str, Any]:
+    """One registered version, checked for its schema."""
+    url = entry_url(storage, model, version)
+    try:
+        doc = read_json(url)
+    except FileNotFoundError:
+        known = ", ".join(f"v{v:04d}" for v in versions(storage, model)) or "none"
+        raise UserError(f"{model}:v{version:04d} is not registered under {storage} (versions: {known})") from None
+    if doc.get("schema") != layout.REGISTRY_SCHEMA:
+        raise UserError(f"{url}: schema {doc.get('schema')!r} is not {layout.REGISTRY_SCHEMA!r}")
+    return doc
+
+
 def register_version(storage: str, model: str, entry: dict[str, Any]) -> tuple[int, str]:
     """Write `entry` as the next free version; returns (version, URL)."""
     version = (versions(storage, model) or [0])[-1] + 1
     for _ in range(MAX_CLAIM_ATTEMPTS):
-        url = join(layout.registry_dir(storage, model), layout.registry_entry_name(version))
+        url = entry_url(storage, model, version)
         doc = {
             "schema": layout.REGISTRY_SCHEMA,
             "model": model,
@@ -37,7 +71,65 @@ def register_version(storage: str, model: str, entry: dict[str, Any]) -> tuple[i
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             **entry,
         }
-        if create_exclusive(url, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()):
+        if create_exclusive(url, dumps(doc)):
             return version, url
         version += 1  # somebody else claimed it first: take the next one
     raise RuntimeError(f"could not claim a version of {model} after {MAX_CLAIM_ATTEMPTS} attempts")
+
+
+def champion(storage: str, model: str) -> dict[str, Any] | None:
+    """The champion alias ({"version", "metric", "direction", "value", ...}), or None."""
+    data, _ = read_versioned(layout.champion_url(storage, model))
+    return json.loads(data) if data is not None else None
+
+
+def better(value: float, than: float, direction: str) -> bool:
+    """Strictly better in the metric's direction."""
+    return value < than if direction == "min" else value > than
+
+
+def promote(storage: str, model: str, version: int, metrics: dict[str, Any], metric: str,
+            direction: str) -> bool:
+    """Make `version` the champion if it beats the current one on `metric`; True when it did.
+
+    Compare-and-swap: re-read and retry when another registration changed the alias in between.
+    """
+    url = layout.champion_url(storage, model)
+    doc = {"schema": layout.CHAMPION_SCHEMA, "model": model, "version": version, "metric": metric,
+           "direction": direction, "value": metrics[metric],
+           "updated_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    for _ in range(MAX_SWAP_ATTEMPTS):
+        data, token = read_versioned(url)
+        if data is not None:
+            current = json.loads(data)
+            if current["version"] == version:
+                return True
+            # Compare on this run's metric, read from the champion's own entry (it may have been
+            # promoted under another metric).
+            theirs = read_entry(storage, model, current["version"])["metrics"][metric]
+            if not better(metrics[metric], theirs, direction):
+                return False
+        if replace_if_unchanged(url, dumps(doc), token):
+            return True
+    raise RuntimeError(f"could not update {url} after {MAX_SWAP_ATTEMPTS} attempts")
+
+
+def resolve(storage: str, ref: str) -> dict[str, Any]:
+    """The entry named by `MODEL`, `MODEL:VERSION` (3, v3, v0003) or `MODEL:champion`; MODEL alone: newest."""
+    model, _, which = ref.partition(":")
+    if not MODEL_NAME.match(model):
+        raise UserError(f"{ref}: expected MODEL[:VERSION|:champion], e.g. tandem-tiny:v0001")
+    if not exists(layout.registry_dir(storage, model)) or not versions(storage, model):
+        known = ", ".join(models(storage)) or "none"
+        raise UserError(f"{model}: no such model in {layout.registry_root(storage)} (models: {known})")
+    if which == "champion":
+        alias = champion(storage, model)
+        if alias is None:
+            raise UserError(f"{model} has no champion yet; name a version, e.g. {model}:v0001")
+        return read_entry(storage, model, alias["version"])
+    if not which:
+        return read_entry(storage, model, versions(storage, model)[-1])
+    digits = which.lower().removeprefix("v")
+    if not digits.isdigit():
+        raise UserError(f"{ref}: the version must be a number (v0003 or 3) or 'champion'")
+    return read_entry(storage, model, int(digits))

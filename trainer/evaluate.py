@@ -1,10 +1,12 @@
 """Evaluate a model on the eval split under torchrun, exactly.
 
-    torchrun ... -m trainer.evaluate --spec SPEC --model URL
+    torchrun ... -m trainer.evaluate --spec {run}/spec.json --model {run}/final
+    torchrun ... -m trainer.evaluate --spec {run}/spec.json --model {run}/checkpoints/step-00000030
 
 Example i goes to rank i % world_size (each example to exactly one rank, no padding duplicates); each
 rank sums loss, predicted target tokens and correct tokens; the sums are all-reduced and divided
-once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json.
+once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json
+(and, with eval.generate_samples, samples.jsonl).
 """
 
 from __future__ import annotations
@@ -20,28 +22,14 @@ import torch
 from config import layout
 from config.errors import TandemError, UserError
 from config.spec import Spec, load_spec
-from config.storage import exists, join, write_json_atomic
+from config.storage import join, write_json_atomic
 from trainer.data import IGNORE_INDEX, collate, load_split
 from trainer.distributed import Dist, dist_sum
+from trainer.eval_model import is_checkpoint, load_for_eval
+
+__all__ = ["evaluate", "load_for_eval", "local_sums", "reduced_metrics"]
 
 log = logging.getLogger(__name__)
-
-
-def load_for_eval(model_url: str, spec: Spec, device: torch.device) -> Any:
-    """A model from an exported directory: a PEFT adapter on the spec's base, or full weights."""
-    from transformers import AutoModelForCausalLM
-
-    if not exists(join(model_url, layout.COMPLETE)):
-        raise UserError(f"--model {model_url}: no {layout.COMPLETE} marker; only complete exports can be evaluated")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if exists(join(model_url, "adapter_config.json")):
-        from peft import PeftModel
-
-        base = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
-        model = PeftModel.from_pretrained(base, model_url)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_url, dtype=dtype)
-    return model.to(device).eval()
 
 
 @torch.no_grad()
@@ -64,9 +52,10 @@ def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size:
         logits = logits[:, :-1, :].float()
         labels = batch.labels[:, 1:].to(device)
         mask = labels != IGNORE_INDEX
+        # Per-token losses summed in float64: the total then hardly depends on how examples were batched.
         loss_sum += torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-        ).item()
+            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+        ).double().sum().item()
         targets += int(mask.sum())
         correct += int(((logits.argmax(-1) == labels) & mask).sum())
     return loss_sum, targets, correct, len(mine)
@@ -75,6 +64,9 @@ def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size:
 def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, Any]:
     """SUM-reduce the per-rank sums and divide once."""
     loss_sum, targets, correct, count = dist_sum(sums, dist)
+    if targets == 0:
+        raise UserError(f"the eval split has no target tokens ({int(count)} examples); set data.eval_ratio > 0 "
+                        "or give data with assistant answers")
     loss = loss_sum / targets
     return {"loss": loss, "perplexity": math.exp(loss), "token_accuracy": correct / targets, "loss_sum": loss_sum,
             "target_tokens": int(targets), "correct_tokens": int(correct), "examples": int(count)}
@@ -82,17 +74,25 @@ def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, 
 
 def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
     """All-reduced eval metrics; rank 0 writes them to {run}/eval.json."""
-    model = load_for_eval(model_url, spec, dist.device)
     examples = load_split(spec.dataset.url, "eval")
+    if not examples:
+        raise UserError(f"{spec.dataset.url}: the eval split is empty; stage the data with data.eval_ratio > 0")
+    model = load_for_eval(model_url, spec, dist.device, dist)
+    pad_id = int(model.config.pad_token_id)
     sums = local_sums(model, examples, rank=dist.rank, world=dist.world_size, batch_size=spec.config.eval.batch_size,
-                      pad_id=int(model.config.pad_token_id), device=dist.device)
+                      pad_id=pad_id, device=dist.device)
     result = {
         "schema": layout.EVAL_SCHEMA,
         **reduced_metrics(sums, dist),
         "world_size": dist.world_size,
         "model_url": model_url,
+        "model_kind": "checkpoint" if is_checkpoint(model_url) else "export",
         "dataset_id": spec.dataset.dataset_id,
     }
+    if spec.config.eval.generate_samples:
+        from trainer.samples import write_samples
+
+        result["samples_url"] = write_samples(model, examples, spec, dist, pad_id)
     if dist.is_main:
         write_json_atomic(join(spec.run_url, layout.EVAL), result)
         log.info("eval loss %.4f perplexity %.2f token accuracy %.4f over %d target tokens",
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
-    parser.add_argument("--model", required=True, help="URL of an exported model directory (with COMPLETE)")
+    parser.add_argument("--model", required=True,
+                        help="URL of an exported model (final/) or a checkpoint (checkpoints/step-N), with COMPLETE")
     args = parser.parse_args(argv)
     from trainer import distributed
     from trainer.logging_setup import configure

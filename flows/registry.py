@@ -1,0 +1,99 @@
+"""Read the model registry: list versions, show one entry and how to load it. No Prefect server needed.
+
+    python -m flows.registry list                         # every model, every version
+    python -m flows.registry list tandem-tiny
+    python -m flows.registry show tandem-tiny:champion    # or tandem-tiny:v0002, tandem-tiny:2, tandem-tiny
+    python -m flows.registry --storage s3://bucket/tandem list
+
+--storage is the run.storage the pipeline registered into (default: the schema's, .tandem/storage).
+For S3-compatible stores set AWS_ENDPOINT_URL (and credentials) in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from config.errors import UserError
+from config.loader import resolve_local
+from config.schema import RunConfig
+from flows.cli import run_cli
+from tasks.model_card import load_snippet
+from tasks.registry import champion, models, read_entry, resolve, versions
+
+COLUMNS = ("model", "version", "created", "loss", "perplexity", "token_accuracy", "champion")
+
+
+def rows(storage: str, model: str) -> list[dict[str, str]]:
+    """One table row per version of a model."""
+    alias = champion(storage, model)
+    out = []
+    for version in versions(storage, model):
+        entry = read_entry(storage, model, version)
+        metrics = entry["metrics"]
+        out.append({"model": model, "version": f"v{version:04d}", "created": entry["created_at"],
+                    "loss": f"{metrics['loss']:.4f}", "perplexity": f"{metrics['perplexity']:.2f}",
+                    "token_accuracy": f"{metrics['token_accuracy']:.4f}",
+                    "champion": "*" if alias and alias["version"] == version else ""})
+    return out
+
+
+def table(records: list[dict[str, str]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    widths = {c: max(len(c), *(len(r[c]) for r in records)) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS).rstrip()]
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in records]
+    return "\n".join(lines)
+
+
+def cmd_list(storage: str, model: str | None) -> int:
+    """Print the versions table."""
+    names = [model] if model else models(storage)
+    if model and not versions(storage, model):
+        known = ", ".join(models(storage)) or "none"
+        raise UserError(f"{model}: no such model in {storage}/registry (models: {known})")
+    records = [row for name in names for row in rows(storage, name)]
+    print(table(records) if records else f"no models registered in {storage}/registry")
+    return 0
+
+
+def cmd_show(storage: str, ref: str) -> int:
+    """Print one entry and how to load its model."""
+    entry = resolve(storage, ref)
+    alias = champion(storage, entry["model"])
+    mark = " (champion)" if alias and alias["version"] == entry["version"] else ""
+    print(f"{entry['model']} v{entry['version']:04d}{mark}\n")
+    print(json.dumps(entry, indent=2, sort_keys=True))
+    if "base_model" in entry:
+        print(f"\nHow to load:\n\n{load_snippet(entry)}")
+    return 0
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m flows.registry", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--storage", default=RunConfig().storage, help="run.storage URL (default: %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    listing = sub.add_parser("list", help="versions of one model or of every model")
+    listing.add_argument("model", nargs="?", help="model name (register.model_name)")
+    show = sub.add_parser("show", help="one entry, with how to load the model")
+    show.add_argument("ref", metavar="MODEL[:VERSION|:champion]")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point."""
+    args: Any = parse(argv)
+    storage = args.storage if "://" in args.storage else resolve_local(args.storage)
+
+    def body() -> int:
+        return cmd_list(storage, args.model) if args.command == "list" else cmd_show(storage, args.ref)
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""`python -m trainer.evaluate` under real torchrun ranks (gloo): exact all-reduced metrics whatever the
+world size, checkpoints evaluated like their exports, greedy samples, and refusals with one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from config.errors import UserError
+from config.schema import LaunchConfig
+from tasks.local_nodes import run_local_nodes
+from tests.distributed.harness import Run, Staged, train
+
+METRICS = ("loss", "perplexity", "token_accuracy")
+COUNTS = ("target_tokens", "correct_tokens", "examples")
+
+
+def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
+    """Run the evaluator on one node with `nproc` ranks, as the pipeline's evaluate task does; eval.json."""
+    launch = LaunchConfig(nnodes=1, nproc_per_node=nproc, rdzv_timeout=60)
+    run_local_nodes(run.spec.run_url, launch, "trainer.evaluate",
+                    ["--spec", run.spec_url, "--model", str(model_url)], "eval", lambda _: None)
+    return json.loads((run.run_dir / "eval.json").read_text())
+
+
+def samples(run: Run) -> list[dict]:
+    return [json.loads(line) for line in (run.run_dir / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def lora(staged: Staged) -> Run:
+    """2 ranks, ZeRO-2 + LoRA, 12 steps; the spec asks for 3 greedy samples and eval batches of 4."""
+    return train(staged, "eval-lora", ["launch.nnodes=2", "eval.generate_samples=3", "eval.batch_size=4",
+                                       "eval.max_new_tokens=12"])
+
+
+@pytest.fixture(scope="module")
+def by_world(lora: Run) -> dict[int, tuple[dict, list[dict]]]:
+    """(eval.json, samples) of final/ evaluated on 1, 2 and 3 ranks."""
+    out = {}
+    for world in (1, 2, 3):
+        out[world] = evaluate(lora, lora.run_dir / "final", world), samples(lora)
+    return out
+
+
+def test_eval_split_size_divides_by_neither_2_nor_3(staged: Staged) -> None:
+    manifest = json.loads((Path(staged.dataset.url) / "manifest.json").read_text())
+    records = manifest["splits"]["eval"]["records"]
+    assert records % 2 and records % 3, f"the exactness test needs an eval split not divisible by 2 or 3, got {records}"
+
+
+def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> None:
+    single = by_world[1][0]
+    split = json.loads((Path(staged.dataset.url) / "manifest.json").read_text())["splits"]["eval"]
+    assert single["examples"] == split["records"] and single["target_tokens"] == split["target_tokens"]
+    for world in (2, 3):
+        result = by_world[world][0]
+        assert result["world_size"] == world
+        assert {k: result[k] for k in COUNTS} == {k: single[k] for k in COUNTS}  # no example lost or duplicated
+        assert_close([result[k] for k in METRICS], [single[k] for k in METRICS], rtol=1e-7, atol=0)
+    assert single["loss"] == pytest.approx(single["loss_sum"] / single["target_tokens"], rel=1e-12)
+    assert single["token_accuracy"] == single["correct_tokens"] / single["target_tokens"]
+
+
+def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world) -> None:
+    one, three = by_world[1][1], by_world[3][1]
+    assert [s["index"] for s in one] == [0, 1, 2]
+    assert all(s["prompt"] and s["reference"] and 0 < len(s["completion_ids"]) <= 12 for s in one)
+    assert [s["completion_ids"] for s in three] == [s["completion_ids"] for s in one]
+    assert all(s["prompt"].endswith("assistant\n") for s in one)  # up to where the assistant's answer begins
+    assert all(s["reference"].count("<|im_end|>") == 1 for s in one)  # the first answer only
+
+
+def test_checkpoint_eval_equals_final_eval_zero2(lora: Run, by_world) -> None:
+    result = evaluate(lora, lora.checkpoint(12), 2)
+    assert result["model_kind"] == "checkpoint"
+    final = by_world[2][0]
+    assert {k: result[k] for k in COUNTS} == {k: final[k] for k in COUNTS}
+    assert_close([result[k] for k in METRICS], [final[k] for k in METRICS], rtol=1e-7, atol=0)
+
+
+def test_checkpoint_eval_equals_final_eval_zero3(staged: Staged) -> None:
+    run = train(staged, "eval-zero3", ["launch.nnodes=2", "train.max_steps=4",
+                                       "deepspeed.config=config/deepspeed/zero3.json"])
+    from_checkpoint = evaluate(run, run.checkpoint(4), 2)
+    from_final = evaluate(run, run.run_dir / "final", 2)
+    assert from_checkpoint["model_kind"] == "checkpoint" and from_final["model_kind"] == "export"
+    assert_close([from_checkpoint[k] for k in METRICS], [from_final[k] for k in METRICS], rtol=1e-7, atol=0)
+    in_memory = next(r for r in run.metrics() if r.get("event") == "final_eval")
+    assert_close(from_final["loss"], in_memory["loss"], rtol=1e-5, atol=0)
+
+
+def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
+    from trainer.evaluate import load_for_eval
+
+    partial = tmp_path / "step-00000012"
+    shutil.copytree(lora.checkpoint(12), partial, symlinks=True)
+    (partial / "COMPLETE").unlink()
+    with pytest.raises(UserError, match=r"the checkpoint is not complete \(no COMPLETE matching its manifest.json\)"):
+        load_for_eval(str(partial), lora.spec, torch.device("cpu"))
+    with pytest.raises(UserError, match="only complete checkpoints .* and exports .* can be evaluated"):
+        load_for_eval(str(tmp_path), lora.spec, torch.device("cpu"))
+    full_spec = lora.spec.model_copy(update={"config": lora.spec.config.model_copy(update={
+        "train": lora.spec.config.train.model_copy(update={"method": "full"})})})
+    with pytest.raises(UserError, match="a lora checkpoint, but the spec trains full"):
+        load_for_eval(str(lora.checkpoint(12)), full_spec, torch.device("cpu"))
