@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +26,62 @@ def prefect_server() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=60), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 HTTP endpoint (moto's server) on 127.0.0.1 for the whole session; yields its URL.
+
+    This process gets fake AWS credentials and region (AWS_ACCESS_KEY_ID/SECRET, AWS_DEFAULT_REGION=us-east-1);
+    clients reach the endpoint through fsspec options ({"endpoint_url": url}) or AWS_ENDPOINT_URL in a child's
+    environment. moto keeps objects in memory.
+    """
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            patch.delenv(name, raising=False)
+        try:
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A new empty bucket on the session's S3 endpoint, as `s3://name`, with its fsspec options registered."""
+    from config.storage import filesystem, set_storage_options
+
+    url = f"s3://tandem-test-{uuid.uuid4().hex[:12]}"
+    set_storage_options(url, {"endpoint_url": s3_endpoint})
+    fs, path = filesystem(url)
+    fs.mkdir(path)
+    return url
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The built-in tiny model (random Qwen2 + a tokenizer trained on the sample), built as the pipeline builds it."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out), "--corpus",
+                    str(ROOT / "data" / "sample" / "conversations.json")], cwd=ROOT, check=True, capture_output=True)
+    return str(out)
 
 
 def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: int = 600):
