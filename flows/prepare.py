@@ -51,13 +51,13 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
     """The CLI's summary: id, manifest URL, and the counts from the manifest."""
     manifest, _ = read_manifest(dataset.url, layout.DATASET_SCHEMA)
     rows = [("dataset", dataset.dataset_id), ("manifest", join(dataset.url, layout.MANIFEST))]
-    for split, counts in manifest["splits"].items():
+    for split in layout.SPLITS:
+        counts = manifest["splits"][split]
         rows.append((split, f"{counts['records']} records, {counts['tokens']} tokens, "
                             f"{counts['target_tokens']} target tokens, {counts['truncated']} truncated"))
     records = manifest["records"]
-    rejected = f"{records['rejected']}" + (f" (see {join(dataset.url, manifest['rejects'])})"
-                                           if manifest["rejects"] else "")
-    rows.append(("records", f"{records['read']} read, {records['staged']} staged, {rejected} rejected"))
+    see = f" (see {join(dataset.url, manifest['rejects'])})" if manifest["rejects"] else ""
+    rows.append(("records", f"{records['read']} read, {records['staged']} staged, {records['rejected']} rejected{see}"))
     return rows
 
 

@@ -30,9 +30,9 @@ class Chunk:
 class SpoolWriter:
     """Appends records to a spool file and cuts it into chunks of about `chunk_bytes`."""
 
-    def __init__(self, path: Path, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, path: Path, chunk_bytes: int | None = None) -> None:
         self.path = path
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = chunk_bytes or CHUNK_BYTES
         self.chunks: list[Chunk] = []
         self._handle = open(path, "wb")  # noqa: SIM115 - closed by close()
         self._offset = self._chunk_start = 0

@@ -37,7 +37,7 @@ from tasks.data.scan import EVAL, Scan, scan_sources
 from tasks.data.shards import FileEntry, SplitWriter
 from tasks.data.sources import source_root
 from tasks.data.tokenize import tokenizer_fingerprint
-from tasks.data.workers import ChunkResult, encode_chunks
+from tasks.data.workers import ChunkResult, encode_chunks, worker_count
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,9 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
     written: list[FileEntry] = []
     rejects = list(scan.rejects)
     splits = np.frombuffer(bytes(scan.splits), dtype=np.uint8)
+    processes = worker_count(data.num_proc, len(scan.chunks))
+    reporter.info(f"tokenizing {scan.spooled} records in {processes} process{'es' if processes > 1 else ''}")
+    results = encode_chunks(spool, scan.chunks, model_path, data.max_length, processes)
     with reporter.phase("tokenizing", scan.spooled, "records") as phase:
         def on_write(entry: FileEntry) -> None:
             written.append(entry)
@@ -145,7 +148,7 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
 
         writers = {split: SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
                    for split in layout.SPLITS}
-        for result in encode_chunks(spool, scan.chunks, model_path, data.max_length, data.num_proc):
+        for result in results:
             for reject in result.rejects:
                 if data.on_invalid == "fail":
                     raise reject.error()

@@ -59,14 +59,16 @@ def _encode_in_worker(spool: Path, chunk: Chunk) -> ChunkResult:
 
 
 def encode_chunks(spool: Path, chunks: list[Chunk], model_path: str, max_length: int,
-                  num_proc: int) -> Iterator[ChunkResult]:
-    """Every chunk tokenized, in order."""
-    workers = worker_count(num_proc, len(chunks))
+                  workers: int) -> Iterator[ChunkResult]:
+    """Every chunk tokenized, in order, by `workers` processes (1: this one, with the tokenizer loaded now)."""
     if workers == 1:
         encoder = ChatEncoder(load_tokenizer(model_path), max_length)
-        for chunk in chunks:
-            yield encode_chunk(encoder, spool, chunk)
-        return
+        return (encode_chunk(encoder, spool, chunk) for chunk in chunks)
+    return _encode_in_pool(spool, chunks, model_path, max_length, workers)
+
+
+def _encode_in_pool(spool: Path, chunks: list[Chunk], model_path: str, max_length: int,
+                    workers: int) -> Iterator[ChunkResult]:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                              initargs=(model_path, max_length)) as pool:
