@@ -17,7 +17,7 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m pytest tests/benchmarks -s
+	$(PY) -m pytest tests/benchmarks/bench_*.py -s
 
 clean:
 	rm -rf .tandem

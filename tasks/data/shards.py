@@ -8,6 +8,7 @@ its final name atomically; the manifest that lists it is written after every sha
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,7 @@ class SplitWriter:
         self._labels: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
         self._rows = 0
+        self.seconds = 0.0  # spent encoding, digesting and writing shards
 
     def add(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, truncated: np.ndarray) -> None:
         """Append examples (flat ids and labels, one length per example)."""
@@ -73,6 +75,7 @@ class SplitWriter:
         self._rows = len(lengths) - rows
 
     def _write(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray) -> None:
+        started = time.monotonic()
         offsets = pa.array(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))).astype(np.int32))
         table = pa.Table.from_arrays(
             [pa.ListArray.from_arrays(offsets, pa.array(ids)), pa.ListArray.from_arrays(offsets, pa.array(labels)),
@@ -86,4 +89,5 @@ class SplitWriter:
         write_bytes_atomic(join(self.base, relpath), data)
         entry = {"path": relpath, "size": len(data), "digest": digest_bytes(data, self.algorithm)}
         self.files.append(entry)
+        self.seconds += time.monotonic() - started
         self.on_write(entry)

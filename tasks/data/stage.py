@@ -144,7 +144,9 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
     with reporter.phase("tokenizing", scan.spooled, "records") as phase:
         def on_write(entry: FileEntry) -> None:
             written.append(entry)
-            phase.annotate(f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb}")
+            seconds = sum(w.seconds for w in writers.values())
+            phase.annotate(f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb} "
+                           f"in {seconds:.1f} s")
 
         writers = {split: SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
                    for split in layout.SPLITS}
