@@ -265,6 +265,8 @@ def detect_format(url: str, samples: list[object]) -> tuple[str, str]:
     pass_format = f"pass --format {'|'.join(FORMATS)} (data.format)"
     if len(votes) > 1:
         raise ValueError(f"cannot tell the format of {url}: its first records look like {sorted(votes)}; {pass_format}")
+    if not samples:
+        raise ValueError(f"cannot tell the format of {url}: its first records are not valid JSON; {pass_format}")
     keys = sorted({key for s in samples if isinstance(s, dict) for key in s})
-    what = f"records have keys {keys}" if keys else f"records are {sorted({_kind(s) for s in samples}) or 'absent'}"
+    what = f"records have keys {keys}" if keys else f"records are {sorted({_kind(s) for s in samples})}"
     raise ValueError(f"cannot tell the format of {url}: {what}; {pass_format}")

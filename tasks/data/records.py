@@ -54,6 +54,8 @@ def open_file(url: str, fmt: str, on_bytes: ByteCounter) -> DataFile:
     raw = read_file(url, on_bytes)
     head = list(itertools.islice(raw, DETECT_SAMPLE))
     reason = "data.format"
+    if not head:
+        return DataFile(url, fmt, "empty file", iter(()))
     if fmt == "auto":
         try:
             fmt, reason = detect_format(url, [value for _, value in head if not isinstance(value, Unparsable)])

@@ -5,6 +5,7 @@ spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at 
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tasks.data.records import Record, Reject, open_file
 from tasks.data.spool import Chunk, SpoolWriter
 
 EVAL, TRAIN = 1, 0
+MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
 
 
 @dataclass
@@ -69,10 +71,14 @@ def scan_sources(files: list[SourceFile], data: DataConfig, spool: Path, reporte
                               else TRAIN)
                 writer.add(item.location, body)
                 kept += 1
-            reporter.info(f"{source.url}: {data_file.format} ({data_file.reason}), {kept} records"
-                          + (f", {rejected} rejected" if rejected else ""))
+            if len(files) <= MAX_FILE_LINES:
+                reporter.info(f"{source.url}: {data_file.format} ({data_file.reason}), {kept} records"
+                              + (f", {rejected} rejected" if rejected else ""))
             sources.append({"url": source.url, "size": source.size, "digest": source.digest,
                             "format": data_file.format, "key": source.key, "records": kept, "rejected": rejected})
+    if len(files) > MAX_FILE_LINES:
+        formats = collections.Counter(s["format"] for s in sources)
+        reporter.info(f"{len(files)} files: " + ", ".join(f"{n} {fmt}" for fmt, n in sorted(formats.items())))
     scan = Scan(writer.close(), splits, records_hash.hexdigest(), rejects, sources)
     check_splits(scan, data)
     return scan

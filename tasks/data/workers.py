@@ -34,7 +34,8 @@ class ChunkResult:
 
 def worker_count(num_proc: int, chunks: int) -> int:
     """Processes to use: data.num_proc (0: one per core), fewer when there is too little work for them."""
-    wanted = num_proc or len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    wanted = num_proc or cores
     return max(1, min(wanted, chunks // MIN_CHUNKS_PER_WORKER))
 
 

@@ -86,6 +86,7 @@ def test_auto_decides_per_file_in_a_directory_and_a_glob(tmp_path) -> None:
         WRITERS[kind](tmp_path / f"{fmt}.{kind}", [SAME_CONVERSATION[fmt]])
     (tmp_path / "README.md").write_text("not data")
     (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / "zz-empty.jsonl").write_text("")  # an empty file holds no records: nothing to reject
     records = read_records(str(tmp_path), "auto")
     assert [r.conversation for r in records] == [EXPECTED] * 4
     assert [Path(r.location.split("#")[0].split(":")[0].split("[")[0]).name for r in records] == [
@@ -99,6 +100,10 @@ def test_auto_explains_when_it_cannot_tell(tmp_path) -> None:
         read_records(path, "auto")
     assert str(info.value) == (f"cannot tell the format of {path}: records have keys ['completion', 'prompt']; "
                                "pass --format qwen|sharegpt|openai|alpaca (data.format)")
+    garbage = tmp_path / "g.jsonl"
+    garbage.write_text("{oops\n")
+    with pytest.raises(UserError, match=r"^cannot tell the format of .*g.jsonl: its first records are not valid JSON"):
+        read_records(str(garbage), "auto")
     mixed = write_jsonl(tmp_path / "m.jsonl", [SAME_CONVERSATION["qwen"], SAME_CONVERSATION["alpaca"]])
     with pytest.raises(UserError, match=r"its first records look like \['alpaca', 'qwen'\]; pass --format"):
         read_records(mixed, "auto")
