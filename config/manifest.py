@@ -46,12 +46,14 @@ def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full")
     algorithm = manifest["digest_algorithm"]
     fs, root = filesystem(base)
     fs.invalidate_cache(root)  # another node or process may have changed the files since we last listed them
+    # One listing instead of a request per file: on an object store that is one LIST, not N HEADs.
+    sizes = {path.rstrip("/"): info["size"] for path, info in fs.find(root, detail=True).items()}
     for entry in manifest["files"]:
         url = join(base, entry["path"])
         _, path = filesystem(url)
-        if not fs.exists(path):
+        if path not in sizes:
             raise UserError(f"{url}: missing (listed in {layout.MANIFEST}); re-stage or restore it")
-        size = fs.size(path)
+        size = sizes[path]
         if size != entry["size"]:
             raise UserError(f"{url}: size {size} != expected {entry['size']}; the file changed after staging, "
                             "re-stage it")

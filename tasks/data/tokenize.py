@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from config.digest import digest_bytes
+from config.errors import UserError
 from tasks.data.formats import Conversation, InvalidRecord, Message
 
 IGNORE_INDEX = -100
@@ -42,9 +43,11 @@ def load_tokenizer(model_path: str) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if not getattr(tokenizer, "is_fast", False):
-        raise RuntimeError(f"{model_path}: the tokenizer is not a fast (tokenizers) one; Tandem needs its offsets")
+        raise UserError(f"model.name_or_path {model_path}: the tokenizer is not a fast (tokenizers) one; "
+                        "add its tokenizer.json (Tandem needs token offsets to place the labels)")
     if tokenizer.chat_template is None:
-        raise RuntimeError(f"{model_path}: the tokenizer has no chat template; add chat_template.jinja to the model")
+        raise UserError(f"model.name_or_path {model_path}: the tokenizer has no chat template; "
+                        "add chat_template.jinja to the model directory")
     return tokenizer
 
 
@@ -192,5 +195,6 @@ def tokenizer_fingerprint(model_path: str) -> dict[str, Any]:
         if path.exists():
             files[name] = digest_bytes(path.read_bytes(), "blake3")
     if not files:
-        raise FileNotFoundError(f"{model_path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...)")
+        raise UserError(f"model.name_or_path {model_path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, "
+                        "...); give a Hugging Face model directory")
     return {"files": files}

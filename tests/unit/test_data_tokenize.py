@@ -158,3 +158,14 @@ def test_templates_that_cannot_place_labels_are_named(tiny_model, tmp_path) -> N
     unstable = ChatEncoder(load_tokenizer(with_template(tiny_model, tmp_path, counting)), 512)
     [(_, reason)] = unstable.encode([chat(("user", "hi"), ("assistant", "ok"))]).rejects
     assert reason.startswith("turn 1: the chat template renders the conversation up to this turn differently")
+
+
+def test_a_tokenizer_without_chat_template_is_named(tiny_model, tmp_path) -> None:
+    from config.errors import UserError
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny_model) / name, bare / name)
+    with pytest.raises(UserError, match=rf"^model.name_or_path {bare}: the tokenizer has no chat template; add "):
+        load_tokenizer(str(bare))
