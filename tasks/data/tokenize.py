@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from jinja2 import TemplateError
 
 from config.digest import digest_bytes
 from config.errors import UserError
@@ -65,25 +66,32 @@ class ChatEncoder:
         self.backend.no_padding()
         self.special = dict(tokenizer.special_tokens_map)
         self._compile = _compile_jinja_template
-        self._templates: dict[bool, Any] = {}
+        self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
 
     def render(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> str:
         """What `apply_chat_template(..., tokenize=False)` gives, without its per-call overhead."""
         key = tools is not None
         if key not in self._templates:
             source = self.tokenizer.get_chat_template(None, tools)
-            # transformers' environment (its filters and globals), but our own Template object: its globals
-            # flattened from a ChainMap to a dict halve the cost of every render.
+            # transformers' sandboxed environment (its filters and globals), but our own Template object, and
+            # its globals merged with the special tokens once: Template.render would merge a ChainMap per call.
             template = self._compile(source).environment.from_string(source)
-            template.globals = dict(template.globals)
-            self._templates[key] = template
-        return self._templates[key].render(messages=messages, tools=tools, documents=None,
-                                           add_generation_prompt=generation_prompt, **self.special)
+            self._templates[key] = (template, {**template.globals, **self.special})
+        template, variables = self._templates[key]
+        context = template.new_context({**variables, "messages": messages, "tools": tools, "documents": None,
+                                        "add_generation_prompt": generation_prompt}, shared=True)
+        try:
+            return "".join(template.root_render_func(context))
+        except TemplateError as exc:  # e.g. raise_exception('...') in the template: this record, not the run
+            raise InvalidRecord(f"the chat template refused it: {exc}") from None
 
     def check_render(self, conversation: Conversation) -> None:
         """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""
         messages, tools = conversation["messages"], conversation.get("tools")
-        ours = self.render(messages, tools, False)
+        try:
+            ours = self.render(messages, tools, False)
+        except InvalidRecord:
+            return  # the template refuses this one; encode() rejects it with the reason
         theirs = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
         if ours != theirs:
             raise RuntimeError("the fast chat-template render differs from apply_chat_template; "

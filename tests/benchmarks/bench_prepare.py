@@ -82,7 +82,7 @@ def phase_seconds(messages: list[str]) -> dict[str, float]:
     return out
 
 
-def bench_staging(source: Path, work: Path, model: str, repeats: int) -> dict[str, float]:
+def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repeats: int) -> dict[str, float]:
     """(a) and (b)."""
     baseline = []
     for i in range(repeats):
@@ -92,26 +92,30 @@ def bench_staging(source: Path, work: Path, model: str, repeats: int) -> dict[st
             f"cp '{source}' '{target}/' && sha256sum '{target / source.name}' > /dev/null", shell=True, check=True)))
         shutil.rmtree(target)
     data = DataConfig(source=str(source), max_length=4096)
-    first, phases, again, no_index = [], [], [], []
-    for i in range(repeats):
+    first, phases = [], []
+    for i in range(stage_repeats):
         storage = work / f"storage-{i}"
+        shutil.rmtree(work / f"storage-{i - 1}", ignore_errors=True)
         messages: list[str] = []
         first.append(timed(lambda: stage_dataset(data, str(storage), model, progress=messages.append, bars=False)))
         phases.append(phase_seconds(messages))
+    again, no_index = [], []
+    for _ in range(repeats):
         again.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
+    for _ in range(repeats):
         shutil.rmtree(storage / "datasets" / "by-source")
         no_index.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
-        shutil.rmtree(storage)
+    shutil.rmtree(storage)
     io_only = [p["digesting sources"] + p["reading"] + p["writing"] for p in phases]
     return {"cp_sha256sum_s": median(baseline), "stage_first_s": median(first), "stage_io_only_s": median(io_only),
             "tokenizing_s": median([p["tokenizing"] for p in phases]), "stage_again_s": median(again),
-            "stage_again_without_index_s": median(no_index)}
+            "stage_again_without_index_s": median(no_index), "stage_repeats": stage_repeats, "repeats": repeats}
 
 
 def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_proc: int,
                    repeats: int) -> dict[str, float]:
     """(c): records per second, ours (ids and labels) vs datasets.map (ids only)."""
-    from datasets import Dataset
+    from datasets import Dataset, disable_progress_bars
 
     from tasks.data.identity import SourceFile
     from tasks.data.progress import Reporter
@@ -135,6 +139,7 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
     ours = [timed(lambda: list(encode_chunks(spool, scan.chunks, model, data.max_length, workers)))
             for _ in range(repeats)]
 
+    disable_progress_bars()
     tokenizer = load_tokenizer(model)
     dataset = Dataset.from_list([{"messages": c["messages"]} for c in conversations])
 
@@ -152,6 +157,7 @@ def report(gb: float, size: int, records: int, staging: dict[str, float], tokeni
     s, t = staging, tokenize
     lines = [
         f"input: {size / 1e9:.2f} GB JSONL, {records:,} records; {os.cpu_count()} cores",
+        f"medians of {s['repeats']} runs ({s['stage_repeats']} for a first staging)",
         "(a) staging + digesting vs cp + sha256sum (goal: >= 1.5x faster)",
         f"    cp + sha256sum            {s['cp_sha256sum_s']:8.1f} s",
         f"    stage (all of it)         {s['stage_first_s']:8.1f} s   speed-up {s['cp_sha256sum_s'] / s['stage_first_s']:.2f}x",
@@ -171,7 +177,8 @@ def report(gb: float, size: int, records: int, staging: dict[str, float], tokeni
     return "\n".join(lines)
 
 
-def run(gb: float, repeats: int, tokenize_mb: int, num_proc: int, model: str | None, tmp: Path) -> str:
+def run(gb: float, repeats: int, stage_repeats: int, tokenize_mb: int, num_proc: int, model: str | None,
+        tmp: Path) -> str:
     """Generate the input, run (a), (b), (c); returns the printed report."""
     if model is None:
         model = str(tmp / "tiny")
@@ -179,7 +186,7 @@ def run(gb: float, repeats: int, tokenize_mb: int, num_proc: int, model: str | N
                        check=True, capture_output=True)
     source = tmp / "input.jsonl"
     records = generate(source, int(gb * 1e9))
-    staging = bench_staging(source, tmp, model, repeats)
+    staging = bench_staging(source, tmp, model, repeats, stage_repeats)
     tokenize = bench_tokenize(source, tmp, model, tokenize_mb, num_proc, repeats)
     text = report(gb, source.stat().st_size, records, staging, tokenize)
     print(f"\n{text}\n", flush=True)
@@ -188,7 +195,8 @@ def run(gb: float, repeats: int, tokenize_mb: int, num_proc: int, model: str | N
 
 def test_bench_prepare(tiny_model: str, tmp_path: Path) -> None:
     """The benchmark under pytest (`-s` shows the report); sizes from BENCH_GB, BENCH_REPEATS."""
-    run(float(os.environ.get("BENCH_GB", "1.0")), int(os.environ.get("BENCH_REPEATS", "3")),
+    repeats = int(os.environ.get("BENCH_REPEATS", "3"))
+    run(float(os.environ.get("BENCH_GB", "1.0")), repeats, int(os.environ.get("BENCH_STAGE_REPEATS", repeats)),
         int(os.environ.get("BENCH_TOKENIZE_MB", "50")), 2, tiny_model, tmp_path)
 
 
@@ -197,12 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gb", type=float, default=1.0, help="size of the generated JSONL (default 1.0)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are printed")
+    parser.add_argument("--stage-repeats", type=int, default=None,
+                        help="first stagings for (a)/(b) (default: --repeats; each takes minutes per GB on 2 cores)")
     parser.add_argument("--tokenize-mb", type=int, default=50, help="input size for (c) (default 50)")
     parser.add_argument("--num-proc", type=int, default=2, help="processes for (c), both sides (default 2)")
     parser.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new one in $TMPDIR)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-", dir=args.tmp) as tmp:
-        run(args.gb, args.repeats, args.tokenize_mb, args.num_proc, None, Path(tmp))
+        run(args.gb, args.repeats, args.stage_repeats or args.repeats, args.tokenize_mb, args.num_proc, None,
+            Path(tmp))
     return 0
 
 

@@ -3,7 +3,6 @@ the same ids and labels as the plain per-turn algorithm, and examples that canno
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def chat(*turns: tuple[str, str]) -> Conversation:
 def with_template(tiny_model: str, tmp_path: Path, template: str) -> str:
     """A copy of the tiny model's tokenizer with another chat template."""
     out = tmp_path / "tok"
-    out.mkdir()
+    out.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tiny_model) / name, out / name)
     (out / "chat_template.jinja").write_text(template)
@@ -154,7 +153,14 @@ def test_templates_that_cannot_place_labels_are_named(tiny_model, tmp_path) -> N
         {"type": "function", "function": {"name": "add", "arguments": {}}}]}]}
     assert no_tools.encode([call]).rejects == [
         (0, "turn 1: the chat template does not render tool calls; use a model whose template supports tools")]
-    counting = "{{ messages | length }}\n" + json.loads(json.dumps(TOOL_TEMPLATE))  # differs for every prefix
+    strict = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system prompts') }}"
+              "{% endif %}{% endfor %}" + TOOL_TEMPLATE)
+    refusing = ChatEncoder(load_tokenizer(with_template(tiny_model, tmp_path / "strict", strict)), 512)
+    refused = chat(("system", "s"), ("user", "hi"), ("assistant", "ok"))
+    refusing.check_render(refused)
+    batch = refusing.encode([refused, chat(("user", "hi"), ("assistant", "ok"))])
+    assert batch.rejects == [(0, "the chat template refused it: no system prompts")] and batch.kept.tolist() == [1]
+    counting = "{{ messages | length }}\n" + TOOL_TEMPLATE  # renders every prefix differently
     unstable = ChatEncoder(load_tokenizer(with_template(tiny_model, tmp_path, counting)), 512)
     [(_, reason)] = unstable.encode([chat(("user", "hi"), ("assistant", "ok"))]).rejects
     assert reason.startswith("turn 1: the chat template renders the conversation up to this turn differently")
