@@ -14,7 +14,7 @@ import orjson
 
 from tasks.data.formats import Conversation
 
-CHUNK_BYTES = 2 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)

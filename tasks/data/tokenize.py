@@ -76,6 +76,7 @@ class ChatEncoder:
             # transformers' sandboxed environment (its filters and globals), but our own Template object, and
             # its globals merged with the special tokens once: Template.render would merge a ChainMap per call.
             template = self._compile(source).environment.from_string(source)
+            template.globals = dict(template.globals)  # each Context would otherwise walk the ChainMap
             self._templates[key] = (template, {**template.globals, **self.special})
         template, variables = self._templates[key]
         context = template.new_context({**variables, "messages": messages, "tools": tools, "documents": None,
@@ -135,41 +136,52 @@ class ChatEncoder:
             all_spans.append(spans)
             indices.append(index)
         flat_ids: list[int] = []
-        flat_labels: list[int] = []
+        targets: list[list[tuple[int, int]]] = []  # token ranges of the targets, per kept example
         lengths: list[int] = []
         truncated: list[bool] = []
         kept: list[int] = []
         for index, text, spans, encoding in zip(indices, texts, all_spans,
                                                 self.backend.encode_batch(texts, add_special_tokens=False),
                                                 strict=True):
-            ids = encoding.ids
-            labels = [IGNORE_INDEX] * len(ids)
-            for start, end in spans:
-                first, stop = _first_token_at(encoding, len(text), start), _first_token_at(encoding, len(text), end)
-                labels[first:stop] = ids[first:stop]
-            reason = self._unusable(labels, len(ids))
+            ranges = [(_first_token_at(encoding, len(text), start), _first_token_at(encoding, len(text), end))
+                      for start, end in spans]
+            ranges = [(first, stop) for first, stop in ranges if first < stop]
+            reason = self._unusable(ranges, len(encoding))
             if reason:
                 rejects.append((index, reason))
                 continue
-            flat_ids.extend(ids[: self.max_length])
-            flat_labels.extend(labels[: self.max_length])
-            lengths.append(min(len(ids), self.max_length))
-            truncated.append(len(ids) > self.max_length)
+            length = min(len(encoding), self.max_length)
+            flat_ids.extend(encoding.ids[:length])
+            targets.append(ranges)
+            lengths.append(length)
+            truncated.append(len(encoding) > self.max_length)
             kept.append(index)
         rejects.sort()
-        return EncodedBatch(np.array(flat_ids, dtype=np.int32), np.array(flat_labels, dtype=np.int32),
-                            np.array(lengths, dtype=np.int32), np.array(truncated, dtype=bool),
-                            np.array(kept, dtype=np.int32), rejects)
+        ids = np.array(flat_ids, dtype=np.int32)
+        return EncodedBatch(ids, _labels(ids, lengths, targets), np.array(lengths, dtype=np.int32),
+                            np.array(truncated, dtype=bool), np.array(kept, dtype=np.int32), rejects)
 
-    def _unusable(self, labels: list[int], n_tokens: int) -> str | None:
-        """Why an encoded example cannot be trained on, or None."""
-        first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), None)
-        if first is None:
+    def _unusable(self, ranges: list[tuple[int, int]], n_tokens: int) -> str | None:
+        """Why an encoded example cannot be trained on (from its target token ranges), or None."""
+        if not ranges:
             return "the chat template left no assistant tokens; check the tokenizer's chat template"
+        first = ranges[0][0]
         if first >= self.max_length:
             return (f"no assistant token within data.max_length={self.max_length} (the first is token {first} of "
                     f"{n_tokens}); raise data.max_length or shorten the prompt")
         return None
+
+
+def _labels(ids: np.ndarray, lengths: list[int], targets: list[list[tuple[int, int]]]) -> np.ndarray:
+    """-100 everywhere but the target ranges, which copy the ids (each example clipped to its length)."""
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
+    offset = 0
+    for length, ranges in zip(lengths, targets, strict=True):
+        for first, stop in ranges:
+            if first < length:
+                labels[offset + first: offset + min(stop, length)] = ids[offset + first: offset + min(stop, length)]
+        offset += length
+    return labels
 
 
 def _first_token_at(encoding: Any, text_length: int, position: int) -> int:
