@@ -16,6 +16,8 @@ CHAMPION_SCHEMA = "tandem.champion/1"
 SAMPLES_SCHEMA = "tandem.samples/1"
 
 MANIFEST = "manifest.json"
+REJECTS = "rejects.jsonl"
+DATASET_INDEX_SCHEMA = "tandem.dataset-index/1"
 COMPLETE = "COMPLETE"
 SPEC = "spec.json"
 METRICS = "metrics.jsonl"
@@ -32,6 +34,11 @@ SPLITS = ("train", "eval")
 def dataset_dir(storage: str, dataset_id: str) -> str:
     """{storage}/datasets/{dataset_id}"""
     return join(storage, "datasets", dataset_id)
+
+
+def dataset_index(storage: str, source_key: str) -> str:
+    """{storage}/datasets/by-source/{key}.json: which dataset id unchanged sources and settings staged to."""
+    return join(storage, "datasets", "by-source", f"{source_key}.json")
 
 
 def shard_name(split: str, index: int) -> str:

@@ -5,6 +5,7 @@ Every failure is a `UserError` with one line that names the key (or the file) an
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 from typing import Any
@@ -110,26 +111,52 @@ def load_config(config: str | None = None, overrides: list[str] | tuple[str, ...
     return check_paths(validate(tree, origin))
 
 
+def _found(path: Path) -> bool:
+    """Whether a path exists, or a glob pattern matches something."""
+    return bool(glob.glob(str(path), recursive=True)) if _is_glob(str(path)) else path.exists()
+
+
+def _is_glob(path: str) -> bool:
+    return any(char in path for char in "*?[")
+
+
 def resolve_local(path: str) -> str:
-    """A relative path made absolute: against the working directory, else the project root."""
+    """A relative path (or glob) made absolute: against the working directory, else the project root."""
     if "://" in path or os.path.isabs(path):
         return path
-    here = Path.cwd() / path
-    if here.exists():
-        return str(here.resolve())
-    rooted = PROJECT_ROOT / path
-    return str(rooted.resolve()) if rooted.exists() else str(here.resolve())
+    candidates = [Path.cwd() / path, PROJECT_ROOT / path]
+    chosen = next((c for c in candidates if _found(c)), candidates[0])
+    # resolve() would follow symlinks inside a pattern; a glob only needs to be absolute.
+    return str(chosen.absolute()) if _is_glob(path) else str(chosen.resolve())
+
+
+def check_source(key: str, value: str | None) -> str | None:
+    """A data source made absolute; a local file, directory or glob must exist or match (URLs are read later)."""
+    if value is None:
+        return None
+    if "://" in value and not value.startswith("file://"):
+        return value
+    resolved = resolve_local(value.removeprefix("file://"))
+    if _is_glob(resolved):
+        if not glob.glob(resolved, recursive=True):
+            raise UserError(f"{key}: {value} matches no file; check the pattern (relative patterns are tried "
+                            f"against the working directory, then {PROJECT_ROOT})")
+    elif not os.path.exists(resolved):
+        raise UserError(f"{key}: {value} does not exist; give an existing file, directory or glob (relative paths "
+                        f"are tried against the working directory, then {PROJECT_ROOT})")
+    return resolved
 
 
 def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     """Make the config's local paths absolute and fail early, naming the key, when one is missing."""
-    data_source = resolve_local(cfg.data.source)
+    data_source = check_source("data.source", cfg.data.source)
+    eval_source = check_source("data.eval_source", cfg.data.eval_source)
     ds_config = resolve_local(cfg.deepspeed.config)
     model_path = cfg.model.name_or_path
     if model_path != "tiny":
         model_path = resolve_local(model_path)
     storage = cfg.run.storage if "://" in cfg.run.storage else str(Path(cfg.run.storage).resolve())
-    checks = [("data.source", data_source), ("deepspeed.config", ds_config)]
+    checks = [("deepspeed.config", ds_config)]
     if model_path != "tiny":
         checks.append(("model.name_or_path", model_path))
     for key, value in checks:
@@ -139,7 +166,7 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     return cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"storage": storage}),
-            "data": cfg.data.model_copy(update={"source": data_source}),
+            "data": cfg.data.model_copy(update={"source": data_source, "eval_source": eval_source}),
             "model": cfg.model.model_copy(update={"name_or_path": model_path}),
             "deepspeed": cfg.deepspeed.model_copy(update={"config": ds_config}),
         }

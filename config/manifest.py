@@ -38,17 +38,25 @@ def read_manifest(base: str, schema: str) -> tuple[dict[str, Any], str]:
 
 
 def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full") -> None:
-    """Check every file of `manifest` under `base`: present, same size, and (full) same digest."""
+    """Check every file of `manifest` under `base`: present, same size, and (full) same digest.
+
+    `size` is the quick check (a listing); `full` re-reads every byte. Each failure is a UserError that
+    names the file and what differs (expected and actual size or digest).
+    """
     algorithm = manifest["digest_algorithm"]
-    fs, _ = filesystem(base)
+    fs, root = filesystem(base)
+    fs.invalidate_cache(root)  # another node or process may have changed the files since we last listed them
+    # One listing instead of a request per file: on an object store that is one LIST, not N HEADs.
+    sizes = {path.rstrip("/"): info["size"] for path, info in fs.find(root, detail=True).items()}
     for entry in manifest["files"]:
         url = join(base, entry["path"])
         _, path = filesystem(url)
-        if not fs.exists(path):
+        if path not in sizes:
             raise UserError(f"{url}: missing (listed in {layout.MANIFEST}); re-stage or restore it")
-        size = fs.size(path)
+        size = sizes[path]
         if size != entry["size"]:
-            raise UserError(f"{url}: size {size} != expected {entry['size']}; the file changed after staging")
+            raise UserError(f"{url}: size {size} != expected {entry['size']}; the file changed after staging, "
+                            "re-stage it")
         if mode == "full":
             actual, _ = digest_url(url, algorithm)
             if actual != entry["digest"]:
@@ -56,3 +64,16 @@ def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full")
                     f"{url}: {algorithm} digest mismatch: expected {entry['digest']}, got {actual}; "
                     "the file is corrupt or was modified, re-stage it"
                 )
+
+
+def verify_dataset(url: str, mode: VerifyMode = "full", manifest_digest: str | None = None) -> dict[str, Any]:
+    """The check every node runs before its ranks read a byte of a staged dataset; returns its manifest.
+
+    With `manifest_digest` (from spec.json), the manifest itself must be the one the run was planned with.
+    """
+    manifest, digest = read_manifest(url, layout.DATASET_SCHEMA)
+    if manifest_digest is not None and digest != manifest_digest:
+        raise UserError(f"{join(url, layout.MANIFEST)}: digest mismatch: expected {manifest_digest}, got {digest}; "
+                        "the dataset was staged again after the run was planned, prepare it again")
+    verify_files(url, manifest, mode)
+    return manifest

@@ -39,18 +39,48 @@ class RunConfig(Section):
 
 
 class DataConfig(Section):
-    """The training data and how it is turned into token shards."""
+    """The training data and how it is turned into token shards (tokenized once, in the prepare step)."""
 
     source: str = Field(
         "data/sample/conversations.json",
-        description="Data file (JSON array or JSONL) in Qwen 'conversations' format.",
+        description="Training data: a file, a directory, a glob or any fsspec URL (s3://bucket/prefix/*.jsonl); "
+        "JSON array, JSONL or Parquet files.",
         min_length=1,
     )
-    format: Literal["auto", "qwen"] = Field("auto", description="Record format of data.source.")
+    format: Literal["auto", "qwen", "sharegpt", "openai", "alpaca"] = Field(
+        "auto", description="Record format of the data files; auto decides per file from its records."
+    )
+    eval_source: str | None = Field(
+        None,
+        min_length=1,
+        description="Explicit eval data (same forms as data.source). When set, every record of data.source trains "
+        "and data.eval_ratio is not used.",
+    )
+    on_invalid: Literal["fail", "skip"] = Field(
+        "fail",
+        description="fail: the first invalid record stops with its location; skip: invalid records go to "
+        "rejects.jsonl next to the manifest, counted in it.",
+    )
     max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; longer ones are truncated.")
     eval_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="Share of records held out for evaluation.")
     digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
-    shard_rows: int = Field(10_000, gt=0, description="Examples per Parquet shard (bounds shard size).")
+    shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Examples per Parquet shard (bounds shard size).")
+    num_proc: int = Field(
+        0, ge=0, le=256, description="Tokenizer processes; 0: one per CPU core. Never changes the staged bytes."
+    )
+    storage_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Extra fsspec options for reading data.source and data.eval_source (e.g. endpoint_url, anon); "
+        "credentials otherwise come from the AWS environment or profile.",
+    )
+
+    @model_validator(mode="after")
+    def _shard_fits(self) -> DataConfig:
+        # Shards store list offsets as int32: one shard may hold at most 2^31 - 1 tokens.
+        if self.shard_rows * self.max_length >= 2**31:
+            raise ValueError(f"shard_rows x max_length must stay below 2^31 tokens per shard, got "
+                             f"{self.shard_rows} x {self.max_length}; lower data.shard_rows")
+        return self
 
 
 class ModelConfig(Section):

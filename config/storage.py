@@ -38,10 +38,9 @@ def options_environment() -> dict[str, str]:
 
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and in-filesystem path of a URL, with options registered for its prefix."""
-    options: dict[str, Any] = {}
-    for prefix, opts in _OPTIONS.items():
-        if url.startswith(prefix):
-            options = opts
+    matches = [prefix for prefix in _OPTIONS if url == prefix or url.startswith(prefix + "/")]
+    # The most specific prefix wins: data.source may live under run.storage with other credentials.
+    options = _OPTIONS[max(matches, key=len)] if matches else {}
     return url_to_fs(url, **options)
 
 

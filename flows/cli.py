@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 
@@ -18,8 +19,40 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one config value, e.g. --set train.max_steps=50 (repeatable)")
 
 
+class HideUserErrors(logging.Filter):
+    """Keeps Prefect's console from printing a TandemError (with its traceback) that the CLI prints as one line.
+
+    Only console handlers get this filter: the run's logs in Prefect (the API handler) keep everything.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for Prefect's records about a TandemError."""
+        if record.exc_info and isinstance(record.exc_info[1], TandemError):
+            return False
+        if not record.name.startswith("prefect"):
+            return True
+        message = record.getMessage()
+        return not any(f"{name}(" in message or f"{name}:" in message for name in _error_names(TandemError))
+
+
+def _error_names(cls: type) -> set[str]:
+    names = {cls.__name__}
+    for sub in cls.__subclasses__():
+        names |= _error_names(sub)
+    return names
+
+
+def hide_user_errors_on_console() -> None:
+    """Install HideUserErrors on the stream handlers of the root logger (Prefect's console handler)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, HideUserErrors)
+                                                                   for f in handler.filters):
+            handler.addFilter(HideUserErrors())
+
+
 def run_cli(body: Callable[[], int]) -> int:
     """Run `body`; a TandemError becomes one line on stderr and its exit code, not a traceback."""
+    hide_user_errors_on_console()
     try:
         return body()
     except TandemError as exc:

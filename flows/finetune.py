@@ -22,9 +22,9 @@ from config.loader import check_paths, load_config
 from config.schema import FinetuneConfig
 from config.storage import set_storage_options
 from flows.cli import add_config_arguments, run_cli
+from flows.prepare import prepare
 from tasks.checkpoints import wait_for_checkpoint
 from tasks.evaluate import evaluate_on_nodes
-from tasks.prepare import prepare_dataset, prepare_model
 from tasks.assets import record_model_asset
 from tasks.loss_curve import plot_loss, read_metrics
 from tasks.register import register_model
@@ -47,8 +47,7 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     run_id = new_run_id(cfg)
     logger.info("run %s: %s, %d node(s) x %d rank(s), storage %s", run_id, cfg.train.method, cfg.launch.nnodes,
                 cfg.launch.nproc_per_node, cfg.run.storage)
-    model_path = prepare_model(cfg)
-    dataset = prepare_dataset(cfg, model_path)
+    model_path, dataset = prepare(cfg)
     spec, spec_url, spec_digest = write_run_spec(cfg, run_id, model_path, dataset)
     train_with_retries(spec)(spec, spec_url, spec_digest)
     checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)

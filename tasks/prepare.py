@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.context import TaskRunContext
 
 from config import layout
 from config.digest import digest_bytes
@@ -13,7 +15,7 @@ from config.loader import PROJECT_ROOT
 from config.schema import FinetuneConfig
 from config.spec import DatasetRef
 from config.storage import exists, is_local, join, local_path
-from tasks.data.stage import stage_dataset
+from tasks.data.stage import stage_dataset, staged_state
 
 TINY_CORPUS = PROJECT_ROOT / "data" / "sample" / "conversations.json"
 
@@ -54,8 +56,19 @@ def prepare_model(cfg: FinetuneConfig) -> str:
     return path
 
 
-@task(name="stage-dataset")
+def dataset_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    """Cache key of the staging task: the source digests, the settings and the tokenizer, plus the staged
+    manifest and the files present, so that deleting or restaging the dataset misses. None (no caching)
+    when nothing complete is staged for these inputs yet."""
+    cfg: FinetuneConfig = parameters["cfg"]
+    try:
+        return staged_state(cfg.data, cfg.run.storage, parameters["model_path"])
+    except Exception:  # noqa: BLE001 - the task itself runs next and reports the problem with its message
+        return None
+
+
+@task(name="stage-dataset", cache_key_fn=dataset_cache_key, persist_result=True)
 def prepare_dataset(cfg: FinetuneConfig, model_path: str) -> DatasetRef:
-    """Validate, tokenize and stage data.source with a manifest."""
+    """Validate, tokenize and stage data.source with a manifest (or find it already staged)."""
     logger = get_run_logger()
     return stage_dataset(cfg.data, cfg.run.storage, model_path, progress=logger.info)

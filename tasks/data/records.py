@@ -1,19 +1,18 @@
-"""Read data files and normalize records to one chat form: a list of {"role", "content"} messages.
+"""Records of one data file, normalized to the internal chat form or rejected with location and reason.
 
-Every problem is reported with its exact location: `path:line` (JSONL) or `path[index]` (JSON array).
+A location is `path:line` (JSONL), `path[index]` (JSON array) or `path#row` (Parquet); an error message is
+`{location}: {reason}`.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from config.errors import UserError
-from config.storage import filesystem
-
-Message = dict[str, str]
-QWEN_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+from tasks.data.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
+from tasks.data.sources import ByteCounter, Unparsable, expand, read_file
 
 
 class RecordError(UserError):
@@ -25,83 +24,66 @@ class Record:
     """One normalized conversation and where it came from."""
 
     location: str
-    messages: tuple[tuple[str, str], ...]
+    conversation: Conversation
 
 
-def read_raw(url: str) -> Iterator[tuple[str, object]]:
-    """(location, parsed record) for every record of a JSON array or JSONL file."""
-    fs, path = filesystem(url)
-    with fs.open(path, "rb") as handle:
-        text = handle.read().decode("utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+@dataclass(frozen=True)
+class Reject:
+    """A record left out, with where it is and why."""
+
+    location: str
+    reason: str
+
+    def error(self) -> RecordError:
+        """The one-line error `on_invalid: fail` raises for it."""
+        return RecordError(f"{self.location}: {self.reason} (or set data.on_invalid=skip to skip invalid records)")
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A data file with the format its records are read in, and why."""
+
+    url: str
+    format: str
+    reason: str
+    items: Iterator[Record | Reject]
+
+
+def open_file(url: str, fmt: str, on_bytes: ByteCounter) -> DataFile:
+    """A data file's records; with fmt `auto`, the format is decided from its first records."""
+    raw = read_file(url, on_bytes)
+    head = list(itertools.islice(raw, DETECT_SAMPLE))
+    reason = "data.format"
+    if not head:
+        return DataFile(url, fmt, "empty file", iter(()))
+    if fmt == "auto":
         try:
-            records = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{url}:{exc.lineno}: malformed JSON ({exc.msg})") from None
-        for index, record in enumerate(records):
-            yield f"{url}[{index}]", record
-        return
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield f"{url}:{lineno}", json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{url}:{lineno}: malformed JSON ({exc.msg})") from None
+            fmt, reason = detect_format(url, [value for _, value in head if not isinstance(value, Unparsable)])
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    normalize = NORMALIZERS[fmt]
+
+    def items() -> Iterator[Record | Reject]:
+        for location, value in itertools.chain(head, raw):
+            if isinstance(value, Unparsable):
+                yield Reject(location, value.reason)
+                continue
+            try:
+                yield Record(location, normalize(value))
+            except InvalidRecord as exc:
+                yield Reject(location, str(exc))
+
+    return DataFile(url, fmt, reason, items())
 
 
-def detect_format(url: str, record: object) -> str:
-    """The format of a file, decided from its first record."""
-    if isinstance(record, dict) and isinstance(record.get("conversations"), list):
-        return "qwen"
-    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-    raise UserError(f"cannot tell the format of {url}: records have keys {keys}; pass --set data.format=qwen")
-
-
-def normalize_qwen(location: str, record: object) -> Record:
-    """A Qwen `conversations` record as a Record; a RecordError naming the location and the reason."""
-    if not isinstance(record, dict) or not isinstance(record.get("conversations"), list):
-        raise RecordError(f"{location}: expected an object with a 'conversations' list")
-    messages: list[tuple[str, str]] = []
-    for turn_index, turn in enumerate(record["conversations"]):
-        where = f"{location}.conversations[{turn_index}]"
-        if not isinstance(turn, dict):
-            raise RecordError(f"{where}: expected an object with 'from' and 'value', got {type(turn).__name__}")
-        role = QWEN_ROLES.get(turn.get("from"))  # type: ignore[arg-type]
-        if role is None:
-            raise RecordError(f"{where}: 'from' must be one of {sorted(QWEN_ROLES)}, got {turn.get('from')!r}")
-        value = turn.get("value")
-        if not isinstance(value, str):
-            raise RecordError(f"{where}: 'value' must be a string, got {type(value).__name__}")
-        if not value.strip():
-            raise RecordError(f"{where}: empty text")
-        messages.append((role, value))
-    check_order(location, messages)
-    return Record(location, tuple(messages))
-
-
-def check_order(location: str, messages: list[tuple[str, str]]) -> None:
-    """System first (optional), then user/assistant alternating, ending with an assistant turn."""
-    roles = [role for role, _ in messages]
-    body = roles[1:] if roles and roles[0] == "system" else roles
-    if "assistant" not in body:
-        raise RecordError(f"{location}: no assistant turn")
-    for index, role in enumerate(body):
-        expected = "user" if index % 2 == 0 else "assistant"
-        if role != expected:
-            raise RecordError(f"{location}: roles out of order: turn {index} is {role!r}, expected {expected!r}")
-    if body[-1] != "assistant":
-        raise RecordError(f"{location}: the last turn is {body[-1]!r}; a conversation must end with the assistant")
-
-
-def read_records(url: str, fmt: str) -> list[Record]:
-    """Every record of a file, normalized; the first invalid record stops with its location."""
+def read_records(source: str, fmt: str) -> list[Record]:
+    """Every record of a source (file, directory, glob, URL); the first invalid one raises with its location."""
     records: list[Record] = []
-    for location, raw in read_raw(url):
-        if fmt == "auto":
-            fmt = detect_format(url, raw)
-        records.append(normalize_qwen(location, raw))
+    for url in expand(source, "data.source"):
+        for item in open_file(url, fmt, lambda _: None).items:
+            if isinstance(item, Reject):
+                raise item.error()
+            records.append(item)
     if not records:
-        raise UserError(f"{url}: no records; data.source must hold at least one conversation")
+        raise UserError(f"data.source {source}: no records; it must hold at least one conversation")
     return records

@@ -1,133 +1,224 @@
-"""Stage a dataset: validate, tokenize once, split, write Parquet shards and the manifest (last).
+"""Stage a dataset: validate, tokenize once, split, write Parquet shards, rejects and the manifest (last).
 
-The dataset id is a digest of everything that determines the staged bytes, so unchanged input finds
-its complete copy ("already staged") and any change makes a new dataset. A directory without
-manifest.json is an interrupted staging: it is cleared and staged again.
+    sources --digest--> source key --by-source index--> already staged?  (no record parsed)
+            --read, validate, spool--> dataset id --manifest there?--> already staged
+            --tokenize (num_proc)--> shards --> rejects.jsonl --> manifest.json --> index
+
+The dataset id names what determines the bytes (see tasks/data/identity.py), so unchanged input finds its
+complete copy and any change makes a new dataset. A directory without manifest.json is an interrupted
+staging: it is cleared and staged again.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
+import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import numpy as np
+import orjson
 
 from config import layout
-from config.digest import digest_bytes, digest_url
+from config.digest import digest_bytes
 from config.errors import UserError
-from config.manifest import file_entry, read_manifest, verify_files
+from config.manifest import read_manifest, verify_files
 from config.schema import DataConfig
 from config.spec import DatasetRef
-from config.storage import exists, filesystem, join, write_bytes_atomic, write_json_atomic
-from tasks.data.records import Record, read_records
-from tasks.data.tokenize import IGNORE_INDEX, encode, tokenizer_fingerprint
+from config.storage import (exists, filesystem, is_local, join, read_bytes, read_json, set_storage_options,
+                            write_bytes_atomic, write_json_atomic)
+from tasks.data.identity import Inputs, dataset_id, survey
+from tasks.data.progress import Reporter
+from tasks.data.records import Reject
+from tasks.data.scan import EVAL, Scan, scan_sources
+from tasks.data.shards import FileEntry, SplitWriter
+from tasks.data.sources import source_root
+from tasks.data.tokenize import tokenizer_fingerprint
+from tasks.data.workers import ChunkResult, encode_chunks, worker_count
 
 log = logging.getLogger(__name__)
-SHARD_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32()))])
 
 
-def record_digest(record: Record) -> str:
-    """Digest of a normalized record: the split key and part of the dataset id."""
-    return digest_bytes(json.dumps(record.messages, ensure_ascii=False).encode(), "blake3")
+def register_source_options(data: DataConfig) -> None:
+    """Make data.storage_options apply to reads of data.source and data.eval_source."""
+    for source in (data.source, data.eval_source):
+        if source and data.storage_options:
+            set_storage_options(source_root(source), dict(data.storage_options))
 
 
-def in_eval(digest: str, eval_ratio: float) -> bool:
-    """Deterministic split: a record goes to eval when its digest falls below the ratio."""
-    return int(digest[:8], 16) / 0x1_0000_0000 < eval_ratio
-
-
-def dataset_identity(digests: list[str], fingerprint: dict[str, Any], data: DataConfig) -> str:
-    """`ds-<16 hex>` over what determines the bytes: records, tokenizer, and the shaping settings."""
-    identity = {
-        "schema": layout.DATASET_SCHEMA,
-        "records": digest_bytes("\n".join(digests).encode(), "blake3"),
-        "tokenizer": fingerprint,
-        "max_length": data.max_length,
-        "eval_ratio": data.eval_ratio,
-        "shard_rows": data.shard_rows,
-        "digest_algorithm": data.digest_algorithm,
-    }
-    return "ds-" + digest_bytes(json.dumps(identity, sort_keys=True).encode(), "blake3")[:16]
-
-
-def write_shards(base: str, split: str, rows: list[tuple[list[int], list[int]]], shard_rows: int) -> list[str]:
-    """Write rows as Parquet shards of at most shard_rows examples; returns their relative paths."""
-    paths = []
-    for index, start in enumerate(range(0, max(len(rows), 1), shard_rows)):
-        chunk = rows[start : start + shard_rows]
-        table = pa.table(
-            {"input_ids": [ids for ids, _ in chunk], "labels": [labels for _, labels in chunk]}, schema=SHARD_SCHEMA
-        )
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer, compression="zstd")
-        relpath = layout.shard_name(split, index)
-        write_bytes_atomic(join(base, relpath), buffer.getvalue())
-        paths.append(relpath)
-    return paths
-
-
-def split_counts(rows: list[tuple[list[int], list[int]]], truncated: int) -> dict[str, int]:
-    """Records, tokens and predicted target tokens (labels after the shift, not -100)."""
-    return {
-        "records": len(rows),
-        "tokens": sum(len(ids) for ids, _ in rows),
-        "target_tokens": sum(sum(1 for label in labels[1:] if label != IGNORE_INDEX) for _, labels in rows),
-        "truncated": truncated,
-    }
-
-
-def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Callable[[str], None] = log.info) -> DatasetRef:
+def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Callable[[str], None] = log.info,
+                  bars: bool | None = None) -> DatasetRef:
     """Stage data.source under {storage}/datasets/{id}; reuse a complete copy if there is one."""
-    from transformers import AutoTokenizer
-
-    records = read_records(data.source, data.format)
-    digests = [record_digest(r) for r in records]
+    reporter = Reporter(progress, bars)
+    register_source_options(data)
     fingerprint = tokenizer_fingerprint(model_path)
-    dataset_id = dataset_identity(digests, fingerprint, data)
-    base = layout.dataset_dir(storage, dataset_id)
-    if exists(join(base, layout.MANIFEST)):
-        manifest, manifest_digest = read_manifest(base, layout.DATASET_SCHEMA)
+    inputs = survey(data, fingerprint, reporter)
+    found = find_staged(storage, inputs.source_key, reporter)
+    if found is not None:
+        return found
+    with tempfile.TemporaryDirectory(prefix="tandem-prepare-") as tmp:
+        spool = Path(tmp) / "records.spool"
+        scan = scan_sources(inputs.files, data, spool, reporter)
+        rejects_digest = digest_bytes(rejects_jsonl(scan.rejects), "blake3") if scan.rejects else None
+        name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data)
+        base = layout.dataset_dir(storage, name)
+        ref = reuse(base, name, reporter)
+        if ref is None:
+            clear(base)
+            try:
+                ref = write_dataset(base, name, scan, inputs, data, model_path, spool, reporter)
+            except Exception:
+                clear(base)  # it failed on its own data: no later run completes this directory
+                raise
+    write_json_atomic(layout.dataset_index(storage, inputs.source_key),
+                      {"schema": layout.DATASET_INDEX_SCHEMA, "dataset_id": name})
+    return ref
+
+
+def find_staged(storage: str, source_key: str, reporter: Reporter) -> DatasetRef | None:
+    """The complete dataset that these very inputs were staged to, if any."""
+    index = layout.dataset_index(storage, source_key)
+    if not exists(index):
+        return None
+    doc = read_json(index)
+    if doc.get("schema") != layout.DATASET_INDEX_SCHEMA:
+        return None
+    return reuse(layout.dataset_dir(storage, doc["dataset_id"]), doc["dataset_id"], reporter)
+
+
+def reuse(base: str, name: str, reporter: Reporter) -> DatasetRef | None:
+    """A reference to a complete staged copy (manifest there, every file present with its size), or None."""
+    if not exists(join(base, layout.MANIFEST)):
+        return None
+    manifest, manifest_digest = read_manifest(base, layout.DATASET_SCHEMA)
+    try:
         verify_files(base, manifest, mode="size")
-        progress(f"dataset {dataset_id} already staged at {base}")
-        return DatasetRef(dataset_id=dataset_id, url=base, manifest_digest=manifest_digest)
-    if exists(base):  # an interrupted staging: no manifest means it never existed
-        fs, path = filesystem(base)
-        fs.rm(path, recursive=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    splits: dict[str, list[tuple[list[int], list[int]]]] = {split: [] for split in layout.SPLITS}
-    truncated = dict.fromkeys(layout.SPLITS, 0)
-    for record, digest in zip(records, digests, strict=True):
-        messages = [{"role": role, "content": text} for role, text in record.messages]
-        enc = encode(tokenizer, messages, data.max_length, record.location)
-        split = "eval" if in_eval(digest, data.eval_ratio) else "train"
-        splits[split].append((enc.input_ids, enc.labels))
-        truncated[split] += enc.truncated
-    for split, rows in splits.items():
-        if not rows and (split == "train" or data.eval_ratio > 0):
-            raise UserError(f"data.source {data.source}: the {split} split is empty ({len(records)} records, "
-                            f"data.eval_ratio={data.eval_ratio}); add records or change data.eval_ratio")
-    progress(f"tokenized {len(records)} records: " + ", ".join(f"{s} {len(r)}" for s, r in splits.items()))
-    files = []
-    for split, rows in splits.items():
-        for relpath in write_shards(base, split, rows, data.shard_rows) if rows else []:
-            files.append(file_entry(base, relpath, data.digest_algorithm))
-    source_digest, source_size = digest_url(data.source, data.digest_algorithm)
-    manifest = {
+    except UserError as exc:
+        reporter.info(f"dataset {name} is damaged ({exc}); staging it again")
+        return None
+    reporter.info(f"dataset {name} already staged at {base}")
+    return DatasetRef(dataset_id=name, url=base, manifest_digest=manifest_digest)
+
+
+def clear(base: str) -> None:
+    """Remove a dataset directory, its manifest first, so that a half-removed one is never complete."""
+    fs, path = filesystem(base)
+    if not fs.exists(path):
+        return
+    manifest = join(path, layout.MANIFEST)
+    if fs.exists(manifest):
+        fs.rm(manifest)
+    fs.rm(path, recursive=True)
+    fs.invalidate_cache(path)
+
+
+def rejects_jsonl(rejects: list[Reject]) -> bytes:
+    """rejects.jsonl: one {"location", "reason"} per line."""
+    return b"".join(orjson.dumps({"location": r.location, "reason": r.reason}) + b"\n" for r in rejects)
+
+
+def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWriter]) -> None:
+    """Send a tokenized chunk's examples to the writer of their split, in record order."""
+    batch = result.batch
+    if not len(batch.kept):
+        return
+    is_eval = splits[result.chunk.first + batch.kept] == EVAL
+    token_is_eval = np.repeat(is_eval, batch.lengths)
+    for split, rows, tokens in (("eval", is_eval, token_is_eval), ("train", ~is_eval, ~token_is_eval)):
+        writers[split].add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows])
+
+
+def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataConfig, model_path: str,
+                  spool: Path, reporter: Reporter) -> DatasetRef:
+    """Tokenize the spool into shards, then write rejects.jsonl and, last, the manifest."""
+    verb = "written" if is_local(base) else "uploaded"
+    written: list[FileEntry] = []
+    rejects = list(scan.rejects)
+    splits = np.frombuffer(bytes(scan.splits), dtype=np.uint8)
+    processes = worker_count(data.num_proc, len(scan.chunks))
+    reporter.info(f"tokenizing {scan.spooled} records in {processes} process{'es' if processes > 1 else ''}")
+    results = encode_chunks(spool, scan.chunks, model_path, data.max_length, processes)
+    with reporter.phase("tokenizing", scan.spooled, "records") as phase:
+        def on_write(entry: FileEntry) -> None:
+            written.append(entry)
+            seconds = sum(w.seconds for w in writers.values())
+            phase.annotate(f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb} "
+                           f"in {seconds:.1f} s")
+
+        writers = {split: SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
+                   for split in layout.SPLITS}
+        for result in results:
+            for reject in result.rejects:
+                if data.on_invalid == "fail":
+                    raise reject.error()
+                rejects.append(reject)
+            route(result, splits, writers)
+            phase.update(result.chunk.count)
+        files = [entry for split in layout.SPLITS for entry in writers[split].close()]
+    counts = {split: writer.counts for split, writer in writers.items()}
+    check_counts(counts, data)
+    if rejects:
+        body = rejects_jsonl(rejects)
+        write_bytes_atomic(join(base, layout.REJECTS), body)
+        files.append({"path": layout.REJECTS, "size": len(body), "digest": digest_bytes(body, data.digest_algorithm)})
+        reporter.info(f"{len(rejects)} records rejected; see {join(base, layout.REJECTS)}")
+    manifest = build_manifest(name, files, counts, scan, inputs, data, rejects)
+    raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
+    reporter.info(f"staged dataset {name} at {base}: " + ", ".join(
+        f"{split} {c['records']} records / {c['tokens']} tokens" for split, c in counts.items()))
+    return DatasetRef(dataset_id=name, url=base, manifest_digest=digest_bytes(raw, data.digest_algorithm))
+
+
+def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
+    """Splits emptied by records the tokenizer could not use are as much an error as splits read empty."""
+    if not counts["train"]["records"]:
+        raise UserError(f"data.source {data.source}: no record of the train split could be tokenized; "
+                        "see the rejects (data.on_invalid=skip) for the reasons")
+    if not counts["eval"]["records"] and (data.eval_source or data.eval_ratio > 0):
+        raise UserError(f"data.source {data.source}: no record of the eval split could be tokenized; "
+                        "see the rejects (data.on_invalid=skip) for the reasons")
+
+
+def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str, int]], scan: Scan,
+                   inputs: Inputs, data: DataConfig, rejects: list[Reject]) -> dict[str, Any]:
+    """The dataset manifest (DESIGN.md), with the record accounting: read = staged + rejected."""
+    staged = sum(c["records"] for c in counts.values())
+    return {
         "schema": layout.DATASET_SCHEMA,
-        "dataset_id": dataset_id,
+        "dataset_id": name,
         "digest_algorithm": data.digest_algorithm,
         "files": files,
-        "splits": {split: split_counts(rows, truncated[split]) for split, rows in splits.items()},
-        "sources": [{"url": data.source, "size": source_size, "digest": source_digest, "format": "qwen"}],
-        "tokenizer": fingerprint,
+        "splits": counts,
+        "records": {"read": scan.spooled + len(scan.rejects), "staged": staged, "rejected": len(rejects)},
+        "rejects": layout.REJECTS if rejects else None,
+        "sources": scan.sources,
+        "tokenizer": inputs.fingerprint,
         "max_length": data.max_length,
+        "split": {"eval_source": data.eval_source} if data.eval_source else {"eval_ratio": data.eval_ratio},
+        "shard_rows": data.shard_rows,
+        "source_key": inputs.source_key,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
-    progress(f"staged dataset {dataset_id} at {base}")
-    return DatasetRef(dataset_id=dataset_id, url=base, manifest_digest=digest_bytes(raw, data.digest_algorithm))
+
+
+def staged_state(data: DataConfig, storage: str, model_path: str) -> str | None:
+    """A digest of the inputs and of the staged dataset they map to (its manifest and the files present);
+    None when nothing complete is staged for them. Prefect's task cache is keyed on it."""
+    register_source_options(data)
+    inputs = survey(data, tokenizer_fingerprint(model_path), Reporter(log.debug, bars=False))
+    index = layout.dataset_index(storage, inputs.source_key)
+    if not exists(index):
+        return None
+    base = layout.dataset_dir(storage, read_json(index)["dataset_id"])
+    manifest_url = join(base, layout.MANIFEST)
+    if not exists(manifest_url):
+        return None
+    fs, path = filesystem(base)
+    fs.invalidate_cache(path)
+    present = sorted((p[len(path):], info["size"]) for p, info in fs.find(path, detail=True).items())
+    state = {"source_key": inputs.source_key, "storage": storage, "files": present,
+             "manifest": digest_bytes(read_bytes(manifest_url), "blake3")}
+    return digest_bytes(json.dumps(state, sort_keys=True).encode(), "blake3")

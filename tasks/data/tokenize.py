@@ -1,68 +1,220 @@
-"""Tokenize conversations once, with the model's own chat template, masking labels to assistant turns.
+"""Tokenize conversations once, with the model's own chat template, masking labels to the assistant turns.
 
-The template is rendered for the whole conversation; each assistant turn's character span is found by
-rendering the prefix before it (with the generation prompt) and the prefix through it. Tokens whose
-start offset falls inside such a span are targets; all others get -100 (Hugging Face's convention;
-the model shifts labels by one internally).
+The template is rendered for the whole conversation; each assistant turn's character span runs from the
+end of the prefix before it rendered with the generation prompt to the end of the prefix through it. A token
+is a target when its start offset falls inside such a span; all others get -100 (Hugging Face's convention:
+the model shifts labels by one internally). Conversations are tokenized in batches by the fast tokenizer's
+backend, and the spans are mapped to token ranges through the encodings, never token by token.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+from jinja2 import TemplateError
+
+from config.digest import digest_bytes
 from config.errors import UserError
+from tasks.data.formats import Conversation, InvalidRecord, Message
 
 IGNORE_INDEX = -100
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
+                   "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "vocab.txt")
 
 
-@dataclass(frozen=True)
-class Encoded:
-    """Token ids, labels, and whether the example was cut at max_length."""
+@dataclass
+class EncodedBatch:
+    """Token ids and labels of the kept conversations of a batch, flat, with per-example lengths."""
 
-    input_ids: list[int]
-    labels: list[int]
-    truncated: bool
-
-
-def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> list[tuple[int, int]]:
-    """Character spans [start, end) of each assistant turn (content and end-of-turn) in the rendering."""
-    spans = []
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True))
-        end = len(tokenizer.apply_chat_template(messages[: index + 1], tokenize=False))
-        spans.append((start, end))
-    return spans
+    ids: np.ndarray
+    labels: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    kept: np.ndarray  # indices (in the batch) of the conversations encoded
+    rejects: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
 
 
-def encode(tokenizer: Any, messages: list[dict[str, str]], max_length: int, location: str) -> Encoded:
-    """One conversation as (input_ids, labels), truncated to max_length tokens."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = assistant_spans(tokenizer, messages)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    labels = [
-        tok if any(start <= begin < end for start, end in spans) else IGNORE_INDEX
-        for tok, (begin, _) in zip(ids, offsets, strict=True)
-    ]
-    if not any(label != IGNORE_INDEX for label in labels):
-        raise UserError(f"{location}: the chat template left no assistant tokens; check the tokenizer's template")
-    truncated = len(ids) > max_length
-    return Encoded(ids[:max_length], labels[:max_length], truncated)
+def load_tokenizer(model_path: str) -> Any:
+    """The model's tokenizer (a fast one: offsets are needed to place the labels)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(f"model.name_or_path {model_path}: the tokenizer is not a fast (tokenizers) one; "
+                        "add its tokenizer.json (Tandem needs token offsets to place the labels)")
+    if tokenizer.chat_template is None:
+        raise UserError(f"model.name_or_path {model_path}: the tokenizer has no chat template; "
+                        "add chat_template.jinja to the model directory")
+    return tokenizer
+
+
+class ChatEncoder:
+    """Renders conversations with a tokenizer's chat template and encodes them with its fast backend."""
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.backend = tokenizer.backend_tokenizer
+        # tokenizer(text) switches these off per call; calling the backend directly must do the same.
+        self.backend.no_truncation()
+        self.backend.no_padding()
+        self.special = dict(tokenizer.special_tokens_map)
+        self._compile = _compile_jinja_template
+        self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
+
+    def render(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> str:
+        """What `apply_chat_template(..., tokenize=False)` gives, without its per-call overhead."""
+        key = tools is not None
+        if key not in self._templates:
+            source = self.tokenizer.get_chat_template(None, tools)
+            # transformers' sandboxed environment (its filters and globals), but our own Template object, and
+            # its globals merged with the special tokens once: Template.render would merge a ChainMap per call.
+            template = self._compile(source).environment.from_string(source)
+            template.globals = dict(template.globals)  # each Context would otherwise walk the ChainMap
+            self._templates[key] = (template, {**template.globals, **self.special})
+        template, variables = self._templates[key]
+        context = template.new_context({**variables, "messages": messages, "tools": tools, "documents": None,
+                                        "add_generation_prompt": generation_prompt}, shared=True)
+        try:
+            return "".join(template.root_render_func(context))
+        except TemplateError as exc:  # e.g. raise_exception('...') in the template: this record, not the run
+            raise InvalidRecord(f"the chat template refused it: {exc}") from None
+
+    def check_render(self, conversation: Conversation) -> None:
+        """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""
+        messages, tools = conversation["messages"], conversation.get("tools")
+        try:
+            ours = self.render(messages, tools, False)
+        except InvalidRecord:
+            return  # the template refuses this one; encode() rejects it with the reason
+        theirs = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+        if ours != theirs:
+            raise RuntimeError("the fast chat-template render differs from apply_chat_template; "
+                               "this transformers version is not supported by tasks/data/tokenize.py")
+
+    def spans(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character spans [start, end) of its trained assistant turns."""
+        messages, tools = conversation["messages"], conversation.get("tools")
+        text = self.render(messages, tools, False)
+        spans = []
+        for index, message in enumerate(messages):
+            if message["role"] != "assistant" or message.get("weight") == 0:
+                continue
+            head = self.render(messages[:index], tools, True)
+            through = text if index == len(messages) - 1 else self.render(messages[: index + 1], tools, False)
+            if not (text.startswith(head) and text.startswith(through)):
+                raise InvalidRecord(f"turn {index}: the chat template renders the conversation up to this turn "
+                                    "differently from the whole, so its assistant tokens cannot be located")
+            start, end = len(head), len(through)
+            for call in message.get("tool_calls", ()):
+                name = call.get("function", {}).get("name", "") if isinstance(call, dict) else ""
+                if name not in text[start:end]:
+                    raise InvalidRecord(f"turn {index}: the chat template does not render tool calls; "
+                                        "use a model whose template supports tools")
+            spans.append((start, end))
+        return text, spans
+
+    def encode(self, conversations: list[Conversation]) -> EncodedBatch:
+        """Encode a batch; conversations that cannot be trained on are returned as rejects with the reason."""
+        texts: list[str] = []
+        all_spans: list[list[tuple[int, int]]] = []
+        indices: list[int] = []
+        rejects: list[tuple[int, str]] = []
+        for index, conversation in enumerate(conversations):
+            try:
+                text, spans = self.spans(conversation)
+            except InvalidRecord as exc:
+                rejects.append((index, str(exc)))
+                continue
+            texts.append(text)
+            all_spans.append(spans)
+            indices.append(index)
+        flat_ids: list[int] = []
+        targets: list[list[tuple[int, int]]] = []  # token ranges of the targets, per kept example
+        lengths: list[int] = []
+        truncated: list[bool] = []
+        kept: list[int] = []
+        for index, text, spans, encoding in zip(indices, texts, all_spans,
+                                                self.backend.encode_batch(texts, add_special_tokens=False),
+                                                strict=True):
+            ranges = [(_first_token_at(encoding, len(text), start), _first_token_at(encoding, len(text), end))
+                      for start, end in spans]
+            ranges = [(first, stop) for first, stop in ranges if first < stop]
+            reason = self._unusable(ranges, len(encoding))
+            if reason:
+                rejects.append((index, reason))
+                continue
+            length = min(len(encoding), self.max_length)
+            flat_ids.extend(encoding.ids[:length])
+            targets.append(ranges)
+            lengths.append(length)
+            truncated.append(len(encoding) > self.max_length)
+            kept.append(index)
+        rejects.sort()
+        ids = np.array(flat_ids, dtype=np.int32)
+        return EncodedBatch(ids, _labels(ids, lengths, targets), np.array(lengths, dtype=np.int32),
+                            np.array(truncated, dtype=bool), np.array(kept, dtype=np.int32), rejects)
+
+    def _unusable(self, ranges: list[tuple[int, int]], n_tokens: int) -> str | None:
+        """Why an encoded example cannot be trained on (from its target token ranges), or None."""
+        if not ranges:
+            return "the chat template left no assistant tokens; check the tokenizer's chat template"
+        first = ranges[0][0]
+        if first >= self.max_length:
+            return (f"no assistant token within data.max_length={self.max_length} (the first is token {first} of "
+                    f"{n_tokens}); raise data.max_length or shorten the prompt")
+        return None
+
+
+def _labels(ids: np.ndarray, lengths: list[int], targets: list[list[tuple[int, int]]]) -> np.ndarray:
+    """-100 everywhere but the target ranges, which copy the ids (each example clipped to its length)."""
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
+    offset = 0
+    for length, ranges in zip(lengths, targets, strict=True):
+        for first, stop in ranges:
+            if first < length:
+                labels[offset + first: offset + min(stop, length)] = ids[offset + first: offset + min(stop, length)]
+        offset += length
+    return labels
+
+
+def _first_token_at(encoding: Any, text_length: int, position: int) -> int:
+    """Index of the first token whose start offset is >= position (offsets never decrease along a text)."""
+    n = len(encoding)
+    if position >= text_length:
+        return n
+    token = encoding.char_to_token(position)
+    if token is None:  # a character no token covers (dropped by a normalizer): search the offsets
+        return next((t for t in range(n) if _begin(encoding, t) >= position), n)
+    if _begin(encoding, token) < position:
+        token += 1
+        while token < n and _begin(encoding, token) < position:
+            token += 1
+    else:
+        while token > 0 and _begin(encoding, token - 1) >= position:
+            token -= 1
+    return token
+
+
+def _begin(encoding: Any, token: int) -> int:
+    """Start offset of one token (`encoding.offsets` would build the whole list)."""
+    return encoding.token_to_chars(token)[0]
 
 
 def tokenizer_fingerprint(model_path: str) -> dict[str, Any]:
     """What identifies a tokenizer's behaviour: digests of its files (the chat template among them)."""
-    from pathlib import Path
-
-    from config.digest import digest_bytes
-
     files = {}
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                 "vocab.json", "merges.txt"):
+    for name in TOKENIZER_FILES:
         path = Path(model_path) / name
         if path.exists():
             files[name] = digest_bytes(path.read_bytes(), "blake3")
+    if not files:
+        raise UserError(f"model.name_or_path {model_path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, "
+                        "...); give a Hugging Face model directory")
     return {"files": files}

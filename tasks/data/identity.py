@@ -1,0 +1,113 @@
+"""What a staged dataset is named after, and what finds it again.
+
+- The dataset id digests what determines the staged bytes: the normalized records in order, the tokenizer
+  (its files, the chat template among them), max_length, the split settings, the shard size, the digest
+  algorithm, and the rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
+  changing data.num_proc, changes none of these, so it names the same dataset.
+- The source key digests the inputs instead: the source files' digests and URLs plus the same settings.
+  It is computed without parsing a record, and `{storage}/datasets/by-source/{key}.json` maps it to the
+  dataset id, so unchanged input is found again in the time it takes to digest the source files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from config import layout
+from config.digest import digest_bytes, hasher
+from config.schema import DataConfig
+from config.storage import filesystem
+from tasks.data.progress import Reporter
+from tasks.data.sources import expand
+
+# Bump when normalization or tokenization changes what is staged for the same input and settings.
+PIPELINE_VERSION = 2
+SOURCE_KEYS = ("data.source", "data.eval_source")
+READ_BLOCK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One data file: which config key it came from, and its size and digest."""
+
+    key: str
+    url: str
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything staging depends on, known before a record is parsed."""
+
+    files: list[SourceFile]
+    fingerprint: dict[str, Any]
+    source_key: str
+
+
+def shaping(data: DataConfig) -> dict[str, Any]:
+    """The settings that shape the staged bytes (not where the data is read from, nor how fast)."""
+    split = {"eval_source": True} if data.eval_source else {"eval_ratio": data.eval_ratio}
+    return {"max_length": data.max_length, "shard_rows": data.shard_rows, "digest_algorithm": data.digest_algorithm,
+            "split": split}
+
+
+def source_files(data: DataConfig) -> list[tuple[str, str]]:
+    """(config key, URL) of every data file of data.source and data.eval_source."""
+    out = [("data.source", url) for url in expand(data.source, "data.source")]
+    if data.eval_source:
+        out += [("data.eval_source", url) for url in expand(data.eval_source, "data.eval_source")]
+    return out
+
+
+def digest_sources(files: list[tuple[str, str]], algorithm: str, reporter: Reporter) -> list[SourceFile]:
+    """Size and digest of every source file (read once, in large blocks)."""
+    sizes = []
+    for _, url in files:
+        fs, path = filesystem(url)
+        sizes.append(fs.size(path))
+    out = []
+    with reporter.phase("digesting sources", sum(sizes), "B") as phase:
+        for (key, url), size in zip(files, sizes, strict=True):
+            fs, path = filesystem(url)
+            h = hasher(algorithm)
+            with fs.open(path, "rb") as handle:
+                while block := handle.read(READ_BLOCK):
+                    h.update(block)
+                    phase.update(len(block))
+            out.append(SourceFile(key, url, size, h.hexdigest()))
+    return out
+
+
+def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) -> Inputs:
+    """The source files with their digests, and the source key over them and the settings."""
+    files = digest_sources(source_files(data), data.digest_algorithm, reporter)
+    doc = {
+        "pipeline": PIPELINE_VERSION,
+        "files": [[f.key, f.url, f.digest] for f in files],
+        "format": data.format,
+        "on_invalid": data.on_invalid,
+        "shaping": shaping(data),
+        "tokenizer": fingerprint,
+    }
+    return Inputs(files, fingerprint, digest_bytes(json.dumps(doc, sort_keys=True).encode(), "blake3")[:32])
+
+
+def in_eval(record_digest: bytes, eval_ratio: float) -> bool:
+    """Deterministic split: a record goes to eval when its digest falls below the ratio."""
+    return int.from_bytes(record_digest[:4], "big") / 0x1_0000_0000 < eval_ratio
+
+
+def dataset_id(records_digest: str, rejects_digest: str | None, fingerprint: dict[str, Any], data: DataConfig) -> str:
+    """`ds-<16 hex>` over what determines the staged bytes."""
+    identity = {
+        "schema": layout.DATASET_SCHEMA,
+        "pipeline": PIPELINE_VERSION,
+        "records": records_digest,
+        "rejects": rejects_digest,
+        "tokenizer": fingerprint,
+        **shaping(data),
+    }
+    return "ds-" + digest_bytes(json.dumps(identity, sort_keys=True).encode(), "blake3")[:16]

@@ -1,0 +1,168 @@
+"""Where records come from: `data.source` (a file, a directory, a glob or any fsspec URL) expanded into data
+files, and readers for JSON arrays, JSON Lines and Parquet that give every record its exact location:
+`path:line` (JSONL, 1-based), `path[index]` (JSON array) and `path#row` (Parquet, 0-based).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import orjson
+
+from config.errors import UserError
+from config.storage import filesystem, is_local
+
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+GLOB_CHARS = "*?["
+BLOCK = 8 * 1024 * 1024
+BOM = b"\xef\xbb\xbf"
+PARQUET_BATCH = 4096
+ByteCounter = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Unparsable:
+    """A record that is not valid JSON; `reason` says why (the reader keeps going)."""
+
+    reason: str
+
+
+def has_glob(url: str) -> bool:
+    """Whether a URL is a glob pattern."""
+    return any(char in url for char in GLOB_CHARS)
+
+
+def source_root(url: str) -> str:
+    """The part of a URL before its first glob character, up to the last '/' (for storage options)."""
+    if not has_glob(url):
+        return url
+    head = url[: min(url.index(c) for c in GLOB_CHARS if c in url)]
+    return head.rsplit("/", 1)[0] if "/" in head else head
+
+
+def _is_data_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return not name.startswith((".", "_")) and name.lower().endswith(DATA_SUFFIXES)
+
+
+def expand(source: str, key: str) -> list[str]:
+    """The data files of a source, sorted; a UserError naming `key` when there are none."""
+    fs, path = filesystem(source)
+    if has_glob(source):
+        found = fs.glob(path, detail=True)
+        files = [p for p, info in found.items() if info["type"] == "file"]
+        if not files:
+            raise UserError(f"{key}: {source} matches no file; check the pattern")
+    elif fs.isdir(path):
+        files = [p for p in fs.find(path) if _is_data_file(p)]
+        if not files:
+            raise UserError(f"{key}: directory {source} holds no {'/'.join(DATA_SUFFIXES)} files")
+    elif fs.exists(path):
+        files = [path]
+    else:
+        raise UserError(f"{key}: {source} does not exist; give an existing file, directory, glob or URL")
+    return [p if is_local(source) else fs.unstrip_protocol(p) for p in sorted(files)]
+
+
+def file_kind(url: str) -> str:
+    """jsonl, json (an array) or parquet: from the suffix, else from the first bytes."""
+    lower = url.lower()
+    if lower.endswith((".parquet", ".pq")):
+        return "parquet"
+    if lower.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    fs, path = filesystem(url)
+    with fs.open(path, "rb") as handle:
+        head = handle.read(64 * 1024)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    return "json" if head.removeprefix(BOM).lstrip()[:1] == b"[" else "jsonl"
+
+
+def read_file(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    """(location, parsed record or Unparsable) for every record of a data file, in file order."""
+    kind = file_kind(url)
+    if kind == "parquet":
+        return _read_parquet(url, on_bytes)
+    if kind == "json":
+        return _read_json_array(url, on_bytes)
+    return _read_jsonl(url, on_bytes)
+
+
+def _lines(url: str, on_bytes: ByteCounter) -> Iterator[bytes]:
+    """The lines of a file (without the newline), read in large blocks: fast on local disks and object stores."""
+    fs, path = filesystem(url)
+    with fs.open(path, "rb") as handle:
+        rest = b""
+        while block := handle.read(BLOCK):
+            on_bytes(len(block))
+            lines = (rest + block).split(b"\n")
+            rest = lines.pop()
+            yield from lines
+        if rest:
+            yield rest
+
+
+def _read_jsonl(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    parsed_any = False
+    for lineno, line in enumerate(_lines(url, on_bytes), start=1):
+        if lineno == 1:
+            line = line.removeprefix(BOM)
+        if not line.strip():
+            continue
+        try:
+            yield f"{url}:{lineno}", orjson.loads(line)
+            parsed_any = True
+        except orjson.JSONDecodeError as exc:
+            if not parsed_any:
+                _refuse_single_document(url)
+            yield f"{url}:{lineno}", Unparsable(f"malformed JSON ({exc.msg}, column {exc.colno})")
+
+
+def _refuse_single_document(url: str) -> None:
+    """A file that is one JSON document over several lines is not JSON Lines: say so, not 'malformed line 1'."""
+    fs, path = filesystem(url)
+    try:
+        doc = orjson.loads(fs.cat_file(path).removeprefix(BOM))
+    except orjson.JSONDecodeError:
+        return
+    raise UserError(f"{url}: expected a JSON array of records or JSON Lines, got one JSON {type(doc).__name__} "
+                    "over several lines")
+
+
+def _read_json_array(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    fs, path = filesystem(url)
+    raw = fs.cat_file(path)
+    on_bytes(len(raw))
+    try:
+        records = orjson.loads(raw.removeprefix(BOM))
+    except orjson.JSONDecodeError as exc:
+        # One broken array loses every record after the error: that is a file to fix, not a record to skip.
+        raise UserError(f"{url}:{exc.lineno}: malformed JSON ({exc.msg}, column {exc.colno}); fix the file") from None
+    if not isinstance(records, list):
+        raise UserError(f"{url}: expected a JSON array of records or JSON Lines, got a JSON {type(records).__name__}")
+    for index, record in enumerate(records):
+        yield f"{url}[{index}]", record
+
+
+def _read_parquet(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    import pyarrow.parquet as pq
+
+    fs, path = filesystem(url)
+    size = fs.size(path)
+    with fs.open(path, "rb") as handle:
+        try:
+            parquet = pq.ParquetFile(handle)
+        except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for anything not Parquet
+            raise UserError(f"{url}: not a readable Parquet file ({exc})") from None
+        total = max(parquet.metadata.num_rows, 1)
+        row = reported = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH):
+            for record in batch.to_pylist():
+                yield f"{url}#{row}", record
+                row += 1
+            done = size * row // total
+            on_bytes(done - reported)
+            reported = done

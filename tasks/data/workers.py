@@ -1,0 +1,93 @@
+"""Tokenize the spooled records in `data.num_proc` processes, results in spool order.
+
+Workers come from a fork server (never forked from this process, which runs Prefect's threads): the
+server starts once per process with transformers imported, so later stagings start their workers in a
+fraction of a second instead of importing it again. Each worker loads the tokenizer once. Small inputs
+are tokenized in this process, where starting workers would cost more than it saves. The output does not
+depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.data.records import Reject
+from tasks.data.spool import Chunk, read_chunk
+from tasks.data.tokenize import ChatEncoder, EncodedBatch, load_tokenizer
+
+MIN_CHUNKS_PER_WORKER = 4
+PRELOAD = ["tasks.data.workers", "transformers", "transformers.tokenization_utils_tokenizers",
+           "transformers.models.auto.tokenization_auto"]
+_ENCODER: ChatEncoder | None = None
+
+
+@dataclass
+class ChunkResult:
+    """One chunk tokenized: the kept examples and the records rejected (with their locations)."""
+
+    chunk: Chunk
+    batch: EncodedBatch
+    rejects: list[Reject]
+
+
+def worker_count(num_proc: int, chunks: int) -> int:
+    """Processes to use: data.num_proc (0: one per core), fewer when there is too little work for them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    wanted = num_proc or cores
+    return max(1, min(wanted, chunks // MIN_CHUNKS_PER_WORKER))
+
+
+def encode_chunk(encoder: ChatEncoder, spool: Path, chunk: Chunk) -> ChunkResult:
+    """Tokenize one chunk of the spool."""
+    items = read_chunk(spool, chunk)
+    encoder.check_render(items[0][1])
+    batch = encoder.encode([conversation for _, conversation in items])
+    return ChunkResult(chunk, batch, [Reject(items[index][0], reason) for index, reason in batch.rejects])
+
+
+def _init_worker(model_path: str, max_length: int) -> None:
+    global _ENCODER
+    # One process per core already: the tokenizer's own thread pool would only oversubscribe the cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _ENCODER = ChatEncoder(load_tokenizer(model_path), max_length)
+
+
+def _encode_in_worker(spool: Path, chunk: Chunk) -> ChunkResult:
+    assert _ENCODER is not None, "worker used before _init_worker"
+    return encode_chunk(_ENCODER, spool, chunk)
+
+
+def encode_chunks(spool: Path, chunks: list[Chunk], model_path: str, max_length: int,
+                  workers: int) -> Iterator[ChunkResult]:
+    """Every chunk tokenized, in order, by `workers` processes (1: this one, with the tokenizer loaded now)."""
+    if workers == 1:
+        encoder = ChatEncoder(load_tokenizer(model_path), max_length)
+        return (encode_chunk(encoder, spool, chunk) for chunk in chunks)
+    return _encode_in_pool(spool, chunks, model_path, max_length, workers)
+
+
+def _encode_in_pool(spool: Path, chunks: list[Chunk], model_path: str, max_length: int,
+                    workers: int) -> Iterator[ChunkResult]:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                             initargs=(model_path, max_length)) as pool:
+        pending: deque[Future[ChunkResult]] = deque()
+        upcoming = iter(chunks)
+        try:
+            # A bounded window keeps memory flat: at most a few finished chunks wait to be written.
+            for chunk in upcoming:
+                pending.append(pool.submit(_encode_in_worker, spool, chunk))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()

@@ -1,0 +1,221 @@
+"""Benchmarks of the prepare step, run on demand (not collected by the default pytest run):
+
+    .venv/bin/python -m pytest tests/benchmarks/bench_prepare.py -s          # BENCH_GB, BENCH_REPEATS env
+    .venv/bin/python tests/benchmarks/bench_prepare.py --gb 1.0 --repeats 3
+
+It generates a JSONL of about --gb gigabytes (Qwen `conversations`, the sample's vocabulary, 1-3 exchanges
+per record) in a temporary folder and prints medians of --repeats runs and their ratios, all measured in
+this run on this machine:
+
+(a) staging + digesting the file to a local folder (everything `stage_dataset` does: digest the source,
+    read and validate, tokenize, write and digest the shards, manifest) vs `cp` then `sha256sum` of the
+    same file; also the same staging without its tokenization (digest + read/validate + shard writing);
+(b) staging the unchanged input again vs the first staging (and again without the by-source index);
+(c) tokenization throughput (records/s, labels included) vs a plain `datasets.map` applying the chat
+    template with the same tokenizer and num_proc, on the first --tokenize-mb megabytes of the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from config.schema import DataConfig  # noqa: E402
+from tasks.data.stage import stage_dataset  # noqa: E402
+
+SAMPLE = ROOT / "data" / "sample" / "conversations.json"
+
+
+def generate(path: Path, target_bytes: int, seed: int = 0) -> int:
+    """A JSONL of about target_bytes: conversations recombined from the sample's exchanges. Returns records."""
+    rng = random.Random(seed)
+    exchanges = []
+    for record in json.loads(SAMPLE.read_text()):
+        turns = [t for t in record["conversations"] if t["from"] != "system"]
+        exchanges += [turns[i:i + 2] for i in range(0, len(turns) - 1, 2)]
+    systems = [None, None, {"from": "system", "value": "You are a careful assistant. Answer briefly."}]
+    written = count = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        while written < target_bytes:
+            turns = [s for s in [rng.choice(systems)] if s]
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                turns += rng.choice(exchanges)
+            line = json.dumps({"id": f"gen-{count:08d}", "n": rng.random(), "conversations": turns}) + "\n"
+            handle.write(line)
+            written += len(line)
+            count += 1
+    return count
+
+
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def phase_seconds(messages: list[str]) -> dict[str, float]:
+    """Seconds per phase from the staging log ('reading: 1.0 GB in 12.3 s', '... written in 4.5 s')."""
+    out = {}
+    for message in messages:
+        if match := re.match(r"^(digesting sources|reading|tokenizing): .*? in ([0-9.]+) s", message):
+            out[match[1]] = float(match[2])
+        if match := re.search(r"shards \(.*\) (?:written|uploaded) in ([0-9.]+) s", message):
+            out["writing"] = float(match[1])
+    return out
+
+
+def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repeats: int) -> dict[str, float]:
+    """(a) and (b)."""
+    baseline = []
+    for i in range(repeats):
+        target = work / f"copy-{i}"
+        target.mkdir()
+        baseline.append(timed(lambda: subprocess.run(
+            f"cp '{source}' '{target}/' && sha256sum '{target / source.name}' > /dev/null", shell=True, check=True)))
+        shutil.rmtree(target)
+    data = DataConfig(source=str(source), max_length=4096)
+    first, phases = [], []
+    for i in range(stage_repeats):
+        storage = work / f"storage-{i}"
+        shutil.rmtree(work / f"storage-{i - 1}", ignore_errors=True)
+        messages: list[str] = []
+        first.append(timed(lambda: stage_dataset(data, str(storage), model, progress=messages.append, bars=False)))
+        phases.append(phase_seconds(messages))
+    again, no_index = [], []
+    for _ in range(repeats):
+        again.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
+    for _ in range(repeats):
+        shutil.rmtree(storage / "datasets" / "by-source")
+        no_index.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
+    shutil.rmtree(storage)
+    io_only = [p["digesting sources"] + p["reading"] + p["writing"] for p in phases]
+    return {"cp_sha256sum_s": median(baseline), "stage_first_s": median(first), "stage_io_only_s": median(io_only),
+            "tokenizing_s": median([p["tokenizing"] for p in phases]), "stage_again_s": median(again),
+            "stage_again_without_index_s": median(no_index), "stage_repeats": stage_repeats, "repeats": repeats}
+
+
+def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_proc: int,
+                   repeats: int) -> dict[str, float]:
+    """(c): records per second, ours (ids and labels) vs datasets.map (ids only)."""
+    from datasets import Dataset, disable_progress_bars
+
+    from tasks.data.identity import SourceFile
+    from tasks.data.progress import Reporter
+    from tasks.data.scan import scan_sources
+    from tasks.data.spool import read_chunk
+    from tasks.data.tokenize import load_tokenizer
+    from tasks.data.workers import encode_chunks, worker_count
+
+    subset = work / "subset.jsonl"
+    with open(source, "rb") as src, open(subset, "wb") as dst:
+        for line in src:
+            if dst.tell() >= megabytes * 10**6:
+                break
+            dst.write(line)
+    data = DataConfig(source=str(subset), max_length=4096, eval_ratio=0.0)
+    spool = work / "records.spool"
+    scan = scan_sources([SourceFile("data.source", str(subset), subset.stat().st_size, "-")], data, spool,
+                        Reporter(lambda _: None, bars=False))
+    conversations = [conv for chunk in scan.chunks for _, conv in read_chunk(spool, chunk)]
+    workers = worker_count(num_proc, len(scan.chunks))
+    ours = [timed(lambda: list(encode_chunks(spool, scan.chunks, model, data.max_length, workers)))
+            for _ in range(repeats)]
+
+    disable_progress_bars()
+    tokenizer = load_tokenizer(model)
+    dataset = Dataset.from_list([{"messages": c["messages"]} for c in conversations])
+
+    def template(batch: dict) -> dict:
+        return {"input_ids": tokenizer.apply_chat_template(batch["messages"], tokenize=True, return_dict=False)}
+
+    theirs = [timed(lambda: dataset.map(template, batched=True, num_proc=num_proc, load_from_cache_file=False,
+                                        remove_columns=["messages"])) for _ in range(repeats)]
+    n = len(conversations)
+    return {"records": n, "mb": subset.stat().st_size / 1e6, "workers": workers,
+            "ours_records_per_s": n / median(ours), "datasets_map_records_per_s": n / median(theirs)}
+
+
+def report(gb: float, size: int, records: int, staging: dict[str, float], tokenize: dict[str, float]) -> str:
+    s, t = staging, tokenize
+    lines = [
+        f"input: {size / 1e9:.2f} GB JSONL, {records:,} records; {os.cpu_count()} cores",
+        f"medians of {s['repeats']} runs ({s['stage_repeats']} for a first staging)",
+        "(a) staging + digesting vs cp + sha256sum (goal: >= 1.5x faster)",
+        f"    cp + sha256sum            {s['cp_sha256sum_s']:8.1f} s",
+        f"    stage (all of it)         {s['stage_first_s']:8.1f} s   speed-up {s['cp_sha256sum_s'] / s['stage_first_s']:.2f}x",
+        f"      of which tokenizing     {s['tokenizing_s']:8.1f} s",
+        f"    stage without tokenizing  {s['stage_io_only_s']:8.1f} s   speed-up "
+        f"{s['cp_sha256sum_s'] / s['stage_io_only_s']:.2f}x   (digest + read/validate/spool + write/digest shards)",
+        "(b) re-staging unchanged input vs first staging (goal: < 5%)",
+        f"    again                     {s['stage_again_s']:8.2f} s   = {100 * s['stage_again_s'] / s['stage_first_s']:.2f}%",
+        f"    again, no by-source index {s['stage_again_without_index_s']:8.2f} s   = "
+        f"{100 * s['stage_again_without_index_s'] / s['stage_first_s']:.2f}%",
+        f"(c) tokenization throughput vs datasets.map, {t['records']:,} records ({t['mb']:.0f} MB), "
+        f"num_proc={t['workers']} (goal: >= 1.0x)",
+        f"    ours (ids + labels)       {t['ours_records_per_s']:8.0f} records/s",
+        f"    datasets.map (ids)        {t['datasets_map_records_per_s']:8.0f} records/s   ratio "
+        f"{t['ours_records_per_s'] / t['datasets_map_records_per_s']:.2f}x",
+    ]
+    return "\n".join(lines)
+
+
+def run(gb: float, repeats: int, stage_repeats: int, tokenize_mb: int, num_proc: int, model: str | None,
+        tmp: Path) -> str:
+    """Generate the input, run (a), (b), (c); returns the printed report."""
+    if model is None:
+        model = str(tmp / "tiny")
+        subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", model, "--corpus", str(SAMPLE)], cwd=ROOT,
+                       check=True, capture_output=True)
+    source = tmp / "input.jsonl"
+    records = generate(source, int(gb * 1e9))
+    staging = bench_staging(source, tmp, model, repeats, stage_repeats)
+    tokenize = bench_tokenize(source, tmp, model, tokenize_mb, num_proc, repeats)
+    text = report(gb, source.stat().st_size, records, staging, tokenize)
+    print(f"\n{text}\n", flush=True)
+    return text
+
+
+def test_bench_prepare(tiny_model: str, tmp_path: Path) -> None:
+    """The benchmark under pytest (`-s` shows the report); sizes from BENCH_GB, BENCH_REPEATS."""
+    repeats = int(os.environ.get("BENCH_REPEATS", "3"))
+    run(float(os.environ.get("BENCH_GB", "1.0")), repeats, int(os.environ.get("BENCH_STAGE_REPEATS", repeats)),
+        int(os.environ.get("BENCH_TOKENIZE_MB", "50")), 2, tiny_model, tmp_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Script entry point."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gb", type=float, default=1.0, help="size of the generated JSONL (default 1.0)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are printed")
+    parser.add_argument("--stage-repeats", type=int, default=None,
+                        help="first stagings for (a)/(b) (default: --repeats; each takes minutes per GB on 2 cores)")
+    parser.add_argument("--tokenize-mb", type=int, default=50, help="input size for (c) (default 50)")
+    parser.add_argument("--num-proc", type=int, default=2, help="processes for (c), both sides (default 2)")
+    parser.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new one in $TMPDIR)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-", dir=args.tmp) as tmp:
+        run(args.gb, args.repeats, args.stage_repeats or args.repeats, args.tokenize_mb, args.num_proc, None,
+            Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""`python -m flows.prepare` as users run it: the summary it prints, S3 configured by the environment alone,
+and bad data as one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.conftest import run_cli
+from tests.datafiles import arithmetic, qwen, write_jsonl
+
+
+def test_help_lists_the_options() -> None:
+    result = run_cli("flows.prepare", "--help")
+    assert result.returncode == 0
+    for option in ("--data SRC", "--format {auto,qwen,sharegpt,openai,alpaca}", "--storage URL", "--config FILE",
+                   "--set KEY=VALUE"):
+        assert option in result.stdout
+
+
+def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(tmp_path, s3_endpoint, s3_bucket,
+                                                                                tiny_model) -> None:
+    from config.storage import read_json
+
+    source = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(60), qwen(("user", "no answer"))])
+    env = {"AWS_ENDPOINT_URL": s3_endpoint, "PREFECT_HOME": str(tmp_path / "prefect")}
+    result = run_cli("flows.prepare", "--data", source, "--storage", f"{s3_bucket}/tandem", "--format", "qwen",
+                     "--set", f"model.name_or_path={tiny_model}", "--set", "data.on_invalid=skip", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = dict(re.findall(r"^(\w+) +(.+)$", result.stdout, flags=re.MULTILINE))
+    manifest = read_json(rows["manifest"])
+    assert rows["dataset"] == manifest["dataset_id"] and rows["manifest"].startswith(f"{s3_bucket}/tandem/datasets/")
+    for split in ("train", "eval"):
+        counts = manifest["splits"][split]
+        assert rows[split] == (f"{counts['records']} records, {counts['tokens']} tokens, "
+                               f"{counts['target_tokens']} target tokens, 0 truncated")
+    rejects = rows["manifest"].replace("manifest.json", "rejects.jsonl")
+    assert rows["records"] == f"61 read, 60 staged, 1 rejected (see {rejects})"
+
+
+def test_bad_data_is_one_line_exit_2_and_stages_nothing(tmp_path, tiny_model) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", arithmetic(5))
+    with open(source, "a") as handle:
+        handle.write(json.dumps(qwen(("user", "hi"), ("assistant", 3))) + "\n")
+    storage = tmp_path / "storage"
+    result = run_cli("flows.prepare", "--data", source, "--storage", str(storage), "--set",
+                     f"model.name_or_path={tiny_model}", env={"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [f"error: {source}:6: conversations[1].value: expected a string, got int "
+                      "(or set data.on_invalid=skip to skip invalid records)"]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not list(storage.glob("datasets/ds-*"))

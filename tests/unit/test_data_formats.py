@@ -1,0 +1,218 @@
+"""Reading data: every format to one chat form, `auto` per file, JSON/JSONL/Parquet with exact locations,
+and every kind of invalid record named with its location and reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from config.errors import UserError
+from config.loader import load_config
+from tasks.data.records import read_records
+from tasks.data.sources import expand
+from tests.datafiles import openai, qwen, write_json, write_jsonl, write_parquet
+
+# One conversation (system, two exchanges) written in each of the four formats.
+SAME_CONVERSATION = {
+    "qwen": qwen(("system", "Be brief."), ("user", "Add 2 and 3."), ("assistant", "5."), ("user", "Times 4?"),
+                 ("assistant", "20.")),
+    "sharegpt": {"system": "Be brief.", "conversations": [
+        {"from": "human", "value": "Add 2 and 3."}, {"from": "gpt", "value": "5."},
+        {"from": "human", "value": "Times 4?"}, {"from": "gpt", "value": "20."}]},
+    "openai": openai(("system", "Be brief."), ("user", "Add 2 and 3."),
+                     ("assistant", "5."), ("user", "Times 4?"), ("assistant", "20.")),
+    "alpaca": {"instruction": "Times 4?", "input": "", "output": "20.", "system": "Be brief.",
+               "history": [["Add 2 and 3.", "5."]]},
+}
+EXPECTED = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."},
+                         {"role": "assistant", "content": "5."}, {"role": "user", "content": "Times 4?"},
+                         {"role": "assistant", "content": "20."}]}
+WRITERS = {"jsonl": write_jsonl, "json": write_json, "parquet": write_parquet}
+
+
+@pytest.mark.parametrize("fmt", sorted(SAME_CONVERSATION))
+@pytest.mark.parametrize("kind", sorted(WRITERS))
+def test_every_format_and_file_kind_gives_the_same_conversation(tmp_path, fmt, kind) -> None:
+    path = WRITERS[kind](tmp_path / f"d.{kind}", [SAME_CONVERSATION[fmt]] * 2)
+    for requested in ("auto", fmt):
+        records = read_records(path, requested)
+        assert [r.conversation for r in records] == [EXPECTED, EXPECTED]
+    where = {"jsonl": f"{path}:2", "json": f"{path}[1]", "parquet": f"{path}#1"}[kind]
+    assert records[1].location == where
+
+
+def test_sharegpt_tools_function_calls_and_observations(tmp_path) -> None:
+    tools = [{"name": "add", "description": "Add two numbers", "parameters": {"type": "object"}}]
+    record = {"tools": json.dumps(tools), "conversations": [
+        {"from": "human", "value": "Add 2 and 3."},
+        {"from": "function_call", "value": json.dumps({"name": "add", "arguments": {"a": 2, "b": 3}})},
+        {"from": "observation", "value": "5"},
+        {"from": "gpt", "value": "It is 5."}]}
+    [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [record]), "auto")
+    assert got.conversation == {"tools": tools, "messages": [
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "It is 5."}]}
+
+
+def test_openai_content_may_be_text_parts(tmp_path) -> None:
+    record = openai(("user", [{"type": "text", "text": "Add 2"}, {"type": "text", "text": "and 3."}]),
+                    ("assistant", "5."))
+    [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [record]), "auto")
+    assert got.conversation["messages"][0] == {"role": "user", "content": "Add 2\nand 3."}
+
+
+def test_openai_weight_zero_turns_are_kept_but_marked(tmp_path) -> None:
+    record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey", "weight": 0},
+                           {"role": "user", "content": "Add 1 and 1"}, {"role": "assistant", "content": "2"}]}
+    [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [record]), "openai")
+    assert got.conversation["messages"][1] == {"role": "assistant", "content": "Hey", "weight": 0}
+    assert "weight" not in got.conversation["messages"][3]
+
+
+def test_alpaca_joins_instruction_and_input(tmp_path) -> None:
+    record = {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"}
+    [got] = read_records(write_json(tmp_path / "d.json", [record]), "auto")
+    assert got.conversation == {"messages": [{"role": "user", "content": "Add the numbers.\n2 and 3"},
+                                             {"role": "assistant", "content": "5"}]}
+
+
+def test_auto_decides_per_file_in_a_directory_and_a_glob(tmp_path) -> None:
+    for fmt, kind in zip(sorted(SAME_CONVERSATION), ("json", "jsonl", "parquet", "jsonl"), strict=True):
+        WRITERS[kind](tmp_path / f"{fmt}.{kind}", [SAME_CONVERSATION[fmt]])
+    (tmp_path / "README.md").write_text("not data")
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / "zz-empty.jsonl").write_text("")  # an empty file holds no records: nothing to reject
+    records = read_records(str(tmp_path), "auto")
+    assert [r.conversation for r in records] == [EXPECTED] * 4
+    assert [Path(r.location.split("#")[0].split(":")[0].split("[")[0]).name for r in records] == [
+        "alpaca.json", "openai.jsonl", "qwen.parquet", "sharegpt.jsonl"]
+    assert len(read_records(str(tmp_path / "*.jsonl"), "auto")) == 2
+
+
+def test_auto_explains_when_it_cannot_tell(tmp_path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(UserError) as info:
+        read_records(path, "auto")
+    assert str(info.value) == (f"cannot tell the format of {path}: records have keys ['completion', 'prompt']; "
+                               "pass --format qwen|sharegpt|openai|alpaca (data.format)")
+    garbage = tmp_path / "g.jsonl"
+    garbage.write_text("{oops\n")
+    with pytest.raises(UserError, match=r"^cannot tell the format of .*g.jsonl: its first records are not valid JSON"):
+        read_records(str(garbage), "auto")
+    mixed = write_jsonl(tmp_path / "m.jsonl", [SAME_CONVERSATION["qwen"], SAME_CONVERSATION["alpaca"]])
+    with pytest.raises(UserError, match=r"its first records look like \['alpaca', 'qwen'\]; pass --format"):
+        read_records(mixed, "auto")
+
+
+GOOD = qwen(("user", "hi"), ("assistant", "hello"))
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        (qwen(("user", "hi")), "no assistant turn"),
+        (qwen(("system", "s"), ("assistant", "hi"), ("user", "x"), ("assistant", "y")),
+         "roles out of order: turn 1 is 'assistant', expected 'user'"),
+        (qwen(("user", "hi"), ("user", "again"), ("assistant", "x")),
+         "roles out of order: turn 1 is 'user', expected 'assistant'"),
+        (qwen(("user", "hi"), ("assistant", "x"), ("user", "more")),
+         "the last turn is 'user'; a conversation must end with the assistant"),
+        (qwen(("user", "hi"), ("assistant", "  ")), "conversations[1].value: empty text"),
+        (qwen(("user", "hi"), ("robot", "x")), "conversations[1]: 'from' must be one of ['assistant', 'system', 'user'], got 'robot'"),
+        ({"conversations": [{"from": "user", "value": 3}, {"from": "assistant", "value": "x"}]},
+         "conversations[0].value: expected a string, got int"),
+        ({"conversations": "hi"}, "'conversations' must be a list of turns, got str"),
+        ([1, 2], "expected an object with 'conversations', got list"),
+    ],
+)
+def test_invalid_qwen_records_name_line_and_reason(tmp_path, record, reason) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD, record])
+    with pytest.raises(UserError) as info:
+        read_records(path, "qwen")
+    assert str(info.value) == f"{path}:3: {reason} (or set data.on_invalid=skip to skip invalid records)"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "record", "reason"),
+    [
+        ("openai", openai(("user", "hi"), ("assistant", [{"type": "image_url", "image_url": {}}])),
+         "messages[1].content[0]: only text parts are supported, got 'image_url'"),
+        ("openai", openai(("user", "hi"), ("bot", "x")), "messages[1]: 'role' must be one of"),
+        ("openai", openai(("user", "hi"), ("assistant", None)), "messages[1].content: expected a string, got null"),
+        ("openai", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x",
+                                                                      "weight": 2}]}, "messages[1].weight: must be 0 or 1"),
+        ("sharegpt", {"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "5"},
+                                        {"from": "gpt", "value": "x"}]},
+         "roles out of order: turn 1 is 'tool', expected 'assistant'"),
+        ("sharegpt", {"conversations": [{"from": "human", "value": "hi"},
+                                        {"from": "function_call", "value": "{not json"}]},
+         "conversations[1]: a function_call must be JSON with 'name' and 'arguments'"),
+        ("sharegpt", {"tools": "[1]", "conversations": [{"from": "human", "value": "hi"},
+                                                        {"from": "gpt", "value": "x"}]},
+         "tools[0]: expected a function schema (an object), got int"),
+        ("alpaca", {"instruction": "", "input": "", "output": "x"}, "instruction: empty text (and no input)"),
+        ("alpaca", {"instruction": "Do it", "output": 5}, "output: expected a string, got int"),
+        ("alpaca", {"instruction": "Do it", "output": "x", "history": [["only one"]]},
+         "history[0]: expected a [query, response] pair, got list"),
+    ],
+)
+def test_invalid_records_of_other_formats(tmp_path, fmt, record, reason) -> None:
+    path = write_json(tmp_path / "d.json", [record])
+    with pytest.raises(UserError) as info:
+        read_records(path, fmt)
+    assert str(info.value).startswith(f"{path}[0]: {reason}")
+
+
+def test_malformed_json_names_the_line_or_the_file(tmp_path) -> None:
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text(json.dumps(GOOD) + "\n\n{not json\n")
+    with pytest.raises(UserError, match=rf"^{jsonl}:3: malformed JSON \(.*column 2\)"):
+        read_records(str(jsonl), "auto")
+    array = tmp_path / "d.json"
+    array.write_text('[\n {"conversations": []},\n {oops}\n]')
+    with pytest.raises(UserError, match=rf"^{array}:3: malformed JSON .*; fix the file$"):
+        read_records(str(array), "auto")
+    single = tmp_path / "one.json"
+    single.write_text(json.dumps({"data": [GOOD]}, indent=1))
+    with pytest.raises(UserError) as info:
+        read_records(str(single), "auto")
+    assert str(info.value) == f"{single}: expected a JSON array of records or JSON Lines, got one JSON dict over several lines"
+
+
+def test_parquet_rows_are_located_by_row(tmp_path) -> None:
+    records = [{"instruction": "Add 1 and 1", "output": "2"}, {"instruction": "Add 2 and 2", "output": ""}]
+    path = write_parquet(tmp_path / "d.parquet", records)
+    with pytest.raises(UserError, match=rf"^{path}#1: output: empty text"):
+        read_records(path, "auto")
+
+
+def test_sources_expand_to_data_files_or_fail_naming_the_key(tmp_path) -> None:
+    (tmp_path / "sub").mkdir()
+    write_jsonl(tmp_path / "sub" / "b.jsonl", [GOOD])
+    write_json(tmp_path / "a.json", [GOOD])
+    (tmp_path / ".hidden.jsonl").write_text("")
+    assert expand(str(tmp_path), "data.source") == [str(tmp_path / "a.json"), str(tmp_path / "sub" / "b.jsonl")]
+    with pytest.raises(UserError, match=r"^data.eval_source: .*\*.parquet matches no file; check the pattern$"):
+        expand(str(tmp_path / "*.parquet"), "data.eval_source")
+    with pytest.raises(UserError, match=r"^data.source: .*missing.jsonl does not exist"):
+        expand(str(tmp_path / "missing.jsonl"), "data.source")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"^data.source: directory .*empty holds no .jsonl/.ndjson/.json"):
+        expand(str(tmp_path / "empty"), "data.source")
+
+
+def test_config_accepts_directories_and_globs_and_names_the_key_when_missing(tmp_path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [GOOD])
+    for source in (str(tmp_path), str(tmp_path / "*.jsonl"), "s3://bucket/data/*.jsonl"):
+        assert load_config(None, [f"data.source={source}"]).data.source == source
+    for source, message in ((str(tmp_path / "*.parquet"), "matches no file"),
+                            (str(tmp_path / "nope"), "does not exist")):
+        with pytest.raises(UserError, match=rf"^data.source: .* {message}"):
+            load_config(None, [f"data.source={source}"])
+    with pytest.raises(UserError, match=r"^data.eval_source: "):
+        load_config(None, [f"data.eval_source={tmp_path / 'missing.json'}"])
