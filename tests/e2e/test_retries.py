@@ -28,7 +28,7 @@ def test_a_lost_rank_is_retried_and_resumes(prefect_server, tmp_path) -> None:
     steps = [json.loads(line)["step"] for line in (Path(summary["run_url"]) / "metrics.jsonl").read_text().splitlines()
              if "event" not in line]
     assert steps == [1, 2, 3, 4, 5, 6]  # one uninterrupted trajectory
-    assert summary["registered"].startswith("tandem-tiny v")
+    assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")
 
 
 def test_bad_input_is_not_retried(prefect_server, tmp_path) -> None:

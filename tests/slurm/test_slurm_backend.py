@@ -50,7 +50,7 @@ def test_the_pipeline_runs_through_sbatch(slurm_cluster, prefect_server, tmp_pat
         f"run.storage={tmp_path}", "run.name=via-slurm", "launch.backend=slurm", "launch.nnodes=1",
         "launch.nproc_per_node=2", f"launch.master_port={free_port()}", "train.max_steps=4", "train.save_steps=2"]))
     assert latest_complete(summary["run_url"]).step == 4
-    assert summary["registered"].startswith("tandem-tiny v")
+    assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")
     jobs = sorted(p.name for p in (tmp_path / "runs" / "via-slurm" / "slurm").iterdir())
     assert "train.sbatch" in jobs and "eval.sbatch" in jobs and any(j.startswith("train-") for j in jobs)
 
