@@ -179,6 +179,13 @@ class LaunchConfig(Section):
         "rendezvous timeout); each retry resumes from the newest complete checkpoint. Bad config/data is not retried."
     )
     retry_delay_s: int = Field(10, ge=0, description="Seconds between a failure and its retry.")
+    checkpoint_on_cancel: bool = Field(
+        False, description="When the run is cancelled, save a checkpoint at the next step boundary before stopping."
+    )
+    cancel_grace_s: int = Field(
+        30, ge=1, le=3600, description="Seconds ranks get to stop (and save) after a cancel before they are "
+        "killed (torchrun itself kills its ranks 30 s after forwarding the signal)."
+    )
     stall_timeout: int = Field(
         600, gt=0, description="Stop the job when no optimizer step completes for this many seconds."
     )

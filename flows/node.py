@@ -26,7 +26,7 @@ from prefect import flow, get_run_logger
 from config.spec import load_spec
 from config.storage import set_storage_options
 from flows.cli import run_cli
-from tasks.agent import kill, start_agent, supervise
+from tasks.agent import grace_for, kill, start_agent, supervise
 from tasks.launch import MODULES
 from tasks.preflight import NodePlan, run_preflight
 
@@ -48,7 +48,7 @@ def run_node(spec_url: str, plan: NodePlan, *, phase: str = "train", model_url: 
     try:
         supervise([agent], spec.run_url, phase, None)
     finally:
-        kill([agent])
+        kill([agent], grace_for(spec.config.launch))
     info(f"node {plan.node_rank}: {phase} finished")
 
 

@@ -107,13 +107,18 @@ def failure_summary(text: str) -> tuple[str, int | None]:
     return "see the log", code
 
 
-def kill(agents: list[Agent]) -> None:
+def grace_for(launch: LaunchConfig) -> float:
+    """How long agents get between SIGTERM and SIGKILL: longer when they save a checkpoint on cancel."""
+    return float(launch.cancel_grace_s) if launch.checkpoint_on_cancel else KILL_GRACE_S
+
+
+def kill(agents: list[Agent], grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM every agent's process group, SIGKILL what is left after the grace period."""
     for agent in agents:
         if agent.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + KILL_GRACE_S
+    deadline = time.monotonic() + grace_s
     for agent in agents:
         try:
             agent.process.wait(timeout=max(0.0, deadline - time.monotonic()))

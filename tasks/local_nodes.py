@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from config.schema import LaunchConfig
-from tasks.agent import Agent, free_port, heartbeat_dir, kill, start_agent, supervise
+from tasks.agent import Agent, free_port, grace_for, heartbeat_dir, kill, start_agent, supervise
 from tasks.preflight import NodePlan
 from tasks.watch import Watch, metrics_url
 
@@ -38,4 +38,4 @@ def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[
              f"rendezvous {launch.master_addr}:{port}")
         supervise(agents, run_url, phase, watch)
     finally:
-        kill(agents)
+        kill(agents, grace_for(launch))

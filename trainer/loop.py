@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from config.deepspeed import resolve_from_runtime, zero_stage
 from config.spec import Spec
 from trainer import faults
+from trainer.cancel import EXIT_CANCELLED, CancelWatch
 from trainer.checkpoint import apply_retention, export_final, save_checkpoint
 from trainer.data import IGNORE_INDEX, Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
@@ -125,7 +126,14 @@ def train(spec: Spec, dist: Dist) -> None:
     meta = {"zero_stage": stage, "method": train_cfg.method}
     log.info("training %d examples, steps %d..%d on %d ranks", len(examples), start + 1, spec.total_steps,
              dist.world_size)
+    cancel = CancelWatch(cfg.launch.checkpoint_on_cancel)
     for step in range(start, spec.total_steps):
+        if cancel.should_stop(dist):
+            if step > start and step % train_cfg.save_steps != 0:  # the state after `step` steps is not saved yet
+                save_checkpoint(engine, run_url=spec.run_url, step=step, meta=meta, dist=dist,
+                                algorithm=cfg.data.digest_algorithm, exclude_frozen=adapters)
+            log.warning("cancelled: stopped after step %d with a complete checkpoint", step)
+            raise SystemExit(EXIT_CANCELLED)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
         batches = list(rank_micro_batches(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from config.checkpoints import latest_complete
 from config.loader import load_config
 from tasks.agent import free_port
 
@@ -37,16 +38,17 @@ def state_name(run_id) -> str:
         return client.read_flow_run(run_id).state.name
 
 
-@pytest.mark.parametrize("backend", ["local", "prefect"])
-def test_cancel_while_training_leaves_no_process(pipeline_worker, tmp_path, backend: str) -> None:
+@pytest.mark.parametrize(("backend", "save"), [("local", False), ("prefect", False), ("local", True)])
+def test_cancel_while_training_leaves_no_process(pipeline_worker, tmp_path, backend: str, save: bool) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
-    name = f"cancel-{backend}"
+    name = f"cancel-{backend}-{'save' if save else 'nosave'}"
     cfg = load_config(None, [f"run.storage={tmp_path}", f"run.name={name}", f"launch.backend={backend}",
                              "launch.nnodes=2", f"launch.master_port={free_port()}", "train.max_steps=100000",
-                             "train.save_steps=100000", "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.05'}"])
+                             "train.save_steps=100000", "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.05'}",
+                             f"launch.checkpoint_on_cancel={str(save).lower()}"])
     run = run_deployment(pipeline_worker, parameters={"config": cfg.model_dump(mode="json")}, timeout=0)
     metrics = Path(tmp_path) / "runs" / name / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180, "training to start")
@@ -58,3 +60,8 @@ def test_cancel_while_training_leaves_no_process(pipeline_worker, tmp_path, back
     wait_for(lambda: not processes(f"torch.distributed.run.*{name}"), 30, "every torchrun agent to stop")
     wait_for(lambda: state_name(run.id) == "Cancelled", 60, "the flow run to be Cancelled")
     assert gone_after < 30
+    saved = latest_complete(str(Path(tmp_path) / "runs" / name))
+    if save:  # stopped at a step boundary every rank agreed on, with a whole checkpoint
+        assert saved is not None and saved.step > 0
+    else:
+        assert saved is None
