@@ -136,9 +136,6 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
                         Reporter(lambda _: None, bars=False))
     conversations = [conv for chunk in scan.chunks for _, conv in read_chunk(spool, chunk)]
     workers = worker_count(num_proc, len(scan.chunks))
-    ours = [timed(lambda: list(encode_chunks(spool, scan.chunks, model, data.max_length, workers)))
-            for _ in range(repeats)]
-
     disable_progress_bars()
     tokenizer = load_tokenizer(model)
     dataset = Dataset.from_list([{"messages": c["messages"]} for c in conversations])
@@ -146,58 +143,70 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
     def template(batch: dict) -> dict:
         return {"input_ids": tokenizer.apply_chat_template(batch["messages"], tokenize=True, return_dict=False)}
 
-    theirs = [timed(lambda: dataset.map(template, batched=True, num_proc=num_proc, load_from_cache_file=False,
-                                        remove_columns=["messages"])) for _ in range(repeats)]
+    ours, theirs = [], []
+    for _ in range(repeats):  # interleaved, so that a change in the machine's load hits both sides alike
+        ours.append(timed(lambda: list(encode_chunks(spool, scan.chunks, model, data.max_length, workers))))
+        theirs.append(timed(lambda: dataset.map(template, batched=True, num_proc=num_proc, load_from_cache_file=False,
+                                                remove_columns=["messages"])))
     n = len(conversations)
-    return {"records": n, "mb": subset.stat().st_size / 1e6, "workers": workers,
+    return {"records": n, "mb": subset.stat().st_size / 1e6, "workers": workers, "repeats": repeats,
             "ours_records_per_s": n / median(ours), "datasets_map_records_per_s": n / median(theirs)}
 
 
-def report(gb: float, size: int, records: int, staging: dict[str, float], tokenize: dict[str, float]) -> str:
-    s, t = staging, tokenize
-    lines = [
-        f"input: {size / 1e9:.2f} GB JSONL, {records:,} records; {os.cpu_count()} cores",
-        f"medians of {s['repeats']} runs ({s['stage_repeats']} for a first staging)",
-        "(a) staging + digesting vs cp + sha256sum (goal: >= 1.5x faster)",
-        f"    cp + sha256sum            {s['cp_sha256sum_s']:8.1f} s",
-        f"    stage (all of it)         {s['stage_first_s']:8.1f} s   speed-up {s['cp_sha256sum_s'] / s['stage_first_s']:.2f}x",
-        f"      of which tokenizing     {s['tokenizing_s']:8.1f} s",
-        f"    stage without tokenizing  {s['stage_io_only_s']:8.1f} s   speed-up "
-        f"{s['cp_sha256sum_s'] / s['stage_io_only_s']:.2f}x   (digest + read/validate/spool + write/digest shards)",
-        "(b) re-staging unchanged input vs first staging (goal: < 5%)",
-        f"    again                     {s['stage_again_s']:8.2f} s   = {100 * s['stage_again_s'] / s['stage_first_s']:.2f}%",
-        f"    again, no by-source index {s['stage_again_without_index_s']:8.2f} s   = "
-        f"{100 * s['stage_again_without_index_s'] / s['stage_first_s']:.2f}%",
-        f"(c) tokenization throughput vs datasets.map, {t['records']:,} records ({t['mb']:.0f} MB), "
-        f"num_proc={t['workers']} (goal: >= 1.0x)",
-        f"    ours (ids + labels)       {t['ours_records_per_s']:8.0f} records/s",
-        f"    datasets.map (ids)        {t['datasets_map_records_per_s']:8.0f} records/s   ratio "
-        f"{t['ours_records_per_s'] / t['datasets_map_records_per_s']:.2f}x",
-    ]
+def report(size: int, records: int, staging: dict[str, float] | None,
+           tokenize: dict[str, float] | None) -> str:
+    lines = [f"input: {size / 1e9:.2f} GB JSONL, {records:,} records; {os.cpu_count()} cores"]
+    if staging:
+        s = staging
+        lines += [
+            f"medians of {s['repeats']} runs ({s['stage_repeats']} for a first staging)",
+            "(a) staging + digesting vs cp + sha256sum (goal: >= 1.5x faster)",
+            f"    cp + sha256sum            {s['cp_sha256sum_s']:8.1f} s",
+            f"    stage (all of it)         {s['stage_first_s']:8.1f} s   speed-up "
+            f"{s['cp_sha256sum_s'] / s['stage_first_s']:.2f}x",
+            f"      of which tokenizing     {s['tokenizing_s']:8.1f} s",
+            f"    stage without tokenizing  {s['stage_io_only_s']:8.1f} s   speed-up "
+            f"{s['cp_sha256sum_s'] / s['stage_io_only_s']:.2f}x   (digest + read/validate/spool + write/digest shards)",
+            "(b) re-staging unchanged input vs first staging (goal: < 5%)",
+            f"    again                     {s['stage_again_s']:8.2f} s   = "
+            f"{100 * s['stage_again_s'] / s['stage_first_s']:.2f}%",
+            f"    again, no by-source index {s['stage_again_without_index_s']:8.2f} s   = "
+            f"{100 * s['stage_again_without_index_s'] / s['stage_first_s']:.2f}%",
+        ]
+    if tokenize:
+        t = tokenize
+        lines += [
+            f"(c) tokenization throughput vs datasets.map, {t['records']:,} records ({t['mb']:.0f} MB), "
+            f"num_proc={t['workers']}, medians of {t['repeats']} interleaved runs (goal: >= 1.0x)",
+            f"    ours (ids + labels)       {t['ours_records_per_s']:8.0f} records/s",
+            f"    datasets.map (ids)        {t['datasets_map_records_per_s']:8.0f} records/s   ratio "
+            f"{t['ours_records_per_s'] / t['datasets_map_records_per_s']:.2f}x",
+        ]
     return "\n".join(lines)
 
 
 def run(gb: float, repeats: int, stage_repeats: int, tokenize_mb: int, num_proc: int, model: str | None,
-        tmp: Path) -> str:
+        tmp: Path, parts: str = "abc") -> str:
     """Generate the input, run (a), (b), (c); returns the printed report."""
     if model is None:
         model = str(tmp / "tiny")
         subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", model, "--corpus", str(SAMPLE)], cwd=ROOT,
                        check=True, capture_output=True)
     source = tmp / "input.jsonl"
-    records = generate(source, int(gb * 1e9))
-    staging = bench_staging(source, tmp, model, repeats, stage_repeats)
-    tokenize = bench_tokenize(source, tmp, model, tokenize_mb, num_proc, repeats)
-    text = report(gb, source.stat().st_size, records, staging, tokenize)
+    records = generate(source, int(gb * 1e9) if "ab" in parts else tokenize_mb * 10**6 * 11 // 10)
+    staging = bench_staging(source, tmp, model, repeats, stage_repeats) if "ab" in parts else None
+    tokenize = bench_tokenize(source, tmp, model, tokenize_mb, num_proc, repeats) if "c" in parts else None
+    text = report(source.stat().st_size, records, staging, tokenize)
     print(f"\n{text}\n", flush=True)
     return text
 
 
 def test_bench_prepare(tiny_model: str, tmp_path: Path) -> None:
-    """The benchmark under pytest (`-s` shows the report); sizes from BENCH_GB, BENCH_REPEATS."""
+    """The benchmark under pytest (`-s` shows the report); BENCH_GB, BENCH_REPEATS, BENCH_STAGE_REPEATS,
+    BENCH_TOKENIZE_MB and BENCH_PARTS (abc, ab or c) set what the script's options set."""
     repeats = int(os.environ.get("BENCH_REPEATS", "3"))
     run(float(os.environ.get("BENCH_GB", "1.0")), repeats, int(os.environ.get("BENCH_STAGE_REPEATS", repeats)),
-        int(os.environ.get("BENCH_TOKENIZE_MB", "50")), 2, tiny_model, tmp_path)
+        int(os.environ.get("BENCH_TOKENIZE_MB", "50")), 2, tiny_model, tmp_path, os.environ.get("BENCH_PARTS", "abc"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,11 +218,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="first stagings for (a)/(b) (default: --repeats; each takes minutes per GB on 2 cores)")
     parser.add_argument("--tokenize-mb", type=int, default=50, help="input size for (c) (default 50)")
     parser.add_argument("--num-proc", type=int, default=2, help="processes for (c), both sides (default 2)")
+    parser.add_argument("--parts", choices=("abc", "ab", "c"), default="abc",
+                        help="which measurements: (a)+(b) share the staging runs, (c) is separate")
     parser.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new one in $TMPDIR)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-", dir=args.tmp) as tmp:
         run(args.gb, args.repeats, args.stage_repeats or args.repeats, args.tokenize_mb, args.num_proc, None,
-            Path(tmp))
+            Path(tmp), args.parts)
     return 0
 
 
