@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import blake3
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -56,7 +57,7 @@ def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model)
     assert manifest["records"] == {"read": 240, "staged": 240, "rejected": 0} and manifest["rejects"] is None
     [source] = manifest["sources"]
     assert (source["url"], source["format"], source["records"]) == (str(SAMPLE), "qwen", 240)
-    assert source["digest"] == __import__("blake3").blake3(SAMPLE.read_bytes()).hexdigest()
+    assert source["digest"] == blake3.blake3(SAMPLE.read_bytes()).hexdigest()
     table = pq.read_table(Path(ref.url) / "train/shard-00000.parquet")
     assert table.column("length").to_pylist() == [len(ids) for ids in table.column("input_ids").to_pylist()]
 
@@ -238,7 +239,7 @@ def test_verification_names_the_file_and_the_digests(tmp_path, tiny_model) -> No
     body[100] ^= 0xFF
     shard.write_bytes(bytes(body))
     verify_dataset(ref.url, "size")  # same size: the quick check cannot see it
-    actual = __import__("blake3").blake3(bytes(body)).hexdigest()
+    actual = blake3.blake3(bytes(body)).hexdigest()
     with pytest.raises(UserError) as info:
         verify_dataset(ref.url, "full")
     assert str(info.value) == (f"{shard}: blake3 digest mismatch: expected {entry['digest']}, got {actual}; "
