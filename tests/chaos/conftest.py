@@ -88,7 +88,7 @@ def chaos_record(request: pytest.FixtureRequest) -> Iterator[Callable[..., None]
     row = {"scenario": recorder.scenario, "test": request.node.nodeid, "seed": SEED,
            "passed": bool(report and report.passed), "detect_s": recorder.detect_s,
            "data_lost": recorder.data_lost, "duration_s": round(time.time() - started, 2),
-           "at": time.strftime("%Y-%m-%dT%H:%M:%S"), **recorder.detail}
+           "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), **recorder.detail}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "a") as handle:
         handle.write(json.dumps(row, default=str) + "\n")
