@@ -49,8 +49,9 @@ COPY . .
 RUN pip install -c constraints.txt -e . \
     && python -c "import deepspeed, peft, bitsandbytes, prefect, torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
-# A non-root user owns only what runs write inside the checkout (.tandem/: extension cache, log scratch).
-RUN useradd --create-home --uid 1000 tandem && mkdir -p /opt/tandem/.tandem && chown -R tandem /opt/tandem/.tandem
+# A non-root user owns only what runs write inside the checkout (.tandem/: extension cache, log scratch,
+# and models/, where the built-in tiny model is cached when run.storage is on S3).
+RUN useradd --create-home --uid 1000 tandem && mkdir -p /opt/tandem/.tandem/models && chown -R tandem /opt/tandem/.tandem
 USER 1000:1000
 # TANDEM_ROOT: the checkout that prefect.yaml's pull step makes the working directory of a flow run.
 ENV TANDEM_ROOT=/opt/tandem \
