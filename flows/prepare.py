@@ -3,6 +3,7 @@
     python -m flows.prepare --data data/sample/conversations.json
     python -m flows.prepare --data 'data/raw/*.jsonl' --format sharegpt --storage s3://bucket/tandem
     python -m flows.prepare --config qwen-7b-lora --data /mnt/shared/train.json --set data.max_length=2048
+    python -m flows.prepare --config qwen-7b-lora --set run.name=r1 --write-spec   # for nodes started by hand
 
 Runs alone, or as the first subflow of `flows.finetune`. Prints the dataset id, the manifest URL and the
 counts. Unchanged input is found already staged (and cached by Prefect) instead of being staged again.
@@ -21,10 +22,11 @@ from config import layout
 from config.loader import check_paths, load_config
 from config.manifest import read_manifest
 from config.schema import FinetuneConfig
-from config.spec import DatasetRef
+from config.spec import DatasetRef, write_spec
 from config.storage import join, set_storage_options
 from flows.cli import add_config_arguments, run_cli
 from tasks.prepare import prepare_dataset, prepare_model
+from tasks.run import build_spec, new_run_id
 
 FORMATS = ("auto", "qwen", "sharegpt", "openai", "alpaca")
 
@@ -77,13 +79,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", metavar="SRC", help="data.source: a file, directory, glob or URL (s3://...)")
     parser.add_argument("--format", choices=FORMATS, help="data.format (default: auto, decided per file)")
     parser.add_argument("--storage", metavar="URL", help="run.storage: a local/NFS path or s3://bucket/prefix")
+    parser.add_argument("--write-spec", action="store_true",
+                        help="also write the run's spec.json (run.name, or a new id) for `python -m flows.node --spec`")
     add_config_arguments(parser)
     args = parser.parse_args(argv)
 
     def body() -> int:
         cfg = load_config(args.config, overrides(args))
         result: Any = prepare(cfg)
-        print("\n" + "\n".join(f"{name:<10}{value}" for name, value in summary_rows(result.dataset)))
+        rows = summary_rows(result.dataset)
+        if args.write_spec:  # what the pipeline writes before training, for nodes launched by hand
+            checked = check_paths(cfg)
+            spec = build_spec(checked, new_run_id(checked), result.model_path, result.dataset)
+            write_spec(spec)
+            rows.append(("spec", join(spec.run_url, layout.SPEC)))
+        print("\n" + "\n".join(f"{name:<10}{value}" for name, value in rows))
         return 0
 
     return run_cli(body)

