@@ -174,6 +174,11 @@ class LaunchConfig(Section):
         None, ge=1024, le=65535, description="Rendezvous port; empty: a free port is picked per launch."
     )
     rdzv_timeout: int = Field(120, gt=0, description="Seconds to wait for every node to join.")
+    collective_timeout: int = Field(
+        1800, gt=0, description="Seconds a rank may wait in one collective (all-reduce, barrier) before the job "
+        "fails. Must exceed the longest checkpoint save, during which the other ranks wait at a barrier; "
+        "hangs are caught sooner by launch.stall_timeout, lost nodes within seconds by the agents."
+    )
     retries: int = Field(
         0, ge=0, le=20, description="Retry training this many times after a retryable failure (lost node, stall, "
         "rendezvous timeout); each retry resumes from the newest complete checkpoint. Bad config/data is not retried."
@@ -187,7 +192,8 @@ class LaunchConfig(Section):
         "killed (torchrun itself kills its ranks 30 s after forwarding the signal)."
     )
     stall_timeout: int = Field(
-        600, gt=0, description="Stop the job when no optimizer step completes for this many seconds."
+        600, gt=0, description="Stop the job when no optimizer step completes for this many seconds (a step "
+        "that saves a checkpoint includes the save: keep it above the longest save)."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every rank (NCCL_*, GLOO_*).")
 

@@ -31,6 +31,7 @@ from tasks.preflight import NodePlan
 from tasks.watch import Watch
 
 POLL_S = 0.5
+SETTLE_S = 3.0  # after a first failure, how long the other nodes get to report theirs
 KILL_GRACE_S = 10.0
 
 
@@ -199,12 +200,32 @@ def supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | None
             pending.remove(agent)
             _publish_node_files(run_url, agent, phase)
             if code != 0:
-                text = read_from(agent.log_path, agent.log_offset)
-                summary, rank_code = failure_summary(text)
-                tail = "".join(text.splitlines(keepends=True)[-15:])
-                message = f"{phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, last lines:\n{tail}"
-                if rank_code == EXIT_USER_ERROR:
-                    raise UserError(message)
-                raise RetryableError(message)
+                raise _failure(agent, pending, run_url, phase)
         time.sleep(POLL_S)
+
+
+def _failure(first: Agent, pending: list[Agent], run_url: str, phase: str) -> UserError | RetryableError:
+    """The error for a failed phase, naming its root cause.
+
+    When a rank dies, its peers' collectives fail too, and their nodes may exit first; so the other
+    agents get SETTLE_S to exit as well, and a rank's own "retrying cannot help" error (bad data, out of
+    memory, a diverged loss) wins over its peers' lost connections: such a failure must not be retried.
+    """
+    failed = [first]
+    deadline = time.monotonic() + SETTLE_S
+    while pending and time.monotonic() < deadline:
+        for agent in [a for a in pending if a.process.poll() is not None]:
+            pending.remove(agent)
+            _publish_node_files(run_url, agent, phase)
+            if agent.process.returncode != 0:
+                failed.append(agent)
+        time.sleep(0.1)
+    reports = []
+    for agent in failed:
+        text = read_from(agent.log_path, agent.log_offset)
+        summary, rank_code = failure_summary(text)
+        reports.append((agent, summary, rank_code, "".join(text.splitlines(keepends=True)[-15:])))
+    agent, summary, rank_code, tail = next((r for r in reports if r[2] == EXIT_USER_ERROR), reports[0])
+    message = f"{phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, last lines:\n{tail}"
+    return UserError(message) if rank_code == EXIT_USER_ERROR else RetryableError(message)
 

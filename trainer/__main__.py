@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         spec, _ = load_spec(args.spec)
-        dist = distributed.init(deepspeed_backend=True, timeout_s=spec.config.launch.rdzv_timeout)
+        dist = distributed.init(deepspeed_backend=True, timeout_s=spec.config.launch.collective_timeout)
         configure(dist)
         from trainer.loop import train
 

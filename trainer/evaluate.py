@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         spec, _ = load_spec(args.spec)
-        dist = distributed.init(deepspeed_backend=False, timeout_s=spec.config.launch.rdzv_timeout)
+        dist = distributed.init(deepspeed_backend=False, timeout_s=spec.config.launch.collective_timeout)
         configure(dist)
         evaluate(spec, args.model, dist)
     except TandemError as exc:

@@ -7,12 +7,18 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_EXIT_ONCE=PATH           with TANDEM_TEST_EXIT_AT_STEP: exit only if PATH does not exist yet
                                          (it is created first), so that a retry succeeds
     TANDEM_TEST_EXIT_STAMP=PATH          with TANDEM_TEST_EXIT_AT_STEP: write the time of death to PATH first
+    TANDEM_TEST_NAN_AT_STEP=RANK:STEP    make global rank RANK's loss NaN in optimizer step STEP (a divergence)
+    TANDEM_TEST_OOM_AT_STEP=RANK:STEP    raise the out-of-memory error a GPU raises, on rank RANK in step STEP
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _parse(name: str) -> tuple[int, float] | None:
@@ -52,3 +58,16 @@ def maybe_stall(rank: int, step: int) -> None:
     hook = _parse("TANDEM_TEST_STALL_AT_STEP")
     if hook and hook[0] == rank and int(hook[1]) == step:
         time.sleep(3600)
+
+
+def maybe_poison(loss: torch.Tensor, rank: int, step: int) -> torch.Tensor:
+    """The micro-batch loss, made NaN or replaced by an out-of-memory error if this rank and step are configured."""
+    nan, oom = _parse("TANDEM_TEST_NAN_AT_STEP"), _parse("TANDEM_TEST_OOM_AT_STEP")
+    if oom and oom[0] == rank and int(oom[1]) == step:
+        import torch
+
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by "
+                                     "TANDEM_TEST_OOM_AT_STEP)")
+    if nan and nan[0] == rank and int(nan[1]) == step:
+        return loss * float("nan")
+    return loss

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from config.deepspeed import resolve_from_runtime, zero_stage
 from config.spec import Spec
-from trainer import faults
+from trainer import faults, guards
 from trainer.cancel import EXIT_CANCELLED, CancelWatch
 from trainer.checkpoint import apply_retention, export_final, save_checkpoint
 from trainer.data import IGNORE_INDEX, Batch, load_split, rank_micro_batches
@@ -70,7 +70,7 @@ def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbe
         started = time.perf_counter()
         faults.maybe_slow(dist.rank)
         faults.maybe_stall(dist.rank, step)
-        loss = summed_loss(engine, batch, dist.device)
+        loss = faults.maybe_poison(summed_loss(engine, batch, dist.device), dist.rank, step)
         heartbeat.beat(step)
         # Only the forward pass is timed for straggler detection: DeepSpeed's backward reduces
         # gradients across ranks, so it would include waiting for the slowest rank.
@@ -141,8 +141,10 @@ def train(spec: Spec, dist: Dist) -> None:
             accum=train_cfg.gradient_accumulation_steps, rank=dist.rank, world=dist.world_size, pad_id=pad_id,
             group_by_length=train_cfg.length_grouping,
         ))
-        stats = train_step(engine, batches, dist, heartbeat, step + 1)
+        with guards.out_of_memory_named(dist, step + 1):
+            stats = train_step(engine, batches, dist, heartbeat, step + 1)
         elapsed, done = time.perf_counter() - started, step + 1
+        guards.check_loss(stats.loss, done)
         watch.observe(stats.compute_s)
         for event in watch.check(done):
             metrics.write(event)

@@ -7,6 +7,7 @@ trajectory in metrics.jsonl, the files on storage, the exit and the error text.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,28 @@ def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> No
 
     leftovers = subprocess.run(["pgrep", "-f", "TANDEM_TEST_STALL|trainer --spec .*stall"], capture_output=True)
     assert leftovers.returncode == 1, leftovers.stdout  # every rank of every node is gone
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    # every rank sees the all-reduced NaN, so either node may report it
+    ("TANDEM_TEST_NAN_AT_STEP", r"train failed on node (0, rank 0|1, rank 1): training diverged: the loss is nan "
+                                r"at step 3 on every rank; lower train\.learning_rate"),
+    ("TANDEM_TEST_OOM_AT_STEP", r"train failed on node 1, rank 1: out of memory on node 1 \("),
+], ids=["diverged", "out-of-memory"])
+def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(staged: Staged, fault: str,
+                                                                         message: str) -> None:
+    """A NaN loss, and the error a GPU raises when out of memory (raised on CPU by a fault hook: there is no GPU
+    here), stop the job as a UserError (not retried) whose first line says where and what to change; the
+    step's weights are never saved, so the newest complete checkpoint is the one before."""
+    from config.checkpoints import latest_complete
+
+    name = f"guard-{fault.split('_')[2].lower()}"
+    with pytest.raises(UserError) as info:
+        train(staged, name, ["launch.nnodes=2", "train.max_steps=6", "train.save_steps=2"], env={fault: "1:3"})
+    first_line = str(info.value).splitlines()[0]
+    assert re.match(message, first_line), first_line
+    if fault == "TANDEM_TEST_OOM_AT_STEP":
+        assert "at step 3: CUDA out of memory. Tried to allocate 2.00 GiB" in first_line
+        assert "lower train.micro_batch_size" in first_line
+    run_url = str(Path(staged.storage) / "runs" / name)
+    assert latest_complete(run_url).step == 2
