@@ -22,7 +22,7 @@ def test_write_spec_then_start_each_node_by_hand(tmp_path) -> None:
     spec_url = dict(re.findall(r"^(\w+) +(.+)$", prepared.stdout, flags=re.MULTILINE))["spec"]
     assert spec_url == str(storage / "runs" / "r1" / "spec.json")
 
-    common = {**os.environ, "OMP_NUM_THREADS": "1", "NNODES": "2", "MASTER_ADDR": "127.0.0.1",
+    common = {**os.environ, "OMP_NUM_THREADS": "1", "NNODES": "2", "GPUS_PER_NODE": "1", "MASTER_ADDR": "127.0.0.1",
               "MASTER_PORT": str(free_port())}
     nodes = [subprocess.Popen([sys.executable, "-m", "flows.node", "--spec", spec_url], cwd=ROOT,
                               env={**common, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,

@@ -1,5 +1,6 @@
 """`python -m flows.node --spec SPEC` on each node, driven by Qwen's NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT/
-GPUS_PER_NODE variables, as users launch nodes by hand or from another scheduler. Two real processes."""
+GPUS_PER_NODE variables, as users launch nodes by hand or from another scheduler. The whole by-hand path
+(prepare --write-spec, then two nodes training to COMPLETE) is tests/test_nodes_by_hand_cli.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import subprocess
 import sys
 
 from config import layout
-from config.checkpoints import latest_complete
 from config.spec import write_spec
 from tasks.agent import free_port
 from tasks.run import build_spec
@@ -20,19 +20,6 @@ def launch(spec_url: str, **variables: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **variables}
     return subprocess.Popen([sys.executable, "-m", "flows.node", "--spec", spec_url], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def test_two_nodes_started_by_hand_train_to_complete(staged: Staged) -> None:
-    cfg = config(staged, "by-hand", ["launch.nnodes=2", "train.max_steps=4"])
-    spec = build_spec(cfg, "by-hand", staged.model_path, staged.dataset)
-    write_spec(spec)
-    url = layout.join(spec.run_url, layout.SPEC)
-    common = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GPUS_PER_NODE": "1"}
-    nodes = [launch(url, NODE_RANK="0", **common), launch(url, NODE_RANK="1", **common)]
-    outputs = [n.communicate(timeout=300)[0] for n in nodes]
-    assert [n.returncode for n in nodes] == [0, 0], outputs
-    assert "node 0 preflight ok" in outputs[0] and "node 1 preflight ok" in outputs[1]
-    assert latest_complete(spec.run_url).step == 4
 
 
 def test_a_wrong_node_count_is_refused_before_training(staged: Staged) -> None:
