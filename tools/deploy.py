@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.nodes < 1:
         parser.error(f"--nodes must be >= 1, got {args.nodes}")
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():  # without it Prefect would deploy to a temporary server that then vanishes
+        print("error: PREFECT_API_URL is not set; point it at your server's API, e.g. "
+              "export PREFECT_API_URL=http://127.0.0.1:4200/api (make cluster-up starts one)", file=sys.stderr)
+        return 2
     ensure_pools(pools_and_queues(ROOT / "prefect.yaml", args.nodes))
     selection = [option for name in args.name for option in ("-n", name)] or ["--all"]
     return subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", *selection], cwd=ROOT).returncode
