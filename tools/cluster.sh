@@ -12,13 +12,13 @@
 #   workers      one per simulated node (pool tandem-nodes, queue node-<rank>) + one for the pipeline
 #                (pool tandem-pipeline); $TANDEM_NODES nodes (default 2)
 #
-# State, pid files and logs live in .tandem/cluster/ (PostgreSQL's data survives a restart; `down` keeps it,
-# `make clean` removes it). Running `up` twice starts nothing twice. On a real cluster the same pieces run on
+# State, pid files and logs live in .tandem/cluster/ ($TANDEM_CLUSTER_DIR; PostgreSQL's data survives a restart:
+# `down` keeps it, `make clean` removes it). Running `up` twice starts nothing twice. On a real cluster the same pieces run on
 # separate machines: see "Deployments and a local cluster" in README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-STATE=$ROOT/.tandem/cluster
+STATE=${TANDEM_CLUSTER_DIR:-$ROOT/.tandem/cluster}
 HOST=${TANDEM_CLUSTER_HOST:-127.0.0.1}
 PG_PORT=${TANDEM_PG_PORT:-54320}
 PREFECT_PORT=${TANDEM_PREFECT_PORT:-4200}

@@ -1,6 +1,6 @@
 """A real Prefect server started as users start one (`prefect server start`, so it also serves the UI), the
 deployments of prefect.yaml applied to it with tools/deploy.py, and one process worker serving the
-pipeline's pool from this checkout (TANDEM_ROOT, as prefect.yaml's pull step expects)."""
+pipeline pool's manual queue from this checkout (TANDEM_ROOT, as prefect.yaml's pull step expects)."""
 
 from __future__ import annotations
 
@@ -82,19 +82,12 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         deploy = subprocess.run([sys.executable, "tools/deploy.py"], cwd=ROOT, env=env, capture_output=True, text=True,
                                 timeout=300)
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
-        _pause("finetune/nightly", api_url)  # its 02:00 cron must not start a full run in the middle of a test
+        # Only the manual queue: finetune/nightly's run for 02:00 UTC (on queue scheduled) must not start here.
         worker = _spawn([sys.executable, "-m", "prefect", "worker", "start", "--pool", "tandem-pipeline",
-                         "--name", "test-deploy-pipeline"], env, logs / "worker.log")
+                         "--work-queue", "manual", "--name", "test-deploy-pipeline"], env, logs / "worker.log")
         yield Server(api_url, f"http://127.0.0.1:{port}", env, logs)
     finally:
         if worker is not None:
             _stop(worker)
         _stop(server)
 
-
-def _pause(name: str, api_url: str) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        client.pause_deployment(client.read_deployment_by_name(name).id)

@@ -49,7 +49,8 @@ def test_the_form_schema_on_the_server_is_typed(deployed) -> None:
     assert defs["TrainConfig"]["additionalProperties"] is False  # unknown keys are refused, as on the CLI
     assert manual.enforce_parameter_schema and manual.parameters["config"]["train"]["max_steps"] == 30
     assert manual.schedules == [] and [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
-    assert (manual.work_pool_name, node.work_pool_name) == ("tandem-pipeline", "tandem-nodes")
+    assert (manual.work_pool_name, manual.work_queue_name) == ("tandem-pipeline", "manual")
+    assert (node.work_pool_name, node.work_queue_name) == ("tandem-nodes", "node-0")
 
 
 @pytest.mark.parametrize(("section", "key", "value", "expected"), [

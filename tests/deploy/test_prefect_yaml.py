@@ -24,6 +24,9 @@ def test_the_three_deployments_and_their_pools() -> None:
     assert sorted(found) == ["finetune/manual", "finetune/nightly", "node/node"]
     assert found["finetune/manual"]["work_pool"]["name"] == found["finetune/nightly"]["work_pool"]["name"]
     assert found["node/node"]["work_pool"]["name"] == "tandem-nodes"
+    # Separate queues, so that a worker (the tests' one) can serve manual runs without taking scheduled ones.
+    assert found["finetune/nightly"]["work_pool"]["work_queue_name"] == "scheduled"
+    assert found["finetune/manual"]["work_pool"]["work_queue_name"] == "manual"
     assert LaunchConfig().node_deployment == "node/node"  # what launch.backend=prefect asks for by default
     assert all(d["enforce_parameter_schema"] is True for d in found.values())
 
