@@ -77,13 +77,14 @@ def step_losses(run_dir: Path) -> list[float]:
     return [record["loss"] for record in map(json.loads, lines) if "event" not in record]
 
 
-def test_a_run_from_the_api_matches_the_cli_run(deployed, tmp_path) -> None:
+def test_a_run_from_the_api_matches_the_cli_run(deployed, tiny_model, tmp_path) -> None:
     """Both at once: `python -m flows.finetune` against the same server, and finetune/manual through its worker."""
     cli_storage, api_storage = tmp_path / "cli", tmp_path / "api"
-    cli = subprocess.Popen([sys.executable, "-m", "flows.finetune", *(a for s in SMALL for a in ("--set", s)),
+    small = [*SMALL, f"model.name_or_path={tiny_model}"]  # the session's tiny model: built once, not per run
+    cli = subprocess.Popen([sys.executable, "-m", "flows.finetune", *(a for s in small for a in ("--set", s)),
                             "--set", f"run.storage={cli_storage}"], cwd=ROOT, env=deployed.env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    config = load_config(None, [*SMALL, f"run.storage={api_storage}"]).model_dump(mode="json")
+    config = load_config(None, [*small, f"run.storage={api_storage}"]).model_dump(mode="json")
     with client_of(deployed) as client:
         deployment = client.read_deployment_by_name("finetune/manual")
         run = client.create_flow_run_from_deployment(deployment.id, parameters={"config": config})
