@@ -5,7 +5,7 @@ export PREFECT_HOME := $(CURDIR)/.tandem/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.tandem/torch_extensions
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench chaos clean
 setup:
 	@bash tools/install.sh
 	@mkdir -p $(PREFECT_HOME)
@@ -19,6 +19,14 @@ test: setup
 
 bench: setup
 	$(PY) -m pytest tests/benchmarks/bench_*.py -s
+
+# The reliability suite: every fault scenario CHAOS_RUNS times, then the summary table of this run's rows.
+CHAOS_RUNS ?= 5
+chaos: setup
+	@bash tools/install-test-services.sh
+	@date -u +%Y-%m-%dT%H:%M:%S > .tandem/chaos-started
+	-TANDEM_CHAOS_RUNS=$(CHAOS_RUNS) $(PY) -m pytest -m chaos $(PYTEST_ARGS)
+	$(PY) -m tests.chaos.summary --since "$$(cat .tandem/chaos-started)"
 
 clean:
 	rm -rf .tandem
