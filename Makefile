@@ -30,3 +30,18 @@ chaos: setup
 
 clean:
 	rm -rf .tandem
+
+# A local cluster (PostgreSQL, Prefect server + UI, S3 endpoint, one worker per node) and prefect.yaml's
+# deployments; see "Deployments and a local cluster" in README.md.
+.PHONY: cluster-up cluster-down cluster-status deploy
+cluster-up: setup
+	@bash tools/cluster.sh up
+
+cluster-down:
+	@bash tools/cluster.sh down
+
+cluster-status:
+	@bash tools/cluster.sh status
+
+deploy: setup
+	$(PY) tools/deploy.py

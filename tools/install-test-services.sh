@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# System services the test suite starts for real: SLURM (slurmctld + slurmd) and munge, from Debian's
-# packages. Run by `make test`; needs root and apt-get, otherwise it says so and the SLURM tests skip.
+# System services and programs the test suite runs for real, from Debian's packages: SLURM (slurmctld +
+# slurmd) and munge for the SLURM tests, Chromium for the test that opens the Prefect UI's run form. Run by
+# `make test`; installs only what is missing. Needs root and apt-get, otherwise it says so and those tests skip.
 set -euo pipefail
-if command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1; then
+missing=()
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+    missing+=(slurm-wlm munge)
+fi
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [[ ${#missing[@]} == 0 ]]; then
     exit 0
 fi
 if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup: slurm-wlm/munge not installed (needs root + apt-get); the SLURM tests will be skipped"
+    echo "setup: ${missing[*]} not installed (needs root + apt-get); the SLURM / browser tests will be skipped"
     exit 0
 fi
-echo "setup: installing slurm-wlm and munge for the SLURM tests"
+echo "setup: installing ${missing[*]} for the SLURM / browser tests"
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -1,0 +1,76 @@
+"""`tools/cluster.sh` (make cluster-up / cluster-down) for real: PostgreSQL, the Prefect server, the S3
+endpoint and the workers start once, a run of finetune/manual trains through the node workers and stores
+on S3, and `down` leaves no process behind. Several minutes, so not in the default run: pytest -m cluster."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.cluster
+
+
+def cluster(command: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "tools/cluster.sh", command], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def pids(state) -> dict[str, int]:
+    return {path.stem: int(path.read_text()) for path in state.glob("*.pid")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(shutil.which("initdb") is None and not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                    reason="PostgreSQL is not installed")
+def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything() -> None:
+    state = ROOT / ".tandem" / "test-cluster"  # not under /tmp: the postgres user must reach its data directory
+    shutil.rmtree(state, ignore_errors=True)
+    ports = {"TANDEM_PREFECT_PORT": free_port(), "TANDEM_PG_PORT": free_port(), "TANDEM_S3_PORT": free_port()}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))},
+           **{k: str(v) for k, v in ports.items()}, "TANDEM_CLUSTER_DIR": str(state)}
+    started: dict[str, int] = {}
+    try:
+        up = cluster("up", env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"export PREFECT_API_URL=http://127.0.0.1:{ports['TANDEM_PREFECT_PORT']}/api" in up.stdout
+        started = pids(state)
+        assert set(started) == {"server", "s3", "worker-pipeline", "worker-node-0", "worker-node-1"}
+        again = cluster("up", env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert pids(state) == started and "already running" in again.stdout  # nothing started twice
+
+        api = f"http://127.0.0.1:{ports['TANDEM_PREFECT_PORT']}/api"
+        run_env = {**env, "PREFECT_API_URL": api, "PREFECT_HOME": str(state / "client"),
+                   "AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports['TANDEM_S3_PORT']}", "AWS_ACCESS_KEY_ID": "tandem",
+                   "AWS_SECRET_ACCESS_KEY": "tandem", "AWS_DEFAULT_REGION": "us-east-1"}
+        submitted = subprocess.run(
+            [sys.executable, "-m", "flows.submit", "finetune/manual", "--wait", "--set", "run.storage=s3://tandem/t",
+             "--set", "run.name=cluster", "--set", "launch.backend=prefect", "--set", f"launch.master_port={free_port()}",
+             "--set", "eval.model=checkpoint", "--set", "train.max_steps=4", "--set", "train.save_steps=4"],
+            cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=900)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert "Completed (registered tandem-tiny v0001" in submitted.stdout
+        listing = subprocess.run([sys.executable, "-c", "import boto3; print(boto3.client('s3').get_object("
+                                  "Bucket='tandem', Key='t/runs/cluster/eval.json')['Body'].read().decode())"],
+                                 env=run_env, capture_output=True, text=True, timeout=60)
+        assert '"tandem.eval/1"' in listing.stdout, listing.stderr
+    finally:
+        down = cluster("down", env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not pids(state)
+    assert not [name for name, pid in started.items() if alive(pid)]
+    assert "postgres: stopped" in cluster("status", env).stdout
