@@ -57,18 +57,33 @@ def eval_dtype(device: torch.device) -> torch.dtype:
 
 def load_export(model_url: str, spec: Spec, device: torch.device) -> Any:
     """A PEFT adapter on the spec's base, or full weights, through `from_pretrained`."""
+    if is_local(model_url):
+        return _from_pretrained(local_path(model_url), spec, device)
+    # from_pretrained reads local directories only: an export on an object store is copied next to the
+    # rank first, then dropped (the weights are in memory by then).
+    root = tempfile.mkdtemp(prefix="tandem-export-")
+    try:
+        fs, path = filesystem(model_url)
+        for remote in fs.find(path):
+            target = os.path.join(root, os.path.relpath(remote, path))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fs.get_file(remote, target)
+        return _from_pretrained(root, spec, device)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _from_pretrained(directory: str, spec: Spec, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
-    if not is_local(model_url):
-        raise UserError(f"--model {model_url}: from_pretrained needs a local directory; copy the export first")
     dtype = eval_dtype(device)
-    if exists(join(model_url, "adapter_config.json")):
+    if os.path.exists(os.path.join(directory, "adapter_config.json")):
         from peft import PeftModel
 
         base = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
-        model = PeftModel.from_pretrained(base, local_path(model_url))
+        model = PeftModel.from_pretrained(base, directory)
     else:
-        model = AutoModelForCausalLM.from_pretrained(local_path(model_url), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
     return model.to(device).eval()
 
 

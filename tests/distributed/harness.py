@@ -90,3 +90,17 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
         os.environ.clear()
         os.environ.update(old)
     return Run(spec, spec_url)
+
+
+def eval_exported(run: Run) -> float:
+    """The exported final/ model's eval loss (local or on S3), computed in this process through the real loading
+    path."""
+    import torch
+
+    from trainer.data import load_split
+    from trainer.evaluate import load_for_eval, local_sums
+
+    model = load_for_eval(layout.final_dir(run.spec.run_url), run.spec, torch.device("cpu"))
+    sums = local_sums(model, load_split(run.spec.dataset.url, "eval"), rank=0, world=1, batch_size=8,
+                      pad_id=int(model.config.pad_token_id), device=torch.device("cpu"))
+    return sums[0] / sums[1]

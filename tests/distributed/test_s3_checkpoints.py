@@ -12,7 +12,7 @@ from config.digest import digest_bytes
 from config.errors import RetryableError
 from config.manifest import verify_files
 from config.storage import exists, join, listdir, read_bytes, set_storage_options
-from tests.distributed.harness import Staged, stage, train
+from tests.distributed.harness import Staged, eval_exported, stage, train
 
 SETTINGS = ["launch.nnodes=2", "train.max_steps=8", "train.save_steps=4"]
 
@@ -47,3 +47,6 @@ def test_checkpoints_on_s3_are_whole_resumable_and_retained(s3_staged: Staged, s
     assert {f["rank"] for f in manifest["files"]} == {0, 1}
     final = layout.final_dir(run_url)
     assert exists(join(final, layout.COMPLETE)) and exists(join(final, "adapter_model.safetensors"))
+    # the export on S3 evaluates (copied next to the rank) to the loss the trainer measured in memory
+    final_eval = next(r for r in resumed.metrics() if r.get("event") == "final_eval")
+    assert_close(eval_exported(resumed), final_eval["loss"], rtol=1e-5, atol=1e-5)

@@ -15,7 +15,7 @@ import torch
 from torch.testing import assert_close
 
 from config.errors import RetryableError, UserError
-from tests.distributed.harness import Run, Staged, train
+from tests.distributed.harness import Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
 
 @pytest.fixture(scope="module")
@@ -32,17 +32,6 @@ def qwen_json(tmp_path: Path, content: dict) -> str:
 
 def final_eval(run: Run) -> dict:
     return next(r for r in run.metrics() if r.get("event") == "final_eval")
-
-
-def eval_exported(run: Run) -> float:
-    """The exported final/ model's eval loss, computed in this process through the real loading path."""
-    from trainer.data import load_split
-    from trainer.evaluate import load_for_eval, local_sums
-
-    model = load_for_eval(str(run.run_dir / "final"), run.spec, torch.device("cpu"))
-    sums = local_sums(model, load_split(run.spec.dataset.url, "eval"), rank=0, world=1, batch_size=8,
-                      pad_id=int(model.config.pad_token_id), device=torch.device("cpu"))
-    return sums[0] / sums[1]
 
 
 def test_loss_falls_and_retention_keeps_exactly_k(reference: Run) -> None:
