@@ -165,10 +165,9 @@ Prefect UI     http://$HOST:$PREFECT_PORT  (Deployments > finetune/manual > Run 
 API            export PREFECT_API_URL=$API_URL
 S3 endpoint    export AWS_ENDPOINT_URL=$S3_URL AWS_ACCESS_KEY_ID=tandem AWS_SECRET_ACCESS_KEY=tandem AWS_DEFAULT_REGION=us-east-1
                bucket s3://$BUCKET
-Run the pipeline through finetune/manual, storing on the S3 endpoint and training through the node workers
-(eval.model=checkpoint: evaluating the final/ export needs a local directory, the checkpoint is read from S3):
+Run the pipeline through finetune/manual, storing on the S3 endpoint and training through the node workers:
   PREFECT_API_URL=$API_URL .venv/bin/python -m flows.submit finetune/manual --config tiny-cpu --wait \\
-      --set run.storage=s3://$BUCKET/tandem --set launch.backend=prefect --set eval.model=checkpoint
+      --set run.storage=s3://$BUCKET/tandem --set launch.backend=prefect
 Stop everything: make cluster-down
 EOF
 }

@@ -60,7 +60,7 @@ def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything() -> None:
         submitted = subprocess.run(
             [sys.executable, "-m", "flows.submit", "finetune/manual", "--wait", "--set", "run.storage=s3://tandem/t",
              "--set", "run.name=cluster", "--set", "launch.backend=prefect", "--set", f"launch.master_port={free_port()}",
-             "--set", "eval.model=checkpoint", "--set", "train.max_steps=4", "--set", "train.save_steps=4"],
+             "--set", "train.max_steps=4", "--set", "train.save_steps=4"],
             cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=900)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert "Completed (registered tandem-tiny v0001" in submitted.stdout
