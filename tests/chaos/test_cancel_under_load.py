@@ -1,14 +1,16 @@
 """Scenario 7, cancellation under load: the pipeline, deployed to a real Prefect process worker, is
 cancelled through the API (the UI's Cancel button) at a random moment — while staging, during the
-rendezvous, while training, while a checkpoint is half saved, or while evaluating. Afterwards no process
-of the flow run may be left (no torchrun agent, no rank, nothing else that inherited the run's
-environment), and storage may hold nothing half written under a final name: every dataset directory has a
+rendezvous, while training, while a checkpoint is half saved, or while evaluating — with the nodes as
+local torchrun agents or as node flow runs on two more workers (launch.backend local or prefect).
+Afterwards no process that descends from the workers may be left (no flow run, no torchrun agent, no
+rank; found by the test server's API URL, which every descendant inherits), and storage may hold nothing half written under a final name: every dataset directory has a
 manifest its files match or none, every checkpoint is complete and whole or ignored by readers, every
 JSON document and metrics line parses.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -40,6 +42,8 @@ def reached(moment: str, storage: Path, run_dir: Path) -> bool:
 
 def current(storage: Path, run_dir: Path) -> str:
     """The furthest moment reached so far (what was really going on when the cancel was sent)."""
+    if (run_dir / "eval.json").exists():
+        return "registering"
     return next((m for m in reversed(MOMENTS) if reached(m, storage, run_dir)), "starting")
 
 
@@ -50,17 +54,32 @@ def flow_run_state(run_id) -> str:  # noqa: ANN001 - a UUID
         return client.read_flow_run(run_id).state.name
 
 
-def test_cancel_at_a_random_moment(pipeline_worker, chaos_run: int, chaos_rng, chaos_record,  # noqa: F811
-                                   tmp_path) -> None:
+def worker_descendants(api_url: str) -> list[str]:
+    """Command lines of the processes the workers started (flow runs and all below them), not the workers."""
+    found = []
+    for pid in processes_with_env("PREFECT_API_URL", api_url):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pid != os.getpid() and " worker start " not in cmd:
+            found.append(f"{pid} {cmd}")
+    return found
+
+
+def test_cancel_at_a_random_moment(node_workers, pipeline_worker, chaos_run: int, chaos_rng,  # noqa: F811
+                                   chaos_record, tmp_path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
     moment = MOMENTS[chaos_run % len(MOMENTS)] if chaos_run < len(MOMENTS) else chaos_rng.choice(MOMENTS)
     delay = chaos_rng.uniform(0, 0.3 if moment in ("staging", "saving") else 1.5)
+    backend = chaos_rng.choice(("local", "prefect"))
     name, storage = f"cancel-{chaos_run}", tmp_path
     run_dir = storage / "runs" / name
-    cfg = load_config(None, [f"run.storage={storage}", f"run.name={name}", "launch.backend=local",
+    cfg = load_config(None, [f"run.storage={storage}", f"run.name={name}", f"launch.backend={backend}",
                              "launch.nnodes=2", f"launch.master_port={free_port()}", "launch.retries=0",
                              "train.max_steps=8", "train.save_steps=4",
                              "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.1', TANDEM_TEST_SLOW_SAVE: '2'}"])
@@ -68,6 +87,7 @@ def test_cancel_at_a_random_moment(pipeline_worker, chaos_run: int, chaos_rng, c
     wait_for(lambda: reached(moment, storage, run_dir), 300, f"the pipeline to reach {moment}")
     time.sleep(delay)
     observed = current(storage, run_dir)
+    running = run_processes(name)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)
     cancelled_at = time.monotonic()
@@ -75,11 +95,16 @@ def test_cancel_at_a_random_moment(pipeline_worker, chaos_run: int, chaos_rng, c
     stop_s = time.monotonic() - cancelled_at
     wait_for(lambda: flow_run_state(run.id) in ("Cancelled", "Completed", "Failed"), 90, "the flow run to end", 0.5)
     state = flow_run_state(run.id)
-    wait_for(lambda: not processes_with_env("PREFECT__FLOW_RUN_ID", str(run.id)), 30,
-             "every process of the flow run to exit", every=0.5)
+    try:
+        wait_for(lambda: not worker_descendants(node_workers), 60, "every process the workers started to exit", 0.5)
+    finally:
+        left = worker_descendants(node_workers)
     problems = half_written(storage)
     chaos_record("cancellation under load", detect_s=stop_s, data_lost=bool(problems), moment=moment,
-                 observed=observed, delay_s=round(delay, 2), state=state)
+                 observed=observed, delay_s=round(delay, 2), backend=backend, state=state,
+                 ranks_at_cancel=len(running), left=left)
+    assert not left
     assert state == "Cancelled", f"cancelled while {observed}, the flow run ended {state}"
+    assert observed in ("starting", "staging", "registering") or running  # the cancel really met running agents
     assert not problems, "\n".join(problems)
     assert stop_s < STOP_BOUND_S
