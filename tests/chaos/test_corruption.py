@@ -61,7 +61,7 @@ def test_a_flipped_bit_in_a_checkpoint_shard(staged: Staged, chaos_reference: Ru
     log = (run_dir / "nodes" / "0" / "log.txt").read_text()
     aside = [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("corrupt-step-00000012-")]
     kept = len(aside) == 1 and (aside[0] / relpath).read_bytes() == damaged
-    chaos_record("corruption: checkpoint shard", data_lost=not kept, file=relpath)
+    chaos_record("corruption: checkpoint file", data_lost=not kept, file=relpath)
     refusals = [line for line in log.splitlines() if "not resuming from step 12: " in line]
     assert refusals and all(str(newest / relpath) in line for line in refusals), refusals
     assert "resumed from step 8 " in log and "resumed from step 12 " not in log
