@@ -1,11 +1,11 @@
-"""Scenario 7, cancellation under load: the pipeline, deployed to a real Prefect process worker, is
-cancelled through the API (the UI's Cancel button) at a random moment — while staging, during the
-rendezvous, while training, while a checkpoint is half saved, or while evaluating — with the nodes as
-local torchrun agents or as node flow runs on two more workers (launch.backend local or prefect).
-Afterwards no process that descends from the workers may be left (no flow run, no torchrun agent, no
-rank; found by the test server's API URL, which every descendant inherits), and storage may hold nothing half written under a final name: every dataset directory has a
-manifest its files match or none, every checkpoint is complete and whole or ignored by readers, every
-JSON document and metrics line parses.
+"""Scenario 7, cancellation under load: the pipeline, deployed to a real Prefect process worker, is cancelled
+through the API (the UI's Cancel button) at a random moment — while staging, during the rendezvous, while
+training, while a checkpoint is half saved, or while evaluating — with the nodes as local torchrun agents or
+as node flow runs on two more workers (launch.backend local or prefect). Afterwards no process that descends
+from the workers may be left (no flow run, no torchrun agent, no rank; found by the test server's API URL,
+which every descendant inherits), and storage may hold nothing half written under a final name: every
+dataset directory has a manifest its files match or none, every checkpoint is complete and whole or ignored
+by readers, every JSON document and metrics line parses.
 """
 
 from __future__ import annotations

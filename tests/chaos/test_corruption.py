@@ -1,6 +1,7 @@
-"""Scenario 3, corruption: one flipped bit in a staged data shard, in a checkpoint file (a shard, its
-manifest or its COMPLETE marker), or in a registry entry. Each must be detected before the bytes are used, with a message naming the file, and nothing may
-be overwritten: the damaged file stays as it is (or is moved aside, for a checkpoint) for inspection.
+"""Scenario 3, corruption: one flipped bit in a staged data shard, in a checkpoint file (a shard, its manifest
+or its COMPLETE marker), or in a registry entry. Each must be detected before the bytes are used, with a
+message naming the file, and nothing may be overwritten: the damaged file stays as it is (or is moved aside,
+for a checkpoint) for inspection.
 """
 
 from __future__ import annotations

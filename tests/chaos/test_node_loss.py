@@ -82,7 +82,8 @@ def test_a_node_agent_is_killed(staged: Staged, chaos_reference: Run, chaos_run:
     worker.start()
     wait_for(lambda: max(steps_logged(run_dir), default=0) >= after_step or not worker.is_alive(), 180,
              f"step {after_step}")
-    agents = [pid for pid, cmd in run_processes(name) if "torch.distributed.run" in cmd and f"--node-rank={node}" in cmd]
+    agents = [pid for pid, cmd in run_processes(name)
+              if "torch.distributed.run" in cmd and f"--node-rank={node}" in cmd]
     assert len(agents) == 1, f"node {node}'s agent not found (training already over?)"
     killed_at = time.time()
     os.killpg(agents[0], signal.SIGKILL)  # the whole node at once: agent and its ranks

@@ -135,7 +135,8 @@ def test_an_edited_entry_or_champion_is_refused_naming_the_file(tmp_path) -> Non
     registered(str(tmp_path), 2.5)
     entry_file = Path(tmp_path) / "registry" / "m" / "v0001.json"
     entry_file.write_text(entry_file.read_text().replace('"loss": 2.5', '"loss": 1.5'))  # still valid JSON
-    with pytest.raises(UserError, match=rf"^{entry_file}: sha256 digest mismatch: recorded .* the registry file is corrupt"):
+    refused = rf"^{entry_file}: sha256 digest mismatch: recorded .* the registry file is corrupt"
+    with pytest.raises(UserError, match=refused):
         read_entry(str(tmp_path), "m", 1)
     alias = Path(tmp_path) / "registry" / "m" / "champion.json"
     alias.write_bytes(alias.read_bytes().replace(b'"version": 1', b'"version": 2'))
