@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 
 from config.checkpoints import step_of
@@ -83,7 +84,10 @@ def test_cancel_at_a_random_moment(node_workers, pipeline_worker, chaos_run: int
                              "launch.nnodes=2", f"launch.master_port={free_port()}", "launch.retries=0",
                              "train.max_steps=8", "train.save_steps=4",
                              "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.1', TANDEM_TEST_SLOW_SAVE: '2'}"])
-    run = run_deployment(pipeline_worker, parameters={"config": cfg.model_dump(mode="json")}, timeout=0)
+    # The key makes the client's own retry of a slow request (a loaded server) the same flow run, not a second
+    # pipeline on the same run that nobody cancels.
+    run = run_deployment(pipeline_worker, parameters={"config": cfg.model_dump(mode="json")}, timeout=0,
+                         idempotency_key=uuid.uuid4().hex)
     wait_for(lambda: reached(moment, storage, run_dir), 300, f"the pipeline to reach {moment}")
     time.sleep(delay)
     observed = current(storage, run_dir)
