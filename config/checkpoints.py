@@ -33,18 +33,30 @@ def step_of(name: str) -> int | None:
     return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
 
 
-def read_complete(url: str) -> CompleteCheckpoint | None:
-    """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size."""
-    if not exists(join(url, layout.COMPLETE)):
-        return None
+def inspect(url: str) -> CompleteCheckpoint | str:
+    """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size; otherwise
+    why not, in one line naming the file."""
+    complete, manifest_url = join(url, layout.COMPLETE), join(url, layout.MANIFEST)
+    if not exists(complete):
+        return f"{complete}: missing (the save did not finish)"
     try:
         manifest, digest = read_manifest(url, layout.CHECKPOINT_SCHEMA)
-        if read_bytes(join(url, layout.COMPLETE)).decode().strip() != digest:
-            return None
+        recorded = read_bytes(complete).decode(errors="replace").strip()
+        if recorded != digest:
+            return (f"{manifest_url}: digest {digest} is not the {recorded!r} that {complete} records; the "
+                    "manifest or its marker changed after the save")
         verify_files(url, manifest, mode="size")
-    except (UserError, ValueError, KeyError):
-        return None
-    return CompleteCheckpoint(url, int(manifest["step"]), digest, manifest)
+        return CompleteCheckpoint(url, int(manifest["step"]), digest, manifest)
+    except UserError as exc:
+        return str(exc)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # bytes that are not our JSON any more
+        return f"{manifest_url}: unreadable ({type(exc).__name__}: {exc})"
+
+
+def read_complete(url: str) -> CompleteCheckpoint | None:
+    """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size."""
+    found = inspect(url)
+    return found if isinstance(found, CompleteCheckpoint) else None
 
 
 def step_dirs(run_url: str) -> list[tuple[int, str]]:

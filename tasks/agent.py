@@ -5,6 +5,11 @@ in its own session, so a whole node's process tree can be signalled at once; it 
 {run}/nodes/{r}/log.txt and leaves status.json. The supervisor polls the agents: the first one that
 exits non-zero stops all the others, and the error names the node, the rank and that rank's own error
 line. Any exception on our side (Ctrl-C, a Prefect cancellation, a stall) kills every agent.
+
+torchrun starts each rank in a session of its own, so a rank is not in its agent's process group: when
+the agent itself dies (SIGKILL, the OOM killer) its ranks live on as orphans that no process-group
+signal reaches. Every agent therefore gets a unique tag in its environment, which its ranks inherit,
+and stopping a node also kills whatever still carries its tag.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -33,6 +39,7 @@ from tasks.watch import Watch
 POLL_S = 0.5
 SETTLE_S = 3.0  # after a first failure, how long the other nodes get to report theirs
 KILL_GRACE_S = 10.0
+AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
 
 
 @dataclass
@@ -44,6 +51,7 @@ class Agent:
     log_path: str
     log_offset: int  # where this launch's part of the (appended) log begins
     started_at: str
+    tag: str = ""  # AGENT_TAG_ENV of the agent and of every process it started
 
 
 def free_port() -> int:
@@ -126,8 +134,29 @@ def kill(agents: list[Agent], grace_s: float = KILL_GRACE_S) -> None:
         except subprocess.TimeoutExpired:
             pass
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(agent.process.pid, signal.SIGKILL)  # also reaps ranks that outlived their agent
+            os.killpg(agent.process.pid, signal.SIGKILL)
         agent.process.wait()
+        for pid in tagged_processes(agent.tag):  # ranks that outlived their agent (own sessions)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Pids of this user's processes whose environment carries AGENT_TAG_ENV=tag (Linux /proc; none elsewhere)."""
+    if not tag or not os.path.isdir("/proc"):
+        return []
+    needle = f"{AGENT_TAG_ENV}={tag}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return found
 
 
 def node_scratch(run_url: str, node_rank: int) -> str:
@@ -175,7 +204,8 @@ def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str,
     beats = heartbeat_dir(run_url, plan.node_rank, phase)
     shutil.rmtree(beats, ignore_errors=True)
     os.makedirs(beats)
-    env = {**rank_environment(launch), layout.HEARTBEAT_ENV: beats}
+    tag = uuid.uuid4().hex
+    env = {**rank_environment(launch), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
     log_path = os.path.join(node_scratch(run_url, plan.node_rank), layout.LOG)  # appended to by every phase
     with open(log_path, "ab") as log_file:
         offset = log_file.tell()
@@ -184,7 +214,7 @@ def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str,
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
     raise_on_sigterm()
-    return Agent(plan.node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds"))
+    return Agent(plan.node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds"), tag)
 
 
 def supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | None) -> None:

@@ -4,6 +4,11 @@ Plain functions, free of Prefect (the registry CLI uses them without a server). 
 by creating its file exclusively (link() locally, a conditional PUT on S3): two registrations racing
 get two versions and no entry is ever overwritten. The `champion` alias is a separate small document
 swapped atomically (compare-and-swap on its previous content), naming the best version so far.
+
+Every document carries `digest`: the SHA-256 of its canonical bytes without that field, and readers
+accept only the exact canonical bytes with a matching digest. A flipped byte that still parses as JSON
+(a digit of a metric, a letter of a URL) would otherwise be served as truth for as long as the registry
+lives; now it is refused, naming the file.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from config import layout
+from config.digest import digest_bytes
 from config.errors import UserError
-from config.storage import (create_exclusive, exists, join, listdir, read_json, read_versioned,
+from config.storage import (create_exclusive, exists, join, listdir, read_bytes, read_versioned,
                             replace_if_unchanged)
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")
@@ -24,9 +30,36 @@ MAX_CLAIM_ATTEMPTS = 1000
 MAX_SWAP_ATTEMPTS = 100
 
 
+DIGEST_KEY = "digest"
+DIGEST_ALGORITHM = "sha256"
+
+
 def dumps(doc: dict[str, Any]) -> bytes:
-    """The bytes every registry document is stored as."""
+    """The canonical bytes of a registry document."""
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def sealed(doc: dict[str, Any]) -> bytes:
+    """The bytes every registry document is stored as: canonical, with the digest of its body inside."""
+    body = {key: value for key, value in doc.items() if key != DIGEST_KEY}
+    return dumps({**body, DIGEST_KEY: digest_bytes(dumps(body), DIGEST_ALGORITHM)})
+
+
+def unseal(url: str, raw: bytes) -> dict[str, Any]:
+    """The document stored at `url` as `raw`, refused unless it is exactly what `sealed` wrote."""
+    fix = "the registry file is corrupt or was edited by hand; restore it from a backup (versions are never rewritten)"
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+        raise UserError(f"{url}: not valid JSON ({exc}); {fix}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get(DIGEST_KEY), str):
+        raise UserError(f"{url}: no {DIGEST_KEY!r} field; {fix}")
+    body = {key: value for key, value in doc.items() if key != DIGEST_KEY}
+    actual = digest_bytes(dumps(body), DIGEST_ALGORITHM)
+    if actual != doc[DIGEST_KEY] or sealed(body) != raw:
+        raise UserError(f"{url}: {DIGEST_ALGORITHM} digest mismatch: recorded {doc[DIGEST_KEY]}, content gives "
+                        f"{actual}; {fix}")
+    return doc
 
 
 def models(storage: str) -> list[str]:
@@ -50,10 +83,11 @@ def read_entry(storage: str, model: str, version: int) -> dict[str, Any]:
     """One registered version, checked for its schema."""
     url = entry_url(storage, model, version)
     try:
-        doc = read_json(url)
+        raw = read_bytes(url)
     except FileNotFoundError:
         known = ", ".join(f"v{v:04d}" for v in versions(storage, model)) or "none"
         raise UserError(f"{model}:v{version:04d} is not registered under {storage} (versions: {known})") from None
+    doc = unseal(url, raw)
     if doc.get("schema") != layout.REGISTRY_SCHEMA:
         raise UserError(f"{url}: schema {doc.get('schema')!r} is not {layout.REGISTRY_SCHEMA!r}")
     return doc
@@ -71,7 +105,7 @@ def register_version(storage: str, model: str, entry: dict[str, Any]) -> tuple[i
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             **entry,
         }
-        if create_exclusive(url, dumps(doc)):
+        if create_exclusive(url, sealed(doc)):
             return version, url
         version += 1  # somebody else claimed it first: take the next one
     raise RuntimeError(f"could not claim a version of {model} after {MAX_CLAIM_ATTEMPTS} attempts")
@@ -79,8 +113,9 @@ def register_version(storage: str, model: str, entry: dict[str, Any]) -> tuple[i
 
 def champion(storage: str, model: str) -> dict[str, Any] | None:
     """The champion alias ({"version", "metric", "direction", "value", ...}), or None."""
-    data, _ = read_versioned(layout.champion_url(storage, model))
-    return json.loads(data) if data is not None else None
+    url = layout.champion_url(storage, model)
+    data, _ = read_versioned(url)
+    return unseal(url, data) if data is not None else None
 
 
 def better(value: float, than: float, direction: str) -> bool:
@@ -101,7 +136,7 @@ def promote(storage: str, model: str, version: int, metrics: dict[str, Any], met
     for _ in range(MAX_SWAP_ATTEMPTS):
         data, token = read_versioned(url)
         if data is not None:
-            current = json.loads(data)
+            current = unseal(url, data)
             if current["version"] == version:
                 return True
             # Compare on this run's metric, read from the champion's own entry (it may have been
@@ -109,7 +144,7 @@ def promote(storage: str, model: str, version: int, metrics: dict[str, Any], met
             theirs = read_entry(storage, model, current["version"])["metrics"][metric]
             if not better(metrics[metric], theirs, direction):
                 return False
-        if replace_if_unchanged(url, dumps(doc), token):
+        if replace_if_unchanged(url, sealed(doc), token):
             return True
     raise RuntimeError(f"could not update {url} after {MAX_SWAP_ATTEMPTS} attempts")
 

@@ -27,6 +27,7 @@ from config.errors import UserError
 from config.manifest import verify_files
 from config.storage import (exists, filesystem, is_local, join, local_path, read_json, write_bytes_atomic,
                             write_json_atomic)
+from trainer import faults
 from trainer.distributed import Dist, barrier, gather_objects
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
         fs, _ = filesystem(url)
         for rel in mine:
             fs.put_file(os.path.join(root, rel), filesystem(join(url, rel))[1])
+    faults.in_save(dist.rank, step, "after_shard")
     entries = []
     for rel in mine:
         digest, size = digest_url(join(url, rel), algorithm)
@@ -91,6 +93,7 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
                     "digest_algorithm": algorithm, "files": all_entries}
         raw = write_json_atomic(join(url, layout.MANIFEST), manifest)
         verify_files(url, manifest, mode="size")
+        faults.in_save(dist.rank, step, "before_complete")
         write_bytes_atomic(join(url, layout.COMPLETE), (digest_bytes(raw, algorithm) + "\n").encode())
         log.info("checkpoint step %d complete: %d files at %s", step, len(all_entries), url)
     if not local:

@@ -4,9 +4,17 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_SLOW_RANK=RANK:SECONDS   sleep SECONDS per micro-batch on global rank RANK
     TANDEM_TEST_EXIT_AT_STEP=RANK:STEP   hard-exit global rank RANK when it reaches optimizer step STEP
     TANDEM_TEST_STALL_AT_STEP=RANK:STEP  hang global rank RANK (sleep for an hour) in optimizer step STEP
-    TANDEM_TEST_EXIT_ONCE=PATH           with TANDEM_TEST_EXIT_AT_STEP: exit only if PATH does not exist yet
+    TANDEM_TEST_EXIT_IN_SAVE=RANK:STEP:POINT
+                                         hard-exit global rank RANK while it saves the checkpoint of step STEP, at
+                                         POINT: `after_shard` (its own shard files are written, the manifest is not)
+                                         or `before_complete` (rank 0 only: manifest.json written and checked,
+                                         COMPLETE not yet) — the two moments a crash must not leave a usable
+                                         half-checkpoint
+    TANDEM_TEST_SLOW_SAVE=SECONDS        sleep SECONDS on every rank right after its shard is written (a slow
+                                         store), so that a test can act while a checkpoint is half written
+    TANDEM_TEST_EXIT_ONCE=PATH           with an EXIT hook: exit only if PATH does not exist yet
                                          (it is created first), so that a retry succeeds
-    TANDEM_TEST_EXIT_STAMP=PATH          with TANDEM_TEST_EXIT_AT_STEP: write the time of death to PATH first
+    TANDEM_TEST_EXIT_STAMP=PATH          with an EXIT hook: write the time of death to PATH first
     TANDEM_TEST_NAN_AT_STEP=RANK:STEP    make global rank RANK's loss NaN in optimizer step STEP (a divergence)
     TANDEM_TEST_OOM_AT_STEP=RANK:STEP    raise the out-of-memory error a GPU raises, on rank RANK in step STEP
 """
@@ -19,6 +27,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+SAVE_POINTS = ("after_shard", "before_complete")
 
 
 def _parse(name: str) -> tuple[int, float] | None:
@@ -36,21 +46,26 @@ def maybe_slow(rank: int) -> None:
         time.sleep(hook[1])
 
 
+def _die() -> None:
+    """Exit at once, like a SIGKILLed process (no cleanup, no flush), honouring EXIT_ONCE and EXIT_STAMP."""
+    once = os.environ.get("TANDEM_TEST_EXIT_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+    stamp = os.environ.get("TANDEM_TEST_EXIT_STAMP")
+    if stamp:
+        with open(stamp, "w") as handle:
+            handle.write(f"{time.time():.3f}\n")
+    os._exit(137)
+
+
 def maybe_exit(rank: int, step: int) -> None:
     """Exit abruptly (no cleanup, like a killed process) if this rank should die at this step."""
     hook = _parse("TANDEM_TEST_EXIT_AT_STEP")
     if hook and hook[0] == rank and int(hook[1]) == step:
-        once = os.environ.get("TANDEM_TEST_EXIT_ONCE")
-        if once:
-            try:
-                os.close(os.open(once, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                return
-        stamp = os.environ.get("TANDEM_TEST_EXIT_STAMP")
-        if stamp:
-            with open(stamp, "w") as handle:
-                handle.write(f"{time.time():.3f}\n")
-        os._exit(137)
+        _die()
 
 
 def maybe_stall(rank: int, step: int) -> None:
@@ -71,3 +86,19 @@ def maybe_poison(loss: torch.Tensor, rank: int, step: int) -> torch.Tensor:
     if nan and nan[0] == rank and int(nan[1]) == step:
         return loss * float("nan")
     return loss
+
+
+def in_save(rank: int, step: int, point: str) -> None:
+    """Called by the checkpoint writer at each SAVE_POINTS moment: slow down, or die if configured to."""
+    assert point in SAVE_POINTS, point
+    slow = os.environ.get("TANDEM_TEST_SLOW_SAVE")
+    if slow and point == "after_shard":
+        time.sleep(float(slow))
+    value = os.environ.get("TANDEM_TEST_EXIT_IN_SAVE")
+    if not value:
+        return
+    want_rank, want_step, want_point = value.split(":")
+    if want_point not in SAVE_POINTS:
+        raise ValueError(f"TANDEM_TEST_EXIT_IN_SAVE={value}: POINT must be one of {', '.join(SAVE_POINTS)}")
+    if (int(want_rank), int(want_step), want_point) == (rank, step, point):
+        _die()

@@ -1,7 +1,10 @@
 """Resume: pick a checkpoint (`train.resume: auto|never|URL`), verify it, check it fits, and load it.
 
 `auto` takes the run's newest checkpoint that is complete and whose every file matches its digest;
-a checkpoint that fails verification is skipped with a warning naming the file. An explicit URL that
+a checkpoint that fails verification is skipped with a warning naming the file, and so is any newer
+directory that is not complete. One that had been committed (it has COMPLETE) but whose manifest or
+marker no longer match is damaged, not unfinished: it is moved aside for inspection like a corrupt one,
+rather than left for the next save of that step to delete. An explicit URL that
 fails is an error. A checkpoint written with another world size, ZeRO stage or method is refused
 with what differs and what to do: DeepSpeed's optimizer shards are per rank and stage, and loading
 them into another layout would be wrong, not merely slow.
@@ -19,10 +22,10 @@ from typing import Any
 import torch
 
 from config import layout
-from config.checkpoints import CompleteCheckpoint, complete_checkpoints, read_complete
+from config.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
 from config.digest import digest_url
 from config.errors import UserError
-from config.storage import filesystem, is_local, join, local_path
+from config.storage import exists, filesystem, is_local, join, local_path
 from trainer.checkpoint import TRAINER_STATE, set_rng_state
 from trainer.distributed import Dist, barrier, gather_objects
 
@@ -59,12 +62,12 @@ def check_compatible(ckpt: CompleteCheckpoint, *, world_size: int, zero_stage: i
         )
 
 
-def quarantine(ckpt: CompleteCheckpoint) -> str:
+def quarantine(url: str) -> str:
     """Move a checkpoint that failed verification aside (kept for inspection, invisible to readers)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = join(layout.checkpoints_dir(ckpt.url.rsplit("/checkpoints/", 1)[0]),
-                  f"corrupt-{ckpt.url.rstrip('/').rsplit('/', 1)[1]}-{stamp}")
-    fs, source = filesystem(ckpt.url)
+    target = join(layout.checkpoints_dir(url.rsplit("/checkpoints/", 1)[0]),
+                  f"corrupt-{url.rstrip('/').rsplit('/', 1)[1]}-{stamp}")
+    fs, source = filesystem(url)
     fs.mv(source, filesystem(target)[1], recursive=True)
     return target
 
@@ -74,7 +77,7 @@ def choose_checkpoint(resume: str, run_url: str, dist: Dist) -> CompleteCheckpoi
     if resume == "never":
         return None
     if resume == "auto":
-        candidates = complete_checkpoints(run_url)
+        candidates = auto_candidates(run_url, dist)
     else:
         explicit = read_complete(resume)
         if explicit is None:
@@ -89,9 +92,30 @@ def choose_checkpoint(resume: str, run_url: str, dist: Dist) -> CompleteCheckpoi
             raise UserError(f"train.resume={resume}: {problem}; the checkpoint is corrupt, pick another one")
         log.warning("not resuming from step %d: %s", ckpt.step, problem)
         if dist.is_main:
-            log.warning("moved the corrupt checkpoint to %s", quarantine(ckpt))
+            log.warning("moved the corrupt checkpoint to %s", quarantine(ckpt.url))
         barrier()
     return None
+
+
+def auto_candidates(run_url: str, dist: Dist) -> list[CompleteCheckpoint]:
+    """The run's complete checkpoints, newest first; newer directories that are not complete are reported,
+    and moved aside when they had been committed once (COMPLETE there) and are damaged now."""
+    found, damaged = [], []
+    for step, url in step_dirs(run_url):
+        checked = inspect(url)
+        if isinstance(checked, CompleteCheckpoint):
+            found.append(checked)
+        elif not found:  # older leftovers are retention's business
+            log.warning("not resuming from step %d: %s", step, checked)
+            if exists(join(url, layout.COMPLETE)):
+                damaged.append(url)
+    if damaged:
+        barrier()  # every rank has looked before rank 0 moves anything
+        if dist.is_main:
+            for url in damaged:
+                log.warning("moved the damaged checkpoint to %s", quarantine(url))
+        barrier()
+    return found
 
 
 def _assemble(ckpt: CompleteCheckpoint, rank: int) -> str:

@@ -92,3 +92,12 @@ def chaos_record(request: pytest.FixtureRequest) -> Iterator[Callable[..., None]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "a") as handle:
         handle.write(json.dumps(row, default=str) + "\n")
+
+
+@pytest.fixture(scope="session")
+def chaos_reference(staged):  # noqa: ANN001, ANN201 - tests.distributed.harness types, imported lazily
+    """One uninterrupted 2-node run per session (the harness's 12 steps, a checkpoint every 4): the
+    trajectory every interrupted-and-resumed run must reproduce exactly."""
+    from tests.distributed.harness import train
+
+    return train(staged, "chaos-reference", ["launch.nnodes=2"])

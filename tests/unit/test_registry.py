@@ -127,3 +127,19 @@ def test_loss_curve_plots_train_steps_and_eval_points(tmp_path) -> None:
     image = Image.open(io.BytesIO((run / "loss.png").read_bytes()))
     assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 200
     assert write_loss_plot(str(tmp_path / "empty"), [], "none") is None
+
+
+def test_an_edited_entry_or_champion_is_refused_naming_the_file(tmp_path) -> None:
+    from pathlib import Path
+
+    registered(str(tmp_path), 2.5)
+    entry_file = Path(tmp_path) / "registry" / "m" / "v0001.json"
+    entry_file.write_text(entry_file.read_text().replace('"loss": 2.5', '"loss": 1.5'))  # still valid JSON
+    refused = rf"^{entry_file}: sha256 digest mismatch: recorded .* the registry file is corrupt"
+    with pytest.raises(UserError, match=refused):
+        read_entry(str(tmp_path), "m", 1)
+    alias = Path(tmp_path) / "registry" / "m" / "champion.json"
+    alias.write_bytes(alias.read_bytes().replace(b'"version": 1', b'"version": 2'))
+    with pytest.raises(UserError, match=rf"^{alias}: sha256 digest mismatch"):
+        champion(str(tmp_path), "m")
+    assert json.loads(entry_file.read_text())["metrics"]["loss"] == 1.5  # refused, not repaired in place

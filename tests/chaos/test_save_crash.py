@@ -1,0 +1,55 @@
+"""Scenario 2, a crash during a checkpoint save: a rank dies after its shard is written (the others'
+shards and the manifest not yet), or rank 0 dies after manifest.json and before COMPLETE. That checkpoint
+must never be used; the previous complete one must be there (retention, keeping only 1, must not have
+deleted it for the half-saved one), and a retry resumes from it and reproduces the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from torch.testing import assert_close
+
+from config import layout
+from config.checkpoints import complete_checkpoints, read_complete
+from config.errors import RetryableError
+from tests.chaos.runs import run_processes
+from tests.distributed.harness import Run, Staged, train
+
+SAVE_STEPS = (4, 8, 12)  # the harness saves every 4 of 12 steps
+POINTS = ("after_shard", "before_complete")
+OVERRIDES = ["launch.nnodes=2", "train.keep_latest_k=1"]
+
+
+def test_a_crash_mid_save(staged: Staged, chaos_reference: Run, chaos_run: int, chaos_rng, chaos_record,
+                          tmp_path) -> None:
+    point, step = chaos_rng.choice(POINTS), chaos_rng.choice(SAVE_STEPS)
+    rank = chaos_rng.randrange(2) if point == "after_shard" else 0  # only rank 0 writes COMPLETE
+    name, stamp = f"save-crash-{chaos_run}", tmp_path / "died-at"
+    with pytest.raises(RetryableError) as info:
+        train(staged, name, OVERRIDES, env={"TANDEM_TEST_EXIT_IN_SAVE": f"{rank}:{step}:{point}",
+                                            "TANDEM_TEST_EXIT_STAMP": str(stamp)})
+    detect_s = time.time() - float(stamp.read_text())
+    assert f"train failed on node {rank}, " in str(info.value)
+    assert not run_processes(name)
+
+    run_dir = Path(staged.storage) / "runs" / name
+    half = Path(layout.checkpoint_dir(str(run_dir), step))
+    assert (half / layout.rank_dir_name(rank)).is_dir()  # the crash really came mid-save
+    assert (half / layout.MANIFEST).exists() == (point == "before_complete")
+    assert not (half / layout.COMPLETE).exists() and read_complete(str(half)) is None
+    survivors = [c.step for c in complete_checkpoints(str(run_dir))]
+    data_lost = survivors != ([step - 4] if step > 4 else [])  # keep_latest_k=1: exactly the previous one
+
+    resumed = train(staged, name, OVERRIDES)
+    log = (run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert f"resumed from step {step} " not in log
+    if step > 4:
+        assert f"resumed from step {step - 4} " in log
+    assert_close(resumed.losses(), chaos_reference.losses(), rtol=1e-9, atol=1e-9)
+    assert [c.step for c in complete_checkpoints(str(run_dir))] == [12]
+    chaos_record("kill during checkpoint save", detect_s=detect_s, data_lost=data_lost, rank=rank, step=step,
+                 point=point, survivors=survivors)
+    assert not data_lost, f"complete checkpoints after the crash: {survivors}"
