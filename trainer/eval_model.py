@@ -20,7 +20,7 @@ from config import layout
 from config.checkpoints import CompleteCheckpoint, read_complete
 from config.errors import UserError
 from config.spec import Spec
-from config.storage import exists, filesystem, is_local, join, local_path, read_json
+from config.storage import exists, get_file, is_local, join, local_path, read_json
 from trainer.distributed import Dist
 from trainer.resume import verify_shared
 
@@ -122,7 +122,6 @@ def assemble(ckpt: CompleteCheckpoint) -> str:
     root = tempfile.mkdtemp(prefix="tandem-eval-")
     tag_dir = os.path.join(root, DS_TAG)
     os.makedirs(tag_dir)
-    fs, _ = filesystem(ckpt.url)
     for entry in ckpt.manifest["files"]:
         name = os.path.basename(entry["path"])
         if not entry["path"].startswith("rank-") or not name.endswith(("_model_states.pt", "_optim_states.pt")):
@@ -131,5 +130,5 @@ def assemble(ckpt: CompleteCheckpoint) -> str:
         if is_local(source):
             os.symlink(local_path(source), os.path.join(tag_dir, name))
         else:
-            fs.get_file(filesystem(source)[1], os.path.join(tag_dir, name))
+            get_file(source, os.path.join(tag_dir, name))
     return root
