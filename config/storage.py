@@ -292,34 +292,37 @@ def create_exclusive(url: str, data: bytes) -> bool:
 
     Local/NFS: link() of a finished temporary file, which fails if the name exists. S3: a conditional
     PUT (`If-None-Match: *`), which AWS S3 and compatible stores resolve atomically on the server.
-    Exactly once under retries: when an attempt's answer was lost and the retry finds the name taken, the
-    object is read back; if it holds our bytes, that lost attempt was ours and the claim succeeded. Callers
-    whose claims must be told apart put something unique in `data` (registry entries carry the flow run id
-    and time, locks a random token).
+    Exactly once under retries (ours and botocore's own): when a PUT's answer is lost and the repeated PUT
+    finds the name taken, that taken name may be our own first PUT. So a lost race reads the object back, and
+    our exact bytes there mean the claim is ours. Callers whose claims must be told apart put something unique
+    in `data` (registry entries carry the flow run id and time, run locks a random token).
     """
     fs, path = filesystem(url)
     if is_local(url):
         return _create_local(path, data)
     _require_s3(url)
-    unsure = False
 
     def claim() -> bool:
-        nonlocal unsure
         try:
             fs.pipe_file(path, data, mode="create")
             return True
         except FileExistsError:
             pass
-        except Exception as exc:
+        except OSError as exc:
             if _s3_error_code(exc) not in _LOST_RACE:
-                unsure = unsure or is_transient(exc)  # the PUT may have landed; only its answer was lost
                 raise
-        if unsure:
-            fs.invalidate_cache(path)
-            return fs.cat_file(path) == data
-        return False
+        return _holds(fs, path, data)
 
     return with_retries("create", url, claim)
+
+
+def _holds(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> bool:
+    """Whether the object now holds exactly `data` (then a conditional write that 'lost' was our own)."""
+    fs.invalidate_cache(path)
+    try:
+        return fs.cat_file(path) == data
+    except FileNotFoundError:
+        return False
 
 
 def _create_local(path: str, data: bytes) -> bool:
@@ -381,7 +384,7 @@ def read_versioned(url: str) -> tuple[bytes | None, str | None]:
 def replace_if_unchanged(url: str, data: bytes, token: str | None) -> bool:
     """Write `data` only if the object still has `token` (None: only if it is still absent).
 
-    Like create_exclusive, a retry that finds the object changed checks whether the change was our own
+    Like create_exclusive, a write that finds the object changed checks whether the change was our own
     earlier attempt (same bytes), so a lost answer is not mistaken for a lost race.
     """
     fs, path = filesystem(url)
@@ -395,27 +398,19 @@ def replace_if_unchanged(url: str, data: bytes, token: str | None) -> bool:
     _require_s3(url)
     bucket, key, _ = fs.split_path(path)
     condition = {"IfMatch": token} if token is not None else {"IfNoneMatch": "*"}
-    unsure = False
 
     def swap() -> bool:
-        nonlocal unsure
         try:
             fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
             return True
         except (FileExistsError, FileNotFoundError):
             pass
-        except Exception as exc:
+        except OSError as exc:
             if _s3_error_code(exc) not in _LOST_RACE:
-                unsure = unsure or is_transient(exc)
                 raise
         finally:
             fs.invalidate_cache(path)
-        if unsure:
-            try:
-                return fs.cat_file(path) == data
-            except FileNotFoundError:
-                return False
-        return False
+        return _holds(fs, path, data)
 
     return with_retries("conditional write", url, swap)
 
