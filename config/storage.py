@@ -56,9 +56,18 @@ def _options_for(url: str) -> dict[str, Any]:
     return _OPTIONS[max(matches, key=len)] if matches else {}
 
 
+# botocore retries a refused connection 4 times over about 8 s by itself; left at that, every attempt of
+# with_retries would take 8 s and the budget would overrun by as much. One quick retry of its own keeps blips
+# cheap; with_retries does the rest. A user's own config_kwargs (in the storage options) win.
+S3_CLIENT_RETRIES = {"retries": {"max_attempts": 2, "mode": "standard"}}
+
+
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and in-filesystem path of a URL, with options registered for its prefix."""
-    return url_to_fs(url, **_options_for(url))
+    options = _options_for(url)
+    if url.startswith(("s3://", "s3a://")) and "config_kwargs" not in options:
+        options = {**options, "config_kwargs": S3_CLIENT_RETRIES}
+    return url_to_fs(url, **options)
 
 
 RETRY_ENV = "TANDEM_STORAGE_RETRY_S"
