@@ -82,7 +82,7 @@ _TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectionClosedError", "Connect
 _TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
                      errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EAGAIN}
 # S3 answers that say "try again": throttling and server-side failures.
-_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed",
+_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
                     "Throttling", "ThrottlingException", "500", "502", "503", "504"}
 
 
