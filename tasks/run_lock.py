@@ -100,7 +100,11 @@ class RunLock:
         return replace_if_unchanged(self.url, self.document(), token)
 
     def release(self) -> None:
-        """Delete LOCK if it is still ours (a lock taken over by another pipeline stays)."""
+        """Delete LOCK if it is still ours (a lock taken over by another pipeline stays).
+
+        Read, then delete: not atomic, but a takeover in between needs our lease to have expired first, which
+        the heartbeat prevents while this process is alive.
+        """
         data, _ = read_versioned(self.url)
         if data is not None and _parse(data).get("token") == self.token:
             remove(self.url)
