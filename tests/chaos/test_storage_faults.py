@@ -10,6 +10,8 @@ registry entry is whole.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
 
 import pytest
@@ -24,6 +26,12 @@ from tests.distributed.harness import stage, train
 from tests.registry_helpers import entry
 
 STEPS = 12  # the harness's train.max_steps; checkpoints every 4
+RETRY_LINE = re.compile(r"storage: ([a-z ]+?) (s3://\S+) failed")
+
+
+def retried(text: str, run_url: str) -> set[str]:
+    """The storage operations that were retried, from log text: {"upload checkpoints/step-00000008/...", ...}."""
+    return {f"{op} {url.replace(run_url + '/', '')}" for op, url in RETRY_LINE.findall(text)}
 
 
 def audit(storage: str) -> dict[str, list[str]]:
@@ -72,14 +80,16 @@ def audit(storage: str) -> dict[str, list[str]]:
     return out
 
 
-def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppable, monkeypatch) -> None:
+def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppable, monkeypatch,
+                                       caplog) -> None:
     endpoint, bucket = s3_stoppable
     storage = f"{bucket}/tandem"
     staged = stage(storage)
     monkeypatch.setenv(RETRY_ENV, "60")
     after, length = chaos_rng.uniform(1.0, 12.0), chaos_rng.uniform(2.0, 8.0)
     outage = endpoint.outage(after, length)
-    run = train(staged, f"outage-{chaos_run}", ["launch.nnodes=2"])
+    with caplog.at_level(logging.WARNING, logger="config.storage"):
+        run = train(staged, f"outage-{chaos_run}", ["launch.nnodes=2"])
     ended = time.monotonic()
     outage.join()
     hit = outage.stopped_at is not None and outage.stopped_at < ended  # type: ignore[attr-defined]
@@ -93,9 +103,14 @@ def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_st
     found = audit(storage)
     steps = [r["step"] for r in run.metrics() if "event" not in r]
     lost = bool(found["broken"]) or steps != list(range(1, STEPS + 1))
+    url = run.spec.run_url
+    by_ranks = set().union(*(retried(read_bytes(f"{url}/nodes/{n}/log.txt").decode(errors="replace"), url)
+                             for n in range(2)))
+    by_supervisor = retried("\n".join(r.getMessage() for r in caplog.records), url)
     chaos_record("storage: S3 down 2-8 s mid-run", data_lost=lost, outage_at_s=round(after, 1),
                  outage_s=round(length, 1), outage_hit_training=hit, complete=len(found["complete"]),
-                 incomplete=found["incomplete"], broken=found["broken"])
+                 incomplete=found["incomplete"], broken=found["broken"], retried_by_ranks=sorted(by_ranks)[:12],
+                 retried_by_supervisor=sorted(by_supervisor)[:6])
     assert not found["broken"], found["broken"]
     assert steps == list(range(1, STEPS + 1))  # one uninterrupted trajectory, nothing lost or repeated
     complete = {url.rsplit("/", 1)[1] for url in found["complete"]}
