@@ -38,11 +38,13 @@ class StoppableEndpoint:
                 self._server.stop()
                 self._server = None
 
-    def outage(self, after_s: float, for_s: float | None) -> threading.Thread:
-        """Stop after `after_s` seconds, for `for_s` seconds (None: for good), in a background thread;
-        the thread's `stopped_at` is the monotonic time of the stop."""
+    def outage(self, after_s: float, for_s: float | None, when: Callable[[], bool] | None = None) -> threading.Thread:
+        """Stop after `after_s` seconds (and, with `when`, once when() is true), for `for_s` seconds (None: for
+        good), in a background thread; the thread's `stopped_at` is the monotonic time of the stop."""
         def run() -> None:
             time.sleep(after_s)
+            while when is not None and not _true(when):
+                time.sleep(0.2)
             self.stop()
             thread.stopped_at = time.monotonic()  # type: ignore[attr-defined]
             if for_s is not None:
@@ -53,6 +55,13 @@ class StoppableEndpoint:
         thread.stopped_at = None  # type: ignore[attr-defined]
         thread.start()
         return thread
+
+
+def _true(condition: Callable[[], bool]) -> bool:
+    try:
+        return condition()
+    except Exception:  # noqa: BLE001 - not there yet (the object may not exist): ask again
+        return False
 
 
 class LoseOneAnswer:

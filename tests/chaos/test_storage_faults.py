@@ -80,16 +80,31 @@ def audit(storage: str) -> dict[str, list[str]]:
     return out
 
 
+def _reached(metrics_url: str, step: int, delay_s: float) -> bool:
+    """True `delay_s` seconds after metrics.jsonl first shows `step` (read directly, with no retries of ours)."""
+    fs, path = filesystem(metrics_url)
+    fs.invalidate_cache(path)
+    lines = fs.cat_file(path).decode().splitlines()
+    if not any(json.loads(line).get("step", 0) >= step for line in lines if line.strip()):
+        return False
+    time.sleep(delay_s)
+    return True
+
+
 def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppable, monkeypatch,
                                        caplog) -> None:
     endpoint, bucket = s3_stoppable
     storage = f"{bucket}/tandem"
     staged = stage(storage)
     monkeypatch.setenv(RETRY_ENV, "60")
-    after, length = chaos_rng.uniform(1.0, 12.0), chaos_rng.uniform(2.0, 8.0)
-    outage = endpoint.outage(after, length)
+    # The fault point is a random training step (between its metrics line and the next one: saves, metrics,
+    # the supervisor's reads), plus a random fraction of a second.
+    at_step, after, length = chaos_rng.randint(1, STEPS - 1), chaos_rng.uniform(0.0, 1.0), chaos_rng.uniform(2.0, 8.0)
+    name = f"outage-{chaos_run}"
+    metrics = f"{storage}/runs/{name}/{layout.METRICS}"
+    outage = endpoint.outage(0.0, length, when=lambda: _reached(metrics, at_step, after))
     with caplog.at_level(logging.WARNING, logger="config.storage"):
-        run = train(staged, f"outage-{chaos_run}", ["launch.nnodes=2"])
+        run = train(staged, name, ["launch.nnodes=2"])
     ended = time.monotonic()
     outage.join()
     hit = outage.stopped_at is not None and outage.stopped_at < ended  # type: ignore[attr-defined]
@@ -107,7 +122,7 @@ def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_st
     by_ranks = set().union(*(retried(read_bytes(f"{url}/nodes/{n}/log.txt").decode(errors="replace"), url)
                              for n in range(2)))
     by_supervisor = retried("\n".join(r.getMessage() for r in caplog.records), url)
-    chaos_record("storage: S3 down 2-8 s mid-run", data_lost=lost, outage_at_s=round(after, 1),
+    chaos_record("storage: S3 down 2-8 s mid-run", data_lost=lost, outage_at_step=at_step,
                  outage_s=round(length, 1), outage_hit_training=hit, complete=len(found["complete"]),
                  incomplete=found["incomplete"], broken=found["broken"], retried_by_ranks=sorted(by_ranks)[:12],
                  retried_by_supervisor=sorted(by_supervisor)[:6])
