@@ -20,7 +20,7 @@ from config import layout
 from config.checkpoints import CompleteCheckpoint, read_complete
 from config.errors import UserError
 from config.spec import Spec
-from config.storage import exists, get_file, is_local, join, local_path, read_json
+from config.storage import exists, filesystem, get_file, is_local, join, local_path, read_json  # noqa: F401
 from trainer.distributed import Dist
 from trainer.resume import verify_shared
 
