@@ -7,7 +7,7 @@ from typing import Any
 
 import blake3
 
-from config.storage import filesystem
+from config.storage import filesystem, with_retries
 
 CHUNK = 8 * 1024 * 1024
 ALGORITHMS = ("blake3", "sha256")
@@ -30,12 +30,17 @@ def digest_bytes(data: bytes, algorithm: str) -> str:
 
 
 def digest_url(url: str, algorithm: str) -> tuple[str, int]:
-    """(hex digest, size in bytes) of a file at any fsspec URL, read in chunks."""
+    """(hex digest, size in bytes) of a file at any fsspec URL, read in chunks (from the start again after a
+    transient storage fault)."""
     fs, path = filesystem(url)
-    h = hasher(algorithm)
-    size = 0
-    with fs.open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+
+    def digest() -> tuple[str, int]:
+        h = hasher(algorithm)
+        size = 0
+        with fs.open(path, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return h.hexdigest(), size
+
+    return with_retries("read", url, digest)

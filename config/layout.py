@@ -28,6 +28,8 @@ MODEL_CARD = "model_card.md"
 CHAMPION = "champion.json"
 LOG = "log.txt"
 STATUS = "status.json"
+LOCK = "LOCK"
+LOCK_SCHEMA = "tandem.run-lock/1"
 SPLITS = ("train", "eval")
 
 
@@ -54,6 +56,11 @@ def model_dir(storage: str, name: str) -> str:
 def run_dir(storage: str, run_id: str) -> str:
     """{storage}/runs/{run_id}"""
     return join(storage, "runs", run_id)
+
+
+def run_lock_url(run: str) -> str:
+    """{run}/LOCK: the lease of the one pipeline running this run (see tasks/run_lock.py)."""
+    return join(run, LOCK)
 
 
 def node_dir(run: str, node_rank: int) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from config import layout
 from config.digest import digest_bytes, digest_url
 from config.errors import UserError
-from config.storage import filesystem, join, read_bytes
+from config.storage import filesystem, find_sizes, join, read_bytes
 
 VerifyMode = Literal["full", "size"]
 
@@ -44,10 +44,8 @@ def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full")
     names the file and what differs (expected and actual size or digest).
     """
     algorithm = manifest["digest_algorithm"]
-    fs, root = filesystem(base)
-    fs.invalidate_cache(root)  # another node or process may have changed the files since we last listed them
     # One listing instead of a request per file: on an object store that is one LIST, not N HEADs.
-    sizes = {path.rstrip("/"): info["size"] for path, info in fs.find(root, detail=True).items()}
+    sizes = find_sizes(base)
     for entry in manifest["files"]:
         url = join(base, entry["path"])
         _, path = filesystem(url)

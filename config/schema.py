@@ -78,8 +78,8 @@ class DataConfig(Section):
     def _shard_fits(self) -> DataConfig:
         # Shards store list offsets as int32: one shard may hold at most 2^31 - 1 tokens.
         if self.shard_rows * self.max_length >= 2**31:
-            raise ValueError(f"shard_rows x max_length must stay below 2^31 tokens per shard, got "
-                             f"{self.shard_rows} x {self.max_length}; lower data.shard_rows")
+            raise ValueError(f"data.shard_rows x data.max_length must stay below 2^31 tokens per shard, got "
+                             f"{self.shard_rows} x {self.max_length}; lower data.shard_rows or data.max_length")
         return self
 
 

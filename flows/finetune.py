@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, runtime
 from prefect.states import Completed
 
 from config import layout
@@ -29,6 +29,7 @@ from tasks.assets import record_model_asset
 from tasks.loss_curve import plot_loss, read_metrics
 from tasks.register import register_model
 from tasks.run import new_run_id, write_run_spec
+from tasks.run_lock import RunLock
 from tasks.train import train_with_retries
 
 
@@ -47,6 +48,14 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     run_id = new_run_id(cfg)
     logger.info("run %s: %s, %d node(s) x %d rank(s), storage %s", run_id, cfg.train.method, cfg.launch.nnodes,
                 cfg.launch.nproc_per_node, cfg.run.storage)
+    flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
+    # Before anything touches the run directory: a second pipeline on the same run.name stops here.
+    with RunLock(layout.run_dir(cfg.run.storage, run_id), run_id, flow_run_id, logger=logger).hold():
+        return pipeline(cfg, run_id)
+
+
+def pipeline(cfg: FinetuneConfig, run_id: str) -> Any:
+    """The steps of a run whose lock this flow holds."""
     model_path, dataset = prepare(cfg)
     spec, spec_url, spec_digest = write_run_spec(cfg, run_id, model_path, dataset)
     train_with_retries(spec)(spec, spec_url, spec_digest)

@@ -32,7 +32,7 @@ from config import layout
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
-from config.storage import filesystem, is_local, join, local_path, options_environment, write_json_atomic
+from config.storage import is_local, join, local_path, options_environment, put_file, write_json_atomic
 from tasks.preflight import NodePlan
 from tasks.watch import Watch
 
@@ -172,8 +172,7 @@ def _publish_node_files(run_url: str, agent: Agent, phase: str) -> None:
     """Write status.json, and upload the log when the run's storage is not local."""
     node_url = layout.node_dir(run_url, agent.node_rank)
     if not is_local(run_url):
-        fs, remote = filesystem(join(node_url, layout.LOG))
-        fs.put_file(agent.log_path, remote)
+        put_file(agent.log_path, join(node_url, layout.LOG))
     write_json_atomic(join(node_url, layout.STATUS), {
         "node_rank": agent.node_rank, "phase": phase, "exit_code": agent.process.returncode,
         "host": socket.gethostname(), "started_at": agent.started_at,

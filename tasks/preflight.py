@@ -23,7 +23,7 @@ from config.digest import digest_bytes
 from config.errors import RetryableError, UserError
 from config.manifest import read_manifest, verify_files
 from config.spec import Spec
-from config.storage import filesystem, join, read_bytes, write_bytes_atomic, write_json_atomic
+from config.storage import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
 from config.version import code_version
 
 CONNECT_RETRY_S = 0.5
@@ -149,8 +149,7 @@ def check_storage_writable(spec: Spec, plan: NodePlan) -> str:
     try:
         write_bytes_atomic(probe, b"ok")
         readback = read_bytes(probe)
-        fs, path = filesystem(probe)
-        fs.rm(path)
+        remove(probe)
     except OSError as exc:
         raise UserError(f"node {plan.node_rank}: cannot write {spec.run_url} ({exc}); give this node write access "
                         "to run.storage") from None

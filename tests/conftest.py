@@ -99,3 +99,22 @@ def staged(tmp_path_factory):
     from tests.distributed.harness import stage
 
     return stage(tmp_path_factory.mktemp("dist-storage"))
+
+
+@pytest.fixture
+def s3_stoppable(s3_endpoint: str) -> Iterator:
+    """An S3 endpoint of its own (moto's server) that a test may stop and start again on the same port, with a
+    new bucket registered for it: yields (StoppableEndpoint, "s3://bucket"). Objects survive a stop."""
+    from config.storage import filesystem, set_storage_options
+    from tests.s3_faults import StoppableEndpoint
+
+    endpoint = StoppableEndpoint(free_port())
+    endpoint.start()
+    bucket = f"s3://tandem-fault-{uuid.uuid4().hex[:12]}"
+    set_storage_options(bucket, {"endpoint_url": endpoint.url})
+    fs, path = filesystem(bucket)
+    fs.mkdir(path)
+    try:
+        yield endpoint, bucket
+    finally:
+        endpoint.stop()

@@ -25,8 +25,8 @@ from config.checkpoints import complete_checkpoints, read_complete, step_dirs
 from config.digest import digest_bytes, digest_url
 from config.errors import UserError
 from config.manifest import verify_files
-from config.storage import (exists, filesystem, is_local, join, local_path, read_json, write_bytes_atomic,
-                            write_json_atomic)
+from config.storage import (exists, filesystem, is_local, join, local_path, put_file, read_json, remove,
+                            with_retries, write_bytes_atomic, write_json_atomic)
 from trainer import faults
 from trainer.distributed import Dist, barrier, gather_objects
 
@@ -79,9 +79,8 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
     torch.save({"step": step, "rank": dist.rank, "rng": rng_state()}, os.path.join(root, rank_dir, TRAINER_STATE))
     mine = _rank_files(root, rank_dir, with_root_files=dist.is_main)
     if not local:
-        fs, _ = filesystem(url)
         for rel in mine:
-            fs.put_file(os.path.join(root, rel), filesystem(join(url, rel))[1])
+            put_file(os.path.join(root, rel), join(url, rel))
     faults.in_save(dist.rank, step, "after_shard")
     entries = []
     for rel in mine:
@@ -104,13 +103,10 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
 
 def _remove(url: str) -> None:
     """Delete a checkpoint directory, COMPLETE first, so a crash half way leaves an incomplete one."""
-    fs, path = filesystem(url)
-    if not fs.exists(path):
+    if not exists(url):
         return
-    complete = join(url, layout.COMPLETE)
-    if exists(complete):
-        fs.rm(filesystem(complete)[1])
-    fs.rm(path, recursive=True)
+    remove(join(url, layout.COMPLETE))
+    remove(url, recursive=True)
 
 
 def apply_retention(run_url: str, keep_latest_k: int | None) -> list[int]:
@@ -185,7 +181,7 @@ def _publish_dir(staging: str, url: str, step: int, algorithm: str = "blake3") -
         shutil.move(staging, local_path(url))
     else:
         fs, remote = filesystem(url)
-        fs.put(staging, remote, recursive=True)
+        with_retries("upload", url, lambda: fs.put(staging, remote, recursive=True))
         shutil.rmtree(staging, ignore_errors=True)
     raw = write_json_atomic(join(url, layout.MANIFEST), manifest)
     write_bytes_atomic(join(url, layout.COMPLETE), (digest_bytes(raw, algorithm) + "\n").encode())

@@ -21,12 +21,13 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from config import layout
 from config.manifest import read_manifest
-from config.storage import filesystem, join
+from config.storage import join, read_bytes
 
 IGNORE_INDEX = -100
 Example = tuple[list[int], list[int]]
@@ -58,9 +59,7 @@ def load_split(dataset_url: str, split: str) -> list[Example]:
     for entry in manifest["files"]:
         if not entry["path"].startswith(f"{split}/"):
             continue
-        fs, path = filesystem(join(dataset_url, entry["path"]))
-        with fs.open(path, "rb") as handle:
-            table = pq.read_table(handle)
+        table = pq.read_table(pa.BufferReader(read_bytes(join(dataset_url, entry["path"]))))
         examples.extend(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True))
     return examples
 

@@ -20,7 +20,7 @@ from config import layout
 from config.checkpoints import CompleteCheckpoint, read_complete
 from config.errors import UserError
 from config.spec import Spec
-from config.storage import exists, filesystem, is_local, join, local_path, read_json
+from config.storage import exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
 from trainer.distributed import Dist
 from trainer.resume import verify_shared
 
@@ -63,11 +63,12 @@ def load_export(model_url: str, spec: Spec, device: torch.device) -> Any:
     # rank first, then dropped (the weights are in memory by then).
     root = tempfile.mkdtemp(prefix="tandem-export-")
     try:
-        fs, path = filesystem(model_url)
-        for remote in fs.find(path):
-            target = os.path.join(root, os.path.relpath(remote, path))
+        _, path = filesystem(model_url)
+        for remote in find_sizes(model_url):
+            relative = os.path.relpath(remote, path)
+            target = os.path.join(root, relative)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            fs.get_file(remote, target)
+            get_file(join(model_url, relative), target)
         return _from_pretrained(root, spec, device)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -137,7 +138,6 @@ def assemble(ckpt: CompleteCheckpoint) -> str:
     root = tempfile.mkdtemp(prefix="tandem-eval-")
     tag_dir = os.path.join(root, DS_TAG)
     os.makedirs(tag_dir)
-    fs, _ = filesystem(ckpt.url)
     for entry in ckpt.manifest["files"]:
         name = os.path.basename(entry["path"])
         if not entry["path"].startswith("rank-") or not name.endswith(("_model_states.pt", "_optim_states.pt")):
@@ -146,5 +146,5 @@ def assemble(ckpt: CompleteCheckpoint) -> str:
         if is_local(source):
             os.symlink(local_path(source), os.path.join(tag_dir, name))
         else:
-            fs.get_file(filesystem(source)[1], os.path.join(tag_dir, name))
+            get_file(source, os.path.join(tag_dir, name))
     return root

@@ -12,6 +12,7 @@ them into another layout would be wrong, not merely slow.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -25,7 +26,7 @@ from config import layout
 from config.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
 from config.digest import digest_url
 from config.errors import UserError
-from config.storage import exists, filesystem, is_local, join, local_path
+from config.storage import exists, filesystem, get_file, is_local, join, local_path, read_bytes
 from trainer.checkpoint import TRAINER_STATE, set_rng_state
 from trainer.distributed import Dist, barrier, gather_objects
 
@@ -123,7 +124,6 @@ def _assemble(ckpt: CompleteCheckpoint, rank: int) -> str:
     root = tempfile.mkdtemp(prefix="tandem-resume-")
     tag_dir = os.path.join(root, DS_TAG)
     os.makedirs(tag_dir)
-    fs, _ = filesystem(ckpt.url)
     for entry in ckpt.manifest["files"]:
         path = entry["path"]
         if not path.startswith("rank-") or path.endswith(TRAINER_STATE):
@@ -133,7 +133,7 @@ def _assemble(ckpt: CompleteCheckpoint, rank: int) -> str:
         if is_local(source):
             os.symlink(local_path(source), target)
         else:
-            fs.get_file(filesystem(source)[1], target)
+            get_file(source, target)
     return root
 
 
@@ -146,9 +146,7 @@ def load_checkpoint(engine: Any, ckpt: CompleteCheckpoint, dist: Dist, *, frozen
         if path is None:
             raise UserError(f"{ckpt.url}: DeepSpeed could not load it; see the log above")
         state_url = join(ckpt.url, layout.rank_dir_name(dist.rank), TRAINER_STATE)
-        fs, state_path = filesystem(state_url)
-        with fs.open(state_path, "rb") as handle:
-            state = torch.load(handle, weights_only=False)  # our own file, digest-verified above
+        state = torch.load(io.BytesIO(read_bytes(state_url)), weights_only=False)  # our own, digest-verified
     finally:
         shutil.rmtree(root, ignore_errors=True)
     set_rng_state(state["rng"])

@@ -18,7 +18,7 @@ from typing import Any
 from config import layout
 from config.digest import digest_bytes, hasher
 from config.schema import DataConfig
-from config.storage import filesystem
+from config.storage import read_range, size
 from tasks.data.progress import Reporter
 from tasks.data.sources import expand
 
@@ -64,20 +64,17 @@ def source_files(data: DataConfig) -> list[tuple[str, str]]:
 
 def digest_sources(files: list[tuple[str, str]], algorithm: str, reporter: Reporter) -> list[SourceFile]:
     """Size and digest of every source file (read once, in large blocks)."""
-    sizes = []
-    for _, url in files:
-        fs, path = filesystem(url)
-        sizes.append(fs.size(path))
+    sizes = [size(url) for _, url in files]
     out = []
     with reporter.phase("digesting sources", sum(sizes), "B") as phase:
-        for (key, url), size in zip(files, sizes, strict=True):
-            fs, path = filesystem(url)
+        for (key, url), total in zip(files, sizes, strict=True):
             h = hasher(algorithm)
-            with fs.open(path, "rb") as handle:
-                while block := handle.read(READ_BLOCK):
-                    h.update(block)
-                    phase.update(len(block))
-            out.append(SourceFile(key, url, size, h.hexdigest()))
+            offset = 0
+            while block := read_range(url, offset, offset + READ_BLOCK):  # retried block by block
+                offset += len(block)
+                h.update(block)
+                phase.update(len(block))
+            out.append(SourceFile(key, url, total, h.hexdigest()))
     return out
 
 

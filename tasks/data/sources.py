@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import orjson
 
 from config.errors import UserError
-from config.storage import filesystem, is_local
+from config.storage import filesystem, is_local, read_bytes, read_range, with_retries
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
 GLOB_CHARS = "*?["
@@ -50,20 +50,26 @@ def _is_data_file(path: str) -> bool:
 def expand(source: str, key: str) -> list[str]:
     """The data files of a source, sorted; a UserError naming `key` when there are none."""
     fs, path = filesystem(source)
-    if has_glob(source):
-        found = fs.glob(path, detail=True)
-        files = [p for p, info in found.items() if info["type"] == "file"]
-        if not files:
-            raise UserError(f"{key}: {source} matches no file; check the pattern")
-    elif fs.isdir(path):
-        files = [p for p in fs.find(path) if _is_data_file(p)]
-        if not files:
-            raise UserError(f"{key}: directory {source} holds no {'/'.join(DATA_SUFFIXES)} files")
-    elif fs.exists(path):
-        files = [path]
-    else:
+    kind, files = with_retries("list", source, lambda: _listing(fs, path, has_glob(source)))
+    if kind == "glob" and not files:
+        raise UserError(f"{key}: {source} matches no file; check the pattern")
+    if kind == "dir" and not files:
+        raise UserError(f"{key}: directory {source} holds no {'/'.join(DATA_SUFFIXES)} files")
+    if kind == "missing":
         raise UserError(f"{key}: {source} does not exist; give an existing file, directory, glob or URL")
     return [p if is_local(source) else fs.unstrip_protocol(p) for p in sorted(files)]
+
+
+def _listing(fs: object, path: str, glob: bool) -> tuple[str, list[str]]:
+    """(glob|dir|file|missing, data files): one attempt at listing a source."""
+    if glob:
+        found = fs.glob(path, detail=True)  # type: ignore[attr-defined]
+        return "glob", [p for p, info in found.items() if info["type"] == "file"]
+    if fs.isdir(path):  # type: ignore[attr-defined]
+        return "dir", [p for p in fs.find(path) if _is_data_file(p)]  # type: ignore[attr-defined]
+    if fs.exists(path):  # type: ignore[attr-defined]
+        return "file", [path]
+    return "missing", []
 
 
 def file_kind(url: str) -> str:
@@ -73,9 +79,7 @@ def file_kind(url: str) -> str:
         return "parquet"
     if lower.endswith((".jsonl", ".ndjson")):
         return "jsonl"
-    fs, path = filesystem(url)
-    with fs.open(path, "rb") as handle:
-        head = handle.read(64 * 1024)
+    head = read_range(url, 0, 64 * 1024)
     if head.startswith(b"PAR1"):
         return "parquet"
     return "json" if head.removeprefix(BOM).lstrip()[:1] == b"[" else "jsonl"
@@ -92,17 +96,18 @@ def read_file(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
 
 
 def _lines(url: str, on_bytes: ByteCounter) -> Iterator[bytes]:
-    """The lines of a file (without the newline), read in large blocks: fast on local disks and object stores."""
-    fs, path = filesystem(url)
-    with fs.open(path, "rb") as handle:
-        rest = b""
-        while block := handle.read(BLOCK):
-            on_bytes(len(block))
-            lines = (rest + block).split(b"\n")
-            rest = lines.pop()
-            yield from lines
-        if rest:
-            yield rest
+    """The lines of a file (without the newline), read in large blocks: fast on local disks and object stores.
+    Each block is one ranged read, retried on its own after a transient storage fault."""
+    rest = b""
+    offset = 0
+    while block := read_range(url, offset, offset + BLOCK):
+        offset += len(block)
+        on_bytes(len(block))
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        yield from lines
+    if rest:
+        yield rest
 
 
 def _read_jsonl(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
@@ -123,9 +128,8 @@ def _read_jsonl(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]
 
 def _refuse_single_document(url: str) -> None:
     """A file that is one JSON document over several lines is not JSON Lines: say so, not 'malformed line 1'."""
-    fs, path = filesystem(url)
     try:
-        doc = orjson.loads(fs.cat_file(path).removeprefix(BOM))
+        doc = orjson.loads(read_bytes(url).removeprefix(BOM))
     except orjson.JSONDecodeError:
         return
     raise UserError(f"{url}: expected a JSON array of records or JSON Lines, got one JSON {type(doc).__name__} "
@@ -133,8 +137,7 @@ def _refuse_single_document(url: str) -> None:
 
 
 def _read_json_array(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
-    fs, path = filesystem(url)
-    raw = fs.cat_file(path)
+    raw = read_bytes(url)
     on_bytes(len(raw))
     try:
         records = orjson.loads(raw.removeprefix(BOM))

@@ -28,8 +28,8 @@ from config.errors import UserError
 from config.manifest import read_manifest, verify_files
 from config.schema import DataConfig
 from config.spec import DatasetRef
-from config.storage import (exists, filesystem, is_local, join, read_bytes, read_json, set_storage_options,
-                            write_bytes_atomic, write_json_atomic)
+from config.storage import (exists, filesystem, find_sizes, is_local, join, read_bytes, read_json, remove,
+                            set_storage_options, write_bytes_atomic, write_json_atomic)
 from tasks.data.identity import Inputs, dataset_id, survey
 from tasks.data.progress import Reporter
 from tasks.data.records import Reject
@@ -105,14 +105,10 @@ def reuse(base: str, name: str, reporter: Reporter) -> DatasetRef | None:
 
 def clear(base: str) -> None:
     """Remove a dataset directory, its manifest first, so that a half-removed one is never complete."""
-    fs, path = filesystem(base)
-    if not fs.exists(path):
+    if not exists(base):
         return
-    manifest = join(path, layout.MANIFEST)
-    if fs.exists(manifest):
-        fs.rm(manifest)
-    fs.rm(path, recursive=True)
-    fs.invalidate_cache(path)
+    remove(join(base, layout.MANIFEST))
+    remove(base, recursive=True)
 
 
 def rejects_jsonl(rejects: list[Reject]) -> bytes:
@@ -216,9 +212,8 @@ def staged_state(data: DataConfig, storage: str, model_path: str) -> str | None:
     manifest_url = join(base, layout.MANIFEST)
     if not exists(manifest_url):
         return None
-    fs, path = filesystem(base)
-    fs.invalidate_cache(path)
-    present = sorted((p[len(path):], info["size"]) for p, info in fs.find(path, detail=True).items())
+    _, path = filesystem(base)
+    present = sorted((p[len(path):], size) for p, size in find_sizes(base).items())
     state = {"source_key": inputs.source_key, "storage": storage, "files": present,
              "manifest": digest_bytes(read_bytes(manifest_url), "blake3")}
     return digest_bytes(json.dumps(state, sort_keys=True).encode(), "blake3")

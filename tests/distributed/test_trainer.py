@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from torch.testing import assert_close
 
 from config.errors import RetryableError, UserError

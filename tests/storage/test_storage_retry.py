@@ -1,0 +1,84 @@
+"""Storage retries against a real S3 endpoint (moto's server on 127.0.0.1) that is really stopped and started:
+a transient outage costs a pause, a permanent one fails with one line that names the endpoint, and exclusive
+creates stay exactly-once when an answer is lost on the wire."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from config.errors import EXIT_RETRYABLE, UserError
+from config.storage import (RETRY_ENV, StorageUnavailable, create_exclusive, is_transient, read_bytes, retry_budget,
+                            set_storage_options, write_bytes_atomic)
+from tests.s3_faults import LoseOneAnswer
+
+# botocore and s3fs retry connection errors themselves for about 8 s; one attempt each leaves the retries
+# under test to config/storage.py alone.
+ONE_ATTEMPT = {"config_kwargs": {"retries": {"max_attempts": 1}}}
+
+
+def retries_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "config.storage" and "retry" in r.getMessage()]
+
+
+def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatch, caplog) -> None:
+    endpoint, bucket = s3_stoppable
+    set_storage_options(bucket, {"endpoint_url": endpoint.url, **ONE_ATTEMPT})
+    monkeypatch.setenv(RETRY_ENV, "30")
+    url = f"{bucket}/runs/r/metrics.jsonl"
+    body = b"x" * 100_000
+    endpoint.stop()
+    threading.Timer(2.0, endpoint.start).start()
+    with caplog.at_level(logging.WARNING, logger="config.storage"):
+        write_bytes_atomic(url, body)
+    assert read_bytes(url) == body
+    logged = retries_logged(caplog)
+    assert logged and all(f"write {url} failed" in line and RETRY_ENV in line for line in logged)
+
+
+def test_a_permanent_outage_fails_with_one_line_naming_the_endpoint(s3_stoppable, monkeypatch) -> None:
+    endpoint, bucket = s3_stoppable
+    set_storage_options(bucket, {"endpoint_url": endpoint.url, **ONE_ATTEMPT})
+    url = f"{bucket}/datasets/d/manifest.json"
+    write_bytes_atomic(url, b"{}")
+    monkeypatch.setenv(RETRY_ENV, "1.5")
+    endpoint.stop()
+    with pytest.raises(StorageUnavailable) as info:
+        read_bytes(url)
+    message = str(info.value)
+    assert "\n" not in message and info.value.exit_code == EXIT_RETRYABLE
+    assert message.startswith(f"{url}: storage unreachable (read: EndpointConnectionError")
+    assert f"is the endpoint at {endpoint.url} up? check AWS_ENDPOINT_URL" in message
+
+
+def test_what_a_retry_cannot_change_is_raised_at_once(s3_stoppable, monkeypatch, caplog) -> None:
+    _, bucket = s3_stoppable
+    monkeypatch.setenv(RETRY_ENV, "30")
+    with caplog.at_level(logging.WARNING, logger="config.storage"), pytest.raises(FileNotFoundError):
+        read_bytes(f"{bucket}/no/such/object")
+    assert not retries_logged(caplog)
+    assert not is_transient(PermissionError(13, "denied")) and is_transient(ConnectionRefusedError(111, "refused"))
+
+
+def test_an_exclusive_create_whose_answer_was_lost_is_still_ours(s3_stoppable) -> None:
+    endpoint, bucket = s3_stoppable
+    proxy = LoseOneAnswer(endpoint.port, lambda head: head.startswith(b"PUT ") and b"if-none-match" in head.lower())
+    try:
+        set_storage_options(bucket, {"endpoint_url": proxy.url})
+        url = f"{bucket}/registry/m/v0001.json"
+        assert create_exclusive(url, b'{"writer": "a"}')  # the PUT landed; its answer did not
+        assert proxy.lost, "the proxy never dropped an answer: the test did not test anything"
+        assert read_bytes(url) == b'{"writer": "a"}'
+        assert not create_exclusive(url, b'{"writer": "b"}')  # somebody else's claim still loses
+    finally:
+        proxy.close()
+
+
+def test_the_retry_budget_is_validated(monkeypatch) -> None:
+    monkeypatch.setenv(RETRY_ENV, "soon")
+    with pytest.raises(UserError, match=rf"^{RETRY_ENV}='soon': expected a number of seconds"):
+        retry_budget()
+    monkeypatch.setenv(RETRY_ENV, "0")
+    assert retry_budget() == 0
