@@ -86,8 +86,8 @@ class RunLock:
                 raise UserError(_refusal(self.run_id, current))
             if replace_if_unchanged(self.url, self.document(), token):
                 self.log.warning("run %s: took over the lock of flow run %s on %s (pid %s), whose lease expired at %s",
-                            self.run_id, current.get("flow_run_id"), current.get("host"), current.get("pid"),
-                            _iso(current.get("expires_at", 0)))
+                                 self.run_id, current.get("flow_run_id"), current.get("host"), current.get("pid"),
+                                 _iso(current.get("expires_at", 0)))
                 return
         raise UserError(f"{self.url}: could not claim the run lock after {MAX_ATTEMPTS} attempts (other pipelines "
                         "keep taking it); wait for them or choose another run.name")
@@ -114,11 +114,11 @@ class RunLock:
             try:
                 if not self.renew():
                     self.log.error("run %s: lost the run lock %s (its lease expired and another pipeline took it over)",
-                              self.run_id, self.url)
+                                   self.run_id, self.url)
                     return
             except Exception as exc:  # noqa: BLE001 - a failed refresh is retried at the next beat
                 self.log.warning("run %s: could not renew the run lock (%s); retrying in %.0f s", self.run_id, exc,
-                            self.lease_s / 4)
+                                 self.lease_s / 4)
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[RunLock]:
