@@ -18,13 +18,16 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# Shaped like a real Qwen2.5 model, only smaller: every linear layer's dimensions are multiples of 64
+# (head_dim 64 as in Qwen2.5-0.5B, grouped-query attention), because kernels assume it. bitsandbytes
+# packs 4-bit weights for its CPU kernel in blocks of 32 on CPUs with AVX512-BF16, and refuses other sizes.
 RECIPE = {
     "vocab_size": 2048,
-    "hidden_size": 64,
-    "intermediate_size": 176,
+    "hidden_size": 128,
+    "intermediate_size": 384,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "max_position_embeddings": 4096,
     "seed": 1234,
 }
