@@ -17,10 +17,10 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 from prefect.states import Completed
 
-from config import layout
+from storage import layout
 from config.loader import check_paths, load_config
 from config.schema import FinetuneConfig
-from config.storage import set_storage_options
+from storage.fs import set_storage_options
 from flows.cli import add_config_arguments, run_cli
 from flows.prepare import prepare
 from tasks.checkpoints import wait_for_checkpoint
@@ -29,7 +29,7 @@ from tasks.assets import record_model_asset
 from tasks.loss_curve import plot_loss, read_metrics
 from tasks.register import register_model
 from tasks.run import new_run_id, write_run_spec
-from tasks.run_lock import RunLock
+from storage.run_lock import RunLock
 from tasks.train import train_with_retries
 
 

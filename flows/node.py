@@ -23,12 +23,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from config.spec import load_spec
-from config.storage import set_storage_options
+from storage.spec import load_spec
+from storage.fs import set_storage_options
 from flows.cli import run_cli
-from tasks.agent import grace_for, kill, start_agent, supervise
-from tasks.launch import MODULES
-from tasks.preflight import NodePlan, run_preflight
+from launch.agent import grace_for, kill, start_agent, supervise
+from launch.phase import MODULES
+from launch.preflight import NodePlan, run_preflight
 
 log = logging.getLogger("tandem.node")
 

@@ -18,12 +18,12 @@ from typing import Any, NamedTuple
 
 from prefect import flow, get_run_logger
 
-from config import layout
+from storage import layout
 from config.loader import check_paths, load_config
-from config.manifest import read_manifest
+from storage.manifest import read_manifest
 from config.schema import FinetuneConfig
-from config.spec import DatasetRef, write_spec
-from config.storage import join, set_storage_options
+from storage.spec import DatasetRef, write_spec
+from storage.fs import join, set_storage_options
 from flows.cli import add_config_arguments, run_cli
 from tasks.prepare import prepare_dataset, prepare_model
 from tasks.run import build_spec, new_run_id

@@ -12,8 +12,8 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
 
-from config.spec import Spec
-from config.storage import is_local, local_path
+from storage.spec import Spec
+from storage.fs import is_local, local_path
 
 # Characters Prefect refuses in asset keys (prefect.types.names.RESTRICTED_ASSET_CHARACTERS).
 _RESTRICTED = re.compile(r"[\s#?&%\"'<>\[\]{}|\\^`\x00]")

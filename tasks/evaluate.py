@@ -6,10 +6,10 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from config import layout
-from config.spec import Spec
-from config.storage import join, read_json
-from tasks.launch import run_phase
+from storage import layout
+from storage.spec import Spec
+from storage.fs import join, read_json
+from launch.phase import run_phase
 
 
 @task(name="evaluate")

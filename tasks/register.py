@@ -8,15 +8,15 @@ from typing import Any
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from config import layout
-from config.checkpoints import CompleteCheckpoint
-from config.manifest import read_manifest
-from config.spec import Spec
-from config.storage import is_local, join, local_path, write_bytes_atomic
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint
+from storage.manifest import read_manifest
+from storage.spec import Spec
+from storage.fs import is_local, join, local_path, write_bytes_atomic
 from config.version import code_version
-from tasks.gate import check_gate, ranking
-from tasks.model_card import model_card
-from tasks.registry import promote, read_entry, register_version
+from storage.gate import check_gate, ranking
+from storage.model_card import model_card
+from storage.registry import promote, read_entry, register_version
 
 METRIC_KEYS = ("loss", "perplexity", "token_accuracy", "loss_sum", "target_tokens", "correct_tokens", "examples")
 

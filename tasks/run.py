@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 from prefect import get_run_logger, task
 
-from config import layout
+from storage import layout
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.schema import FinetuneConfig
-from config.manifest import read_manifest
-from config.spec import DatasetRef, Spec, total_steps, write_spec
+from storage.manifest import read_manifest
+from storage.spec import DatasetRef, Spec, total_steps, write_spec
 from config.version import code_version
 
 

@@ -12,8 +12,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.states import State
 
 from config.errors import RetryableError
-from config.spec import Spec
-from tasks.launch import run_phase
+from storage.spec import Spec
+from launch.phase import run_phase
 
 
 @task(name="train")

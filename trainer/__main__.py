@@ -13,7 +13,7 @@ import logging
 import sys
 
 from config.errors import TandemError
-from config.spec import load_spec
+from storage.spec import load_spec
 
 
 def main(argv: list[str] | None = None) -> int:

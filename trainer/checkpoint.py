@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from config import layout
-from config.checkpoints import complete_checkpoints, read_complete, step_dirs
-from config.digest import digest_bytes, digest_url
+from storage import layout
+from storage.checkpoints import complete_checkpoints, read_complete, step_dirs
+from storage.digest import digest_bytes, digest_url
 from config.errors import UserError
-from config.manifest import verify_files
-from config.storage import (exists, filesystem, is_local, join, local_path, put_file, read_json, remove,
+from storage.manifest import verify_files
+from storage.fs import (exists, filesystem, is_local, join, local_path, put_file, read_json, remove,
                             with_retries, write_bytes_atomic, write_json_atomic)
 from trainer import faults
 from trainer.distributed import Dist, barrier, gather_objects

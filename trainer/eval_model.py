@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from config import layout
-from config.checkpoints import CompleteCheckpoint, read_complete
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint, read_complete
 from config.errors import UserError
-from config.spec import Spec
-from config.storage import exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
+from storage.spec import Spec
+from storage.fs import exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
 from trainer.distributed import Dist
 from trainer.resume import verify_shared
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from config import layout
+from storage import layout
 from config.errors import TandemError, UserError
-from config.spec import Spec, load_spec
-from config.storage import join, write_json_atomic
+from storage.spec import Spec, load_spec
+from storage.fs import join, write_json_atomic
 from trainer.data import IGNORE_INDEX, collate, load_split
 from trainer.distributed import Dist, dist_sum
 from trainer.eval_model import is_checkpoint, load_for_eval

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from config.deepspeed import resolve_from_runtime, zero_stage
-from config.spec import Spec
+from storage.spec import Spec
 from trainer import faults, guards
 from trainer.cancel import EXIT_CANCELLED, CancelWatch
 from trainer.checkpoint import apply_retention, export_final, save_checkpoint

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from config import layout
-from config.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
-from config.digest import digest_url
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
+from storage.digest import digest_url
 from config.errors import UserError
-from config.storage import exists, filesystem, get_file, is_local, join, local_path, read_bytes
+from storage.fs import exists, filesystem, get_file, is_local, join, local_path, read_bytes
 from trainer.checkpoint import TRAINER_STATE, set_rng_state
 from trainer.distributed import Dist, barrier, gather_objects
 

@@ -22,19 +22,19 @@ from typing import Any
 import numpy as np
 import orjson
 
-from config import layout
-from config.digest import digest_bytes
+from storage import layout
+from storage.digest import digest_bytes
 from config.errors import UserError
-from config.manifest import read_manifest, verify_files
+from storage.manifest import read_manifest, verify_files
 from config.schema import DataConfig
-from config.spec import DatasetRef
-from config.storage import (exists, filesystem, find_sizes, is_local, join, read_bytes, read_json, remove,
+from storage.spec import DatasetRef
+from storage.fs import (exists, filesystem, find_sizes, is_local, join, read_bytes, read_json, remove,
                             set_storage_options, write_bytes_atomic, write_json_atomic)
 from tasks.data.identity import Inputs, dataset_id, survey
 from tasks.data.progress import Reporter
 from tasks.data.records import Reject
 from tasks.data.scan import EVAL, Scan, scan_sources
-from tasks.data.shards import FileEntry, SplitWriter
+from storage.shards import FileEntry, SplitWriter
 from tasks.data.sources import source_root
 from tasks.data.tokenize import tokenizer_fingerprint
 from tasks.data.workers import ChunkResult, encode_chunks, worker_count

@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from config import layout  # noqa: E402
+from storage import layout  # noqa: E402
 from config.errors import RetryableError  # noqa: E402
-from config.spec import write_spec  # noqa: E402
-from tasks.agent import free_port, rank_environment, torchrun_command  # noqa: E402
-from tasks.preflight import NodePlan  # noqa: E402
+from storage.spec import write_spec  # noqa: E402
+from launch.agent import free_port, rank_environment, torchrun_command  # noqa: E402
+from launch.preflight import NodePlan  # noqa: E402
 from tasks.run import build_spec  # noqa: E402
 from tests.distributed.harness import config, stage  # noqa: E402
 

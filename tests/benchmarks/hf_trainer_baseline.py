@@ -24,7 +24,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
-from config.spec import load_spec
+from storage.spec import load_spec
 from trainer.data import collate, load_split
 from trainer.model import load_base, make_trainable
 

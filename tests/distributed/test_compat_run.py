@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from config import layout
-from config.checkpoints import latest_complete
+from storage import layout
+from storage.checkpoints import latest_complete
 from config.loader import load_config
-from config.manifest import read_manifest
-from config.spec import DatasetRef, load_spec, write_spec
-from config.storage import read_json
-from tasks.launch import run_phase
+from storage.manifest import read_manifest
+from storage.spec import DatasetRef, load_spec, write_spec
+from storage.fs import read_json
+from launch.phase import run_phase
 from tasks.register import registry_entry
-from tasks.registry import read_entry, register_version
+from storage.registry import read_entry, register_version
 from tasks.run import build_spec
 from tests.fixtures.make_compat_run import FIXTURE, OVERRIDES, PLACEHOLDER, REPO_PLACEHOLDER, ROOT, RUN
 

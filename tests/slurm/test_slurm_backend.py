@@ -9,15 +9,15 @@ import subprocess
 
 import pytest
 
-from config import layout
-from config.checkpoints import latest_complete
+from storage import layout
+from storage.checkpoints import latest_complete
 from config.errors import RetryableError
 from config.loader import load_config
-from config.spec import write_spec
-from tasks.agent import free_port
-from tasks.launch import run_phase
+from storage.spec import write_spec
+from launch.agent import free_port
+from launch.phase import run_phase
 from tasks.run import build_spec
-from tasks.slurm_nodes import render_sbatch
+from launch.slurm_nodes import render_sbatch
 from tests.distributed.harness import Staged, config
 
 

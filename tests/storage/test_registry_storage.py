@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from config.storage import create_exclusive, filesystem, read_bytes, read_versioned, replace_if_unchanged
-from tasks.registry import champion, read_entry, register_version, resolve, versions
+from storage.fs import create_exclusive, filesystem, read_bytes, read_versioned, replace_if_unchanged
+from storage.registry import champion, read_entry, register_version, resolve, versions
 from tests.racing import race
 from tests.registry_helpers import claim, claim_and_promote, entry
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from config import layout
+from storage import layout
 from config.errors import UserError
-from config.manifest import read_manifest, verify_files
-from config.storage import exists, join, listdir, read_bytes
+from storage.manifest import read_manifest, verify_files
+from storage.fs import exists, join, listdir, read_bytes
 
 STEP_PREFIX = "step-"
 

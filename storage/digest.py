@@ -7,7 +7,7 @@ from typing import Any
 
 import blake3
 
-from config.storage import filesystem, with_retries
+from storage.fs import filesystem, with_retries
 
 CHUNK = 8 * 1024 * 1024
 ALGORITHMS = ("blake3", "sha256")

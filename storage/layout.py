@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.storage import join
+from storage.fs import join
 
 __all__ = ["join"]
 
@@ -59,7 +59,7 @@ def run_dir(storage: str, run_id: str) -> str:
 
 
 def run_lock_url(run: str) -> str:
-    """{run}/LOCK: the lease of the one pipeline running this run (see tasks/run_lock.py)."""
+    """{run}/LOCK: the lease of the one pipeline running this run (see storage/run_lock.py)."""
     return join(run, LOCK)
 
 

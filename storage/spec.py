@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from config import layout
-from config.digest import digest_bytes
+from storage import layout
+from storage.digest import digest_bytes
 from config.errors import UserError
 from config.schema import FinetuneConfig, Section, TrainConfig
-from config.storage import read_bytes, write_json_atomic
+from storage.fs import read_bytes, write_json_atomic
 
 
 class DatasetRef(Section):

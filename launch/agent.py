@@ -28,13 +28,13 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from config import layout
+from storage import layout
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
-from config.storage import is_local, join, local_path, options_environment, put_file, write_json_atomic
-from tasks.preflight import NodePlan
-from tasks.watch import Watch
+from storage.fs import is_local, join, local_path, options_environment, put_file, write_json_atomic
+from launch.preflight import NodePlan
+from launch.watch import Watch
 
 POLL_S = 0.5
 SETTLE_S = 3.0  # after a first failure, how long the other nodes get to report theirs

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from config.spec import Spec
-from tasks.local_nodes import run_local_nodes
-from tasks.prefect_nodes import run_prefect_nodes
-from tasks.preflight import NodePlan, run_preflight
-from tasks.slurm_nodes import run_slurm_nodes
+from storage.spec import Spec
+from launch.local_nodes import run_local_nodes
+from launch.prefect_nodes import run_prefect_nodes
+from launch.preflight import NodePlan, run_preflight
+from launch.slurm_nodes import run_slurm_nodes
 
 MODULES = {"train": "trainer", "eval": "trainer.evaluate"}
 

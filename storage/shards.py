@@ -1,4 +1,5 @@
-"""Tokenized examples -> Parquet shards of at most `shard_rows` examples, digested from the bytes written.
+"""The dataset shards: the writer (tokenized examples -> Parquet shards of at most `shard_rows` examples, digested
+from the bytes written) and the reader (`load_split`).
 
 Columns: `input_ids` and `labels` (list<int32>, same length, -100 where a token is not a target) and
 `length` (int32, for length-grouped batching). A shard is encoded in memory, digested, and written under
@@ -16,10 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from config import layout
-from config.digest import digest_bytes
-from config.storage import join, write_bytes_atomic
-from tasks.data.tokenize import IGNORE_INDEX
+from storage import layout
+from storage.digest import digest_bytes
+from storage.fs import join, read_bytes, write_bytes_atomic
+from storage.manifest import read_manifest
+
+IGNORE_INDEX = -100  # a label that is not a target (Hugging Face's convention)
+Example = tuple[list[int], list[int]]
 
 SHARD_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
                           ("length", pa.int32())])
@@ -91,3 +95,15 @@ class SplitWriter:
         self.files.append(entry)
         self.seconds += time.monotonic() - started
         self.on_write(entry)
+
+
+def load_split(dataset_url: str, split: str) -> list[Example]:
+    """Every (input_ids, labels) example of a split, in manifest order."""
+    manifest, _ = read_manifest(dataset_url, layout.DATASET_SCHEMA)
+    examples: list[Example] = []
+    for entry in manifest["files"]:
+        if not entry["path"].startswith(f"{split}/"):
+            continue
+        table = pq.read_table(pa.BufferReader(read_bytes(join(dataset_url, entry["path"]))))
+        examples.extend(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True))
+    return examples

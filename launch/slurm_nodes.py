@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
-from config.spec import Spec
-from config.storage import is_local, join, local_path, makedirs
-from tasks.agent import heartbeat_dir
-from tasks.watch import Watch, metrics_url
+from storage.spec import Spec
+from storage.fs import is_local, join, local_path, makedirs
+from launch.agent import heartbeat_dir
+from launch.watch import Watch, metrics_url
 
 POLL_S = 2.0
 DEFAULT_MASTER_PORT = 6001

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from config.schema import LaunchConfig
-from tasks.agent import Agent, free_port, grace_for, heartbeat_dir, kill, start_agent, supervise
-from tasks.preflight import NodePlan
-from tasks.watch import Watch, metrics_url
+from launch.agent import Agent, free_port, grace_for, heartbeat_dir, kill, start_agent, supervise
+from launch.preflight import NodePlan
+from launch.watch import Watch, metrics_url
 
 
 def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[str], phase: str,

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from config import layout
+from storage import layout
 from config.errors import RetryableError
-from config.storage import exists, join, read_bytes
+from storage.fs import exists, join, read_bytes
 
 READ_EVERY_S = 2.0
 

@@ -18,10 +18,10 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from config import layout
-from config.digest import digest_bytes
+from storage import layout
+from storage.digest import digest_bytes
 from config.errors import UserError
-from config.storage import (create_exclusive, exists, join, listdir, read_bytes, read_versioned,
+from storage.fs import (create_exclusive, exists, join, listdir, read_bytes, read_versioned,
                             replace_if_unchanged)
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")

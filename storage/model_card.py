@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from config import layout
+from storage import layout
 from config.deepspeed import zero_stage
-from config.spec import Spec
+from storage.spec import Spec
 
 METRIC_ROWS = (("loss", "eval loss (nats per target token)", "{:.4f}"), ("perplexity", "perplexity", "{:.2f}"),
                ("token_accuracy", "token accuracy", "{:.4f}"), ("target_tokens", "target tokens", "{}"),

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from config import layout
-from config.digest import digest_bytes, digest_url
+from storage import layout
+from storage.digest import digest_bytes, digest_url
 from config.errors import UserError
-from config.storage import filesystem, find_sizes, join, read_bytes
+from storage.fs import filesystem, find_sizes, join, read_bytes
 
 VerifyMode = Literal["full", "size"]
 

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from config import layout
-from config.digest import digest_bytes
+from storage import layout
+from storage.digest import digest_bytes
 from config.errors import RetryableError, UserError
-from config.manifest import read_manifest, verify_files
-from config.spec import Spec
-from config.storage import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
+from storage.manifest import read_manifest, verify_files
+from storage.spec import Spec
+from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
 from config.version import code_version
 
 CONNECT_RETRY_S = 0.5

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from config import layout
+from storage import layout
 from config.errors import UserError
-from config.storage import create_exclusive, read_versioned, remove, replace_if_unchanged
+from storage.fs import create_exclusive, read_versioned, remove, replace_if_unchanged
 
 log = logging.getLogger(__name__)
 LEASE_ENV = "TANDEM_RUN_LOCK_LEASE_S"

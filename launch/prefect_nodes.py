@@ -17,12 +17,12 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
-from config import layout
+from storage import layout
 from config.errors import RetryableError, UserError
-from config.spec import Spec
-from config.storage import exists, join, read_bytes
-from tasks.agent import heartbeat_dir
-from tasks.watch import Watch, metrics_url
+from storage.spec import Spec
+from storage.fs import exists, join, read_bytes
+from launch.agent import heartbeat_dir
+from launch.watch import Watch, metrics_url
 
 POLL_S = 1.0
 DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.schema import CHAMPION_METRIC, METRIC_DIRECTION, GateConfig
-from tasks.registry import better, champion, read_entry
+from storage.registry import better, champion, read_entry
 
 
 @dataclass(frozen=True)
