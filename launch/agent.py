@@ -4,7 +4,8 @@ Used by every backend (all nodes on this machine, or one node under a per-node f
 in its own session, so a whole node's process tree can be signalled at once; it logs to
 {run}/nodes/{r}/log.txt and leaves status.json. The supervisor polls the agents: the first one that
 exits non-zero stops all the others, and the error names the node, the rank and that rank's own error
-line. Any exception on our side (Ctrl-C, a Prefect cancellation, a stall) kills every agent.
+line. Any exception on our side (Ctrl-C, a Prefect cancellation, a stall) kills every agent. The command line and
+environment are in launch/command.py, the reading of a failed node's log in launch/diagnose.py.
 
 torchrun starts each rank in a session of its own, so a rank is not in its agent's process group: when
 the agent itself dies (SIGKILL, the OOM killer) its ranks live on as orphans that no process-group
@@ -16,30 +17,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from storage import layout
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
-from storage.fs import is_local, join, local_path, options_environment, put_file, write_json_atomic
+from launch.command import AGENT_TAG_ENV, heartbeat_dir, node_scratch, rank_environment, torchrun_command
+from launch.diagnose import error_for, failure_summary, read_from, tail
 from launch.preflight import NodePlan
 from launch.watch import Watch
+from storage import layout
+from storage.fs import is_local, join, put_file, write_json_atomic
 
 POLL_S = 0.5
 SETTLE_S = 3.0  # after a first failure, how long the other nodes get to report theirs
 KILL_GRACE_S = 10.0
-AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
 
 
 @dataclass
@@ -52,68 +52,6 @@ class Agent:
     log_offset: int  # where this launch's part of the (appended) log begins
     started_at: str
     tag: str = ""  # AGENT_TAG_ENV of the agent and of every process it started
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (a fresh one per launch: FACTS.md on reused ports)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[str]) -> list[str]:
-    """The per-node torchrun line (the same for every backend)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}", f"--node-rank={plan.node_rank}",
-        f"--master-addr={plan.master_addr}", f"--master-port={plan.master_port}",
-        "--rdzv-conf", f"timeout={rdzv_timeout}",
-        "-m", module, *args,
-    ]
-
-
-def rank_environment(launch: LaunchConfig) -> dict[str, str]:
-    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower (FACTS.md)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(options_environment())
-    env.update(launch.env)
-    return env
-
-
-RANK_ERROR = re.compile(r"\[rank (\d+)/\d+ [^\]]*\] ERROR trainer: (.*)")
-ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank[^\n]*\n[^\n]*exitcode\s+: (-?\d+)")
-
-
-def read_from(path: str, offset: int) -> str:
-    """The text of a log file from a byte offset on."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def failure_summary(text: str) -> tuple[str, int | None]:
-    """(one line saying which rank failed and why, that rank's exit code) from a node's log text.
-
-    A rank's own error line wins. Otherwise torchrun's failure report is used, skipping ranks that
-    torchrun itself terminated (SIGTERM, -15) after the first one failed.
-    """
-    errors = RANK_ERROR.findall(text)
-    failures = [(int(rank), int(code)) for rank, code in ROOT_CAUSE.findall(text)]
-    first = next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
-    code = first[1] if first else None
-    if errors:
-        rank, message = errors[0]
-        return f"rank {rank}: {message}", code
-    if first:
-        return f"rank {first[0]} exited with code {code}", code
-    return "see the log", code
 
 
 def grace_for(launch: LaunchConfig) -> float:
@@ -159,15 +97,6 @@ def tagged_processes(tag: str) -> list[int]:
     return found
 
 
-def node_scratch(run_url: str, node_rank: int) -> str:
-    """A local directory for a node's log: the run's node directory when storage is local, else a
-    local mirror that is uploaded after each phase (object stores cannot append)."""
-    if is_local(run_url):
-        return local_path(layout.node_dir(run_url, node_rank))
-    run_id = run_url.rstrip("/").rsplit("/", 1)[1]
-    return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
-
-
 def _publish_node_files(run_url: str, agent: Agent, phase: str) -> None:
     """Write status.json, and upload the log when the run's storage is not local."""
     node_url = layout.node_dir(run_url, agent.node_rank)
@@ -190,11 +119,6 @@ def raise_on_sigterm() -> None:
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def heartbeat_dir(run_url: str, node_rank: int, phase: str) -> str:
-    """Where the ranks of a node touch their heartbeat files during a phase."""
-    return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase}")
 
 
 def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str, args: list[str],
@@ -253,8 +177,7 @@ def _failure(first: Agent, pending: list[Agent], run_url: str, phase: str) -> Us
     for agent in failed:
         text = read_from(agent.log_path, agent.log_offset)
         summary, rank_code = failure_summary(text)
-        reports.append((agent, summary, rank_code, "".join(text.splitlines(keepends=True)[-15:])))
-    agent, summary, rank_code, tail = next((r for r in reports if r[2] == EXIT_USER_ERROR), reports[0])
-    message = f"{phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, last lines:\n{tail}"
-    return UserError(message) if rank_code == EXIT_USER_ERROR else RetryableError(message)
-
+        reports.append((agent, summary, rank_code, tail(text)))
+    agent, summary, rank_code, last = next((r for r in reports if r[2] == EXIT_USER_ERROR), reports[0])
+    return error_for(rank_code, f"{phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, "
+                                f"last lines:\n{last}")

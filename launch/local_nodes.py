@@ -9,9 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from config.schema import LaunchConfig
-from launch.agent import Agent, free_port, grace_for, heartbeat_dir, kill, start_agent, supervise
+from launch.agent import Agent, grace_for, kill, supervise
+from launch.command import free_port
+from launch.node import job_preflight, start_node
+from launch.phase import Info, OnProgress, PhaseJob
 from launch.preflight import NodePlan
-from launch.watch import Watch, metrics_url
+from launch.watch import phase_watch
+
+
+def run_local_job(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
+    """The local backend's entry (launch/phase.py): every node of the job on this machine."""
+    spec = job.written.spec
+    run_local_nodes(spec.run_url, spec.config.launch, job.module, job.args, job.phase, info,
+                    on_progress=on_progress, preflight=job_preflight(job, info))
 
 
 def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[str], phase: str,
@@ -24,16 +34,11 @@ def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[
     """
     port = launch.master_port or free_port()
     agents: list[Agent] = []
-    watch = None
-    if on_progress is not None:
-        beats = {n: heartbeat_dir(run_url, n, phase) for n in range(launch.nnodes)}
-        watch = Watch(metrics_url(run_url), beats, launch.stall_timeout, launch.rdzv_timeout, on_progress)
+    watch = phase_watch(run_url, launch, phase, on_progress)
     try:
         for node_rank in range(launch.nnodes):
             plan = NodePlan(node_rank, launch.nnodes, launch.nproc_per_node, launch.master_addr, port)
-            if preflight is not None:
-                preflight(plan)
-            agents.append(start_agent(run_url, plan, launch, module, args, phase))
+            agents.append(start_node(run_url, plan, launch, module, args, phase, preflight))
         info(f"{phase}: started {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), "
              f"rendezvous {launch.master_addr}:{port}")
         supervise(agents, run_url, phase, watch)

@@ -2,14 +2,14 @@
 queue (`{launch.queue_prefix}{rank}`), where a process worker on the node runs it (flows/node.py).
 
 The pipeline follows the children: a child that fails, crashes or is cancelled stops the others and
-fails the step naming its node, with the tail of that node's log from shared storage. Whatever way
-this function exits (success, failure, the parent being cancelled), no child is left running.
+fails the step naming its node, with the tail of that node's log from shared storage; the node's exit code,
+recorded in its status.json, says whether a retry may help. Whatever way this function exits (success,
+failure, the parent being cancelled), no child is left running.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -17,60 +17,46 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
-from storage import layout
-from config.errors import RetryableError, UserError
-from storage.spec import Spec
-from storage.fs import exists, join, read_bytes
-from launch.agent import heartbeat_dir
-from launch.watch import Watch, metrics_url
+from launch.command import DEFAULT_MASTER_PORT
+from launch.diagnose import error_for, log_tail
+from launch.node import failure_exit_code
+from launch.phase import Info, OnProgress, PhaseJob
+from launch.watch import Watch, phase_watch
 
 POLL_S = 1.0
-DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken
 
 
-def node_parameters(spec: Spec, spec_url: str, node_rank: int, port: int, phase: str, model_url: str | None,
-                    spec_digest: str | None) -> dict[str, Any]:
+def node_parameters(job: PhaseJob, node_rank: int, port: int) -> dict[str, Any]:
     """The node flow's parameters for one node."""
-    launch = spec.config.launch
-    return {"spec_url": spec_url, "node_rank": node_rank, "nnodes": launch.nnodes,
+    launch = job.written.spec.config.launch
+    return {"spec_url": job.written.url, "node_rank": node_rank, "nnodes": launch.nnodes,
             "nproc_per_node": launch.nproc_per_node, "master_addr": launch.master_addr, "master_port": port,
-            "phase": phase, "model_url": model_url, "expected_spec_digest": spec_digest}
+            "phase": job.phase, "model_url": job.model_url,
+            "expected_spec_digest": job.written.digest if job.phase == "train" else None}
 
 
-def log_tail(run_url: str, node_rank: int, lines: int = 15) -> str:
-    """The end of a node's log on shared storage."""
-    url = join(layout.node_dir(run_url, node_rank), layout.LOG)
-    if not exists(url):
-        return "(no log on storage)"
-    return "".join(read_bytes(url).decode(errors="replace").splitlines(keepends=True)[-lines:])
-
-
-def run_prefect_nodes(spec: Spec, spec_url: str, phase: str, info: Callable[[str], None], *,
-                      model_url: str | None = None, spec_digest: str | None = None,
-                      on_progress: Callable[[dict], None] | None = None) -> None:
+def run_prefect_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
     """Start the node flow on every node's queue and wait for all of them; raise naming the first failure."""
+    spec, phase = job.written.spec, job.phase
     launch = spec.config.launch
     port = launch.master_port or DEFAULT_MASTER_PORT
     children: dict[int, UUID] = {}
-    watch = None
-    if on_progress is not None:
-        beats = {n: heartbeat_dir(spec.run_url, n, phase) for n in range(launch.nnodes)}
-        watch = Watch(metrics_url(spec.run_url), beats, launch.stall_timeout, launch.rdzv_timeout, on_progress)
+    watch = phase_watch(spec.run_url, launch, phase, on_progress)
     try:
         for rank in range(launch.nnodes):
             run = run_deployment(name=launch.node_deployment, timeout=0, work_queue_name=f"{launch.queue_prefix}{rank}",
-                                 parameters=node_parameters(spec, spec_url, rank, port, phase, model_url, spec_digest),
+                                 parameters=node_parameters(job, rank, port),
                                  flow_run_name=f"{spec.run_id}-{phase}-node{rank}")
             children[rank] = run.id
         info(f"{phase}: {launch.nnodes} node flow runs sent to queues {launch.queue_prefix}0.."
              f"{launch.queue_prefix}{launch.nnodes - 1} ({launch.node_deployment}), rendezvous "
              f"{launch.master_addr}:{port}")
-        _follow(children, spec, phase, watch)
+        _follow(children, spec.run_url, phase, watch)
     finally:
         _cancel_unfinished(children)
 
 
-def _follow(children: dict[int, UUID], spec: Spec, phase: str, watch: Watch | None) -> None:
+def _follow(children: dict[int, UUID], run_url: str, phase: str, watch: Watch | None) -> None:
     """Poll the children's states until all completed; raise for the first one that did not."""
     pending = dict(children)
     with get_client(sync_client=True) as client:
@@ -89,8 +75,8 @@ def _follow(children: dict[int, UUID], spec: Spec, phase: str, watch: Watch | No
                 _, rank, state = min(failed, key=lambda f: (f[0], f[1]))
                 message = (f"{phase} failed on node {rank} (its flow run is {state.name}: "
                            f"{(state.message or '').strip()})\nlast lines of its log:\n"
-                           f"{log_tail(spec.run_url, rank)}")
-                raise (UserError if "UserError" in (state.message or "") else RetryableError)(message)
+                           f"{log_tail(run_url, rank)}")
+                raise error_for(failure_exit_code(run_url, rank), message)
             time.sleep(POLL_S)
 
 

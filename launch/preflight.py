@@ -21,7 +21,7 @@ from typing import Any
 from storage import layout
 from storage.digest import digest_bytes
 from config.errors import RetryableError, UserError
-from storage.manifest import read_manifest, verify_files
+from storage.manifest import verify_dataset
 from storage.spec import Spec
 from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
 from config.version import code_version
@@ -115,13 +115,25 @@ def check_master_reachable(plan: NodePlan, timeout_s: float) -> str:
             time.sleep(CONNECT_RETRY_S)
 
 
-def check_gpus(plan: NodePlan) -> str:
-    """On GPU machines: at least nproc_per_node GPUs, all of one model (reported for cross-node comparison)."""
+def gpu_names() -> list[str] | None:
+    """The model name of every GPU this machine shows; None without nvidia-smi (a machine without GPUs)."""
     if shutil.which("nvidia-smi") is None:
-        return "no GPU (CPU ranks, gloo)"
+        return None
     out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True, timeout=30)
-    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def visible_gpus() -> int:
+    """GPUs this machine shows (0 without nvidia-smi)."""
+    return len(gpu_names() or [])
+
+
+def check_gpus(plan: NodePlan) -> str:
+    """On GPU machines: at least nproc_per_node GPUs, all of one model (reported for cross-node comparison)."""
+    names = gpu_names()
+    if names is None:
+        return "no GPU (CPU ranks, gloo)"
     if len(names) < plan.nproc_per_node:
         raise UserError(f"node {plan.node_rank}: {len(names)} GPUs visible, {plan.nproc_per_node} ranks requested; "
                         "set launch.nproc_per_node (GPUS_PER_NODE) to the GPUs every node has")
@@ -132,12 +144,8 @@ def check_gpus(plan: NodePlan) -> str:
 
 def check_dataset(spec: Spec, plan: NodePlan) -> str:
     """The staged dataset matches its manifest, and the manifest the one spec.json names."""
-    manifest, digest = read_manifest(spec.dataset.url, layout.DATASET_SCHEMA)
-    if digest != spec.dataset.manifest_digest:
-        raise UserError(f"node {plan.node_rank}: {spec.dataset.url}/{layout.MANIFEST} digest {digest[:12]}… is not "
-                        f"{spec.dataset.manifest_digest[:12]}… from spec.json; the dataset changed, prepare it again")
     try:
-        verify_files(spec.dataset.url, manifest, mode="full")
+        manifest = verify_dataset(spec.dataset.url, "full", spec.dataset.manifest_digest)
     except UserError as exc:
         raise UserError(f"node {plan.node_rank}: {exc}") from None
     return f"{spec.dataset.dataset_id}: {len(manifest['files'])} files verified"

@@ -13,30 +13,29 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
-from config.errors import EXIT_USER_ERROR, RetryableError, UserError
+from config.errors import RetryableError, UserError
 from config.loader import PROJECT_ROOT
-from storage.spec import Spec
+from launch.command import DEFAULT_MASTER_PORT
+from launch.diagnose import error_for, tail
+from launch.phase import Info, OnProgress, PhaseJob
+from launch.watch import phase_watch
 from storage.fs import is_local, join, local_path, makedirs
-from launch.agent import heartbeat_dir
-from launch.watch import Watch, metrics_url
 
 POLL_S = 2.0
-DEFAULT_MASTER_PORT = 6001
 FINAL_OK = {"COMPLETED"}
 FINAL_BAD = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
-def render_sbatch(spec: Spec, spec_url: str, phase: str, *, output: str, model_url: str | None = None,
-                  spec_digest: str | None = None) -> str:
+def render_sbatch(job: PhaseJob, *, output: str) -> str:
     """The batch script for one phase of a run."""
+    spec, phase = job.written.spec, job.phase
     launch = spec.config.launch
-    node_args = ["--spec", spec_url, "--phase", phase]
-    if model_url:
-        node_args += ["--model", model_url]
-    if spec_digest:
-        node_args += ["--spec-digest", spec_digest]
+    node_args = ["--spec", job.written.url, "--phase", phase]
+    if job.model_url:
+        node_args += ["--model", job.model_url]
+    if phase == "train":
+        node_args += ["--spec-digest", job.written.digest]
     node_command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "flows.node", *node_args])
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))
     extra = "".join(f"#SBATCH {arg}\n" for arg in launch.slurm_args)
@@ -97,49 +96,51 @@ def _squeue_knows(job_id: str) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
-def run_slurm_nodes(spec: Spec, spec_url: str, phase: str, info: Callable[[str], None], *,
-                    model_url: str | None = None, spec_digest: str | None = None,
-                    on_progress: Callable[[dict], None] | None = None) -> None:
+def run_slurm_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
     """Submit the phase as one job over launch.nnodes nodes and wait; raise naming the failure."""
+    spec, phase = job.written.spec, job.phase
     if not is_local(spec.run_url):
         raise UserError("launch.backend=slurm needs run.storage on a shared filesystem (NFS) for the job script")
-    launch = spec.config.launch
     jobs_dir = join(spec.run_url, "slurm")
     makedirs(jobs_dir)
     script = local_path(join(jobs_dir, f"{phase}.sbatch"))
     output = local_path(join(jobs_dir, f"{phase}-%j.out"))
     with open(script, "w") as handle:
-        handle.write(render_sbatch(spec, spec_url, phase, output=output, model_url=model_url, spec_digest=spec_digest))
+        handle.write(render_sbatch(job, output=output))
     job_id = submit(script)
-    info(f"{phase}: SLURM job {job_id} submitted ({launch.nnodes} nodes, script {script})")
-    watch = None
+    info(f"{phase}: SLURM job {job_id} submitted ({spec.config.launch.nnodes} nodes, script {script})")
     finished = False
     try:
-        while True:
-            state, code = job_state(job_id)
-            if state in FINAL_OK:
-                finished = True
-                return
-            if state in FINAL_BAD:
-                finished = True
-                out = output.replace("%j", job_id)
-                text = _read(out)
-                errors = [line[len("error: "):] for line in text.splitlines() if line.startswith("error: ")]
-                tail = "".join(text.splitlines(keepends=True)[-10:])
-                message = (f"{phase}: SLURM job {job_id} ended {state} (exit {code}): "
-                           f"{errors[0] if errors else 'no error line from the nodes'}\nlast lines of {out}:\n{tail}")
-                user_error = code.split(":")[0] == str(EXIT_USER_ERROR)
-                raise (UserError if user_error else RetryableError)(message)
-            if state == "RUNNING" and on_progress is not None:
-                if watch is None:  # time in the queue is not a stall: start the clock when it runs
-                    beats = {n: heartbeat_dir(spec.run_url, n, phase) for n in range(launch.nnodes)}
-                    watch = Watch(metrics_url(spec.run_url), beats, launch.stall_timeout, launch.rdzv_timeout,
-                                  on_progress)
-                watch.poll()
-            time.sleep(POLL_S)
+        finished = _follow(job, job_id, output.replace("%j", job_id), on_progress)
     finally:
         if not finished:
             subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+
+
+def _follow(job: PhaseJob, job_id: str, output: str, on_progress: OnProgress | None) -> bool:
+    """Poll the job until it completed (True); raise naming the failure when it ended otherwise."""
+    spec, watch = job.written.spec, None
+    while True:
+        state, code = job_state(job_id)
+        if state in FINAL_OK:
+            return True
+        if state in FINAL_BAD:
+            raise _failure(job.phase, job_id, state, code, output)
+        if state == "RUNNING" and on_progress is not None:
+            if watch is None:  # time in the queue is not a stall: start the clock when it runs
+                watch = phase_watch(spec.run_url, spec.config.launch, job.phase, on_progress)
+            watch.poll()  # type: ignore[union-attr]
+        time.sleep(POLL_S)
+
+
+def _failure(phase: str, job_id: str, state: str, code: str, output: str) -> UserError | RetryableError:
+    """The error of a job that ended badly: the nodes' first error line and the end of the job's output."""
+    text = _read(output)
+    errors = [line[len("error: "):] for line in text.splitlines() if line.startswith("error: ")]
+    message = (f"{phase}: SLURM job {job_id} ended {state} (exit {code}): "
+               f"{errors[0] if errors else 'no error line from the nodes'}\nlast lines of {output}:\n{tail(text, 10)}")
+    exit_code = code.split(":")[0]
+    return error_for(int(exit_code) if exit_code.isdigit() else None, message)
 
 
 def _read(path: str) -> str:

@@ -16,6 +16,8 @@ from typing import Any
 
 from storage import layout
 from config.errors import RetryableError
+from config.schema import LaunchConfig
+from launch.command import heartbeat_dir
 from storage.fs import exists, join, read_bytes
 
 READ_EVERY_S = 2.0
@@ -75,3 +77,13 @@ class Watch:
 def metrics_url(run_url: str) -> str:
     """Where rank 0 writes step metrics."""
     return join(run_url, layout.METRICS)
+
+
+def phase_watch(run_url: str, launch: LaunchConfig, phase: str,
+                on_progress: Callable[[dict[str, Any]], None] | None) -> Watch | None:
+    """The watch of a phase on launch.nnodes nodes (every backend uses this), or None when nobody follows
+    progress (evaluation)."""
+    if on_progress is None:
+        return None
+    beats = {n: heartbeat_dir(run_url, n, phase) for n in range(launch.nnodes)}
+    return Watch(metrics_url(run_url), beats, launch.stall_timeout, launch.rdzv_timeout, on_progress)

@@ -1,18 +1,24 @@
-"""Which checkpoints exist for readers: only those whose COMPLETE matches their manifest.
+"""Checkpoint and export directories on storage: the writer of their manifest and COMPLETE marker, the reader
+that decides which exist (only those whose COMPLETE matches their manifest), deletion and retention.
 
-Shared by the trainer (resume, retention) and the flow (wait, evaluate, register), so both sides
-apply the same rule (DESIGN.md: "A directory without COMPLETE does not exist for readers").
+Shared by the trainer (save, resume, retention, export) and the flow (wait, evaluate, register), so both sides
+apply the same rule (docs/architecture.md: "a directory without COMPLETE does not exist for readers").
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from storage import layout
 from config.errors import UserError
+from storage import layout
+from storage.digest import digest_bytes
+from storage.fs import exists, join, listdir, read_bytes, remove, write_bytes_atomic, write_json_atomic
 from storage.manifest import read_manifest, verify_files
-from storage.fs import exists, join, listdir, read_bytes
+
+log = logging.getLogger(__name__)
 
 STEP_PREFIX = "step-"
 
@@ -78,3 +84,67 @@ def latest_complete(run_url: str) -> CompleteCheckpoint | None:
         if ckpt is not None:
             return ckpt
     return None
+
+
+def commit(url: str, manifest: dict[str, Any], *, verify: bool = False,
+           before_seal: Callable[[], None] | None = None) -> str:
+    """Write manifest.json, then (optionally after checking every listed file's size) COMPLETE with the
+    manifest's digest in the manifest's own digest algorithm: the commit of a checkpoint or export directory.
+    `before_seal` runs just before COMPLETE is written (fault injection). Returns that digest."""
+    raw = write_json_atomic(join(url, layout.MANIFEST), manifest)
+    if verify:
+        verify_files(url, manifest, mode="size")
+    if before_seal is not None:
+        before_seal()
+    return seal(url, raw, manifest["digest_algorithm"])
+
+
+def seal(url: str, manifest_bytes: bytes, algorithm: str) -> str:
+    """Write COMPLETE holding the digest of the manifest's bytes; returns it."""
+    digest = digest_bytes(manifest_bytes, algorithm)
+    write_bytes_atomic(join(url, layout.COMPLETE), (digest + "\n").encode())
+    return digest
+
+
+def checkpoint_manifest(step: int, world_size: int, meta: dict[str, Any], algorithm: str,
+                        files: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tandem.checkpoint/1 document (meta: zero_stage and method)."""
+    return {"schema": layout.CHECKPOINT_SCHEMA, **meta, "step": step, "world_size": world_size,
+            "digest_algorithm": algorithm, "files": files}
+
+
+def model_manifest(step: int, algorithm: str, files: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tandem.model/1 document: the files of an exported model, by path."""
+    return {"schema": layout.MODEL_SCHEMA, "step": step, "digest_algorithm": algorithm,
+            "files": sorted(files, key=lambda f: f["path"])}
+
+
+def remove_dir(url: str) -> None:
+    """Delete a checkpoint or export directory, COMPLETE first, so a crash half way leaves an incomplete one."""
+    if not exists(url):
+        return
+    remove(join(url, layout.COMPLETE))
+    remove(url, recursive=True)
+
+
+def retention_doomed(run_url: str, keep_latest_k: int | None) -> list[int]:
+    """The steps retention deletes: complete checkpoints beyond the newest k, and incomplete ones older than the
+    newest complete; never the newest complete one."""
+    complete = complete_checkpoints(run_url)
+    if not complete:
+        return []
+    newest = complete[0].step
+    doomed = [c.step for c in complete[keep_latest_k:]] if keep_latest_k else []
+    complete_steps = {c.step for c in complete}
+    doomed += [step for step, _ in step_dirs(run_url) if step < newest and step not in complete_steps]
+    return sorted(doomed)
+
+
+def apply_retention(run_url: str, keep_latest_k: int | None) -> list[int]:
+    """Delete what retention_doomed names; returns the deleted steps."""
+    doomed = retention_doomed(run_url, keep_latest_k)
+    for step in doomed:
+        remove_dir(layout.checkpoint_dir(run_url, step))
+    if doomed:
+        log.info("retention (keep_latest_k=%s): deleted steps %s", keep_latest_k, doomed)
+    return doomed

@@ -33,10 +33,18 @@ from config.errors import RetryableError, UserError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Processes started by a launcher (torchrun ranks) inherit the options here, so that they can read
-# spec.json from an object store before they know the config.
+# The fsspec options (endpoint, credentials) of each storage prefix this process was given: by the flow at its
+# boundary (run.storage_options, data.storage_options), or, in a process a launcher started (a torchrun rank),
+# from the environment the launcher handed down (use_environment_options), so that a rank can read spec.json
+# from an object store before it knows the config. Nothing is read at import.
 OPTIONS_ENV = "TANDEM_STORAGE_OPTIONS"
-_OPTIONS: dict[str, dict[str, Any]] = json.loads(os.environ.get(OPTIONS_ENV) or "{}")
+_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def use_environment_options() -> None:
+    """Take the options a launcher handed down in the environment (see options_environment)."""
+    for prefix, options in json.loads(os.environ.get(OPTIONS_ENV) or "{}").items():
+        set_storage_options(prefix, options)
 
 
 def set_storage_options(prefix: str, options: dict[str, Any]) -> None:

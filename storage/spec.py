@@ -5,6 +5,7 @@ node and every rank. Its digest is part of the lineage.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -22,6 +23,13 @@ class DatasetRef(Section):
     dataset_id: str
     url: str = Field(description="{storage}/datasets/{dataset_id}")
     manifest_digest: str
+    # The records of each split, as staging counted them; not written to spec.json (its format is unchanged),
+    # empty when the reference was read back from one.
+    split_records: dict[str, int] = Field(default_factory=dict, exclude=True)
+
+    def records(self, split: str) -> int | None:
+        """Records of a split when this reference carries the counts, else None."""
+        return self.split_records.get(split)
 
 
 class Spec(Section):
@@ -67,3 +75,17 @@ def load_spec(url: str) -> tuple[Spec, str]:
     if spec.schema_name != layout.SPEC_SCHEMA:
         raise UserError(f"{url}: schema {spec.schema_name!r} is not {layout.SPEC_SCHEMA!r}")
     return spec, digest_bytes(raw, "sha256")
+
+
+@dataclass(frozen=True)
+class WrittenSpec:
+    """A spec.json on storage: the spec, where it is, and the sha256 of its bytes (checked by every node)."""
+
+    spec: Spec
+    url: str
+    digest: str
+
+
+def publish_spec(spec: Spec) -> WrittenSpec:
+    """Write spec.json into the run directory and say where it is and what its bytes hash to."""
+    return WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))

@@ -100,7 +100,8 @@ def reuse(base: str, name: str, reporter: Reporter) -> DatasetRef | None:
         reporter.info(f"dataset {name} is damaged ({exc}); staging it again")
         return None
     reporter.info(f"dataset {name} already staged at {base}")
-    return DatasetRef(dataset_id=name, url=base, manifest_digest=manifest_digest)
+    return DatasetRef(dataset_id=name, url=base, manifest_digest=manifest_digest,
+                      split_records={split: c["records"] for split, c in manifest["splits"].items()})
 
 
 def clear(base: str) -> None:
@@ -165,7 +166,8 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
     raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
     reporter.info(f"staged dataset {name} at {base}: " + ", ".join(
         f"{split} {c['records']} records / {c['tokens']} tokens" for split, c in counts.items()))
-    return DatasetRef(dataset_id=name, url=base, manifest_digest=digest_bytes(raw, data.digest_algorithm))
+    return DatasetRef(dataset_id=name, url=base, manifest_digest=digest_bytes(raw, data.digest_algorithm),
+                      split_records={split: c["records"] for split, c in counts.items()})
 
 
 def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:

@@ -13,7 +13,7 @@ from storage import layout
 from storage.checkpoints import latest_complete
 from config.loader import load_config
 from storage.manifest import read_manifest
-from storage.spec import DatasetRef, load_spec, write_spec
+from storage.spec import DatasetRef, WrittenSpec, load_spec, write_spec
 from storage.fs import read_json
 from launch.phase import run_phase
 from tasks.register import registry_entry
@@ -51,7 +51,7 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
     # Evaluate the old checkpoint: the same all-reduced sums as the code that wrote it.
     checkpoint = latest_complete(run_url)
     assert checkpoint is not None and checkpoint.step == 4
-    run_phase(spec, spec_url, "eval", lambda _: None, model_url=checkpoint.url)
+    run_phase(WrittenSpec(spec, spec_url, spec_digest), "eval", lambda _: None, model_url=checkpoint.url)
     metrics = read_json(layout.join(run_url, layout.EVAL))
     assert metrics["schema"] == layout.EVAL_SCHEMA
     for key in ("target_tokens", "correct_tokens", "examples", "world_size"):
@@ -71,7 +71,7 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
                              *[o.replace("train.max_steps=4", "train.max_steps=6") for o in OVERRIDES]])
     resumed = build_spec(cfg, RUN, spec.model_path, dataset)
     digest = write_spec(resumed)
-    run_phase(resumed, spec_url, "train", lambda _: None, spec_digest=digest)
+    run_phase(WrittenSpec(resumed, spec_url, digest), "train", lambda _: None)
     lines = [json.loads(line) for line in (storage / "runs" / RUN / layout.METRICS).read_text().splitlines()]
     steps = [r["step"] for r in lines if "event" not in r]
     assert steps == [1, 2, 3, 4, 5, 6]

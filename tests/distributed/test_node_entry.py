@@ -10,7 +10,7 @@ import sys
 
 from storage import layout
 from storage.spec import write_spec
-from launch.agent import free_port
+from launch.command import free_port
 from tasks.run import build_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config

@@ -12,7 +12,7 @@ import pytest
 from storage import layout
 from config.errors import RetryableError, UserError
 from storage.spec import write_spec
-from launch.agent import free_port
+from launch.command import free_port
 from launch.preflight import NodePlan, run_preflight
 from tasks.run import build_spec
 from tests.distributed.harness import Staged, config, stage

@@ -13,7 +13,7 @@ import pytest
 from storage.checkpoints import latest_complete
 from config.errors import RetryableError
 from config.loader import load_config
-from launch.agent import free_port
+from launch.command import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.agent import free_port
+from launch.command import free_port
 
 CONF = """ClusterName=tandem-test
 SlurmctldHost=localhost
