@@ -1,4 +1,4 @@
-"""Names of everything Tandem writes on storage, in one place (see DESIGN.md "Storage contracts")."""
+"""Names of everything Tandem writes on storage, in one place (see docs/architecture.md, "On storage")."""
 
 from __future__ import annotations
 

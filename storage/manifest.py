@@ -1,7 +1,7 @@
 """Manifests: the list of files (size, digest) that makes a directory whole, and its verification.
 
 Used for staged datasets and checkpoints alike. `verify_files` is the one check every node runs
-before its ranks read a byte (DESIGN.md: "Every node verifies the dataset manifest").
+before its ranks read a byte (docs/architecture.md: "every node verifies the dataset manifest").
 """
 
 from __future__ import annotations

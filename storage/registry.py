@@ -1,4 +1,4 @@
-"""The model registry on any fsspec storage (DESIGN.md): registry/{model}/v{n:04d}.json + champion.json.
+"""The model registry on any fsspec storage (docs/architecture.md): registry/{model}/v{n:04d}.json + champion.json.
 
 Plain functions, free of Prefect (the registry CLI uses them without a server). A version is claimed
 by creating its file exclusively (link() locally, a conditional PUT on S3): two registrations racing
@@ -21,8 +21,8 @@ from typing import Any
 from storage import layout
 from storage.digest import digest_bytes
 from config.errors import UserError
-from storage.fs import (create_exclusive, exists, join, listdir, read_bytes, read_versioned,
-                            replace_if_unchanged)
+from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
+from storage.fs import exists, join, listdir, read_bytes
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

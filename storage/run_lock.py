@@ -25,7 +25,8 @@ from typing import Any
 
 from storage import layout
 from config.errors import UserError
-from storage.fs import create_exclusive, read_versioned, remove, replace_if_unchanged
+from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
+from storage.fs import remove
 
 log = logging.getLogger(__name__)
 LEASE_ENV = "TANDEM_RUN_LOCK_LEASE_S"

@@ -182,7 +182,7 @@ def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
 
 def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str, int]], scan: Scan,
                    inputs: Inputs, data: DataConfig, rejects: list[Reject]) -> dict[str, Any]:
-    """The dataset manifest (DESIGN.md), with the record accounting: read = staged + rejected."""
+    """The dataset manifest (docs/architecture.md), with the record accounting: read = staged + rejected."""
     staged = sum(c["records"] for c in counts.values())
     return {
         "schema": layout.DATASET_SCHEMA,

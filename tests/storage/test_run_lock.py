@@ -10,7 +10,8 @@ import time
 import pytest
 
 from config.errors import UserError
-from storage.fs import create_exclusive, exists, read_bytes, set_storage_options
+from storage.conditional import create_exclusive
+from storage.fs import exists, read_bytes, set_storage_options
 from storage.run_lock import RunLock
 from tests.racing import race
 

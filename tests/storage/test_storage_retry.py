@@ -10,8 +10,9 @@ import threading
 import pytest
 
 from config.errors import EXIT_RETRYABLE, UserError
-from storage.fs import (RETRY_ENV, StorageUnavailable, create_exclusive, is_transient, read_bytes, retry_budget,
-                            set_storage_options, write_bytes_atomic)
+from storage.conditional import create_exclusive
+from storage.fs import (RETRY_ENV, StorageUnavailable, is_transient, read_bytes, retry_budget, set_storage_options,
+                        write_bytes_atomic)
 from tests.s3_faults import LoseOneAnswer
 
 # botocore and s3fs retry connection errors themselves for about 8 s; one attempt each leaves the retries
