@@ -19,21 +19,13 @@ from launch.phase import run_phase
 from tasks.register import registry_entry
 from storage.registry import read_entry, register_version
 from tasks.run import build_spec
-from tests.fixtures.make_compat_run import FIXTURE, OVERRIDES, PLACEHOLDER, REPO_PLACEHOLDER, ROOT, RUN
+from tests.fixtures.make_compat_run import (FIXTURE, OVERRIDES, PLACEHOLDER, REPO_PLACEHOLDER, ROOT, RUN,
+                                            rewrite_text)
 
 def materialize(storage: Path) -> None:
     """Copy the fixture to `storage` with the placeholders replaced by real paths."""
     shutil.copytree(FIXTURE, storage)
-    for path in storage.rglob("*"):
-        if not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
-        if PLACEHOLDER in text or REPO_PLACEHOLDER in text:
-            path.write_text(text.replace(PLACEHOLDER, str(storage)).replace(REPO_PLACEHOLDER, str(ROOT)),
-                            encoding="utf-8")
+    rewrite_text(storage, [(PLACEHOLDER, str(storage)), (REPO_PLACEHOLDER, str(ROOT))])
 
 
 def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> None:
