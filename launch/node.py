@@ -52,7 +52,10 @@ def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None) -> None:
         finally:
             kill([agent], grace_for(spec.config.launch))
     except TandemError as exc:
-        record_failure(spec.run_url, plan.node_rank, job.phase, exc.exit_code)
+        try:
+            record_failure(spec.run_url, plan.node_rank, job.phase, exc.exit_code)
+        except Exception as failed:  # noqa: BLE001 - the node's own error is the one to raise
+            log.warning("node %d: could not record its failure in status.json: %s", plan.node_rank, failed)
         raise
     info(f"node {plan.node_rank}: {job.phase} finished")
 
