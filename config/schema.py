@@ -86,11 +86,8 @@ class DataConfig(Section):
 class ModelConfig(Section):
     """The base model."""
 
-    name_or_path: str = Field(
-        "tiny",
-        description="Local Hugging Face model directory, or 'tiny' for the built-in random Qwen2-shaped model.",
-        min_length=1,
-    )
+    name_or_path: str = Field("tiny", min_length=1, description="Local Hugging Face model directory, or 'tiny' "
+                              "for the built-in random Qwen2-shaped model.")
 
 
 class LoraConfig(Section):
@@ -147,11 +144,8 @@ class TrainConfig(Section):
 class DeepSpeedSection(Section):
     """DeepSpeed engine configuration."""
 
-    config: str = Field(
-        "config/deepspeed/zero2.json",
-        description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).",
-        min_length=1,
-    )
+    config: str = Field("config/deepspeed/zero2.json", min_length=1,
+                        description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).")
 
 
 class LaunchConfig(Section):

@@ -1,4 +1,5 @@
-"""Shared command-line plumbing: `--config`/`--set` parsing and one-line errors with meaningful exit codes."""
+"""Shared flow and command-line plumbing: the flow boundary (`enter`), `--config`/`--set` parsing and one-line
+errors with meaningful exit codes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import sys
 from collections.abc import Callable
 
 from config.errors import TandemError
-from config.loader import DEFAULT_PRESET
+from config.loader import DEFAULT_PRESET, check_paths
+from config.schema import FinetuneConfig
+from storage.fs import set_storage_options
+
+
+def enter(config: FinetuneConfig) -> FinetuneConfig:
+    """The flow boundary, passed once per run: the config's local paths made absolute and checked (a config from
+    the UI form has not been through the loader), and run.storage's fsspec options given to the storage layer."""
+    cfg = check_paths(config)
+    set_storage_options(cfg.run.storage, cfg.run.storage_options)
+    return cfg
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

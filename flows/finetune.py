@@ -17,19 +17,18 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 from prefect.states import Completed
 
-from config import layout
-from config.loader import check_paths, load_config
+from storage import layout
+from config.loader import load_config
 from config.schema import FinetuneConfig
-from config.storage import set_storage_options
-from flows.cli import add_config_arguments, run_cli
-from flows.prepare import prepare
+from flows.cli import add_config_arguments, enter, run_cli
+from flows.prepare import stage_inputs
 from tasks.checkpoints import wait_for_checkpoint
 from tasks.evaluate import evaluate_on_nodes
 from tasks.assets import record_model_asset
 from tasks.loss_curve import plot_loss, read_metrics
 from tasks.register import register_model
 from tasks.run import new_run_id, write_run_spec
-from tasks.run_lock import RunLock
+from storage.run_lock import RunLock
 from tasks.train import train_with_retries
 
 
@@ -43,8 +42,7 @@ def last_train_loss(run_url: str) -> float | None:
 def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # noqa: B008 - the UI form's defaults
     """Fine-tune a model on every node and register it with its metrics and lineage."""
     logger = get_run_logger()
-    cfg = check_paths(config)
-    set_storage_options(cfg.run.storage, cfg.run.storage_options)
+    cfg = enter(config)
     run_id = new_run_id(cfg)
     logger.info("run %s: %s, %d node(s) x %d rank(s), storage %s", run_id, cfg.train.method, cfg.launch.nnodes,
                 cfg.launch.nproc_per_node, cfg.run.storage)
@@ -56,16 +54,17 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
 
 def pipeline(cfg: FinetuneConfig, run_id: str) -> Any:
     """The steps of a run whose lock this flow holds."""
-    model_path, dataset = prepare(cfg)
-    spec, spec_url, spec_digest = write_run_spec(cfg, run_id, model_path, dataset)
-    train_with_retries(spec)(spec, spec_url, spec_digest)
+    model_path, dataset = stage_inputs(cfg)
+    written = write_run_spec(cfg, run_id, model_path, dataset)
+    spec = written.spec
+    train_with_retries(spec)(written)
     checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
     model_url = layout.final_dir(spec.run_url)
     evaluated = checkpoint.url if cfg.eval.model == "checkpoint" else model_url
-    metrics = evaluate_on_nodes(spec, spec_url, evaluated)
+    metrics = evaluate_on_nodes(written, evaluated)
     loss_plot = plot_loss(spec.run_url, checkpoint.step, metrics["loss"], f"{cfg.register.model_name}, run {run_id}")
-    registered = register_model(spec, spec_digest, checkpoint, model_url, metrics, loss_plot)
-    if registered["registered"]:
+    registered = register_model(written, checkpoint, model_url, metrics, loss_plot)
+    if registered.registered:
         record_model_asset(spec, registered)
     summary = {
         "run_id": run_id,
@@ -76,13 +75,13 @@ def pipeline(cfg: FinetuneConfig, run_id: str) -> Any:
         "checkpoint_url": checkpoint.url,
         "model_url": model_url,
         "loss_plot": loss_plot,
-        "registered": registered["registered"],
-        "registration": registered["message"],
-        "registry_url": registered.get("url"),
+        "registered": registered.registered,
+        "registration": registered.message,
+        "registry_url": registered.url,
     }
     # The run ends Completed whether or not the gate passed; its state message says which (the UI shows
     # it), and callers of finetune() receive the summary.
-    message = f"registered {registered['message']}" if registered["registered"] else registered["message"]
+    message = f"registered {registered.message}" if registered.registered else registered.message
     return Completed(message=message, data=summary)  # type: ignore[return-value]
 
 

@@ -15,41 +15,30 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
-import subprocess
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from config.spec import load_spec
-from config.storage import set_storage_options
+from config.errors import UserError
 from flows.cli import run_cli
-from tasks.agent import grace_for, kill, start_agent, supervise
-from tasks.launch import MODULES
-from tasks.preflight import NodePlan, run_preflight
+from launch.command import DEFAULT_MASTER_PORT, MODULES
+from launch.node import run_node
+from launch.phase import PhaseJob
+from launch.preflight import NodePlan, visible_gpus
+from storage.fs import set_storage_options, use_environment_options
+from storage.spec import WrittenSpec, load_spec
 
 log = logging.getLogger("tandem.node")
 
 
-def run_node(spec_url: str, plan: NodePlan, *, phase: str = "train", model_url: str | None = None,
-             expected_spec_digest: str | None = None, info: Callable[[str], None] | None = None) -> None:
-    """Preflight (training) and run this node's agent until it exits; raise naming the failure."""
-    info = info or log.info
-    spec, _ = load_spec(spec_url)
+def node_job(spec_url: str, phase: str, model_url: str | None, expected_spec_digest: str | None) -> PhaseJob:
+    """This node's part of a phase: spec.json read back (and its storage options applied) for a node process."""
+    use_environment_options()  # a node started by a launcher that handed options down
+    spec, digest = load_spec(spec_url)
     set_storage_options(spec.config.run.storage, spec.config.run.storage_options)
-    if phase == "train":
-        run_preflight(spec, spec_url, plan, expected_spec_digest=expected_spec_digest, info=info)
-    args = ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
-    agent = start_agent(spec.run_url, plan, spec.config.launch, MODULES[phase], args, phase)
-    info(f"node {plan.node_rank}/{plan.nnodes}: {phase} started, {plan.nproc_per_node} rank(s), "
-         f"rendezvous {plan.master_addr}:{plan.master_port}")
-    try:
-        supervise([agent], spec.run_url, phase, None)
-    finally:
-        kill([agent], grace_for(spec.config.launch))
-    info(f"node {plan.node_rank}: {phase} finished")
+    # Preflight checks the bytes this node reads against the digest the pipeline recorded, when it sent one.
+    return PhaseJob(WrittenSpec(spec, spec_url, expected_spec_digest or digest), phase, model_url)
 
 
 @flow(name="node")
@@ -57,17 +46,8 @@ def node(spec_url: str, node_rank: int, nnodes: int, nproc_per_node: int, master
          phase: str = "train", model_url: str | None = None, expected_spec_digest: str | None = None) -> dict[str, Any]:
     """One node of a multi-node job (the flow the `prefect` launch backend starts on each node's queue)."""
     plan = NodePlan(node_rank, nnodes, nproc_per_node, master_addr, master_port)
-    run_node(spec_url, plan, phase=phase, model_url=model_url, expected_spec_digest=expected_spec_digest,
-             info=get_run_logger().info)
+    run_node(node_job(spec_url, phase, model_url, expected_spec_digest), plan, info=get_run_logger().info)
     return {"node_rank": node_rank, "phase": phase}
-
-
-def visible_gpus() -> int:
-    """GPUs this machine shows (0 without nvidia-smi)."""
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def plan_from_environment(default_nproc: int) -> NodePlan:
@@ -80,12 +60,10 @@ def plan_from_environment(default_nproc: int) -> NodePlan:
 
     nproc = number("GPUS_PER_NODE", visible_gpus() or default_nproc)
     return NodePlan(number("NODE_RANK", 0), number("NNODES", 1), nproc, os.environ.get("MASTER_ADDR", "localhost"),
-                    number("MASTER_PORT", 6001))
+                    number("MASTER_PORT", DEFAULT_MASTER_PORT))
 
 
 def _env_error(name: str, raw: str) -> Exception:
-    from config.errors import UserError
-
     return UserError(f"{name}={raw!r}: must be a non-negative integer")
 
 
@@ -101,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
 
     def body() -> int:
-        spec, _ = load_spec(args.spec)
-        plan = plan_from_environment(spec.config.launch.nproc_per_node)
-        run_node(args.spec, plan, phase=args.phase, model_url=args.model, expected_spec_digest=args.spec_digest)
+        job = node_job(args.spec, args.phase, args.model, args.spec_digest)
+        run_node(job, plan_from_environment(job.written.spec.config.launch.nproc_per_node))
         return 0
 
     return run_cli(body)

@@ -18,17 +18,18 @@ from typing import Any, NamedTuple
 
 from prefect import flow, get_run_logger
 
-from config import layout
-from config.loader import check_paths, load_config
-from config.manifest import read_manifest
+from config.loader import load_config
 from config.schema import FinetuneConfig
-from config.spec import DatasetRef, write_spec
-from config.storage import join, set_storage_options
-from flows.cli import add_config_arguments, run_cli
+from flows.cli import add_config_arguments, enter, run_cli
+from storage import layout
+from storage.fs import join
+from storage.manifest import read_manifest
+from storage.spec import DatasetRef, write_spec
+from tasks.data.formats import FORMATS as SOURCE_FORMATS
 from tasks.prepare import prepare_dataset, prepare_model
 from tasks.run import build_spec, new_run_id
 
-FORMATS = ("auto", "qwen", "sharegpt", "openai", "alpaca")
+FORMATS = ("auto", *SOURCE_FORMATS)
 
 
 class Prepared(NamedTuple):
@@ -41,8 +42,11 @@ class Prepared(NamedTuple):
 @flow(name="prepare", log_prints=True)
 def prepare(config: FinetuneConfig = FinetuneConfig()) -> Prepared:  # noqa: B008 - the UI form's defaults
     """Resolve the base model and stage the dataset tokenized with its tokenizer."""
-    cfg = check_paths(config)
-    set_storage_options(cfg.run.storage, cfg.run.storage_options)
+    return stage_inputs(enter(config))
+
+
+def stage_inputs(cfg: FinetuneConfig) -> Prepared:
+    """The prepare steps for a config already past the flow boundary (flows/cli.py `enter`)."""
     model_path = prepare_model(cfg)
     dataset = prepare_dataset(cfg, model_path)
     get_run_logger().info("dataset %s: %s", dataset.dataset_id, join(dataset.url, layout.MANIFEST))
@@ -89,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         result: Any = prepare(cfg)
         rows = summary_rows(result.dataset)
         if args.write_spec:  # what the pipeline writes before training, for nodes launched by hand
-            checked = check_paths(cfg)
-            spec = build_spec(checked, new_run_id(checked), result.model_path, result.dataset)
+            spec = build_spec(cfg, new_run_id(cfg), result.model_path, result.dataset)
             write_spec(spec)
             rows.append(("spec", join(spec.run_url, layout.SPEC)))
         print("\n" + "\n".join(f"{name:<10}{value}" for name, value in rows))

@@ -20,8 +20,8 @@ from config.errors import UserError
 from config.loader import resolve_local
 from config.schema import RunConfig
 from flows.cli import run_cli
-from tasks.model_card import load_snippet
-from tasks.registry import champion, models, read_entry, resolve, versions
+from storage.model_card import load_snippet
+from storage.registry import champion, models, read_entry, resolve, versions
 
 COLUMNS = ("model", "version", "created", "loss", "perplexity", "token_accuracy", "champion")
 

@@ -7,13 +7,13 @@ in Prefect's UI names the same objects as the registry entry.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from prefect import get_run_logger
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
 
-from config.spec import Spec
-from config.storage import is_local, local_path
+from storage.spec import Spec
+from tasks.register import Registration
+from storage.fs import is_local, local_path
 
 # Characters Prefect refuses in asset keys (prefect.types.names.RESTRICTED_ASSET_CHARACTERS).
 _RESTRICTED = re.compile(r"[\s#?&%\"'<>\[\]{}|\\^`\x00]")
@@ -25,11 +25,11 @@ def asset_key(url: str) -> str:
     return _RESTRICTED.sub("_", key)
 
 
-def model_asset(registered: dict[str, Any]) -> Asset:
+def model_asset(registered: Registration) -> Asset:
     """The registered model (its exported directory), named by registry version."""
-    name = registered["message"].removesuffix(" (champion)")
-    return Asset(key=asset_key(registered["model_url"]), properties=AssetProperties(
-        name=name, description=f"{registered['method']} model, registry entry {registered['url']}"))
+    name = registered.message.removesuffix(" (champion)")
+    return Asset(key=asset_key(registered.entry["model_url"]), properties=AssetProperties(
+        name=name, description=f"{registered.entry['method']} model, registry entry {registered.url}"))
 
 
 def dataset_asset(spec: Spec) -> Asset:
@@ -38,14 +38,14 @@ def dataset_asset(spec: Spec) -> Asset:
         name=spec.dataset.dataset_id, description=f"staged from {spec.config.data.source}"))
 
 
-def record_model_asset(spec: Spec, registered: dict[str, Any]) -> str:
+def record_model_asset(spec: Spec, registered: Registration) -> str:
     """Run a materializing task for the model (upstream: the dataset); returns the model's asset key."""
     model, dataset = model_asset(registered), dataset_asset(spec)
 
     @materialize(model, asset_deps=[dataset], name="materialize-model", by="tandem")
     def materialize_model() -> str:
-        add_asset_metadata(model, {"version": registered["version"], "registry_url": registered["url"],
-                                   "metrics": registered["metrics"], "lineage": registered["lineage"]})
+        add_asset_metadata(model, {"version": registered.version, "registry_url": registered.url,
+                                   "metrics": registered.entry["metrics"], "lineage": registered.entry["lineage"]})
         get_run_logger().info("asset %s materialized from %s", model.key, dataset.key)
         return model.key
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from config import layout
-from config.checkpoints import CompleteCheckpoint, latest_complete
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint, latest_complete
 from config.errors import RetryableError
 
 

@@ -6,18 +6,18 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from config import layout
-from config.spec import Spec
-from config.storage import join, read_json
-from tasks.launch import run_phase
+from storage import layout
+from storage.spec import WrittenSpec
+from storage.fs import join, read_json
+from launch.phase import run_phase
 
 
 @task(name="evaluate")
-def evaluate_on_nodes(spec: Spec, spec_url: str, model_url: str) -> dict[str, Any]:
+def evaluate_on_nodes(written: WrittenSpec, model_url: str) -> dict[str, Any]:
     """Exact eval metrics of the model at `model_url` (final/ or checkpoints/step-N) on the eval split."""
     logger = get_run_logger()
-    run_phase(spec, spec_url, "eval", logger.info, model_url=model_url)
-    result = read_json(join(spec.run_url, layout.EVAL))
+    run_phase(written, "eval", logger.info, model_url=model_url)
+    result = read_json(join(written.spec.run_url, layout.EVAL))
     logger.info("eval of the %s %s: loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
                 result["model_kind"], model_url, result["loss"], result["perplexity"], result["token_accuracy"],
                 result["target_tokens"], result["world_size"])

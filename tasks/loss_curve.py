@@ -8,8 +8,8 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from config import layout
-from config.storage import exists, join, read_bytes, write_bytes_atomic
+from storage import layout
+from storage.fs import exists, join, read_bytes, write_bytes_atomic
 
 Series = tuple[list[int], list[float]]
 

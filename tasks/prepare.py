@@ -9,12 +9,12 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
-from config import layout
-from config.digest import digest_bytes
+from storage import layout
+from storage.digest import digest_bytes
 from config.loader import PROJECT_ROOT
 from config.schema import FinetuneConfig
-from config.spec import DatasetRef
-from config.storage import exists, is_local, join, local_path
+from storage.spec import DatasetRef
+from storage.fs import exists, is_local, join, local_path
 from tasks.data.stage import stage_dataset, staged_state
 
 TINY_CORPUS = PROJECT_ROOT / "data" / "sample" / "conversations.json"

@@ -3,20 +3,21 @@ Prefect artifacts (metrics table, model card, link to the model)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from config import layout
-from config.checkpoints import CompleteCheckpoint
-from config.manifest import read_manifest
-from config.spec import Spec
-from config.storage import is_local, join, local_path, write_bytes_atomic
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint
+from storage.manifest import read_manifest
+from storage.spec import Spec, WrittenSpec
+from storage.fs import is_local, join, local_path, write_bytes_atomic
 from config.version import code_version
-from tasks.gate import check_gate, ranking
-from tasks.model_card import model_card
-from tasks.registry import promote, read_entry, register_version
+from storage.gate import check_gate, ranking
+from storage.model_card import model_card
+from storage.registry import promote, read_entry, register_version
 
 METRIC_KEYS = ("loss", "perplexity", "token_accuracy", "loss_sum", "target_tokens", "correct_tokens", "examples")
 
@@ -55,11 +56,25 @@ def registry_entry(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint,
     }
 
 
+@dataclass(frozen=True)
+class Registration:
+    """What registering a run did: whether the gate passed, the message to show, and for a registered model its
+    version, registry entry URL, whether it became the champion, and the entry's body."""
+
+    registered: bool
+    message: str
+    version: int | None = None
+    url: str | None = None
+    champion: bool = False
+    entry: dict[str, Any] = field(default_factory=dict)
+
+
 @task(name="register")
-def register_model(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint, model_url: str,
-                   metrics: dict[str, Any], loss_plot: str | None = None) -> dict[str, Any]:
+def register_model(written: WrittenSpec, checkpoint: CompleteCheckpoint, model_url: str, metrics: dict[str, Any],
+                   loss_plot: str | None = None) -> Registration:
     """Gate, then claim the next registry version, promote the champion and publish the artifacts."""
     logger = get_run_logger()
+    spec = written.spec
     model, storage = spec.config.register.model_name, spec.config.run.storage
     create_table_artifact(
         key="eval-metrics",
@@ -69,21 +84,24 @@ def register_model(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint,
     gate = check_gate(spec.config.register.gate, metrics, storage, model)
     if not gate.passed:
         logger.warning("%s (registry %s left untouched)", gate.message, layout.registry_dir(storage, model))
-        return {"registered": False, "message": gate.message}
-    entry = registry_entry(spec, spec_digest, checkpoint, model_url, metrics)
+        return Registration(False, gate.message)
+    entry = registry_entry(spec, written.digest, checkpoint, model_url, metrics)
     version, url = register_version(storage, model, entry)
     metric, direction = ranking(spec.config.register.gate)
     is_champion = promote(storage, model, version, metrics, metric, direction)
     logger.info("registered %s v%04d at %s (%s)%s", model, version, url, gate.message,
                 f"; champion by {metric}" if is_champion else "")
+    publish_model_card(spec, storage, model, version, url, loss_plot)
+    create_link_artifact(key="model", link=browser_link(model_url), link_text=f"{model} v{version:04d}",
+                         description=f"the registered model ({entry['method']}); registry entry {url}")
+    message = f"{model} v{version:04d}" + (" (champion)" if is_champion else "")
+    return Registration(True, message, version, url, is_champion, entry)
+
+
+def publish_model_card(spec: Spec, storage: str, model: str, version: int, url: str, loss_plot: str | None) -> None:
+    """Write {run}/model_card.md and publish it as a Prefect artifact."""
     doc = {**read_entry(storage, model, version), "url": url}
     splits = read_manifest(spec.dataset.url, layout.DATASET_SCHEMA)[0]["splits"]
     card = model_card(spec, doc, splits, loss_plot)
     write_bytes_atomic(join(spec.run_url, layout.MODEL_CARD), card.encode())
     create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")
-    create_link_artifact(key="model", link=browser_link(model_url), link_text=f"{model} v{version:04d}",
-                         description=f"the registered model ({entry['method']}); registry entry {url}")
-    message = f"{model} v{version:04d}" + (" (champion)" if is_champion else "")
-    return {"registered": True, "message": message, "version": version, "url": url, "champion": is_champion,
-            **entry}
-

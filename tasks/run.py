@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 from prefect import get_run_logger, task
 
-from config import layout
+from storage import layout
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.schema import FinetuneConfig
-from config.manifest import read_manifest
-from config.spec import DatasetRef, Spec, total_steps, write_spec
+from storage.manifest import read_manifest
+from storage.spec import DatasetRef, Spec, WrittenSpec, publish_spec, total_steps
 from config.version import code_version
 
 
@@ -25,8 +25,10 @@ def new_run_id(cfg: FinetuneConfig) -> str:
 def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
     """Resolve the config once: world size, DeepSpeed "auto" values, absolute locations."""
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
-    manifest, _ = read_manifest(dataset.url, layout.DATASET_SCHEMA)
-    steps = total_steps(cfg.train, manifest["splits"]["train"]["records"], cfg.world_size)
+    train_records = dataset.records("train")
+    if train_records is None:  # a reference read back from spec.json carries no counts
+        train_records = read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"]["records"]
+    steps = total_steps(cfg.train, train_records, cfg.world_size)
     return Spec(
         run_id=run_id,
         run_url=layout.run_dir(cfg.run.storage, run_id),
@@ -41,10 +43,8 @@ def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: Datas
 
 
 @task(name="write-spec")
-def write_run_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> tuple[Spec, str, str]:
-    """Write {run}/spec.json; returns (the spec, its URL, its sha256)."""
-    spec = build_spec(cfg, run_id, model_path, dataset)
-    digest = write_spec(spec)
-    url = layout.join(spec.run_url, layout.SPEC)
-    get_run_logger().info("run %s: spec %s (sha256 %s)", run_id, url, digest[:12])
-    return spec, url, digest
+def write_run_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> WrittenSpec:
+    """Write {run}/spec.json; returns the spec with its URL and sha256."""
+    written = publish_spec(build_spec(cfg, run_id, model_path, dataset))
+    get_run_logger().info("run %s: spec %s (sha256 %s)", run_id, written.url, written.digest[:12])
+    return written

@@ -12,16 +12,15 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.states import State
 
 from config.errors import RetryableError
-from config.spec import Spec
-from tasks.launch import run_phase
+from storage.spec import Spec, WrittenSpec
+from launch.phase import run_phase
 
 
 @task(name="train")
-def train_on_nodes(spec: Spec, spec_url: str, spec_digest: str) -> None:
+def train_on_nodes(written: WrittenSpec) -> None:
     """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished."""
     logger = get_run_logger()
-    run_phase(spec, spec_url, "train", logger.info, spec_digest=spec_digest,
-              on_progress=progress_reporter(spec.total_steps, logger.info))
+    run_phase(written, "train", logger.info, on_progress=progress_reporter(written.spec.total_steps, logger.info))
 
 
 def retry_only_retryable(_task: object, _task_run: object, state: State) -> bool:

@@ -64,7 +64,7 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def s3_bucket(s3_endpoint: str) -> str:
     """A new empty bucket on the session's S3 endpoint, as `s3://name`, with its fsspec options registered."""
-    from config.storage import filesystem, set_storage_options
+    from storage.fs import filesystem, set_storage_options
 
     url = f"s3://tandem-test-{uuid.uuid4().hex[:12]}"
     set_storage_options(url, {"endpoint_url": s3_endpoint})
@@ -105,7 +105,7 @@ def staged(tmp_path_factory):
 def s3_stoppable(s3_endpoint: str) -> Iterator:
     """An S3 endpoint of its own (moto's server) that a test may stop and start again on the same port, with a
     new bucket registered for it: yields (StoppableEndpoint, "s3://bucket"). Objects survive a stop."""
-    from config.storage import filesystem, set_storage_options
+    from storage.fs import filesystem, set_storage_options
     from tests.s3_faults import StoppableEndpoint
 
     endpoint = StoppableEndpoint(free_port())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.storage import set_storage_options
+from storage.fs import set_storage_options
 
 LINEAGE = {"dataset_id": "ds-0", "dataset_manifest_digest": "d", "spec_digest": "s", "code_version": "c",
            "checkpoint_manifest_digest": "k", "flow_run_id": None, "nnodes": 1, "world_size": 1}
@@ -22,7 +22,7 @@ def entry(loss: float, writer: str) -> dict[str, Any]:
 
 def claim(storage: str, options: dict[str, str], model: str, loss: float, writer: str) -> int:
     """Register one version (in a child process); returns the version it got."""
-    from tasks.registry import register_version
+    from storage.registry import register_version
 
     set_storage_options(storage, options)
     version, _ = register_version(storage, model, entry(loss, writer))
@@ -31,7 +31,7 @@ def claim(storage: str, options: dict[str, str], model: str, loss: float, writer
 
 def claim_and_promote(storage: str, options: dict[str, str], model: str, loss: float, writer: str) -> int:
     """Register and try to become champion by loss, as the register task does."""
-    from tasks.registry import promote, read_entry
+    from storage.registry import promote, read_entry
 
     version = claim(storage, options, model, loss, writer)
     promote(storage, model, version, read_entry(storage, model, version)["metrics"], "loss", "min")

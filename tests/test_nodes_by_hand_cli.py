@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from config.checkpoints import latest_complete
+from storage.checkpoints import latest_complete
 from tests.conftest import ROOT, free_port, run_cli
 
 

@@ -20,7 +20,7 @@ def test_help_lists_the_options() -> None:
 
 def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(tmp_path, s3_endpoint, s3_bucket,
                                                                                 tiny_model) -> None:
-    from config.storage import read_json
+    from storage.fs import read_json
 
     source = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(60), qwen(("user", "no answer"))])
     env = {"AWS_ENDPOINT_URL": s3_endpoint, "PREFECT_HOME": str(tmp_path / "prefect")}

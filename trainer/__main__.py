@@ -9,11 +9,7 @@ Exit codes: 0 done, 2 bad config or data (a retry cannot help), 75 retryable, 1 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-
-from config.errors import TandemError
-from config.spec import load_spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,22 +18,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
     args = parser.parse_args(argv)
-    from trainer import distributed
-    from trainer.logging_setup import configure
+    from trainer.harness import run_rank
+    from trainer.loop import train
 
-    try:
-        spec, _ = load_spec(args.spec)
-        dist = distributed.init(deepspeed_backend=True, timeout_s=spec.config.launch.collective_timeout)
-        configure(dist)
-        from trainer.loop import train
-
-        train(spec, dist)
-    except TandemError as exc:
-        logging.getLogger("trainer").error("%s", exc)
-        return exc.exit_code
-    finally:
-        distributed.shutdown()
-    return 0
+    return run_rank(args.spec, train, deepspeed_backend=True)
 
 
 if __name__ == "__main__":

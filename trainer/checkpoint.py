@@ -1,4 +1,6 @@
-"""Whole-or-nothing sharded checkpoints, retention, and the exported model (DESIGN.md "Storage contracts").
+"""DeepSpeed's side of checkpoints: each rank's shard saved and loaded, DeepSpeed's directory layout rebuilt from
+a checkpoint's manifest, and the exported model (docs/architecture.md, "On storage"). The manifest, COMPLETE,
+deletion and retention are storage/checkpoints.py's; when to save, resume and export is trainer/checkpointer.py's.
 
 Each rank saves its own DeepSpeed shard into `rank-{r:05d}/` (DeepSpeed's tag is the rank directory,
 so no file ever needs to be sorted by owner), digests it, and rank 0 writes manifest.json, checks
@@ -10,28 +12,31 @@ out the frozen base (DeepSpeed's exclude_frozen_parameters): it is in model.name
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from config import layout
-from config.checkpoints import complete_checkpoints, read_complete, step_dirs
-from config.digest import digest_bytes, digest_url
 from config.errors import UserError
-from config.manifest import verify_files
-from config.storage import (exists, filesystem, is_local, join, local_path, put_file, read_json, remove,
-                            with_retries, write_bytes_atomic, write_json_atomic)
+from storage import layout
+from storage.checkpoints import (CompleteCheckpoint, checkpoint_manifest, commit, model_manifest, read_complete,
+                                 remove_dir)
+from storage.digest import digest_url
+from storage.fs import (exists, filesystem, get_file, is_local, join, local_path, put_file, read_bytes, read_json,
+                        with_retries)
 from trainer import faults
 from trainer.distributed import Dist, barrier, gather_objects
 
 log = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.pt"
+DS_TAG = "ckpt"  # the tag of a checkpoint rebuilt in DeepSpeed's layout
 
 
 def rng_state() -> dict[str, Any]:
@@ -72,7 +77,7 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
     local = is_local(url)
     root = local_path(url) if local else tempfile.mkdtemp(prefix="tandem-ckpt-")
     if dist.is_main:
-        _remove(url)  # leftovers of a save that never reached COMPLETE
+        remove_dir(url)  # leftovers of a save that never reached COMPLETE
     barrier()
     engine.save_checkpoint(root, tag=rank_dir, client_state={"step": step}, save_latest=False,
                            exclude_frozen_parameters=exclude_frozen)
@@ -88,12 +93,8 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
         entries.append({"path": rel, "size": size, "digest": digest, "rank": dist.rank, "host": dist.host})
     all_entries = [e for per_rank in gather_objects(entries, dist) for e in per_rank]
     if dist.is_main:
-        manifest = {"schema": layout.CHECKPOINT_SCHEMA, **meta, "step": step, "world_size": dist.world_size,
-                    "digest_algorithm": algorithm, "files": all_entries}
-        raw = write_json_atomic(join(url, layout.MANIFEST), manifest)
-        verify_files(url, manifest, mode="size")
-        faults.in_save(dist.rank, step, "before_complete")
-        write_bytes_atomic(join(url, layout.COMPLETE), (digest_bytes(raw, algorithm) + "\n").encode())
+        manifest = checkpoint_manifest(step, dist.world_size, meta, algorithm, all_entries)
+        commit(url, manifest, verify=True, before_seal=lambda: faults.in_save(dist.rank, step, "before_complete"))
         log.info("checkpoint step %d complete: %d files at %s", step, len(all_entries), url)
     if not local:
         shutil.rmtree(root, ignore_errors=True)
@@ -101,33 +102,8 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
     return url, sum(e["size"] for e in all_entries)
 
 
-def _remove(url: str) -> None:
-    """Delete a checkpoint directory, COMPLETE first, so a crash half way leaves an incomplete one."""
-    if not exists(url):
-        return
-    remove(join(url, layout.COMPLETE))
-    remove(url, recursive=True)
-
-
-def apply_retention(run_url: str, keep_latest_k: int | None) -> list[int]:
-    """Delete complete checkpoints beyond the newest k, and incomplete ones older than the newest
-    complete; never the newest complete one. Returns the deleted steps."""
-    complete = complete_checkpoints(run_url)
-    if not complete:
-        return []
-    newest = complete[0].step
-    doomed = [c.step for c in complete[keep_latest_k:]] if keep_latest_k else []
-    complete_steps = {c.step for c in complete}
-    doomed += [step for step, _ in step_dirs(run_url) if step < newest and step not in complete_steps]
-    for step in sorted(doomed):
-        _remove(layout.checkpoint_dir(run_url, step))
-    if doomed:
-        log.info("retention (keep_latest_k=%s): deleted steps %s", keep_latest_k, sorted(doomed))
-    return sorted(doomed)
-
-
 def export_final(engine: Any, *, run_url: str, model_path: str, step: int, zero_stage: int, merged: bool,
-                 dist: Dist) -> str:
+                 dist: Dist, algorithm: str) -> str:
     """Write the trained model to {run}/final in Hugging Face format (adapter or full), COMPLETE last."""
     url = layout.final_dir(run_url)
     if exists(join(url, layout.COMPLETE)) and read_json(join(url, layout.MANIFEST)).get("step") == step:
@@ -149,7 +125,7 @@ def export_final(engine: Any, *, run_url: str, model_path: str, step: int, zero_
         AutoTokenizer.from_pretrained(model_path).save_pretrained(staging)
         if merged and os.path.exists(os.path.join(staging, "adapter_config.json")):
             _merge_adapter(model_path, staging, os.path.join(staging, "merged"))
-        _publish_dir(staging, url, step)
+        _publish_dir(staging, url, step, algorithm)
     barrier()
     return url
 
@@ -165,7 +141,7 @@ def _merge_adapter(model_path: str, adapter_dir: str, out: str) -> None:
     AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
 
 
-def _publish_dir(staging: str, url: str, step: int, algorithm: str = "blake3") -> None:
+def _publish_dir(staging: str, url: str, step: int, algorithm: str) -> None:
     """Move a finished local directory to `url`, then write manifest.json and COMPLETE (the commit)."""
     files = []
     for dirpath, _, names in os.walk(staging):
@@ -173,9 +149,7 @@ def _publish_dir(staging: str, url: str, step: int, algorithm: str = "blake3") -
             rel = os.path.relpath(os.path.join(dirpath, name), staging)
             digest, size = digest_url(os.path.join(dirpath, name), algorithm)
             files.append({"path": rel, "size": size, "digest": digest})
-    manifest = {"schema": layout.MODEL_SCHEMA, "step": step, "digest_algorithm": algorithm,
-                "files": sorted(files, key=lambda f: f["path"])}
-    _remove(url)  # an older export (COMPLETE removed first) or an interrupted one
+    remove_dir(url)  # an older export (COMPLETE removed first) or an interrupted one
     if is_local(url):
         os.makedirs(os.path.dirname(local_path(url)), exist_ok=True)
         shutil.move(staging, local_path(url))
@@ -183,5 +157,39 @@ def _publish_dir(staging: str, url: str, step: int, algorithm: str = "blake3") -
         fs, remote = filesystem(url)
         with_retries("upload", url, lambda: fs.put(staging, remote, recursive=True))
         shutil.rmtree(staging, ignore_errors=True)
-    raw = write_json_atomic(join(url, layout.MANIFEST), manifest)
-    write_bytes_atomic(join(url, layout.COMPLETE), (digest_bytes(raw, algorithm) + "\n").encode())
+    commit(url, model_manifest(step, algorithm, files))
+
+
+def deepspeed_layout(ckpt: CompleteCheckpoint, tag: str, wanted: Callable[[str], bool]) -> str:
+    """A local directory in DeepSpeed's layout ({dir}/{tag}/files) with the checkpoint's rank files that `wanted`
+    accepts (by path in the manifest): links to local files, copies of remote ones. The caller removes it."""
+    root = tempfile.mkdtemp(prefix="tandem-ds-")
+    tag_dir = os.path.join(root, tag)
+    os.makedirs(tag_dir)
+    for entry in ckpt.manifest["files"]:
+        path = entry["path"]
+        if not path.startswith("rank-") or not wanted(path):
+            continue
+        source, target = join(ckpt.url, path), os.path.join(tag_dir, os.path.basename(path))
+        if is_local(source):
+            os.symlink(local_path(source), target)
+        else:
+            get_file(source, target)
+    return root
+
+
+def load_checkpoint(engine: Any, ckpt: CompleteCheckpoint, dist: Dist, *, frozen_excluded: bool) -> int:
+    """Load model, optimizer, scheduler and this rank's RNG state; returns the step to continue from."""
+    root = deepspeed_layout(ckpt, DS_TAG, lambda path: not path.endswith(TRAINER_STATE))
+    try:
+        path, _ = engine.load_checkpoint(root, tag=DS_TAG, load_module_strict=not frozen_excluded,
+                                         load_optimizer_states=True, load_lr_scheduler_states=True)
+        if path is None:
+            raise UserError(f"{ckpt.url}: DeepSpeed could not load it; see the log above")
+        state_url = join(ckpt.url, layout.rank_dir_name(dist.rank), TRAINER_STATE)
+        state = torch.load(io.BytesIO(read_bytes(state_url)), weights_only=False)  # our own, digest-verified
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    set_rng_state(state["rng"])
+    log.info("resumed from step %d (%s)", state["step"], ckpt.url)
+    return int(state["step"])

@@ -21,16 +21,11 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
-from config import layout
-from config.manifest import read_manifest
-from config.storage import join, read_bytes
+from storage.shards import IGNORE_INDEX, Example, load_split
 
-IGNORE_INDEX = -100
-Example = tuple[list[int], list[int]]
+__all__ = ["IGNORE_INDEX", "Batch", "Example", "collate", "load_split", "rank_micro_batches"]
 
 
 @dataclass(frozen=True)
@@ -50,18 +45,6 @@ class Batch:
     def padding(self) -> tuple[int, int]:
         """(pad positions, all positions)."""
         return int((self.attention_mask == 0).sum()), self.attention_mask.numel()
-
-
-def load_split(dataset_url: str, split: str) -> list[Example]:
-    """Every example of a split, in manifest order."""
-    manifest, _ = read_manifest(dataset_url, layout.DATASET_SCHEMA)
-    examples: list[Example] = []
-    for entry in manifest["files"]:
-        if not entry["path"].startswith(f"{split}/"):
-            continue
-        table = pq.read_table(pa.BufferReader(read_bytes(join(dataset_url, entry["path"]))))
-        examples.extend(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True))
-    return examples
 
 
 def collate(examples: list[Example], pad_id: int) -> Batch:

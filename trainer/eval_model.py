@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
-from config import layout
-from config.checkpoints import CompleteCheckpoint, read_complete
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint, read_complete
 from config.errors import UserError
-from config.spec import Spec
-from config.storage import exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
+from storage.spec import Spec
+from storage.fs import exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
+from trainer.checkpoint import deepspeed_layout
 from trainer.distributed import Dist
 from trainer.resume import verify_shared
 
@@ -126,25 +127,8 @@ def trained_state_dict(ckpt: CompleteCheckpoint) -> dict[str, torch.Tensor]:
     """fp32 trained weights of a checkpoint (frozen ones excluded), merged from every rank's shard."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    root = assemble(ckpt)
+    root = deepspeed_layout(ckpt, DS_TAG, lambda path: path.endswith(("_model_states.pt", "_optim_states.pt")))
     try:
         return get_fp32_state_dict_from_zero_checkpoint(root, tag=DS_TAG, exclude_frozen_parameters=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def assemble(ckpt: CompleteCheckpoint) -> str:
-    """A local directory in DeepSpeed's layout ({dir}/{tag}/files) holding every rank's shard files."""
-    root = tempfile.mkdtemp(prefix="tandem-eval-")
-    tag_dir = os.path.join(root, DS_TAG)
-    os.makedirs(tag_dir)
-    for entry in ckpt.manifest["files"]:
-        name = os.path.basename(entry["path"])
-        if not entry["path"].startswith("rank-") or not name.endswith(("_model_states.pt", "_optim_states.pt")):
-            continue
-        source = join(ckpt.url, entry["path"])
-        if is_local(source):
-            os.symlink(local_path(source), os.path.join(tag_dir, name))
-        else:
-            get_file(source, os.path.join(tag_dir, name))
-    return root

@@ -19,13 +19,14 @@ from typing import Any
 
 import torch
 
-from config import layout
-from config.errors import TandemError, UserError
-from config.spec import Spec, load_spec
-from config.storage import join, write_json_atomic
+from config.errors import UserError
+from storage import layout
+from storage.fs import join, write_json_atomic
+from storage.spec import Spec
 from trainer.data import IGNORE_INDEX, collate, load_split
 from trainer.distributed import Dist, dist_sum
 from trainer.eval_model import is_checkpoint, load_for_eval
+from trainer.loss import cross_entropy, shift
 
 __all__ = ["evaluate", "load_for_eval", "local_sums", "reduced_metrics"]
 
@@ -49,13 +50,10 @@ def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size:
         logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
         if index >= len(batches):
             continue
-        logits = logits[:, :-1, :].float()
-        labels = batch.labels[:, 1:].to(device)
+        logits, labels = shift(logits, batch.labels)
         mask = labels != IGNORE_INDEX
         # Per-token losses summed in float64: the total then hardly depends on how examples were batched.
-        loss_sum += torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
-        ).double().sum().item()
+        loss_sum += cross_entropy(logits, labels, reduction="none").double().sum().item()
         targets += int(mask.sum())
         correct += int(((logits.argmax(-1) == labels) & mask).sum())
     return loss_sum, targets, correct, len(mine)
@@ -108,21 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True,
                         help="URL of an exported model (final/) or a checkpoint (checkpoints/step-N), with COMPLETE")
     args = parser.parse_args(argv)
-    from trainer import distributed
-    from trainer.logging_setup import configure
+    from trainer.harness import run_rank
 
-    try:
-        spec, _ = load_spec(args.spec)
-        dist = distributed.init(deepspeed_backend=False, timeout_s=spec.config.launch.collective_timeout)
-        configure(dist)
-        evaluate(spec, args.model, dist)
-    except TandemError as exc:
-        logging.getLogger("trainer").error("%s", exc)
-        return exc.exit_code
-    finally:
-        distributed.shutdown()
-    return 0
-
+    return run_rank(args.spec, lambda spec, dist: evaluate(spec, args.model, dist), deepspeed_backend=False)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from config.layout import HEARTBEAT_ENV
+from storage.layout import HEARTBEAT_ENV
 
 
 class Heartbeat:

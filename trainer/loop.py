@@ -1,4 +1,5 @@
-"""The training loop: token-weighted loss across ranks and accumulation, metrics, checkpoints, export."""
+"""The training loop: token-weighted loss across ranks and accumulation, metrics; checkpoints and the export
+through the checkpointer (trainer/checkpointer.py)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,19 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from config.deepspeed import resolve_from_runtime, zero_stage
-from config.spec import Spec
+from storage.spec import Spec
 from trainer import faults, guards
 from trainer.cancel import EXIT_CANCELLED, CancelWatch
-from trainer.checkpoint import apply_retention, export_final, save_checkpoint
-from trainer.data import IGNORE_INDEX, Batch, load_split, rank_micro_batches
+from trainer.checkpointer import Checkpointer, DeepSpeedIO, Policy
+from trainer.data import Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics
 from trainer.heartbeat import Heartbeat
+from trainer.loss import cross_entropy, shift
 from trainer.metrics import MetricsWriter
 from trainer.model import load_base, make_trainable
-from trainer.resume import check_compatible, choose_checkpoint, load_checkpoint
 from trainer.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
@@ -51,10 +51,7 @@ def seed_everything(seed: int) -> None:
 def summed_loss(engine: Any, batch: Batch, device: torch.device) -> torch.Tensor:
     """Cross-entropy summed over the predicted positions of a micro-batch (labels shifted by one)."""
     out = engine(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device))
-    logits = out.logits[:, :-1, :].float()
-    targets = batch.labels[:, 1:].to(device)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    return cross_entropy(*shift(out.logits, batch.labels), reduction="sum")
 
 
 def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbeat, step: int) -> StepStats:
@@ -108,66 +105,83 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
     return engine, int(model.config.pad_token_id)
 
 
+@dataclass
+class Run:
+    """What the step loop works with besides the spec: the engine and everything that watches or records a step."""
+
+    engine: Any
+    pad_id: int
+    examples: list
+    metrics: MetricsWriter
+    straggler: StragglerWatch
+    heartbeat: Heartbeat
+    checkpointer: Checkpointer
+    cancel: CancelWatch
+
+
+def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
+    """Build the engine, resume (train.resume), and set up metrics and the watches; returns (run, first step)."""
+    train_cfg = spec.config.train
+    engine, pad_id = build_engine(spec, dist)
+    seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
+    io = DeepSpeedIO(engine, spec, dist, zero_stage=zero_stage(spec.deepspeed))
+    checkpointer = Checkpointer(io, Policy(train_cfg.save_steps, spec.total_steps, train_cfg.keep_latest_k),
+                                is_main=dist.is_main)
+    start = checkpointer.resume()
+    metrics = MetricsWriter(spec.run_url, enabled=dist.is_main, start_step=start)
+    run = Run(engine, pad_id, load_split(spec.dataset.url, "train"), metrics,
+              StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist), Heartbeat(dist.rank),
+              checkpointer, CancelWatch(spec.config.launch.checkpoint_on_cancel))
+    return run, start
+
+
 def train(spec: Spec, dist: Dist) -> None:
     """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
-    cfg, train_cfg = spec.config, spec.config.train
-    engine, pad_id = build_engine(spec, dist)
-    stage, adapters = zero_stage(spec.deepspeed), train_cfg.method != "full"
-    seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
-    start = 0
-    ckpt = choose_checkpoint(train_cfg.resume, spec.run_url, dist)
-    if ckpt is not None:
-        check_compatible(ckpt, world_size=dist.world_size, zero_stage=stage, method=train_cfg.method)
-        start = load_checkpoint(engine, ckpt, dist, frozen_excluded=adapters)
-    examples = load_split(spec.dataset.url, "train")
-    metrics = MetricsWriter(spec.run_url, enabled=dist.is_main, start_step=start)
-    watch = StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist)
-    heartbeat = Heartbeat(dist.rank)
-    meta = {"zero_stage": stage, "method": train_cfg.method}
-    log.info("training %d examples, steps %d..%d on %d ranks", len(examples), start + 1, spec.total_steps,
+    run, start = start_run(spec, dist)
+    log.info("training %d examples, steps %d..%d on %d ranks", len(run.examples), start + 1, spec.total_steps,
              dist.world_size)
-    cancel = CancelWatch(cfg.launch.checkpoint_on_cancel)
     for step in range(start, spec.total_steps):
-        if cancel.should_stop(dist):
-            if step > start and step % train_cfg.save_steps != 0:  # the state after `step` steps is not saved yet
-                save_checkpoint(engine, run_url=spec.run_url, step=step, meta=meta, dist=dist,
-                                algorithm=cfg.data.digest_algorithm, exclude_frozen=adapters)
-            log.warning("cancelled: stopped after step %d with a complete checkpoint", step)
+        if run.cancel.should_stop(dist):
+            run.checkpointer.cancelled(step)
             raise SystemExit(EXIT_CANCELLED)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
-        batches = list(rank_micro_batches(
-            examples, seed=train_cfg.seed, step=step, micro=train_cfg.micro_batch_size,
-            accum=train_cfg.gradient_accumulation_steps, rank=dist.rank, world=dist.world_size, pad_id=pad_id,
-            group_by_length=train_cfg.length_grouping,
-        ))
+        batches = step_batches(run, spec, dist, step)
         with guards.out_of_memory_named(dist, step + 1):
-            stats = train_step(engine, batches, dist, heartbeat, step + 1)
+            stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1)
         elapsed, done = time.perf_counter() - started, step + 1
         guards.check_loss(stats.loss, done)
-        watch.observe(stats.compute_s)
-        for event in watch.check(done):
-            metrics.write(event)
-        if done % train_cfg.log_steps == 0 or done == spec.total_steps:
-            metrics.write({
-                "step": done, "max_steps": spec.total_steps, "loss": stats.loss,
-                "lr": engine.get_lr()[0], "grad_norm": float(engine.get_global_grad_norm() or 0.0),
-                "target_tokens": stats.target_tokens, "tokens": stats.tokens,
-                "tokens_per_s": stats.tokens / elapsed, "step_time_s": elapsed,
-                "padding_fraction": stats.padding_fraction,
-            })
-        if done % train_cfg.save_steps == 0 or done == spec.total_steps:
-            saving = time.perf_counter()
-            _, size = save_checkpoint(engine, run_url=spec.run_url, step=done, meta=meta, dist=dist,
-                                      algorithm=cfg.data.digest_algorithm, exclude_frozen=adapters)
-            metrics.write({"event": "checkpoint", "step": done, "bytes": size,
-                           "seconds": time.perf_counter() - saving})
-            if dist.is_main:
-                apply_retention(spec.run_url, train_cfg.keep_latest_k)
+        run.straggler.observe(stats.compute_s)
+        for event in run.straggler.check(done):
+            run.metrics.write(event)
+        if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
+            run.metrics.write(step_record(run.engine, stats, done, spec.total_steps, elapsed))
+        run.checkpointer.step_done(done, run.metrics.write)
     if start < spec.total_steps:
-        metrics.write({"event": "final_eval", "step": spec.total_steps, **final_eval(engine, spec, dist, pad_id)})
-    export_final(engine, run_url=spec.run_url, model_path=spec.model_path, step=spec.total_steps, zero_stage=stage,
-                 merged=train_cfg.export_merged, dist=dist)
+        run.metrics.write({"event": "final_eval", "step": spec.total_steps,
+                           **final_eval(run.engine, spec, dist, run.pad_id)})
+    run.checkpointer.finish()
+
+
+def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
+    """This rank's micro-batches of optimizer step `step` (0-based)."""
+    train_cfg = spec.config.train
+    return list(rank_micro_batches(
+        run.examples, seed=train_cfg.seed, step=step, micro=train_cfg.micro_batch_size,
+        accum=train_cfg.gradient_accumulation_steps, rank=dist.rank, world=dist.world_size, pad_id=run.pad_id,
+        group_by_length=train_cfg.length_grouping,
+    ))
+
+
+def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: float) -> dict[str, Any]:
+    """The metrics.jsonl line of a logged step."""
+    return {
+        "step": done, "max_steps": total, "loss": stats.loss,
+        "lr": engine.get_lr()[0], "grad_norm": float(engine.get_global_grad_norm() or 0.0),
+        "target_tokens": stats.target_tokens, "tokens": stats.tokens,
+        "tokens_per_s": stats.tokens / elapsed, "step_time_s": elapsed,
+        "padding_fraction": stats.padding_fraction,
+    }
 
 
 def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:

@@ -6,8 +6,8 @@ import json
 import logging
 from typing import Any
 
-from config import layout
-from config.storage import exists, is_local, join, local_path, makedirs, read_bytes, write_bytes_atomic
+from storage import layout
+from storage.fs import exists, is_local, join, local_path, makedirs, read_bytes, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Resume: pick a checkpoint (`train.resume: auto|never|URL`), verify it, check it fits, and load it.
+"""Resume: pick a checkpoint (`train.resume: auto|never|URL`), verify it and check it fits (loading it is
+trainer/checkpoint.py's).
 
 `auto` takes the run's newest checkpoint that is complete and whose every file matches its digest;
 a checkpoint that fails verification is skipped with a warning naming the file, and so is any newer
@@ -12,26 +13,17 @@ them into another layout would be wrong, not merely slow.
 
 from __future__ import annotations
 
-import io
 import logging
-import os
-import shutil
-import tempfile
 import time
-from typing import Any
 
-import torch
-
-from config import layout
-from config.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
-from config.digest import digest_url
 from config.errors import UserError
-from config.storage import exists, filesystem, get_file, is_local, join, local_path, read_bytes
-from trainer.checkpoint import TRAINER_STATE, set_rng_state
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
+from storage.digest import digest_url
+from storage.fs import exists, filesystem, join
 from trainer.distributed import Dist, barrier, gather_objects
 
 log = logging.getLogger(__name__)
-DS_TAG = "ckpt"
 
 
 def verify_shared(ckpt: CompleteCheckpoint, dist: Dist) -> str | None:
@@ -117,38 +109,3 @@ def auto_candidates(run_url: str, dist: Dist) -> list[CompleteCheckpoint]:
                 log.warning("moved the damaged checkpoint to %s", quarantine(url))
         barrier()
     return found
-
-
-def _assemble(ckpt: CompleteCheckpoint, rank: int) -> str:
-    """A local directory in DeepSpeed's layout ({dir}/{tag}/files) with every rank's shard files."""
-    root = tempfile.mkdtemp(prefix="tandem-resume-")
-    tag_dir = os.path.join(root, DS_TAG)
-    os.makedirs(tag_dir)
-    for entry in ckpt.manifest["files"]:
-        path = entry["path"]
-        if not path.startswith("rank-") or path.endswith(TRAINER_STATE):
-            continue
-        source = join(ckpt.url, path)
-        target = os.path.join(tag_dir, os.path.basename(path))
-        if is_local(source):
-            os.symlink(local_path(source), target)
-        else:
-            get_file(source, target)
-    return root
-
-
-def load_checkpoint(engine: Any, ckpt: CompleteCheckpoint, dist: Dist, *, frozen_excluded: bool) -> int:
-    """Load model, optimizer, scheduler and this rank's RNG state; returns the step to continue from."""
-    root = _assemble(ckpt, dist.rank)
-    try:
-        path, _ = engine.load_checkpoint(root, tag=DS_TAG, load_module_strict=not frozen_excluded,
-                                         load_optimizer_states=True, load_lr_scheduler_states=True)
-        if path is None:
-            raise UserError(f"{ckpt.url}: DeepSpeed could not load it; see the log above")
-        state_url = join(ckpt.url, layout.rank_dir_name(dist.rank), TRAINER_STATE)
-        state = torch.load(io.BytesIO(read_bytes(state_url)), weights_only=False)  # our own, digest-verified
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    set_rng_state(state["rng"])
-    log.info("resumed from step %d (%s)", state["step"], ckpt.url)
-    return int(state["step"])

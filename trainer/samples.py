@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from config import layout
-from config.spec import Spec
-from config.storage import join, write_bytes_atomic
+from storage import layout
+from storage.spec import Spec
+from storage.fs import join, write_bytes_atomic
 from trainer.data import IGNORE_INDEX, Example
 from trainer.distributed import Dist, gather_objects
 

@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from config import layout
-from config.digest import digest_bytes, hasher
+from storage import layout
+from storage.digest import digest_bytes, hasher
 from config.schema import DataConfig
-from config.storage import read_range, size
+from storage.fs import read_range, size
 from tasks.data.progress import Reporter
 from tasks.data.sources import expand
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import orjson
 
 from config.errors import UserError
-from config.storage import filesystem, is_local, read_bytes, read_range, with_retries
+from storage.fs import filesystem, is_local, read_bytes, read_range, with_retries
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
 GLOB_CHARS = "*?["

@@ -22,19 +22,19 @@ from typing import Any
 import numpy as np
 import orjson
 
-from config import layout
-from config.digest import digest_bytes
+from storage import layout
+from storage.digest import digest_bytes
 from config.errors import UserError
-from config.manifest import read_manifest, verify_files
+from storage.manifest import read_manifest, verify_files
 from config.schema import DataConfig
-from config.spec import DatasetRef
-from config.storage import (exists, filesystem, find_sizes, is_local, join, read_bytes, read_json, remove,
+from storage.spec import DatasetRef
+from storage.fs import (exists, filesystem, find_sizes, is_local, join, read_bytes, read_json, remove,
                             set_storage_options, write_bytes_atomic, write_json_atomic)
 from tasks.data.identity import Inputs, dataset_id, survey
 from tasks.data.progress import Reporter
 from tasks.data.records import Reject
 from tasks.data.scan import EVAL, Scan, scan_sources
-from tasks.data.shards import FileEntry, SplitWriter
+from storage.shards import FileEntry, SplitWriter
 from tasks.data.sources import source_root
 from tasks.data.tokenize import tokenizer_fingerprint
 from tasks.data.workers import ChunkResult, encode_chunks, worker_count
@@ -100,7 +100,8 @@ def reuse(base: str, name: str, reporter: Reporter) -> DatasetRef | None:
         reporter.info(f"dataset {name} is damaged ({exc}); staging it again")
         return None
     reporter.info(f"dataset {name} already staged at {base}")
-    return DatasetRef(dataset_id=name, url=base, manifest_digest=manifest_digest)
+    return DatasetRef(dataset_id=name, url=base, manifest_digest=manifest_digest,
+                      split_records={split: c["records"] for split, c in manifest["splits"].items()})
 
 
 def clear(base: str) -> None:
@@ -165,7 +166,8 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
     raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
     reporter.info(f"staged dataset {name} at {base}: " + ", ".join(
         f"{split} {c['records']} records / {c['tokens']} tokens" for split, c in counts.items()))
-    return DatasetRef(dataset_id=name, url=base, manifest_digest=digest_bytes(raw, data.digest_algorithm))
+    return DatasetRef(dataset_id=name, url=base, manifest_digest=digest_bytes(raw, data.digest_algorithm),
+                      split_records={split: c["records"] for split, c in counts.items()})
 
 
 def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
@@ -180,7 +182,7 @@ def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
 
 def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str, int]], scan: Scan,
                    inputs: Inputs, data: DataConfig, rejects: list[Reject]) -> dict[str, Any]:
-    """The dataset manifest (DESIGN.md), with the record accounting: read = staged + rejected."""
+    """The dataset manifest (docs/architecture.md), with the record accounting: read = staged + rejected."""
     staged = sum(c["records"] for c in counts.values())
     return {
         "schema": layout.DATASET_SCHEMA,

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 from jinja2 import TemplateError
 
-from config.digest import digest_bytes
+from storage.digest import digest_bytes
 from config.errors import UserError
+from storage.shards import IGNORE_INDEX
 from tasks.data.formats import Conversation, InvalidRecord, Message
 
-IGNORE_INDEX = -100
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "vocab.txt")

@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from config import layout  # noqa: E402
+from storage import layout  # noqa: E402
 from config.errors import RetryableError  # noqa: E402
-from config.spec import write_spec  # noqa: E402
-from tasks.agent import free_port, rank_environment, torchrun_command  # noqa: E402
-from tasks.preflight import NodePlan  # noqa: E402
+from storage.spec import WrittenSpec, write_spec  # noqa: E402
+from launch.command import free_port, rank_environment, torchrun_command  # noqa: E402
+from launch.preflight import NodePlan  # noqa: E402
 from tasks.run import build_spec  # noqa: E402
 from tests.distributed.harness import config, stage  # noqa: E402
 
@@ -67,7 +67,7 @@ def pipeline_stage(staged, name: str, env: dict[str, str] | None = None) -> floa
     def stage_flow() -> None:
         started = time.perf_counter()
         try:
-            train_on_nodes(spec, url, digest)
+            train_on_nodes(WrittenSpec(spec, url, digest))
         finally:
             timing["seconds"] = time.perf_counter() - started
 

@@ -26,13 +26,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from config import layout  # noqa: E402
+from storage import layout  # noqa: E402
 from config.loader import load_config  # noqa: E402
-from config.spec import write_spec  # noqa: E402
+from storage.spec import write_spec  # noqa: E402
 from tasks.data.stage import stage_dataset  # noqa: E402
-from tasks.agent import free_port, rank_environment, torchrun_command  # noqa: E402
-from tasks.local_nodes import run_local_nodes  # noqa: E402
-from tasks.preflight import NodePlan  # noqa: E402
+from launch.command import free_port, rank_environment, torchrun_command  # noqa: E402
+from launch.local_nodes import run_local_nodes  # noqa: E402
+from launch.preflight import NodePlan  # noqa: E402
 from tasks.prepare import resolve_model  # noqa: E402
 from tasks.run import build_spec  # noqa: E402
 

@@ -5,7 +5,7 @@ config, data and world size as a Tandem spec. Run on every rank under torchrun:
 
 It uses the HF Trainer as users of Qwen's finetune.py do (padding to the longest example of each
 micro-batch, no length grouping). On CPU the Trainer needs accelerate's state configured first, or
-every rank believes it is alone (FACTS.md): PartialState(cpu=True, backend="gloo") + DEEPSPEED.
+every rank believes it is alone (a known limitation of the HF Trainer with DeepSpeed on CPU): PartialState(cpu=True, backend="gloo") + DEEPSPEED.
 Rank 0 writes {"tokens": non-pad tokens seen, "seconds": summed step times, "steps": n} to --out,
 skipping the first `--warmup` steps.
 """
@@ -24,7 +24,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
-from config.spec import load_spec
+from storage.spec import load_spec
 from trainer.data import collate, load_split
 from trainer.model import load_base, make_trainable
 

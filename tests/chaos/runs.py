@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from config import layout
-from config.checkpoints import read_complete, step_of
+from storage import layout
+from storage.checkpoints import read_complete, step_of
 from config.errors import UserError
-from config.manifest import verify_files
+from storage.manifest import verify_files
 
 
 def flip_byte(path: Path, rng: random.Random) -> tuple[int, bytes]:

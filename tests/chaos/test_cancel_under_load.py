@@ -15,10 +15,10 @@ import time
 import uuid
 from pathlib import Path
 
-from config.checkpoints import step_of
-from config import layout
+from storage.checkpoints import step_of
+from storage import layout
 from config.loader import load_config
-from tasks.agent import free_port
+from launch.command import free_port
 from tests.chaos.runs import half_written, processes_with_env, run_processes, steps_logged, wait_for
 from tests.flows.conftest import node_workers, pipeline_worker  # noqa: F401 - fixtures, a real cluster
 

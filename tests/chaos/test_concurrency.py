@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tasks.registry import read_entry, versions
+from storage.registry import read_entry, versions
 from tests.conftest import ROOT
 from tests.racing import race
 from tests.registry_helpers import claim

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
-from config import layout
+from storage import layout
 from config.errors import UserError
-from config.spec import DatasetRef
-from tasks.registry import entry_url, read_entry, register_version, resolve
+from storage.spec import DatasetRef
+from storage.registry import entry_url, read_entry, register_version, resolve
 from tests.chaos.runs import flip_byte, run_processes
 from tests.distributed.harness import Run, Staged, train
 from tests.registry_helpers import entry

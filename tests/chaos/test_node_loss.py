@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
-from config.checkpoints import latest_complete
+from storage.checkpoints import latest_complete
 from config.errors import RetryableError
 from tests.chaos.runs import run_processes, steps_logged, wait_for
 from tests.distributed.harness import Run, Staged, train

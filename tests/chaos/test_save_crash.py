@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
-from config import layout
-from config.checkpoints import complete_checkpoints, read_complete
+from storage import layout
+from storage.checkpoints import complete_checkpoints, read_complete
 from config.errors import RetryableError
 from tests.chaos.runs import run_processes
 from tests.distributed.harness import Run, Staged, train

@@ -16,12 +16,12 @@ import time
 
 import pytest
 
-from config import layout
-from config.digest import digest_bytes
+from storage import layout
+from storage.digest import digest_bytes
 from config.errors import TandemError
-from config.manifest import verify_files
-from config.storage import RETRY_ENV, filesystem, read_bytes
-from tasks.registry import read_entry, register_version, versions
+from storage.manifest import verify_files
+from storage.fs import RETRY_ENV, filesystem, read_bytes
+from storage.registry import read_entry, register_version, versions
 from tests.distributed.harness import stage, train
 from tests.registry_helpers import entry
 
@@ -103,7 +103,7 @@ def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_st
     name = f"outage-{chaos_run}"
     metrics = f"{storage}/runs/{name}/{layout.METRICS}"
     outage = endpoint.outage(0.0, length, when=lambda: _reached(metrics, at_step, after))
-    with caplog.at_level(logging.WARNING, logger="config.storage"):
+    with caplog.at_level(logging.WARNING, logger="storage.fs"):
         run = train(staged, name, ["launch.nnodes=2"])
     ended = time.monotonic()
     outage.join()

@@ -11,14 +11,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import layout
+from storage import layout
 from config.loader import load_config
 from config.schema import FinetuneConfig
-from config.spec import DatasetRef, Spec, write_spec
-from config.storage import read_bytes
+from storage.spec import DatasetRef, Spec, write_spec
+from storage.fs import read_bytes
 from tasks.data.stage import stage_dataset
-from tasks.local_nodes import run_local_nodes
-from tasks.preflight import run_preflight
+from launch.local_nodes import run_local_nodes
+from launch.preflight import run_preflight
 from tasks.prepare import resolve_model
 from tasks.run import build_spec
 

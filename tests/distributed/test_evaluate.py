@@ -13,7 +13,7 @@ from torch.testing import assert_close
 
 from config.errors import UserError
 from config.schema import LaunchConfig
-from tasks.local_nodes import run_local_nodes
+from launch.local_nodes import run_local_nodes
 from tests.distributed.harness import Run, Staged, train
 
 METRICS = ("loss", "perplexity", "token_accuracy")

@@ -8,9 +8,9 @@ import os
 import subprocess
 import sys
 
-from config import layout
-from config.spec import write_spec
-from tasks.agent import free_port
+from storage import layout
+from storage.spec import write_spec
+from launch.command import free_port
 from tasks.run import build_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config

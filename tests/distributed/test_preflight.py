@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from config import layout
+from storage import layout
 from config.errors import RetryableError, UserError
-from config.spec import write_spec
-from tasks.agent import free_port
-from tasks.preflight import NodePlan, run_preflight
+from storage.spec import write_spec
+from launch.command import free_port
+from launch.preflight import NodePlan, run_preflight
 from tasks.run import build_spec
 from tests.distributed.harness import Staged, config, stage
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from torch.testing import assert_close
 
-from config import layout
-from config.checkpoints import complete_checkpoints
-from config.digest import digest_bytes
+from storage import layout
+from storage.checkpoints import complete_checkpoints
+from storage.digest import digest_bytes
 from config.errors import RetryableError
-from config.manifest import verify_files
-from config.storage import exists, join, listdir, read_bytes, set_storage_options
+from storage.manifest import verify_files
+from storage.fs import exists, join, listdir, read_bytes, set_storage_options
 from tests.distributed.harness import Staged, eval_exported, stage, train
 
 SETTINGS = ["launch.nnodes=2", "train.max_steps=8", "train.save_steps=4"]

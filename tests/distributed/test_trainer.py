@@ -175,7 +175,7 @@ def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(staged: 
     """A NaN loss, and the error a GPU raises when out of memory (raised on CPU by a fault hook: there is no GPU
     here), stop the job as a UserError (not retried) whose first line says where and what to change; the
     step's weights are never saved, so the newest complete checkpoint is the one before."""
-    from config.checkpoints import latest_complete
+    from storage.checkpoints import latest_complete
 
     name = f"guard-{fault.split('_')[2].lower()}"
     with pytest.raises(UserError) as info:

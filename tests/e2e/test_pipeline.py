@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from config.digest import digest_bytes, digest_url
+from storage.digest import digest_bytes, digest_url
 
 pytestmark = pytest.mark.e2e
 

@@ -68,8 +68,8 @@ def test_a_run_that_passes_the_gate_registers_the_next_version(pipeline, reruns)
 def test_registered_lora_model_loads_back_and_reproduces_its_eval_loss(pipeline) -> None:
     import torch
 
-    from config.spec import load_spec
-    from tasks.model_card import load_snippet
+    from storage.spec import load_spec
+    from storage.model_card import load_snippet
     from trainer.data import load_split
     from trainer.evaluate import local_sums
 

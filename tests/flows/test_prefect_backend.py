@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from config.checkpoints import latest_complete
+from storage.checkpoints import latest_complete
 from config.errors import RetryableError
 from config.loader import load_config
-from tasks.agent import free_port
+from launch.command import free_port
 
 pytestmark = pytest.mark.e2e
 

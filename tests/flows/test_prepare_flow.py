@@ -11,7 +11,7 @@ from prefect import flow
 
 from config.errors import UserError
 from config.loader import load_config
-from config.manifest import verify_dataset
+from storage.manifest import verify_dataset
 from tasks.prepare import prepare_dataset
 from tests.datafiles import arithmetic, qwen, write_jsonl
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.agent import free_port
+from launch.command import free_port
 
 CONF = """ClusterName=tandem-test
 SlurmctldHost=localhost

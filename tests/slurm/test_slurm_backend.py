@@ -9,15 +9,15 @@ import subprocess
 
 import pytest
 
-from config import layout
-from config.checkpoints import latest_complete
+from storage import layout
+from storage.checkpoints import latest_complete
 from config.errors import RetryableError
 from config.loader import load_config
-from config.spec import write_spec
-from tasks.agent import free_port
-from tasks.launch import run_phase
+from storage.spec import WrittenSpec, write_spec
+from launch.command import free_port
+from launch.phase import PhaseJob, run_phase
 from tasks.run import build_spec
-from tasks.slurm_nodes import render_sbatch
+from launch.slurm_nodes import render_sbatch
 from tests.distributed.harness import Staged, config
 
 
@@ -26,8 +26,8 @@ def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
                                     "launch.master_port=6001", "launch.slurm_args=[--partition=gpu, --time=24:00:00]",
                                     "launch.env={NCCL_SOCKET_IFNAME: ib0}"])
     spec = build_spec(cfg, "render", staged.model_path, staged.dataset)
-    script = render_sbatch(spec, "/shared/runs/render/spec.json", "train", output="/shared/out-%j.txt",
-                           spec_digest="ab" * 32)
+    script = render_sbatch(PhaseJob(WrittenSpec(spec, "/shared/runs/render/spec.json", "ab" * 32), "train"),
+                           output="/shared/out-%j.txt")
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
     for expected in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=gpu",
@@ -62,7 +62,7 @@ def test_a_failing_rank_fails_the_job_with_its_output(slurm_cluster, staged: Sta
     spec = build_spec(cfg, "slurm-fail", staged.model_path, staged.dataset)
     digest = write_spec(spec)
     with pytest.raises(RetryableError) as info:
-        run_phase(spec, layout.join(spec.run_url, layout.SPEC), "train", lambda _: None, spec_digest=digest)
+        run_phase(WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), digest), "train", lambda _: None)
     message = str(info.value)
     assert message.startswith("train: SLURM job ") and " ended FAILED (exit 75:0): train failed on node 0, " \
         "rank 1 exited with code 137" in message

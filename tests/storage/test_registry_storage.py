@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from config.storage import create_exclusive, filesystem, read_bytes, read_versioned, replace_if_unchanged
-from tasks.registry import champion, read_entry, register_version, resolve, versions
+from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
+from storage.fs import filesystem, read_bytes
+from storage.registry import champion, read_entry, register_version, resolve, versions
 from tests.racing import race
 from tests.registry_helpers import claim, claim_and_promote, entry
 

@@ -10,8 +10,9 @@ import time
 import pytest
 
 from config.errors import UserError
-from config.storage import create_exclusive, exists, read_bytes, set_storage_options
-from tasks.run_lock import RunLock
+from storage.conditional import create_exclusive
+from storage.fs import exists, read_bytes, set_storage_options
+from storage.run_lock import RunLock
 from tests.racing import race
 
 
@@ -52,7 +53,7 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_renewed(run_url, caplo
     crashed = RunLock(run_url, "r1", "flow-crashed", lease_s=0.5)
     crashed.acquire()  # and never released: its process "died"
     time.sleep(0.6)
-    with caplog.at_level("WARNING", logger="tasks.run_lock"), RunLock(run_url, "r1", "flow-b", lease_s=2.0).hold():
+    with caplog.at_level("WARNING", logger="storage.run_lock"), RunLock(run_url, "r1", "flow-b", lease_s=2.0).hold():
         assert holder(run_url)["flow_run_id"] == "flow-b"
         time.sleep(2.5)  # longer than the lease: only the heartbeat keeps it
         with pytest.raises(UserError, match="already running \\(flow run flow-b"):

@@ -9,9 +9,9 @@ import blake3
 import pytest
 
 from config.errors import UserError
-from config.manifest import verify_dataset
+from storage.manifest import verify_dataset
 from config.schema import DataConfig
-from config.storage import filesystem, read_bytes, write_bytes_atomic
+from storage.fs import filesystem, read_bytes, write_bytes_atomic
 from tasks.data.stage import stage_dataset
 from tests.datafiles import arithmetic, qwen, write_jsonl, write_parquet
 

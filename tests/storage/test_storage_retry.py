@@ -10,17 +10,18 @@ import threading
 import pytest
 
 from config.errors import EXIT_RETRYABLE, UserError
-from config.storage import (RETRY_ENV, StorageUnavailable, create_exclusive, is_transient, read_bytes, retry_budget,
-                            set_storage_options, write_bytes_atomic)
+from storage.conditional import create_exclusive
+from storage.fs import (RETRY_ENV, StorageUnavailable, is_transient, read_bytes, retry_budget, set_storage_options,
+                        write_bytes_atomic)
 from tests.s3_faults import LoseOneAnswer
 
 # botocore and s3fs retry connection errors themselves for about 8 s; one attempt each leaves the retries
-# under test to config/storage.py alone.
+# under test to storage/fs.py alone.
 ONE_ATTEMPT = {"config_kwargs": {"retries": {"max_attempts": 1}}}
 
 
 def retries_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "config.storage" and "retry" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if r.name == "storage.fs" and "retry" in r.getMessage()]
 
 
 def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatch, caplog) -> None:
@@ -31,7 +32,7 @@ def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatc
     body = b"x" * 100_000
     endpoint.stop()
     threading.Timer(2.0, endpoint.start).start()
-    with caplog.at_level(logging.WARNING, logger="config.storage"):
+    with caplog.at_level(logging.WARNING, logger="storage.fs"):
         write_bytes_atomic(url, body)
     assert read_bytes(url) == body
     logged = retries_logged(caplog)
@@ -56,7 +57,7 @@ def test_a_permanent_outage_fails_with_one_line_naming_the_endpoint(s3_stoppable
 def test_what_a_retry_cannot_change_is_raised_at_once(s3_stoppable, monkeypatch, caplog) -> None:
     _, bucket = s3_stoppable
     monkeypatch.setenv(RETRY_ENV, "30")
-    with caplog.at_level(logging.WARNING, logger="config.storage"), pytest.raises(FileNotFoundError):
+    with caplog.at_level(logging.WARNING, logger="storage.fs"), pytest.raises(FileNotFoundError):
         read_bytes(f"{bucket}/no/such/object")
     assert not retries_logged(caplog)
     assert not is_transient(PermissionError(13, "denied")) and is_transient(ConnectionRefusedError(111, "refused"))

@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from config.schema import TrainConfig
-from config.spec import total_steps
+from storage.spec import total_steps
 from trainer.data import deal_by_length, rank_micro_batches, step_indices
 
 

@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from config.errors import UserError
-from config.manifest import read_manifest, verify_dataset, verify_files
+from storage.manifest import read_manifest, verify_dataset, verify_files
 from config.schema import DataConfig
-from tasks.data import shards, spool, workers
+from storage import shards
+from tasks.data import spool, workers
 from tasks.data.stage import stage_dataset
 from tests.datafiles import arithmetic, qwen, write_json, write_jsonl
 

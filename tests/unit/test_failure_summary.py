@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.agent import failure_summary
+from launch.diagnose import failure_summary
 
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================

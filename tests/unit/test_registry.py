@@ -10,8 +10,8 @@ import pytest
 from config.errors import UserError
 from config.loader import load_config
 from config.schema import GateConfig
-from tasks.gate import check_gate
-from tasks.registry import champion, promote, read_entry, register_version, resolve, versions
+from storage.gate import check_gate
+from storage.registry import champion, promote, read_entry, register_version, resolve, versions
 from tests.conftest import run_cli
 from tests.registry_helpers import entry
 

@@ -1,0 +1,68 @@
+"""What runs on a node: the trainer's arguments, the torchrun line and the ranks' environment (every backend
+uses these), and where a node keeps its local files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from config.loader import PROJECT_ROOT
+from config.schema import LaunchConfig
+from launch.preflight import NodePlan
+from storage import layout
+from storage.fs import is_local, local_path, options_environment
+
+DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken
+MODULES = {"train": "trainer", "eval": "trainer.evaluate"}  # phase -> the module torchrun runs on every rank
+AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
+
+
+def trainer_args(spec_url: str, phase: str, model_url: str | None = None) -> list[str]:
+    """The arguments of `python -m trainer` / `python -m trainer.evaluate` for a phase."""
+    return ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (a fresh one per launch: a reused port can join an old job)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[str]) -> list[str]:
+    """The per-node torchrun line (the same for every backend)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}", f"--node-rank={plan.node_rank}",
+        f"--master-addr={plan.master_addr}", f"--master-port={plan.master_port}",
+        "--rdzv-conf", f"timeout={rdzv_timeout}",
+        "-m", module, *args,
+    ]
+
+
+def rank_environment(launch: LaunchConfig) -> dict[str, str]:
+    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache, the storage
+    options this process was given, and launch.env."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(options_environment())
+    env.update(launch.env)
+    return env
+
+
+def node_scratch(run_url: str, node_rank: int) -> str:
+    """A local directory for a node's log: the run's node directory when storage is local, else a
+    local mirror that is uploaded after each phase (object stores cannot append)."""
+    if is_local(run_url):
+        return local_path(layout.node_dir(run_url, node_rank))
+    run_id = run_url.rstrip("/").rsplit("/", 1)[1]
+    return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
+
+
+def heartbeat_dir(run_url: str, node_rank: int, phase: str) -> str:
+    """Where the ranks of a node touch their heartbeat files during a phase."""
+    return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase}")

@@ -1,0 +1,61 @@
+"""Why a node failed: the failing rank and its own error line from a node's log, the tail shown to the user,
+and the one rule that classifies a failure by exit code (2: retrying cannot help; anything else may)."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from config.errors import EXIT_USER_ERROR, RetryableError, UserError
+from config.rank_log import rank_errors
+from storage import layout
+from storage.fs import exists, join, read_bytes
+
+TAIL_LINES = 15
+ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank[^\n]*\n[^\n]*exitcode\s+: (-?\d+)")
+
+
+def read_from(path: str, offset: int) -> str:
+    """The text of a log file from a byte offset on."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    """The last lines of a log text."""
+    return "".join(text.splitlines(keepends=True)[-lines:])
+
+
+def log_tail(run_url: str, node_rank: int, lines: int = TAIL_LINES) -> str:
+    """The end of a node's log on shared storage."""
+    url = join(layout.node_dir(run_url, node_rank), layout.LOG)
+    if not exists(url):
+        return "(no log on storage)"
+    return tail(read_bytes(url).decode(errors="replace"), lines)
+
+
+def failure_summary(text: str) -> tuple[str, int | None]:
+    """(one line saying which rank failed and why, that rank's exit code) from a node's log text.
+
+    A rank's own error line wins. Otherwise torchrun's failure report is used, skipping ranks that
+    torchrun itself terminated (SIGTERM, -15) after the first one failed.
+    """
+    errors = rank_errors(text)
+    failures = [(int(rank), int(code)) for rank, code in ROOT_CAUSE.findall(text)]
+    first = next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
+    code = first[1] if first else None
+    if errors:
+        rank, message = errors[0]
+        return f"rank {rank}: {message}", code
+    if first:
+        return f"rank {first[0]} exited with code {code}", code
+    return "see the log", code
+
+
+def error_for(exit_code: int | None, message: str) -> UserError | RetryableError:
+    """The error a failed node raises: by its exit code, UserError (not retried) or RetryableError."""
+    return UserError(message) if exit_code == EXIT_USER_ERROR else RetryableError(message)

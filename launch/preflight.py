@@ -1,0 +1,203 @@
+"""Preflight: run on every node before its torchrun agent starts; the first failing check stops the job
+with one line naming the node, the check and the fix (the troubleshooting list of Qwen's multi-node
+guide, checked instead of debugged).
+
+Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
+port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified,
+storage writable, and the NCCL/GLOO environment applied (echoed).
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from storage import layout
+from storage.digest import digest_bytes
+from config.errors import RetryableError, UserError
+from storage.manifest import verify_dataset
+from storage.spec import Spec
+from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
+from config.version import code_version
+
+CONNECT_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node is asked to run: its place in the job and where the rendezvous is."""
+
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+
+
+def check_world_size(spec: Spec, plan: NodePlan) -> str:
+    """NNODES x GPUS_PER_NODE must be the world size spec.json was resolved for."""
+    if plan.nnodes * plan.nproc_per_node != spec.world_size or not 0 <= plan.node_rank < plan.nnodes:
+        raise UserError(
+            f"node {plan.node_rank}: rank mismatch: {plan.nnodes} nodes x {plan.nproc_per_node} ranks (node rank "
+            f"{plan.node_rank}) but spec.json was resolved for {spec.world_size} ranks "
+            f"({spec.config.launch.nnodes} x {spec.config.launch.nproc_per_node}); give every node the same "
+            "NNODES/GPUS_PER_NODE and a unique NODE_RANK in 0..NNODES-1"
+        )
+    return f"{plan.nnodes} nodes x {plan.nproc_per_node} ranks"
+
+
+def check_code(spec: Spec, plan: NodePlan) -> str:
+    """The code on this node is the code that wrote spec.json."""
+    mine = code_version()
+    if mine != spec.code_version:
+        raise UserError(f"node {plan.node_rank}: code version {mine} differs from {spec.code_version} in spec.json; "
+                        "install the same Tandem commit on every node")
+    return mine
+
+
+def check_spec_digest(spec_url: str, expected: str | None, plan: NodePlan) -> str:
+    """This node reads the same spec.json bytes as the pipeline wrote."""
+    actual = digest_bytes(read_bytes(spec_url), "sha256")
+    if expected and actual != expected:
+        raise UserError(f"node {plan.node_rank}: {spec_url} has sha256 {actual[:12]}…, the pipeline wrote "
+                        f"{expected[:12]}…; this node sees another spec.json (another run.storage, or a stale NFS "
+                        "cache): point every node at the same storage")
+    return actual
+
+
+def check_master_resolves(plan: NodePlan) -> str:
+    """MASTER_ADDR resolves to an address."""
+    try:
+        infos = socket.getaddrinfo(plan.master_addr, plan.master_port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UserError(f"node {plan.node_rank}: cannot resolve master address {plan.master_addr} ({exc.strerror}); "
+                        "set launch.master_addr (MASTER_ADDR) to node 0's IP or hostname") from None
+    return infos[0][4][0]
+
+
+def check_port_free(plan: NodePlan) -> str:
+    """On node 0: the rendezvous port can be bound on MASTER_ADDR (nothing else holds it)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((plan.master_addr, plan.master_port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(f"node 0: port {plan.master_port} on {plan.master_addr} is already in use; pick "
+                                "another launch.master_port (MASTER_PORT), leave it empty for a free one, or stop "
+                                "what holds it") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise UserError(f"node 0: {plan.master_addr} is not an address of this machine; node rank 0 must "
+                                "run on the host launch.master_addr (MASTER_ADDR) names") from None
+            raise
+    return f"{plan.master_addr}:{plan.master_port} free"
+
+
+def check_master_reachable(plan: NodePlan, timeout_s: float) -> str:
+    """On the other nodes: node 0's rendezvous port accepts connections (waiting up to timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((plan.master_addr, plan.master_port), timeout=2.0):
+                return f"{plan.master_addr}:{plan.master_port} reachable"
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            if time.monotonic() >= deadline:
+                raise RetryableError(
+                    f"node {plan.node_rank}: cannot reach {plan.master_addr}:{plan.master_port} ({reason.lower()}) "
+                    "— is node 0 up and the port open?"
+                ) from None
+            time.sleep(CONNECT_RETRY_S)
+
+
+def gpu_names() -> list[str] | None:
+    """The model name of every GPU this machine shows; None without nvidia-smi (a machine without GPUs)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30)
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def visible_gpus() -> int:
+    """GPUs this machine shows (0 without nvidia-smi)."""
+    return len(gpu_names() or [])
+
+
+def check_gpus(plan: NodePlan) -> str:
+    """On GPU machines: at least nproc_per_node GPUs, all of one model (reported for cross-node comparison)."""
+    names = gpu_names()
+    if names is None:
+        return "no GPU (CPU ranks, gloo)"
+    if len(names) < plan.nproc_per_node:
+        raise UserError(f"node {plan.node_rank}: {len(names)} GPUs visible, {plan.nproc_per_node} ranks requested; "
+                        "set launch.nproc_per_node (GPUS_PER_NODE) to the GPUs every node has")
+    if len(set(names)) > 1:
+        raise UserError(f"node {plan.node_rank}: mixed GPU models {sorted(set(names))}; use one model per job")
+    return f"{len(names)} x {names[0]}" if names else "no GPU"
+
+
+def check_dataset(spec: Spec, plan: NodePlan) -> str:
+    """The staged dataset matches its manifest, and the manifest the one spec.json names."""
+    try:
+        manifest = verify_dataset(spec.dataset.url, "full", spec.dataset.manifest_digest)
+    except UserError as exc:
+        raise UserError(f"node {plan.node_rank}: {exc}") from None
+    return f"{spec.dataset.dataset_id}: {len(manifest['files'])} files verified"
+
+
+def check_storage_writable(spec: Spec, plan: NodePlan) -> str:
+    """This node can write (and read back) the run directory."""
+    probe = join(layout.node_dir(spec.run_url, plan.node_rank), ".preflight-probe")
+    try:
+        write_bytes_atomic(probe, b"ok")
+        readback = read_bytes(probe)
+        remove(probe)
+    except OSError as exc:
+        raise UserError(f"node {plan.node_rank}: cannot write {spec.run_url} ({exc}); give this node write access "
+                        "to run.storage") from None
+    if readback != b"ok":
+        raise UserError(f"node {plan.node_rank}: {probe} read back differently than written; check run.storage")
+    return "writable"
+
+
+def check_env(spec: Spec, plan: NodePlan) -> str:
+    """The launch.env entries every rank will get (NCCL_SOCKET_IFNAME, ...), echoed."""
+    env = spec.config.launch.env
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(launch.env empty)"
+
+
+def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_digest: str | None,
+                  info: Callable[[str], None]) -> dict[str, Any]:
+    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report."""
+    checks: list[tuple[str, Callable[[], str]]] = [
+        ("world size", lambda: check_world_size(spec, plan)),
+        ("code version", lambda: check_code(spec, plan)),
+        ("spec digest", lambda: check_spec_digest(spec_url, expected_spec_digest, plan)),
+        ("master address", lambda: check_master_resolves(plan)),
+        ("master port", lambda: check_port_free(plan) if plan.node_rank == 0
+         else check_master_reachable(plan, spec.config.launch.rdzv_timeout)),
+        ("gpus", lambda: check_gpus(plan)),
+        ("dataset", lambda: check_dataset(spec, plan)),
+        ("storage", lambda: check_storage_writable(spec, plan)),
+        ("environment", lambda: check_env(spec, plan)),
+    ]
+    report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
+    for name, check in checks:
+        report["checks"][name] = check()
+    write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), "preflight.json"), report)
+    info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
+        f"{k}: {v}" for k, v in report["checks"].items() if k in ("gpus", "dataset", "environment", "master port")))
+    return report
+
+
+def plan_environment(plan: NodePlan) -> dict[str, str]:
+    """Qwen-style variables describing the node, for logs and scripts the user runs under us."""
+    return {"NNODES": str(plan.nnodes), "NODE_RANK": str(plan.node_rank), "MASTER_ADDR": plan.master_addr,
+            "MASTER_PORT": str(plan.master_port), "GPUS_PER_NODE": str(plan.nproc_per_node)}
+

@@ -1,0 +1,112 @@
+"""Names of everything Tandem writes on storage, in one place (see docs/architecture.md, "On storage")."""
+
+from __future__ import annotations
+
+from storage.fs import join
+
+__all__ = ["join"]
+
+DATASET_SCHEMA = "tandem.dataset/1"
+CHECKPOINT_SCHEMA = "tandem.checkpoint/1"
+SPEC_SCHEMA = "tandem.spec/1"
+EVAL_SCHEMA = "tandem.eval/1"
+REGISTRY_SCHEMA = "tandem.registry/1"
+MODEL_SCHEMA = "tandem.model/1"
+CHAMPION_SCHEMA = "tandem.champion/1"
+SAMPLES_SCHEMA = "tandem.samples/1"
+
+MANIFEST = "manifest.json"
+REJECTS = "rejects.jsonl"
+DATASET_INDEX_SCHEMA = "tandem.dataset-index/1"
+COMPLETE = "COMPLETE"
+SPEC = "spec.json"
+METRICS = "metrics.jsonl"
+EVAL = "eval.json"
+SAMPLES = "samples.jsonl"
+LOSS_PLOT = "loss.png"
+MODEL_CARD = "model_card.md"
+CHAMPION = "champion.json"
+LOG = "log.txt"
+STATUS = "status.json"
+LOCK = "LOCK"
+LOCK_SCHEMA = "tandem.run-lock/1"
+SPLITS = ("train", "eval")
+
+
+def dataset_dir(storage: str, dataset_id: str) -> str:
+    """{storage}/datasets/{dataset_id}"""
+    return join(storage, "datasets", dataset_id)
+
+
+def dataset_index(storage: str, source_key: str) -> str:
+    """{storage}/datasets/by-source/{key}.json: which dataset id unchanged sources and settings staged to."""
+    return join(storage, "datasets", "by-source", f"{source_key}.json")
+
+
+def shard_name(split: str, index: int) -> str:
+    """Path of a tokenized shard, relative to its dataset directory."""
+    return f"{split}/shard-{index:05d}.parquet"
+
+
+def model_dir(storage: str, name: str) -> str:
+    """{storage}/models/{name}: base models materialized by Tandem (the built-in tiny model)."""
+    return join(storage, "models", name)
+
+
+def run_dir(storage: str, run_id: str) -> str:
+    """{storage}/runs/{run_id}"""
+    return join(storage, "runs", run_id)
+
+
+def run_lock_url(run: str) -> str:
+    """{run}/LOCK: the lease of the one pipeline running this run (see storage/run_lock.py)."""
+    return join(run, LOCK)
+
+
+def node_dir(run: str, node_rank: int) -> str:
+    """{run}/nodes/{node_rank}"""
+    return join(run, "nodes", str(node_rank))
+
+
+def checkpoints_dir(run: str) -> str:
+    """{run}/checkpoints"""
+    return join(run, "checkpoints")
+
+
+def checkpoint_dir(run: str, step: int) -> str:
+    """{run}/checkpoints/step-{step:08d}"""
+    return join(run, "checkpoints", f"step-{step:08d}")
+
+
+def rank_dir_name(rank: int) -> str:
+    """rank-{rank:05d}: one rank's shard directory inside a checkpoint."""
+    return f"rank-{rank:05d}"
+
+
+def final_dir(run: str) -> str:
+    """{run}/final: the exported model."""
+    return join(run, "final")
+
+
+def registry_dir(storage: str, model: str) -> str:
+    """{storage}/registry/{model}"""
+    return join(registry_root(storage), model)
+
+
+def registry_root(storage: str) -> str:
+    """{storage}/registry"""
+    return join(storage, "registry")
+
+
+def registry_entry_name(version: int) -> str:
+    """v{n:04d}.json"""
+    return f"v{version:04d}.json"
+
+
+def champion_url(storage: str, model: str) -> str:
+    """{storage}/registry/{model}/champion.json: the alias naming the best version."""
+    return join(registry_dir(storage, model), CHAMPION)
+
+
+# Set by the launcher for every rank of a node: where its ranks touch their heartbeat files.
+HEARTBEAT_ENV = "TANDEM_HEARTBEAT_DIR"

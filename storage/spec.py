@@ -1,0 +1,91 @@
+"""The resolved run description, `spec.json`: written once by the flow, read and re-validated by every
+node and every rank. Its digest is part of the lineage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from storage import layout
+from storage.digest import digest_bytes
+from config.errors import UserError
+from config.schema import FinetuneConfig, Section, TrainConfig
+from storage.fs import read_bytes, write_json_atomic
+
+
+class DatasetRef(Section):
+    """A staged dataset, as the trainer and evaluator find it."""
+
+    dataset_id: str
+    url: str = Field(description="{storage}/datasets/{dataset_id}")
+    manifest_digest: str
+    # The records of each split, as staging counted them; not written to spec.json (its format is unchanged),
+    # empty when the reference was read back from one.
+    split_records: dict[str, int] = Field(default_factory=dict, exclude=True)
+
+    def records(self, split: str) -> int | None:
+        """Records of a split when this reference carries the counts, else None."""
+        return self.split_records.get(split)
+
+
+class Spec(Section):
+    """Everything a rank needs: the config, resolved values, and where things are."""
+
+    schema_name: str = Field(layout.SPEC_SCHEMA, alias="schema")
+    run_id: str
+    run_url: str
+    config: FinetuneConfig
+    deepspeed: dict[str, Any]
+    world_size: int = Field(gt=0)
+    total_steps: int = Field(gt=0, description="Optimizer steps of the whole run (train.max_steps or from epochs).")
+    model_path: str = Field(description="Local directory of the base model (from_pretrained).")
+    dataset: DatasetRef
+    code_version: str
+
+
+def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
+    """train.max_steps when set, else enough steps for train.epochs passes over the train split."""
+    if train.max_steps is not None:
+        return train.max_steps
+    per_step = train.micro_batch_size * train.gradient_accumulation_steps * world_size
+    return max(1, math.ceil(train.epochs * train_records / per_step))
+
+
+def write_spec(spec: Spec) -> str:
+    """Write spec.json into the run directory; returns the digest of its bytes."""
+    data = write_json_atomic(layout.join(spec.run_url, layout.SPEC), spec.model_dump(mode="json", by_alias=True))
+    return digest_bytes(data, "sha256")
+
+
+def load_spec(url: str) -> tuple[Spec, str]:
+    """(spec, sha256 of its bytes) from a spec.json URL, validated again."""
+    try:
+        raw = read_bytes(url)
+    except FileNotFoundError:
+        raise UserError(f"--spec {url}: no such file; pass the spec.json of a run") from None
+    try:
+        spec = Spec.model_validate_json(raw)
+    except ValidationError as exc:
+        raise UserError(f"{url}: not a valid {layout.SPEC_SCHEMA} document ({exc.error_count()} errors, "
+                        f"first: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})") from None
+    if spec.schema_name != layout.SPEC_SCHEMA:
+        raise UserError(f"{url}: schema {spec.schema_name!r} is not {layout.SPEC_SCHEMA!r}")
+    return spec, digest_bytes(raw, "sha256")
+
+
+@dataclass(frozen=True)
+class WrittenSpec:
+    """A spec.json on storage: the spec, where it is, and the sha256 of its bytes (checked by every node)."""
+
+    spec: Spec
+    url: str
+    digest: str
+
+
+def publish_spec(spec: Spec) -> WrittenSpec:
+    """Write spec.json into the run directory and say where it is and what its bytes hash to."""
+    return WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
