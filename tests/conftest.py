@@ -118,11 +118,11 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str | None] | None = No
 
 
 @pytest.fixture(scope="session")
-def staged(tmp_path_factory):
-    """The tiny model and the sample data, staged once for every test that runs real ranks."""
+def staged(tmp_path_factory, tiny_model):
+    """The session's tiny model and the sample data, staged once for every test that runs real ranks."""
     from tests.distributed.harness import stage
 
-    return stage(tmp_path_factory.mktemp("dist-storage"))
+    return stage(tmp_path_factory.mktemp("dist-storage"), tiny_model)
 
 
 @pytest.fixture
