@@ -1,4 +1,5 @@
-"""Shared fixtures. Local state goes to a per-session temporary folder, never the user's ~/.prefect."""
+"""Shared fixtures (see tests/README.md). Local state goes to a per-session temporary folder, never the user's
+~/.prefect."""
 
 from __future__ import annotations
 
@@ -9,23 +10,44 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.servers import PrefectServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".tandem" / "torch_extensions"))
+# One thread per process: every rank, CLI and this process. Without it 2 ranks on 2 cores fight over 2x2
+# OpenMP threads and tiny steps take 10x longer.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
-def prefect_server() -> Iterator[None]:
-    """One real Prefect server (Prefect's test harness) for the whole session."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """One real Prefect server for the whole session, started as users start one (`prefect server start`, so it
+    serves the UI too); every test that needs a server shares it.
 
-    with prefect_test_harness(server_startup_timeout=60), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        yield
+    From the first test that asks for it to the end of the session, this process's client and every child
+    (CLIs, workers) talk to it: PREFECT_API_URL is set in the environment. A test of Prefect's temporary
+    server removes that variable from its child's environment (`run_cli(..., env={"PREFECT_API_URL": None})`).
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from tests.servers import start_prefect_server, stop
+
+    server, process = start_prefect_server(tmp_path_factory.mktemp("prefect-server"), ROOT / ".tandem" / "test-prefect",
+                                           free_port())
+    try:
+        with pytest.MonkeyPatch.context() as patch, temporary_settings(
+                {PREFECT_API_URL: server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            patch.setenv("PREFECT_API_URL", server.api_url)
+            yield server
+    finally:
+        stop(process)
 
 
 def free_port() -> int:
@@ -84,21 +106,23 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
-def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: int = 600):
-    """Run `python -m ...` as a user would; returns the CompletedProcess."""
+def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str | None] | None = None, timeout: int = 600):
+    """Run `python -m ...` as a user would; returns the CompletedProcess. `env` adds to this process's
+    environment; a None value removes the variable."""
     import subprocess
 
     full_env = {**os.environ, **(env or {})}
+    full_env = {key: value for key, value in full_env.items() if value is not None}
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
 
 @pytest.fixture(scope="session")
-def staged(tmp_path_factory):
-    """The tiny model and the sample data, staged once for every test that runs real ranks."""
+def staged(tmp_path_factory, tiny_model):
+    """The session's tiny model and the sample data, staged once for every test that runs real ranks."""
     from tests.distributed.harness import stage
 
-    return stage(tmp_path_factory.mktemp("dist-storage"))
+    return stage(tmp_path_factory.mktemp("dist-storage"), tiny_model)
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 """The README's "by hand" path, command for command: `python -m flows.prepare --write-spec` writes the run's
 spec.json, then `python -m flows.node --spec SPEC` on each node with Qwen's NNODES/NODE_RANK/MASTER_ADDR/
-MASTER_PORT variables trains the run to a complete final checkpoint."""
+MASTER_PORT variables trains the run to a complete final checkpoint.
+
+The prepare step runs as on a machine with no Prefect server (Prefect's temporary server: the one test of that
+path); the nodes report to the session's server, as on a cluster that has one."""
 
 from __future__ import annotations
 
@@ -13,11 +16,12 @@ from storage.checkpoints import latest_complete
 from tests.conftest import ROOT, free_port, run_cli
 
 
-def test_write_spec_then_start_each_node_by_hand(tmp_path) -> None:
+def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_server) -> None:
     storage = tmp_path / "storage"
-    env = {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": None}
     prepared = run_cli("flows.prepare", "--storage", str(storage), "--set", "run.name=r1", "--set",
-                       "train.max_steps=2", "--write-spec", env=env)
+                       "train.max_steps=2", "--set", f"model.name_or_path={tiny_model}", "--write-spec", env=env)
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     spec_url = dict(re.findall(r"^(\w+) +(.+)$", prepared.stdout, flags=re.MULTILINE))["spec"]
     assert spec_url == str(storage / "runs" / "r1" / "spec.json")

@@ -19,11 +19,11 @@ def test_help_lists_the_options() -> None:
 
 
 def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(tmp_path, s3_endpoint, s3_bucket,
-                                                                                tiny_model) -> None:
+                                                                                tiny_model, prefect_server) -> None:
     from storage.fs import read_json
 
     source = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(60), qwen(("user", "no answer"))])
-    env = {"AWS_ENDPOINT_URL": s3_endpoint, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env = {"AWS_ENDPOINT_URL": s3_endpoint}
     result = run_cli("flows.prepare", "--data", source, "--storage", f"{s3_bucket}/tandem", "--format", "qwen",
                      "--set", f"model.name_or_path={tiny_model}", "--set", "data.on_invalid=skip", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -38,13 +38,13 @@ def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(t
     assert rows["records"] == f"61 read, 60 staged, 1 rejected (see {rejects})"
 
 
-def test_bad_data_is_one_line_exit_2_and_stages_nothing(tmp_path, tiny_model) -> None:
+def test_bad_data_is_one_line_exit_2_and_stages_nothing(tmp_path, tiny_model, prefect_server) -> None:
     source = write_jsonl(tmp_path / "d.jsonl", arithmetic(5))
     with open(source, "a") as handle:
         handle.write(json.dumps(qwen(("user", "hi"), ("assistant", 3))) + "\n")
     storage = tmp_path / "storage"
     result = run_cli("flows.prepare", "--data", source, "--storage", str(storage), "--set",
-                     f"model.name_or_path={tiny_model}", env={"PREFECT_HOME": str(tmp_path / "prefect")})
+                     f"model.name_or_path={tiny_model}")
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert errors == [f"error: {source}:6: conversations[1].value: expected a string, got int "

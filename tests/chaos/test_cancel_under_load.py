@@ -56,7 +56,8 @@ def flow_run_state(run_id) -> str:  # noqa: ANN001 - a UUID
 
 
 def worker_descendants(api_url: str) -> list[str]:
-    """Command lines of the processes the workers started (flow runs and all below them), not the workers."""
+    """Command lines of the processes the workers started (flow runs and all below them), not the workers nor the
+    session's Prefect server (whose environment names its own URL too)."""
     found = []
     for pid in processes_with_env("PREFECT_API_URL", api_url):
         try:
@@ -64,7 +65,7 @@ def worker_descendants(api_url: str) -> list[str]:
                 cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if pid != os.getpid() and " worker start " not in cmd:
+        if pid != os.getpid() and " worker start " not in cmd and " server start " not in cmd:
             found.append(f"{pid} {cmd}")
     return found
 

@@ -61,9 +61,9 @@ class Run:
         return Path(layout.checkpoint_dir(self.spec.run_url, step))
 
 
-def stage(storage: Path | str) -> Staged:
-    """Build the tiny model and stage the sample data under `storage`."""
-    cfg = load_config(None, [f"run.storage={storage}", *BASE_OVERRIDES])
+def stage(storage: Path | str, model: str = "tiny") -> Staged:
+    """Stage the sample data under `storage` for `model` (by default the tiny model, built under `storage`)."""
+    cfg = load_config(None, [f"run.storage={storage}", f"model.name_or_path={model}", *BASE_OVERRIDES])
     model_path = resolve_model(cfg)
     return Staged(storage, model_path, stage_dataset(cfg.data, cfg.run.storage, model_path))
 

@@ -84,8 +84,8 @@ def test_different_code_on_this_node(prepared) -> None:
                       info=lambda _: None)
 
 
-def test_corrupted_dataset_file(tmp_path) -> None:
-    private = stage(tmp_path / "storage")  # a copy of its own: the shared one stays intact
+def test_corrupted_dataset_file(tmp_path, tiny_model) -> None:
+    private = stage(tmp_path / "storage", tiny_model)  # a copy of its own: the shared one stays intact
     spec = build_spec(config(private, "corrupt", ["launch.nnodes=2"]), "corrupt", private.model_path, private.dataset)
     digest = write_spec(spec)
     shard = Path(spec.dataset.url) / "train" / "shard-00000.parquet"

@@ -14,11 +14,12 @@ from config.loader import load_config
 pytestmark = pytest.mark.e2e
 
 
-def test_a_lost_rank_is_retried_and_resumes(prefect_server, tmp_path) -> None:
+def test_a_lost_rank_is_retried_and_resumes(prefect_server, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
     marker = tmp_path / "died-once"
-    cfg = load_config(None, [f"run.storage={tmp_path}", "run.name=retried", "launch.retries=1", "launch.retry_delay_s=0",
+    cfg = load_config(None, [f"run.storage={tmp_path}", "run.name=retried", f"model.name_or_path={tiny_model}",
+                             "launch.retries=1", "launch.retry_delay_s=0",
                              "train.max_steps=6", "train.save_steps=2",
                              f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:4', TANDEM_TEST_EXIT_ONCE: '{marker}'}}"])
     summary = finetune(cfg)
@@ -31,10 +32,11 @@ def test_a_lost_rank_is_retried_and_resumes(prefect_server, tmp_path) -> None:
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")
 
 
-def test_bad_input_is_not_retried(prefect_server, tmp_path) -> None:
+def test_bad_input_is_not_retried(prefect_server, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
-    cfg = load_config(None, [f"run.storage={tmp_path}", "run.name=not-retried", "launch.retries=2",
+    cfg = load_config(None, [f"run.storage={tmp_path}", "run.name=not-retried", f"model.name_or_path={tiny_model}",
+                             "launch.retries=2",
                              "launch.retry_delay_s=0", f"train.resume={tmp_path}/no-such-checkpoint"])
     with pytest.raises(UserError, match="not a complete checkpoint"):
         finetune(cfg)

@@ -18,8 +18,9 @@ from launch.command import free_port
 pytestmark = pytest.mark.e2e
 
 
-def settings(storage, name: str, extra: list[str]) -> list[str]:
-    return [f"run.storage={storage}", f"run.name={name}", "launch.backend=prefect", "launch.nnodes=2",
+def settings(storage, name: str, model: str, extra: list[str]) -> list[str]:
+    return [f"run.storage={storage}", f"run.name={name}", f"model.name_or_path={model}", "launch.backend=prefect",
+            "launch.nnodes=2",
             f"launch.master_port={free_port()}", "launch.rdzv_timeout=60", "train.max_steps=6", "train.save_steps=3",
             *extra]
 
@@ -33,10 +34,10 @@ def node_runs(flow_run_name_prefix: str) -> list:
     return [r for r in runs if r.name.startswith(flow_run_name_prefix)]
 
 
-def test_the_pipeline_trains_through_node_flows_on_two_workers(node_workers, tmp_path) -> None:
+def test_the_pipeline_trains_through_node_flows_on_two_workers(node_workers, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
-    summary = finetune(load_config(None, settings(tmp_path, "via-workers", [])))
+    summary = finetune(load_config(None, settings(tmp_path, "via-workers", tiny_model, [])))
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v0001")
     assert latest_complete(summary["run_url"]).step == 6
     runs = node_runs("via-workers-train-node")
@@ -46,10 +47,10 @@ def test_the_pipeline_trains_through_node_flows_on_two_workers(node_workers, tmp
     assert preflight["checks"]["master port"].endswith("reachable")
 
 
-def test_a_dead_node_fails_the_pipeline_fast_and_leaves_no_process(node_workers, tmp_path) -> None:
+def test_a_dead_node_fails_the_pipeline_fast_and_leaves_no_process(node_workers, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
-    cfg = load_config(None, settings(tmp_path, "dead-node", ["launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:4'}",
+    cfg = load_config(None, settings(tmp_path, "dead-node", tiny_model, ["launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:4'}",
                                                              "train.max_steps=40"]))
     started = time.monotonic()
     with pytest.raises(RetryableError) as info:

@@ -43,11 +43,12 @@ def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0  # valid bash
 
 
-def test_the_pipeline_runs_through_sbatch(slurm_cluster, prefect_server, tmp_path) -> None:
+def test_the_pipeline_runs_through_sbatch(slurm_cluster, prefect_server, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
     summary = finetune(load_config(None, [
-        f"run.storage={tmp_path}", "run.name=via-slurm", "launch.backend=slurm", "launch.nnodes=1",
+        f"run.storage={tmp_path}", "run.name=via-slurm", f"model.name_or_path={tiny_model}", "launch.backend=slurm",
+        "launch.nnodes=1",
         "launch.nproc_per_node=2", f"launch.master_port={free_port()}", "train.max_steps=4", "train.save_steps=2"]))
     assert latest_complete(summary["run_url"]).step == 4
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")

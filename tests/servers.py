@@ -1,0 +1,77 @@
+"""Server processes the tests start as users start them: spawned in their own session, waited for until
+healthy, stopped with SIGTERM then SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+STARTUP_S = 120  # a server start takes 10-20 s on an idle machine, several times that under a loaded test run
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class PrefectServer:
+    """A running `prefect server start` (API and UI)."""
+
+    api_url: str
+    ui_url: str
+    env: dict[str, str]  # environment for a client or worker of this server
+    logs: Path  # a directory: server.log, and the logs of the workers the tests start
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start `args` in a process group of its own, appending its output to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM the process group, SIGKILL it if it is still there after 20 s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def wait_healthy(api_url: str, process: subprocess.Popen, log: Path) -> None:
+    """Return once `{api_url}/health` answers; raise with the log's tail if the server exits or never answers."""
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"prefect server not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
+
+
+def start_prefect_server(home: Path, logs: Path, port: int) -> tuple[PrefectServer, subprocess.Popen]:
+    """`prefect server start` on 127.0.0.1:port with its database under `home`; returns once it is healthy."""
+    logs.mkdir(parents=True, exist_ok=True)
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=api_url,
+               # Without it the UI asks the default port (4200) for its API.
+               PREFECT_UI_API_URL=api_url, PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="1",
+               OMP_NUM_THREADS="1", TANDEM_ROOT=str(ROOT))
+    process = spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                    env, logs / "server.log")
+    try:
+        wait_healthy(api_url, process, logs / "server.log")
+    except BaseException:
+        stop(process)
+        raise
+    return PrefectServer(api_url, f"http://127.0.0.1:{port}", env, logs), process
