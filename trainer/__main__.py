@@ -9,7 +9,6 @@ Exit codes: 0 done, 2 bad config or data (a retry cannot help), 75 retryable, 1 
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,4 +24,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.harness import exit_now
+
+    exit_now(main())

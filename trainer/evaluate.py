@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
 from typing import Any
 
 import torch
@@ -110,5 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_rank(args.spec, lambda spec, dist: evaluate(spec, args.model, dist), deepspeed_backend=False)
 
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.harness import exit_now
+
+    exit_now(main())

@@ -5,6 +5,8 @@ error as one line (and its exit code), and the shutdown whatever happened."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable
 
 from config.errors import TandemError
@@ -31,3 +33,17 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
     finally:
         distributed.shutdown()
     return 0
+
+
+def exit_now(code: int) -> None:
+    """End the rank's process with `code` once its output is flushed, skipping the interpreter's teardown.
+
+    With torch, DeepSpeed, transformers and PEFT loaded, Python's own exit (finalizing every module) takes 1-2 s
+    of CPU per rank after the work is done, and every launch waits for its slowest rank. Everything the rank
+    wrote is closed by then (storage writes are atomic renames), so only the log handlers and the standard
+    streams need flushing. Used only when `run_rank` returned: an uncaught exception exits the usual way.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
