@@ -10,12 +10,10 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.servers import PrefectServer
+from tests.servers import PrefectServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -27,27 +25,30 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    """One real Prefect server for the whole session, started as users start one (`prefect server start`, so it
-    serves the UI too); every test that needs a server shares it.
+def prefect_server() -> Iterator[PrefectServer]:
+    """One real Prefect server (Prefect's test harness) for the whole session; every test that needs a server
+    shares it, except the deployment tests, which need the UI (tests/deploy/conftest.py).
 
     From the first test that asks for it to the end of the session, this process's client and every child
     (CLIs, workers) talk to it: PREFECT_API_URL is set in the environment. A test of Prefect's temporary
     server removes that variable from its child's environment (`run_cli(..., env={"PREFECT_API_URL": None})`).
+
+    Why not one `prefect server start` for everything: with its SQLite database and the background services it
+    runs, five workers' heartbeats held the database locked for 60 s at a time (a node flow run waited a minute
+    to start); the harness's server runs without them.
     """
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
 
-    from tests.servers import start_prefect_server, stop
+    from tests.servers import PrefectServer, client_env
 
-    server, process = start_prefect_server(tmp_path_factory.mktemp("prefect-server"), ROOT / ".tandem" / "test-prefect",
-                                           free_port())
-    try:
-        with pytest.MonkeyPatch.context() as patch, temporary_settings(
-                {PREFECT_API_URL: server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            patch.setenv("PREFECT_API_URL", server.api_url)
-            yield server
-    finally:
-        stop(process)
+    logs = ROOT / ".tandem" / "test-prefect"
+    logs.mkdir(parents=True, exist_ok=True)
+    with prefect_test_harness(server_startup_timeout=120), temporary_settings(
+            {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), pytest.MonkeyPatch.context() as patch:
+        api_url = str(PREFECT_API_URL.value())
+        patch.setenv("PREFECT_API_URL", api_url)
+        yield PrefectServer(api_url, None, client_env(api_url), logs)
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ class PrefectServer:
     """A running `prefect server start` (API and UI)."""
 
     api_url: str
-    ui_url: str
+    ui_url: str | None  # None: the server serves no UI (Prefect's test harness)
     env: dict[str, str]  # environment for a client or worker of this server
     logs: Path  # a directory: server.log, and the logs of the workers the tests start
 
@@ -58,15 +58,21 @@ def wait_healthy(api_url: str, process: subprocess.Popen, log: Path) -> None:
     raise RuntimeError(f"prefect server not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
 
 
+def client_env(api_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a client or worker of the server at `api_url`: this process's, less its Prefect
+    settings, with quick worker polling."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=api_url, PREFECT_WORKER_QUERY_SECONDS="1",
+               PREFECT_WORKER_PREFETCH_SECONDS="1", OMP_NUM_THREADS="1", TANDEM_ROOT=str(ROOT), **extra)
+    return env
+
+
 def start_prefect_server(home: Path, logs: Path, port: int) -> tuple[PrefectServer, subprocess.Popen]:
     """`prefect server start` on 127.0.0.1:port with its database under `home`; returns once it is healthy."""
     logs.mkdir(parents=True, exist_ok=True)
     api_url = f"http://127.0.0.1:{port}/api"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=api_url,
-               # Without it the UI asks the default port (4200) for its API.
-               PREFECT_UI_API_URL=api_url, PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="1",
-               OMP_NUM_THREADS="1", TANDEM_ROOT=str(ROOT))
+    # PREFECT_UI_API_URL: without it the UI asks the default port (4200) for its API.
+    env = client_env(api_url, PREFECT_HOME=str(home), PREFECT_UI_API_URL=api_url)
     process = spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                     env, logs / "server.log")
     try:

@@ -1,32 +1,35 @@
-"""The deployments of prefect.yaml applied with tools/deploy.py to the session's Prefect server (a
-`prefect server start`, which also serves the UI), and one process worker serving the pipeline pool's manual
-queue from this checkout (TANDEM_ROOT, as prefect.yaml's pull step expects)."""
+"""A Prefect server started as users start one (`prefect server start`, so it also serves the UI), the
+deployments of prefect.yaml applied to it with tools/deploy.py, and one process worker serving the pipeline
+pool's manual queue from this checkout (TANDEM_ROOT, as prefect.yaml's pull step expects)."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.servers import PrefectServer, spawn, stop
+from tests.conftest import ROOT, free_port
+from tests.servers import PrefectServer, spawn, start_prefect_server, stop
 
 
 @pytest.fixture(scope="session")
-def deployed(prefect_server: PrefectServer) -> Iterator[PrefectServer]:
-    """prefect.yaml deployed to the session's server, and a worker on tandem-pipeline's manual queue."""
-    server = dataclasses.replace(prefect_server, logs=prefect_server.logs / "deploy")
-    server.logs.mkdir(parents=True, exist_ok=True)
-    deploy = subprocess.run([sys.executable, "tools/deploy.py"], cwd=ROOT, env=server.env, capture_output=True,
-                            text=True, timeout=300)
-    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
-    # Only the manual queue: finetune/nightly's run for 02:00 UTC (on queue scheduled) must not start here.
-    worker = spawn([sys.executable, "-m", "prefect", "worker", "start", "--pool", "tandem-pipeline",
-                    "--work-queue", "manual", "--name", "test-deploy-pipeline"], server.env, server.logs / "worker.log")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """`prefect server start` on 127.0.0.1, prefect.yaml deployed to it, and a worker on tandem-pipeline."""
+    server, process = start_prefect_server(tmp_path_factory.mktemp("prefect-server"),
+                                           ROOT / ".tandem" / "test-deploy", free_port())
+    worker = None
     try:
+        deploy = subprocess.run([sys.executable, "tools/deploy.py"], cwd=ROOT, env=server.env, capture_output=True,
+                                text=True, timeout=300)
+        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        # Only the manual queue: finetune/nightly's run for 02:00 UTC (on queue scheduled) must not start here.
+        worker = spawn([sys.executable, "-m", "prefect", "worker", "start", "--pool", "tandem-pipeline",
+                        "--work-queue", "manual", "--name", "test-deploy-pipeline"], server.env,
+                       server.logs / "worker.log")
         yield server
     finally:
-        stop(worker)
+        if worker is not None:
+            stop(worker)
+        stop(process)

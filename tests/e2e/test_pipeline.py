@@ -91,6 +91,6 @@ def test_metrics_table_artifact_was_published(pipeline) -> None:
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["eval-metrics"])))
-    ours = [a for a in artifacts if ", run e2e: " in (a.description or "")]  # the server is the session's: others too
+    ours = [a for a in artifacts if ", run e2e: " in (a.description or "")]  # the session's server holds other tests' runs too
     assert ours and ours[0].type == "table"
     assert "token_accuracy" in json.dumps(ours[0].data)

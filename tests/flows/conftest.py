@@ -12,9 +12,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.servers import PrefectServer, spawn, stop
 
-# prefect.yaml's pool for the `node` deployment: the deployment tests apply prefect.yaml to the same server, and
-# both define node/node, so both must put it in the same pool.
-POOL = "tandem-nodes"
+POOL = "tandem-test-nodes"
 PIPELINE_POOL = "tandem-test-pipeline"
 WORKER_START_S = 120
 
