@@ -32,16 +32,18 @@ def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM the process group, SIGKILL it if it is still there after 20 s."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+def stop(*processes: subprocess.Popen, grace_s: float = 20) -> None:
+    """SIGTERM each process group, then SIGKILL those still there after `grace_s` (one grace for all of them)."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
 
 
 def wait_healthy(api_url: str, process: subprocess.Popen, log: Path) -> None:

@@ -31,5 +31,5 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer
         yield server
     finally:
         if worker is not None:
-            stop(worker)
+            stop(worker, grace_s=5)  # before its server: a worker whose server is gone retries until killed
         stop(process)

@@ -15,6 +15,9 @@ from tests.servers import PrefectServer, spawn, stop
 POOL = "tandem-test-nodes"
 PIPELINE_POOL = "tandem-test-pipeline"
 WORKER_START_S = 120
+# A worker that has run flows can sit out its whole SIGTERM grace at the end of a session (measured: 20 s each,
+# 80 s of the suite's teardown); it holds nothing a test still needs, so it gets a short one.
+WORKER_STOP_S = 5
 
 
 def deploy(pool: str, entrypoint: str, name: str) -> None:
@@ -42,8 +45,7 @@ def start_workers(server: PrefectServer, pool: str, queues: dict[str, str | None
     with get_client(sync_client=True) as client:
         while {w.name for w in client.read_workers_for_work_pool(pool)} < set(queues):
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
-                for worker in workers:
-                    stop(worker)
+                stop(*workers)
                 raise RuntimeError(f"workers {sorted(queues)} did not start; see {server.logs}/worker-*.log")
             time.sleep(0.5)
     return workers
@@ -57,8 +59,7 @@ def node_workers(prefect_server: PrefectServer) -> Iterator[str]:
     try:
         yield prefect_server.api_url
     finally:
-        for worker in workers:
-            stop(worker)
+        stop(*workers, grace_s=WORKER_STOP_S)
 
 
 @pytest.fixture(scope="session")
@@ -69,5 +70,4 @@ def pipeline_worker(prefect_server: PrefectServer, node_workers: str) -> Iterato
     try:
         yield "finetune/test"
     finally:
-        for worker in workers:
-            stop(worker)
+        stop(*workers, grace_s=WORKER_STOP_S)
