@@ -40,7 +40,7 @@ def prefect_server() -> Iterator[PrefectServer]:
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    from tests.servers import PrefectServer, client_env
+    from tests.servers import client_env
 
     logs = ROOT / ".tandem" / "test-prefect"
     logs.mkdir(parents=True, exist_ok=True)
