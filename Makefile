@@ -13,9 +13,13 @@ setup:
 demo: setup
 	$(PY) -m flows.finetune $(ARGS)
 
+# Two pytest-xdist workers, work spread by tests/scheduling.py (TEST_WORKERS=0: one process, no xdist).
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
+
 test: setup
 	@bash tools/install-test-services.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The multi-node suites that do not fit the default run's budget, one marker after the other (CI runs them
 # after `make test`; tests/README.md lists their times). A marker no test carries yet is skipped.
@@ -30,7 +34,7 @@ test-suites: setup
 # The default run with the 20 slowest tests (setup and teardown included) at the end.
 test-durations: setup
 	@bash tools/install-test-services.sh
-	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m pytest tests/benchmarks/bench_*.py -s

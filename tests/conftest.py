@@ -143,3 +143,13 @@ def s3_stoppable(s3_endpoint: str) -> Iterator:
         yield endpoint, bucket
     finally:
         endpoint.stop()
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent under `-p no:xdist`
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (what `make test` asks for) groups and orders work as tests/scheduling.py says."""
+    if config.getvalue("dist") == "loadscope":
+        from tests.scheduling import SuiteScheduling
+
+        return SuiteScheduling(config, log)
+    return None

@@ -106,7 +106,11 @@ def export_final(engine: Any, *, run_url: str, model_path: str, step: int, zero_
                  dist: Dist, algorithm: str) -> str:
     """Write the trained model to {run}/final in Hugging Face format (adapter or full), COMPLETE last."""
     url = layout.final_dir(run_url)
-    if exists(join(url, layout.COMPLETE)) and read_json(join(url, layout.MANIFEST)).get("step") == step:
+    faults.maybe_late_export(dist.rank)
+    done = exists(join(url, layout.COMPLETE)) and read_json(join(url, layout.MANIFEST)).get("step") == step
+    # Rank 0's view decides, for every rank: a rank that looked only after rank 0 had published would return here
+    # without the barrier below, and its next collective would meet rank 0's barrier.
+    if gather_objects(done, dist)[0]:
         log.info("final model for step %d already exported at %s", step, url)
         return url
     model = engine.module

@@ -17,6 +17,8 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_EXIT_STAMP=PATH          with an EXIT hook: write the time of death to PATH first
     TANDEM_TEST_NAN_AT_STEP=RANK:STEP    make global rank RANK's loss NaN in optimizer step STEP (a divergence)
     TANDEM_TEST_OOM_AT_STEP=RANK:STEP    raise the out-of-memory error a GPU raises, on rank RANK in step STEP
+    TANDEM_TEST_LATE_EXPORT=RANK:SECONDS sleep SECONDS on global rank RANK before it joins the final export (a rank
+                                         that gets there after rank 0 has published final/)
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ def _parse(name: str) -> tuple[int, float] | None:
 def maybe_slow(rank: int) -> None:
     """Sleep if this rank is the configured slow one."""
     hook = _parse("TANDEM_TEST_SLOW_RANK")
+    if hook and hook[0] == rank:
+        time.sleep(hook[1])
+
+
+def maybe_late_export(rank: int) -> None:
+    """Sleep before the final export if this rank is the configured late one."""
+    hook = _parse("TANDEM_TEST_LATE_EXPORT")
     if hook and hook[0] == rank:
         time.sleep(hook[1])
 

@@ -20,10 +20,12 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
     """Run `body(spec, dist)` on this rank; returns the process exit code (0, or the error's)."""
     from trainer import distributed
     from trainer.logging_setup import configure
+    from trainer.model import skip_quantization_unless_qlora
 
     use_environment_options()
     try:
         spec, _ = load_spec(spec_url)
+        skip_quantization_unless_qlora(spec.config.train.method)
         dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=spec.config.launch.collective_timeout)
         configure(dist)
         body(spec, dist)

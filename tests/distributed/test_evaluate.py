@@ -33,18 +33,19 @@ def samples(run: Run) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def lora(staged: Staged) -> Run:
-    """2 ranks, ZeRO-2 + LoRA, 12 steps; the spec asks for 3 greedy samples and eval batches of 4."""
-    return train(staged, "eval-lora", ["launch.nnodes=2", "eval.generate_samples=3", "eval.batch_size=4",
-                                       "eval.max_new_tokens=12"])
+def lora(reference: Run) -> Run:
+    """The session's reference run (tests/distributed/conftest.py): ZeRO-2 + LoRA on 2 ranks, 12 steps, checkpoints
+    8 and 12 kept; its spec asks for 3 greedy samples and eval batches of 4."""
+    return reference
 
 
 @pytest.fixture(scope="module")
 def by_world(lora: Run) -> dict[int, tuple[dict, list[dict]]]:
-    """(eval.json, samples) of final/ evaluated on 1, 2 and 3 ranks."""
+    """(eval.json, samples) of final/ evaluated on 1 and 3 ranks, and of checkpoint step 12 on 2 ranks: each world
+    size once, and the checkpoint (the same weights as final/) against the export on another world size."""
     out = {}
-    for world in (1, 2, 3):
-        out[world] = evaluate(lora, lora.run_dir / "final", world), samples(lora)
+    for world, model in ((1, lora.run_dir / "final"), (3, lora.run_dir / "final"), (2, lora.checkpoint(12))):
+        out[world] = evaluate(lora, model, world), samples(lora)
     return out
 
 
@@ -55,6 +56,7 @@ def test_eval_split_size_divides_by_neither_2_nor_3(staged: Staged) -> None:
 
 
 def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> None:
+    """Exact: the 2-rank result is of the checkpoint, so it also holds the checkpoint to the export."""
     single = by_world[1][0]
     split = json.loads((Path(staged.dataset.url) / "manifest.json").read_text())["splits"]["eval"]
     assert single["examples"] == split["records"] and single["target_tokens"] == split["target_tokens"]
@@ -76,10 +78,9 @@ def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world
     assert all(s["reference"].count("<|im_end|>") == 1 for s in one)  # the first answer only
 
 
-def test_checkpoint_eval_equals_final_eval_zero2(lora: Run, by_world) -> None:
-    result = evaluate(lora, lora.checkpoint(12), 2)
-    assert result["model_kind"] == "checkpoint"
-    final = by_world[2][0]
+def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
+    result, final = by_world[2][0], by_world[1][0]
+    assert result["model_kind"] == "checkpoint" and final["model_kind"] == "export"
     assert {k: result[k] for k in COUNTS} == {k: final[k] for k in COUNTS}
     assert_close([result[k] for k in METRICS], [final[k] for k in METRICS], rtol=1e-7, atol=0)
 

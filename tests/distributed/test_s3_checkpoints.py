@@ -12,9 +12,9 @@ from storage.digest import digest_bytes
 from config.errors import RetryableError
 from storage.manifest import verify_files
 from storage.fs import exists, join, listdir, read_bytes, set_storage_options
-from tests.distributed.harness import Staged, eval_exported, stage, train
+from tests.distributed.harness import Run, Staged, eval_exported, stage, train
 
-SETTINGS = ["launch.nnodes=2", "train.max_steps=8", "train.save_steps=4"]
+SETTINGS = ["launch.nnodes=2", "train.keep_latest_k=1"]  # the reference's 12 steps, a checkpoint every 4
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +27,19 @@ def s3_staged(s3_endpoint) -> Staged:
     return stage(storage)
 
 
-def test_checkpoints_on_s3_are_whole_resumable_and_retained(s3_staged: Staged, staged: Staged) -> None:
-    local = train(staged, "s3-reference", SETTINGS)
+def test_checkpoints_on_s3_are_whole_resumable_and_retained(s3_staged: Staged, reference: Run) -> None:
+    """The same run as the local reference (tests/distributed/conftest.py), on S3, with rank 1 dying at step 6."""
     with pytest.raises(RetryableError, match="rank 1 exited with code 137"):
-        train(s3_staged, "s3-run", [*SETTINGS, "train.keep_latest_k=1"], env={"TANDEM_TEST_EXIT_AT_STEP": "1:6"})
+        train(s3_staged, "s3-run", SETTINGS, env={"TANDEM_TEST_EXIT_AT_STEP": "1:6"})
     run_url = layout.run_dir(str(s3_staged.storage), "s3-run")
     assert [c.step for c in complete_checkpoints(run_url)] == [4]
 
-    resumed = train(s3_staged, "s3-run", [*SETTINGS, "train.keep_latest_k=1"])
-    assert_close(resumed.losses(), local.losses(), rtol=1e-9, atol=1e-9)
+    resumed = train(s3_staged, "s3-run", SETTINGS)
+    assert_close(resumed.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
     assert "resumed from step 4" in read_bytes(join(layout.node_dir(run_url, 0), layout.LOG)).decode()
 
-    assert listdir(layout.checkpoints_dir(run_url)) == ["step-00000008"]  # keep_latest_k=1
-    ckpt = layout.checkpoint_dir(run_url, 8)
+    assert listdir(layout.checkpoints_dir(run_url)) == ["step-00000012"]  # keep_latest_k=1
+    ckpt = layout.checkpoint_dir(run_url, 12)
     raw = read_bytes(join(ckpt, layout.MANIFEST))
     assert read_bytes(join(ckpt, layout.COMPLETE)).decode().strip() == digest_bytes(raw, "blake3")
     manifest = complete_checkpoints(run_url)[0].manifest

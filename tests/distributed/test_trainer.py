@@ -17,12 +17,6 @@ from config.errors import RetryableError, UserError
 from tests.distributed.harness import Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
 
-@pytest.fixture(scope="module")
-def reference(staged: Staged) -> Run:
-    """2 nodes x 1 rank, ZeRO-2 + LoRA, 12 steps, a checkpoint every 4, keeping the newest 2."""
-    return train(staged, "ref", ["launch.nnodes=2", "train.keep_latest_k=2"])
-
-
 def qwen_json(tmp_path: Path, content: dict) -> str:
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(content))
@@ -46,46 +40,44 @@ def test_node_layout_does_not_change_the_trajectory(staged: Staged, reference: R
     assert_close(one_node.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
 
 
-def test_resume_after_a_rank_dies_reproduces_the_trajectory(staged: Staged, reference: Run) -> None:
+def test_resume_skips_incomplete_and_corrupt_checkpoints_and_reproduces_the_trajectory(staged: Staged,
+                                                                                        reference: Run) -> None:
+    """Rank 1 dies at step 9, after checkpoints 4 and 8; step 8 then loses its COMPLETE marker. The next run resumes
+    from step 4 (a checkpoint without COMPLETE does not exist) and reproduces the reference exactly. A corrupt
+    shard in step 12 is then caught by its digest: the run after resumes from step 8 and keeps the corrupt one aside;
+    asked explicitly for a corrupt checkpoint, a run refuses."""
     with pytest.raises(RetryableError, match="train failed on node 1, rank 1 exited with code 137"):
-        train(staged, "resume", ["launch.nnodes=2"], env={"TANDEM_TEST_EXIT_AT_STEP": "1:7"})
+        train(staged, "resume", ["launch.nnodes=2"], env={"TANDEM_TEST_EXIT_AT_STEP": "1:9"})
     run_dir = Path(staged.storage) / "runs" / "resume"
-    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000004"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000004", "step-00000008"]
+    (run_dir / "checkpoints" / "step-00000008" / "COMPLETE").unlink()
     resumed = train(staged, "resume", ["launch.nnodes=2"])
-    assert "resumed from step 4" in (run_dir / "nodes" / "0" / "log.txt").read_text()
+    log_path = run_dir / "nodes" / "0" / "log.txt"
+    assert "resumed from step 4" in log_path.read_text()
     assert_close(resumed.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
 
-
-def test_incomplete_and_corrupt_checkpoints_are_never_resumed(staged: Staged) -> None:
-    first = train(staged, "damaged", ["launch.nnodes=2", "train.max_steps=8"])
-    step8 = first.checkpoint(8)
-    (step8 / "COMPLETE").unlink()
-    train(staged, "damaged", ["launch.nnodes=2", "train.max_steps=12"])
-    log = (first.run_dir / "nodes" / "0" / "log.txt").read_text()
-    assert "resumed from step 4" in log  # step 8 had no COMPLETE: it did not exist
-
-    step12 = first.checkpoint(12)
+    step12 = resumed.checkpoint(12)
     manifest = json.loads((step12 / "manifest.json").read_text())
     shard = step12 / next(f["path"] for f in manifest["files"] if f["path"].endswith("optim_states.pt"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different bytes: only the digest can tell
     shard.write_bytes(bytes(data))
-    train(staged, "damaged", ["launch.nnodes=2", "train.max_steps=16"])
-    log = (first.run_dir / "nodes" / "0" / "log.txt").read_text()
+    train(staged, "resume", ["launch.nnodes=2", "train.max_steps=16"])
+    log = log_path.read_text()
     assert f"not resuming from step 12: {shard}: blake3 digest" in log
     assert "resumed from step 8" in log
 
-    kept = [p.name for p in (first.run_dir / "checkpoints").iterdir() if p.name.startswith("corrupt-step-00000012-")]
+    kept = [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("corrupt-step-00000012-")]
     assert len(kept) == 1  # moved aside for inspection, then step 12 was trained and saved again
     assert (step12 / "COMPLETE").exists()
 
-    step16 = first.checkpoint(16)
+    step16 = resumed.checkpoint(16)
     shard16 = step16 / shard.relative_to(step12)
     data = bytearray(shard16.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard16.write_bytes(bytes(data))
     with pytest.raises(UserError, match="the checkpoint is corrupt, pick another one"):
-        train(staged, "damaged-explicit", ["launch.nnodes=2", f"train.resume={step16}"])
+        train(staged, "resume-explicit", ["launch.nnodes=2", f"train.resume={step16}"])
 
 
 def test_a_checkpoint_from_another_layout_is_refused(staged: Staged, reference: Run) -> None:
@@ -110,14 +102,23 @@ def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(staged: Staged, ref
 @pytest.fixture(scope="module")
 def qwen_zero2_slow_rank(staged: Staged, tmp_path_factory) -> Run:
     """Qwen's ZeRO-2 JSON as it is, with rank 1 sleeping 0.1 s per micro-batch and a straggler check every 2
-    steps: a slow rank changes the timing, never the trajectory, so one run serves both tests below."""
+    steps, and reaching the final export 3 s after rank 0: a slow rank changes the timing, never the trajectory,
+    so one run serves the three tests below."""
     ds_config = qwen_json(tmp_path_factory.mktemp("qwen-zero2"), QWEN_ZERO2)
     return train(staged, "qwen-zero2", ["launch.nnodes=2", f"deepspeed.config={ds_config}",
-                                        "train.straggler_check_steps=2"], env={"TANDEM_TEST_SLOW_RANK": "1:0.1"})
+                                        "train.straggler_check_steps=2"],
+                 env={"TANDEM_TEST_SLOW_RANK": "1:0.1", "TANDEM_TEST_LATE_EXPORT": "1:3"})
 
 
 def test_qwen_zero2_json_loads_unchanged(qwen_zero2_slow_rank: Run, reference: Run) -> None:
     assert_close(qwen_zero2_slow_rank.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rank_late_to_the_export_joins_it(qwen_zero2_slow_rank: Run) -> None:
+    """Every rank takes rank 0's view of whether final/ is already exported: a late rank that decided alone would see
+    rank 0's fresh export, skip the export's barrier and leave rank 0 waiting on a peer that has exited."""
+    final = qwen_zero2_slow_rank.run_dir / "final"
+    assert (final / "COMPLETE").exists() and json.loads((final / "manifest.json").read_text())["step"] == 12
 
 
 def test_micro_batch_and_accumulation_are_interchangeable(staged: Staged) -> None:

@@ -1,6 +1,6 @@
 """launch.backend=prefect: the pipeline sends one `node` flow run per node to queues node-0/node-1, real
-process workers run them (preflight + torchrun), and the pipeline follows them to COMPLETE — or names
-the node that failed, within seconds, leaving no process behind."""
+process workers run them (preflight + torchrun), and the pipeline follows them to COMPLETE, retrying a lost rank
+from the newest checkpoint — or names the node that failed, within seconds, leaving no process behind."""
 
 from __future__ import annotations
 
@@ -34,16 +34,32 @@ def node_runs(flow_run_name_prefix: str) -> list:
     return [r for r in runs if r.name.startswith(flow_run_name_prefix)]
 
 
-def test_the_pipeline_trains_through_node_flows_on_two_workers(node_workers, tmp_path, tiny_model) -> None:
+def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_workers, tmp_path,
+                                                                          tiny_model) -> None:
+    """Rank 1 dies once at step 4: the train task fails as retryable, Prefect retries it (launch.retries=1), new node
+    flow runs resume from the newest complete checkpoint (step 2) and the run trains, evaluates and registers."""
     from flows.finetune import finetune
 
-    summary = finetune(load_config(None, settings(tmp_path, "via-workers", tiny_model, [])))
+    marker = tmp_path / "died-once"
+    summary = finetune(load_config(None, settings(tmp_path, "via-workers", tiny_model, [
+        "train.save_steps=2", "launch.retries=1", "launch.retry_delay_s=0",
+        f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:4', TANDEM_TEST_EXIT_ONCE: '{marker}'}}"])))
+    assert marker.exists()  # rank 1 really died once
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v0001")
     assert latest_complete(summary["run_url"]).step == 6
-    runs = node_runs("via-workers-train-node")
-    assert sorted((r.name, r.work_queue_name, r.state.name) for r in runs) == [
+    run_dir = tmp_path / "runs" / "via-workers"
+    assert "resumed from step 2" in (run_dir / "nodes" / "0" / "log.txt").read_text()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if "event" not in line]
+    assert steps == [1, 2, 3, 4, 5, 6]  # one uninterrupted trajectory
+    runs = sorted(node_runs("via-workers-train-node"), key=lambda r: r.created)
+    assert [(r.name, r.work_queue_name) for r in runs[:2]] == [  # both attempts ran on the nodes' own queues
+        ("via-workers-train-node0", "node-0"), ("via-workers-train-node1", "node-1")]
+    first, retry = runs[:2], runs[2:]
+    assert any(r.state.name != "Completed" for r in first)  # the attempt the lost rank failed
+    assert sorted((r.name, r.work_queue_name, r.state.name) for r in retry) == [
         ("via-workers-train-node0", "node-0", "Completed"), ("via-workers-train-node1", "node-1", "Completed")]
-    preflight = json.loads((tmp_path / "runs" / "via-workers" / "nodes" / "1" / "preflight.json").read_text())
+    preflight = json.loads((run_dir / "nodes" / "1" / "preflight.json").read_text())
     assert preflight["checks"]["master port"].endswith("reachable")
 
 
