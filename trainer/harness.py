@@ -20,7 +20,7 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
     """Run `body(spec, dist)` on this rank; returns the process exit code (0, or the error's)."""
     from trainer import distributed
     from trainer.logging_setup import configure
-    from trainer.model import skip_quantization_unless_qlora
+    from trainer.lean_imports import skip_quantization_unless_qlora
 
     use_environment_options()
     try:

@@ -22,6 +22,7 @@ from trainer.data import Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics
 from trainer.heartbeat import Heartbeat
+from trainer.lean_imports import import_muon_uncompiled_unless_configured
 from trainer.loss import cross_entropy, shift
 from trainer.metrics import MetricsWriter
 from trainer.model import load_base, make_trainable
@@ -101,6 +102,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
                              num_training_steps=spec.total_steps)
 
     params = [p for p in model.parameters() if p.requires_grad]
+    import_muon_uncompiled_unless_configured(ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds, lr_scheduler=scheduler)
     return engine, int(model.config.pad_token_id)
 

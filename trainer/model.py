@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import torch
@@ -20,18 +19,6 @@ LORA_TARGETS = {
     "qwen": ["c_attn", "c_proj", "w1", "w2"],  # Qwen-1 (trust_remote_code), as in Qwen's finetune.py
     "gpt2": ["c_attn", "c_proj", "c_fc"],
 }
-
-
-def skip_quantization_unless_qlora(method: str) -> None:
-    """Make bitsandbytes unimportable in this rank unless it trains or evaluates Q-LoRA.
-
-    PEFT imports bitsandbytes whenever it is installed, and on a CPU bitsandbytes' start-up (its backends,
-    torch.compile's modules) costs every rank ~1.5 s of CPU (measured with `python -X importtime`) that a full
-    or LoRA run never uses. A None entry in sys.modules is how Python marks a module as absent: PEFT and
-    transformers then see no bitsandbytes, as on a machine without it. Call before anything imports PEFT.
-    """
-    if method != "qlora" and "bitsandbytes" not in sys.modules:
-        sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
 
 
 def lora_targets(model: Any, configured: list[str] | None) -> list[str]:
