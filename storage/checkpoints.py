@@ -119,6 +119,21 @@ def model_manifest(step: int, algorithm: str, files: list[dict[str, Any]]) -> di
             "files": sorted(files, key=lambda f: f["path"])}
 
 
+def verified_export_step(url: str) -> int | None:
+    """The step of the exported model at `url` (a run's final/) if its COMPLETE matches its manifest and every file
+    its digest (a full read), else None."""
+    if not exists(join(url, layout.COMPLETE)):
+        return None
+    try:
+        manifest, digest = read_manifest(url, layout.MODEL_SCHEMA)
+        if read_bytes(join(url, layout.COMPLETE)).decode(errors="replace").strip() != digest:
+            return None
+        verify_files(url, manifest, mode="full")
+    except (UserError, OSError, ValueError):
+        return None
+    return int(manifest["step"])
+
+
 def remove_dir(url: str) -> None:
     """Delete a checkpoint or export directory, COMPLETE first, so a crash half way leaves an incomplete one."""
     if not exists(url):

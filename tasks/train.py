@@ -12,15 +12,33 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.states import State
 
 from config.errors import RetryableError
-from storage.spec import Spec, WrittenSpec
 from launch.phase import run_phase
+from storage import layout
+from storage.checkpoints import latest_complete, verified_export_step
+from storage.spec import Spec, WrittenSpec
 
 
 @task(name="train")
 def train_on_nodes(written: WrittenSpec) -> None:
-    """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished."""
+    """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished. A run already
+    trained to its last step launches nothing."""
     logger = get_run_logger()
-    run_phase(written, "train", logger.info, on_progress=progress_reporter(written.spec.total_steps, logger.info))
+    spec = written.spec
+    if trained_to_the_end(spec):
+        logger.info(f"train: {spec.run_url} is already trained to step {spec.total_steps} (its checkpoint and final/ "
+                    "are complete); no node is started. train.resume=never or a new run.name trains again")
+        return
+    run_phase(written, "train", logger.info, on_progress=progress_reporter(spec.total_steps, logger.info))
+
+
+def trained_to_the_end(spec: Spec) -> bool:
+    """Whether starting the nodes could do nothing: with train.resume=auto they would resume from the checkpoint of
+    the last step and find final/ exported for it. (A rerun of a finished run, to evaluate or register again.)"""
+    if spec.config.train.resume != "auto":
+        return False
+    newest = latest_complete(spec.run_url)
+    return (newest is not None and newest.step == spec.total_steps
+            and verified_export_step(layout.final_dir(spec.run_url)) == spec.total_steps)
 
 
 def retry_only_retryable(_task: object, _task_run: object, state: State) -> bool:

@@ -1,7 +1,7 @@
 """How `make test` spreads the suite over pytest-xdist workers (`-n 2 --dist loadscope`).
 
-A work unit is a whole folder where the folder's conftest holds a session fixture its files share (a pipeline run,
-Prefect workers, a deployment, SLURM daemons): splitting such a folder would pay for that fixture twice. Anywhere
+A work unit is a whole folder where the folder's conftest holds a session fixture its files share (reference training
+runs, a pipeline run, Prefect workers, a deployment, SLURM daemons): splitting such a folder would pay for that fixture twice. Anywhere
 else a unit is one test file, as with xdist's own loadscope. Units go out longest first, so that the short ones fill
 the end of the run instead of one worker finishing a long unit alone.
 """
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
-SHARED_FOLDERS = ("tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/")
+SHARED_FOLDERS = ("tests/distributed/", "tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/")
 # Measured (make test-durations), longest first; a unit not listed goes after these, in collection order.
 LONGEST_FIRST = (
-    "tests/distributed/test_trainer.py", "tests/e2e/", "tests/flows/", "tests/deploy/",
-    "tests/distributed/test_evaluate.py", "tests/slurm/", "tests/distributed/test_s3_checkpoints.py",
-    "tests/test_nodes_by_hand_cli.py", "tests/distributed/test_compat_run.py",
+    "tests/distributed/", "tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/",
+    "tests/test_nodes_by_hand_cli.py",
 )
 
 

@@ -1,10 +1,14 @@
-"""The reference run shared by the trainer, evaluator and S3 tests."""
+"""The runs shared by the trainer, evaluator and S3 tests (tests/distributed is one work unit under xdist, so each is
+made once per session)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from tests.distributed.harness import Run, Staged, train
+from tests.qwen_configs import QWEN_ZERO3
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +20,12 @@ def reference(staged: Staged) -> Run:
     evaluator's tests evaluate its checkpoint and export (test_evaluate.py)."""
     return train(staged, "ref", ["launch.nnodes=2", "train.keep_latest_k=2", "eval.generate_samples=3",
                                  "eval.batch_size=4", "eval.max_new_tokens=12"])
+
+
+@pytest.fixture(scope="session")
+def zero3(staged: Staged, tmp_path_factory) -> Run:
+    """The reference run under Qwen's ZeRO-3 JSON as it is: LoRA weights partitioned across the 2 ranks, gathered to
+    export (tests/distributed/test_trainer.py compares it with the reference, test_evaluate.py evaluates it)."""
+    ds_config = tmp_path_factory.mktemp("qwen-zero3") / "ds_config.json"
+    ds_config.write_text(json.dumps(QWEN_ZERO3))
+    return train(staged, "zero3", ["launch.nnodes=2", f"deepspeed.config={ds_config}"])

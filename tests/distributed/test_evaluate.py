@@ -14,7 +14,7 @@ from torch.testing import assert_close
 from config.errors import UserError
 from config.schema import LaunchConfig
 from launch.local_nodes import run_local_nodes
-from tests.distributed.harness import Run, Staged, train
+from tests.distributed.harness import Run, Staged
 
 METRICS = ("loss", "perplexity", "token_accuracy")
 COUNTS = ("target_tokens", "correct_tokens", "examples")
@@ -85,14 +85,12 @@ def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
     assert_close([result[k] for k in METRICS], [final[k] for k in METRICS], rtol=1e-7, atol=0)
 
 
-def test_checkpoint_eval_equals_final_eval_zero3(staged: Staged) -> None:
-    run = train(staged, "eval-zero3", ["launch.nnodes=2", "train.max_steps=4",
-                                       "deepspeed.config=config/deepspeed/zero3.json"])
-    from_checkpoint = evaluate(run, run.checkpoint(4), 2)
-    from_final = evaluate(run, run.run_dir / "final", 2)
+def test_checkpoint_eval_equals_final_eval_zero3(zero3: Run) -> None:
+    from_checkpoint = evaluate(zero3, zero3.checkpoint(12), 2)
+    from_final = evaluate(zero3, zero3.run_dir / "final", 2)
     assert from_checkpoint["model_kind"] == "checkpoint" and from_final["model_kind"] == "export"
     assert_close([from_checkpoint[k] for k in METRICS], [from_final[k] for k in METRICS], rtol=1e-7, atol=0)
-    in_memory = next(r for r in run.metrics() if r.get("event") == "final_eval")
+    in_memory = next(r for r in zero3.metrics() if r.get("event") == "final_eval")
     assert_close(from_final["loss"], in_memory["loss"], rtol=1e-5, atol=0)
 
 

@@ -52,6 +52,14 @@ def test_the_summary_prints_why_it_was_not_registered(reruns, capsys) -> None:
     assert "registered     not registered: eval_loss " in capsys.readouterr().out
 
 
+def test_a_rerun_of_a_finished_run_trains_nothing(pipeline, reruns) -> None:
+    """Both reruns found the run trained to its last step (checkpoint and final/ complete): no node trained again,
+    they went straight to evaluation."""
+    log = (Path(pipeline[1]["run_url"]) / "nodes" / "0" / "log.txt").read_text()
+    assert log.count("trainer.loop: training ") == 1  # the first run's ranks only
+    assert log.count(" eval loss ") == 3  # the evaluator ran for each of the three runs
+
+
 def test_a_run_that_passes_the_gate_registers_the_next_version(pipeline, reruns) -> None:
     storage, first = pipeline
     accepted = reruns[3]
