@@ -14,7 +14,8 @@ import yaml
 from pydantic import ValidationError
 
 from config.errors import UserError
-from config.schema import FinetuneConfig
+from config.chat_template import BUILTIN_TEMPLATES
+from config.schema import BUILTIN_MODELS, FinetuneConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = PROJECT_ROOT / "config" / "presets"
@@ -153,12 +154,17 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     eval_source = check_source("data.eval_source", cfg.data.eval_source)
     ds_config = resolve_local(cfg.deepspeed.config)
     model_path = cfg.model.name_or_path
-    if model_path != "tiny":
+    if model_path not in BUILTIN_MODELS:
         model_path = resolve_local(model_path)
+    template = cfg.model.chat_template
+    if template is not None and template not in BUILTIN_TEMPLATES:
+        template = resolve_local(template)
     storage = cfg.run.storage if "://" in cfg.run.storage else str(Path(cfg.run.storage).resolve())
     checks = [("deepspeed.config", ds_config)]
-    if model_path != "tiny":
+    if model_path not in BUILTIN_MODELS:
         checks.append(("model.name_or_path", model_path))
+    if template is not None and template not in BUILTIN_TEMPLATES:
+        checks.append(("model.chat_template", template))
     for key, value in checks:
         if "://" not in value and not os.path.exists(value):
             raise UserError(f"{key}: {value} does not exist; give an existing path (relative paths are tried "
@@ -167,7 +173,7 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
         update={
             "run": cfg.run.model_copy(update={"storage": storage}),
             "data": cfg.data.model_copy(update={"source": data_source, "eval_source": eval_source}),
-            "model": cfg.model.model_copy(update={"name_or_path": model_path}),
+            "model": cfg.model.model_copy(update={"name_or_path": model_path, "chat_template": template}),
             "deepspeed": cfg.deepspeed.model_copy(update={"config": ds_config}),
         }
     )

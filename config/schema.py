@@ -68,6 +68,15 @@ class DataConfig(Section):
     num_proc: int = Field(
         0, ge=0, le=256, description="Tokenizer processes; 0: one per CPU core. Never changes the staged bytes."
     )
+    enable_thinking: bool = Field(
+        True,
+        description="Reasoning models (Qwen3): true renders each assistant turn's reasoning_content where the chat "
+        "template places it and trains it, and an empty reasoning block is a target; false drops reasoning_content "
+        "and masks the empty block (the non-thinking mode's prompt). Passed to the template as enable_thinking.",
+    )
+    mask_history: bool = Field(
+        False, description="Train only the last assistant turn of each conversation; earlier turns are context."
+    )
     storage_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="Extra fsspec options for reading data.source and data.eval_source (e.g. endpoint_url, anon); "
@@ -83,11 +92,21 @@ class DataConfig(Section):
         return self
 
 
+# Models Tandem builds itself (random weights, for tests and trying the pipeline): `tiny` has a small BPE trained
+# on the sample data, `tiny-qwen2.5` Qwen's own BPE and vocabulary; both carry Qwen2.5's chat template.
+BUILTIN_MODELS = ("tiny", "tiny-qwen2.5")
+
+
 class ModelConfig(Section):
     """The base model."""
 
-    name_or_path: str = Field("tiny", min_length=1, description="Local Hugging Face model directory, or 'tiny' "
-                              "for the built-in random Qwen2-shaped model.")
+    name_or_path: str = Field("tiny", min_length=1, description="Local Hugging Face model directory, or a built-in "
+                              "random Qwen2-shaped model: 'tiny' (small BPE) or 'tiny-qwen2.5' (Qwen's tokenizer).")
+    chat_template: str | None = Field(
+        None, min_length=1,
+        description="Chat template to use instead of the tokenizer's own, for staging, training and the export: a "
+        "built-in name (qwen2.5) or a Jinja file; empty: the model's own.",
+    )
 
 
 class LoraConfig(Section):

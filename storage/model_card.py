@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage import layout
+from config.chat_template import template_digest
 from config.deepspeed import zero_stage
 from storage.spec import Spec
 
@@ -37,6 +38,13 @@ def _table(rows: list[tuple[str, Any]]) -> str:
     return "\n".join(["| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows)])
 
 
+def chat_template_row(spec: Spec) -> str:
+    """Which chat template the model was trained with (and its export carries)."""
+    if spec.chat_template is None:
+        return "the base model's own"
+    return f"`{spec.config.model.chat_template}` (sha256 `{template_digest(spec.chat_template)[:16]}`)"
+
+
 def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
     """The settings a reader needs to judge the model."""
     cfg, train = spec.config, spec.config.train
@@ -48,6 +56,9 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
                          f"{spec.world_size} ranks"),
         ("learning rate", f"{train.learning_rate:g} ({train.lr_scheduler}, warmup {train.warmup_ratio:g})"),
         ("max length", cfg.data.max_length),
+        ("chat template", chat_template_row(spec)),
+        ("reasoning / history", f"enable_thinking {str(cfg.data.enable_thinking).lower()}, "
+                                f"mask_history {str(cfg.data.mask_history).lower()}"),
         ("DeepSpeed", f"ZeRO-{zero_stage(spec.deepspeed)}"),
         ("nodes x ranks", f"{cfg.launch.nnodes} x {cfg.launch.nproc_per_node}"),
     ]

@@ -45,6 +45,9 @@ class Spec(Section):
     model_path: str = Field(description="Local directory of the base model (from_pretrained).")
     dataset: DatasetRef
     code_version: str
+    chat_template: str | None = Field(
+        None, description="The text of model.chat_template when set: what staging used and the export carries; "
+        "None: the base model's own template (absent from specs written before it existed).")
 
 
 def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:

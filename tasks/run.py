@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from prefect import get_run_logger, task
 
 from storage import layout
+from config.chat_template import resolve_chat_template
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.schema import FinetuneConfig
 from storage.manifest import read_manifest
@@ -39,6 +40,7 @@ def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: Datas
         model_path=model_path,
         dataset=dataset,
         code_version=code_version(),
+        chat_template=resolve_chat_template(cfg.model.chat_template),
     )
 
 

@@ -107,6 +107,23 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def qwen25_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tokenizer of the built-in tiny-qwen2.5 model (Qwen's BPE, Qwen2.5's tokens and template), saved as the
+    model build saves it; no model weights (the template and masking tests need none)."""
+    from trainer.tiny_qwen import build_qwen25_tokenizer
+
+    out = tmp_path_factory.mktemp("qwen25") / "tokenizer"
+    build_qwen25_tokenizer().save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session", params=["tiny", "tiny-qwen2.5"])
+def builtin_tokenizer(request: pytest.FixtureRequest) -> str:
+    """Each built-in model's tokenizer directory in turn: tiny's small BPE, then Qwen's real one."""
+    return request.getfixturevalue("tiny_model" if request.param == "tiny" else "qwen25_tokenizer")
+
+
 def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str | None] | None = None, timeout: int = 600):
     """Run `python -m ...` as a user would; returns the CompletedProcess. `env` adds to this process's
     environment; a None value removes the variable."""

@@ -103,8 +103,9 @@ def save_checkpoint(engine: Any, *, run_url: str, step: int, meta: dict[str, Any
 
 
 def export_final(engine: Any, *, run_url: str, model_path: str, step: int, zero_stage: int, merged: bool,
-                 dist: Dist, algorithm: str) -> str:
-    """Write the trained model to {run}/final in Hugging Face format (adapter or full), COMPLETE last."""
+                 dist: Dist, algorithm: str, chat_template: str | None = None) -> str:
+    """Write the trained model to {run}/final in Hugging Face format (adapter or full), COMPLETE last; the
+    tokenizer carries `chat_template` (model.chat_template's text) when given, so serving uses what staging used."""
     url = layout.final_dir(run_url)
     faults.maybe_late_export(dist.rank)
     done = exists(join(url, layout.COMPLETE)) and read_json(join(url, layout.MANIFEST)).get("step") == step
@@ -124,25 +125,33 @@ def export_final(engine: Any, *, run_url: str, model_path: str, step: int, zero_
         if dist.is_main:
             model.save_pretrained(staging, safe_serialization=True)
     if dist.is_main:
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(model_path).save_pretrained(staging)
+        _save_tokenizer(model_path, staging, chat_template)
         if merged and os.path.exists(os.path.join(staging, "adapter_config.json")):
-            _merge_adapter(model_path, staging, os.path.join(staging, "merged"))
+            _merge_adapter(model_path, staging, os.path.join(staging, "merged"), chat_template)
         _publish_dir(staging, url, step, algorithm)
     barrier()
     return url
 
 
-def _merge_adapter(model_path: str, adapter_dir: str, out: str) -> None:
+def _save_tokenizer(model_path: str, out: str, chat_template: str | None) -> None:
+    """The base model's tokenizer, with `chat_template` replacing its own when given, saved to `out`."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(out)
+
+
+def _merge_adapter(model_path: str, adapter_dir: str, out: str, chat_template: str | None) -> None:
     """Base (full precision, even for Q-LoRA) + adapter merged into plain weights, saved to `out`."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_path)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
+    _save_tokenizer(model_path, out, chat_template)
 
 
 def _publish_dir(staging: str, url: str, step: int, algorithm: str) -> None:

@@ -119,4 +119,4 @@ class DeepSpeedIO:
     def export(self, step: int) -> None:
         export_final(self.engine, run_url=self.spec.run_url, model_path=self.spec.model_path, step=step,
                      zero_stage=self.zero_stage, merged=self.spec.config.train.export_merged, dist=self.dist,
-                     algorithm=self.algorithm)
+                     algorithm=self.algorithm, chat_template=self.spec.chat_template)

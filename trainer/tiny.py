@@ -1,11 +1,12 @@
-"""Materialize the built-in `tiny` model: a random Qwen2-shaped model and a byte-level BPE tokenizer
-trained in-process, saved with `save_pretrained` so that everything downstream loads it through the
-same `from_pretrained` path a real model takes.
+"""Materialize a built-in model: a random Qwen2-shaped model and a byte-level BPE tokenizer with Qwen2.5's added
+tokens and chat template, saved with `save_pretrained` so that everything downstream loads it through the same
+`from_pretrained` path a real model takes.
 
-    python -m trainer.tiny --out DIR --corpus FILE
+    python -m trainer.tiny --out DIR --corpus FILE [--model tiny|tiny-qwen2.5]
 
-The result depends only on the recipe below and the corpus bytes (fixed seed), so every machine
-builds the same model; `COMPLETE` is written last.
+`tiny` trains a small BPE on the corpus (Qwen2's pre-tokenizer and normalizer); `tiny-qwen2.5` takes Qwen's own
+BPE (trainer/tiny_qwen.py) over a model of the full vocabulary. The result depends only on the recipe below and
+the corpus bytes (fixed seed), so every machine builds the same model; `COMPLETE` is written last.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
+
+from config.chat_template import builtin_template
+from config.errors import UserError
+from config.schema import BUILTIN_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +37,19 @@ RECIPE = {
     "max_position_embeddings": 4096,
     "seed": 1234,
 }
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Qwen's ChatML template, without the default system prompt.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# Qwen2.5's added tokens (ids 151643-151664 in Qwen's vocabulary), in order, with whether each is special: the
+# chat template's markers and <tool_call> are single tokens, as in the real model.
+QWEN25_ADDED_TOKENS: list[tuple[str, bool]] = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False),
+]
+# Qwen2's pre-tokenizer split (before the byte-level mapping): letters, single digits, punctuation runs, newlines.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def corpus_texts(corpus: Path) -> list[str]:
@@ -65,29 +76,45 @@ def corpus_texts(corpus: Path) -> list[str]:
 
 
 def build_tokenizer(texts: list[str]):
-    """A byte-level BPE tokenizer (Qwen-style special tokens, ChatML template) trained on `texts`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer trained on `texts`, with Qwen2's pre-tokenizer, added tokens and chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=RECIPE["vocab_size"] - len(SPECIAL_TOKENS),
+        vocab_size=RECIPE["vocab_size"] - len(QWEN25_ADDED_TOKENS),
         special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
-    fast.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
-    fast.add_special_tokens({"pad_token": SPECIAL_TOKENS[0], "eos_token": SPECIAL_TOKENS[2]})
-    fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = RECIPE["max_position_embeddings"]
+    # The template's fixed text (default system prompt, tools preamble) is in every example: give it merges too.
+    tok.train_from_iterator([*texts, builtin_template("qwen2.5")], trainer=trainer)
+    return qwen25_fast(tok, RECIPE["max_position_embeddings"])
+
+
+def qwen25_fast(tok, max_length: int):
+    """A transformers fast tokenizer over `tok` (no added tokens yet) with Qwen2.5's added tokens, special-token
+    roles and chat template."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    tok.add_tokens([AddedToken(text, special=special, normalized=False) for text, special in QWEN25_ADDED_TOKENS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False)
+    fast.add_special_tokens({
+        "pad_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+        "additional_special_tokens": [text for text, special in QWEN25_ADDED_TOKENS[1:] if special],
+    })
+    fast.chat_template = builtin_template("qwen2.5")
+    fast.model_max_length = max_length
     return fast
 
 
-def build_model(vocab_size: int, pad_id: int, eos_id: int):
+def build_model(vocab_size: int, pad_id: int, eos_id: int, tie_word_embeddings: bool = False):
     """A Qwen2ForCausalLM with random weights from a fixed seed."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -101,7 +128,7 @@ def build_model(vocab_size: int, pad_id: int, eos_id: int):
         num_attention_heads=RECIPE["num_attention_heads"],
         num_key_value_heads=RECIPE["num_key_value_heads"],
         max_position_embeddings=RECIPE["max_position_embeddings"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         pad_token_id=pad_id,
         eos_token_id=eos_id,
         bos_token_id=None,
@@ -109,18 +136,31 @@ def build_model(vocab_size: int, pad_id: int, eos_id: int):
     return Qwen2ForCausalLM(config)
 
 
-def materialize(out: Path, corpus: Path) -> None:
+def build(name: str, corpus: Path) -> tuple[Any, Any]:
+    """(tokenizer, model) of a built-in model."""
+    if name == "tiny-qwen2.5":
+        from trainer.tiny_qwen import QWEN25_VOCAB_SIZE, build_qwen25_tokenizer
+
+        tokenizer = build_qwen25_tokenizer()
+        # Qwen2.5's embedding rows (151936, padded past the tokenizer); tied, as in Qwen2.5-0.5B, to halve the size.
+        return tokenizer, build_model(QWEN25_VOCAB_SIZE, tokenizer.pad_token_id, tokenizer.eos_token_id, True)
+    tokenizer = build_tokenizer(corpus_texts(corpus))
+    # The small corpus runs out of merges before vocab_size: the rows past the tokenizer are padding, as in Qwen.
+    assert len(tokenizer) <= RECIPE["vocab_size"]
+    return tokenizer, build_model(RECIPE["vocab_size"], tokenizer.pad_token_id, tokenizer.eos_token_id)
+
+
+def materialize(out: Path, corpus: Path, name: str = "tiny") -> None:
     """Write tokenizer + model + COMPLETE into `out` unless a complete copy is already there."""
     if (out / "COMPLETE").exists():
-        log.info("tiny model already at %s", out)
+        log.info("%s model already at %s", name, out)
         return
-    tokenizer = build_tokenizer(corpus_texts(corpus))
-    model = build_model(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    tokenizer, model = build(name, corpus)
     staging = out.with_name(f".staging-{out.name}")
     staging.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(staging)
     model.save_pretrained(staging, safe_serialization=True)
-    (staging / "COMPLETE").write_text(json.dumps(RECIPE, sort_keys=True) + "\n")
+    (staging / "COMPLETE").write_text(json.dumps({**RECIPE, "model": name}, sort_keys=True) + "\n")
     try:
         staging.rename(out)
     except OSError:  # another process won the race and its copy is identical
@@ -133,9 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="directory to create")
     parser.add_argument("--corpus", required=True, type=Path, help="JSON/JSONL file to train the tokenizer on")
+    parser.add_argument("--model", default="tiny", choices=BUILTIN_MODELS, help="which built-in model")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    materialize(args.out, args.corpus)
+    try:
+        materialize(args.out, args.corpus, args.model)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     return 0
 
 

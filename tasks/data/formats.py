@@ -1,7 +1,9 @@
 """The record formats Tandem reads, each normalized to one chat form, and `auto` detection per file.
 
 The internal form is what the chat template receives: `{"messages": [{"role", "content", ...}], "tools": [...]}`
-with roles `system` (first only), `user`, `assistant` (optionally with OpenAI-style `tool_calls`) and `tool`.
+with roles `system` (first only), `user`, `assistant` (optionally with OpenAI-style `tool_calls` and a
+`reasoning_content` string) and `tool`. Tool-call arguments are objects: a JSON string of one (OpenAI's form) is
+parsed, as serving systems do before rendering, so the template writes the same JSON either way.
 A record that cannot be used raises `InvalidRecord` with the reason; the caller adds the location.
 """
 
@@ -88,6 +90,24 @@ def check_order(messages: list[Message]) -> None:
         raise InvalidRecord(f"the last turn is {roles[-1]!r}; a conversation must end with the assistant")
 
 
+def _arguments(value: object, where: str) -> dict[str, Any]:
+    """A tool call's arguments as an object (a JSON string of one is parsed)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise InvalidRecord(f"{where}.arguments: not valid JSON ({exc.msg}); give an object or its JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidRecord(f"{where}.arguments: expected an object, got {_kind(value)}")
+    return value
+
+
+def _call(name: object, arguments: object, where: str) -> dict[str, Any]:
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidRecord(f"{where}: a tool call needs a 'name' string, got {_kind(name)}")
+    return {"type": "function", "function": {"name": name, "arguments": _arguments(arguments, where)}}
+
+
 def _tool_calls(value: object, where: str) -> list[dict[str, Any]]:
     """OpenAI-style tool calls from a ShareGPT function_call value: {"name", "arguments"} or a list of them."""
     if isinstance(value, str):
@@ -98,9 +118,23 @@ def _tool_calls(value: object, where: str) -> list[dict[str, Any]]:
     calls = value if isinstance(value, list) else [value]
     out = []
     for call in calls:
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"].strip():
+        if not isinstance(call, dict):
             raise InvalidRecord(f"{where}: a function_call needs a 'name' string, got {_kind(call)}")
-        out.append({"type": "function", "function": {"name": call["name"], "arguments": call.get("arguments", {})}})
+        out.append(_call(call.get("name"), call.get("arguments", {}), where))
+    return out
+
+
+def _openai_tool_calls(value: object, where: str) -> list[dict[str, Any]]:
+    """OpenAI `tool_calls` ([{"type": "function", "function": {"name", "arguments"}}]), arguments as objects."""
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise InvalidRecord(f"{where}: expected a list of objects, got {_kind(value)}")
+    out = []
+    for index, call in enumerate(value):
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise InvalidRecord(f"{where}[{index}].function: expected an object with 'name' and 'arguments', "
+                                f"got {_kind(function)}")
+        out.append(_call(function.get("name"), function.get("arguments", {}), f"{where}[{index}].function"))
     return out
 
 
@@ -190,9 +224,10 @@ def normalize_openai(record: object) -> Conversation:
         message: Message = {"role": role, "content": _openai_content(turn.get("content"), f"{where}.content",
                                                                       allow_empty=bool(calls))}
         if calls:
-            if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
-                raise InvalidRecord(f"{where}.tool_calls: expected a list of objects, got {_kind(calls)}")
-            message["tool_calls"] = calls
+            message["tool_calls"] = _openai_tool_calls(calls, f"{where}.tool_calls")
+        reasoning = turn.get("reasoning_content") if role == "assistant" else None
+        if reasoning is not None:
+            message["reasoning_content"] = _text(reasoning, f"{where}.reasoning_content", allow_empty=True)
         if role == "assistant" and turn.get("weight") is not None:
             if turn["weight"] not in (0, 1) or isinstance(turn["weight"], bool):
                 raise InvalidRecord(f"{where}.weight: must be 0 or 1, got {turn['weight']!r}")

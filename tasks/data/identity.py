@@ -23,7 +23,7 @@ from tasks.data.progress import Reporter
 from tasks.data.sources import expand
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
-PIPELINE_VERSION = 2
+PIPELINE_VERSION = 3
 SOURCE_KEYS = ("data.source", "data.eval_source")
 READ_BLOCK = 8 * 1024 * 1024
 
@@ -51,7 +51,7 @@ def shaping(data: DataConfig) -> dict[str, Any]:
     """The settings that shape the staged bytes (not where the data is read from, nor how fast)."""
     split = {"eval_source": True} if data.eval_source else {"eval_ratio": data.eval_ratio}
     return {"max_length": data.max_length, "shard_rows": data.shard_rows, "digest_algorithm": data.digest_algorithm,
-            "split": split}
+            "split": split, "enable_thinking": data.enable_thinking, "mask_history": data.mask_history}
 
 
 def source_files(data: DataConfig) -> list[tuple[str, str]]:

@@ -36,7 +36,7 @@ from tasks.data.records import Reject
 from tasks.data.scan import EVAL, Scan, scan_sources
 from storage.shards import FileEntry, SplitWriter
 from tasks.data.sources import source_root
-from tasks.data.tokenize import tokenizer_fingerprint
+from tasks.data.tokenize import EncoderSettings, tokenizer_fingerprint
 from tasks.data.workers import ChunkResult, encode_chunks, worker_count
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,12 @@ def register_source_options(data: DataConfig) -> None:
 
 
 def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Callable[[str], None] = log.info,
-                  bars: bool | None = None) -> DatasetRef:
-    """Stage data.source under {storage}/datasets/{id}; reuse a complete copy if there is one."""
+                  bars: bool | None = None, chat_template: str | None = None) -> DatasetRef:
+    """Stage data.source under {storage}/datasets/{id}; reuse a complete copy if there is one. `chat_template`
+    (model.chat_template's text) replaces the tokenizer's template."""
     reporter = Reporter(progress, bars)
     register_source_options(data)
-    fingerprint = tokenizer_fingerprint(model_path)
+    fingerprint = tokenizer_fingerprint(model_path, chat_template)
     inputs = survey(data, fingerprint, reporter)
     found = find_staged(storage, inputs.source_key, reporter)
     if found is not None:
@@ -69,7 +70,9 @@ def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Cal
         if ref is None:
             clear(base)
             try:
-                ref = write_dataset(base, name, scan, inputs, data, model_path, spool, reporter)
+                settings = EncoderSettings(model_path, data.max_length, chat_template, data.enable_thinking,
+                                           data.mask_history)
+                ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter)
             except Exception:
                 clear(base)  # it failed on its own data: no later run completes this directory
                 raise
@@ -128,7 +131,7 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
         writers[split].add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows])
 
 
-def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataConfig, model_path: str,
+def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataConfig, settings: EncoderSettings,
                   spool: Path, reporter: Reporter) -> DatasetRef:
     """Tokenize the spool into shards, then write rejects.jsonl and, last, the manifest."""
     verb = "written" if is_local(base) else "uploaded"
@@ -137,7 +140,7 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
     splits = np.frombuffer(bytes(scan.splits), dtype=np.uint8)
     processes = worker_count(data.num_proc, len(scan.chunks))
     reporter.info(f"tokenizing {scan.spooled} records in {processes} process{'es' if processes > 1 else ''}")
-    results = encode_chunks(spool, scan.chunks, model_path, data.max_length, processes)
+    results = encode_chunks(spool, scan.chunks, settings, processes)
     with reporter.phase("tokenizing", scan.spooled, "records") as phase:
         def on_write(entry: FileEntry) -> None:
             written.append(entry)
@@ -202,11 +205,11 @@ def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str
     }
 
 
-def staged_state(data: DataConfig, storage: str, model_path: str) -> str | None:
+def staged_state(data: DataConfig, storage: str, model_path: str, chat_template: str | None = None) -> str | None:
     """A digest of the inputs and of the staged dataset they map to (its manifest and the files present);
     None when nothing complete is staged for them. Prefect's task cache is keyed on it."""
     register_source_options(data)
-    inputs = survey(data, tokenizer_fingerprint(model_path), Reporter(log.debug, bars=False))
+    inputs = survey(data, tokenizer_fingerprint(model_path, chat_template), Reporter(log.debug, bars=False))
     index = layout.dataset_index(storage, inputs.source_key)
     if not exists(index):
         return None

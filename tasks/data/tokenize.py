@@ -1,10 +1,11 @@
-"""Tokenize conversations once, with the model's own chat template, masking labels to the assistant turns.
+"""Tokenize conversations once, with the model's chat template (or model.chat_template), masking labels to the
+assistant turns.
 
-The template is rendered for the whole conversation; each assistant turn's character span runs from the
-end of the prefix before it rendered with the generation prompt to the end of the prefix through it. A token
-is a target when its start offset falls inside such a span; all others get -100 (Hugging Face's convention:
-the model shifts labels by one internally). Conversations are tokenized in batches by the fast tokenizer's
-backend, and the spans are mapped to token ranges through the encodings, never token by token.
+The template is rendered once for the whole conversation and the assistant turns' character spans are found in
+that rendering (tasks/data/spans.py says how, and where a span starts and ends). A token is a target when its
+start offset falls inside such a span; all others get -100 (Hugging Face's convention: the model shifts labels by
+one internally). Conversations are tokenized in batches by the fast tokenizer's backend, and the spans are mapped
+to token ranges through the encodings, never token by token.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from jinja2 import TemplateError
 from storage.digest import digest_bytes
 from config.errors import UserError
 from storage.shards import IGNORE_INDEX
+from tasks.data import spans as locate
 from tasks.data.formats import Conversation, InvalidRecord, Message
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
@@ -38,28 +40,49 @@ class EncodedBatch:
     rejects: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
 
 
-def load_tokenizer(model_path: str) -> Any:
-    """The model's tokenizer (a fast one: offsets are needed to place the labels)."""
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What a tokenizing process needs (picklable, for the worker processes)."""
+
+    model_path: str
+    max_length: int
+    chat_template: str | None = None  # model.chat_template's text; None: the tokenizer's own
+    enable_thinking: bool = True
+    mask_history: bool = False
+
+    def encoder(self) -> ChatEncoder:
+        """A ChatEncoder with the tokenizer loaded."""
+        return ChatEncoder(load_tokenizer(self.model_path, self.chat_template), self.max_length,
+                           enable_thinking=self.enable_thinking, mask_history=self.mask_history)
+
+
+def load_tokenizer(model_path: str, chat_template: str | None = None) -> Any:
+    """The model's tokenizer (a fast one: offsets are needed to place the labels), with `chat_template` if given."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"model.name_or_path {model_path}: the tokenizer is not a fast (tokenizers) one; "
                         "add its tokenizer.json (Tandem needs token offsets to place the labels)")
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     if tokenizer.chat_template is None:
         raise UserError(f"model.name_or_path {model_path}: the tokenizer has no chat template; "
-                        "add chat_template.jinja to the model directory")
+                        "add chat_template.jinja to the model directory or set model.chat_template")
     return tokenizer
 
 
 class ChatEncoder:
     """Renders conversations with a tokenizer's chat template and encodes them with its fast backend."""
 
-    def __init__(self, tokenizer: Any, max_length: int) -> None:
+    def __init__(self, tokenizer: Any, max_length: int, *, enable_thinking: bool = True,
+                 mask_history: bool = False) -> None:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.enable_thinking = enable_thinking
+        self.mask_history = mask_history
         self.backend = tokenizer.backend_tokenizer
         # tokenizer(text) switches these off per call; calling the backend directly must do the same.
         self.backend.no_truncation()
@@ -67,6 +90,13 @@ class ChatEncoder:
         self.special = dict(tokenizer.special_tokens_map)
         self._compile = _compile_jinja_template
         self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
+        source = tokenizer.get_chat_template(None, None)
+        self.generation_blocks = locate.uses_generation_blocks(source)
+        self.chatml = not self.generation_blocks and locate.is_chatml(lambda m, g: self.render(m, None, g))
+
+    def _variables(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> dict[str, Any]:
+        return {"messages": messages, "tools": tools, "documents": None, "add_generation_prompt": generation_prompt,
+                "enable_thinking": self.enable_thinking}
 
     def render(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> str:
         """What `apply_chat_template(..., tokenize=False)` gives, without its per-call overhead."""
@@ -79,46 +109,58 @@ class ChatEncoder:
             template.globals = dict(template.globals)  # each Context would otherwise walk the ChainMap
             self._templates[key] = (template, {**template.globals, **self.special})
         template, variables = self._templates[key]
-        context = template.new_context({**variables, "messages": messages, "tools": tools, "documents": None,
-                                        "add_generation_prompt": generation_prompt}, shared=True)
+        context = template.new_context({**variables, **self._variables(messages, tools, generation_prompt)},
+                                       shared=True)
         try:
             return "".join(template.root_render_func(context))
         except TemplateError as exc:  # e.g. raise_exception('...') in the template: this record, not the run
             raise InvalidRecord(f"the chat template refused it: {exc}") from None
 
+    def _render_generation(self, messages: list[Message], tools: list[Any] | None) -> tuple[str, list[Any]]:
+        """The rendering and the character spans of its {% generation %} blocks (transformers' tracker)."""
+        from transformers.utils.chat_template_utils import _render_with_assistant_indices
+
+        source = self.tokenizer.get_chat_template(None, tools)
+        try:
+            return _render_with_assistant_indices(self._compile(source), **self._variables(messages, tools, False),
+                                                  **self.special)
+        except TemplateError as exc:
+            raise InvalidRecord(f"the chat template refused it: {exc}") from None
+
+    def prepare(self, conversation: Conversation) -> tuple[list[Message], list[Any] | None]:
+        """The messages as the template receives them: without reasoning_content unless data.enable_thinking."""
+        messages = conversation["messages"]
+        if not self.enable_thinking:
+            messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+        return messages, conversation.get("tools")
+
     def check_render(self, conversation: Conversation) -> None:
         """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""
-        messages, tools = conversation["messages"], conversation.get("tools")
+        messages, tools = self.prepare(conversation)
         try:
             ours = self.render(messages, tools, False)
         except InvalidRecord:
             return  # the template refuses this one; encode() rejects it with the reason
-        theirs = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+        theirs = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                    enable_thinking=self.enable_thinking)
         if ours != theirs:
             raise RuntimeError("the fast chat-template render differs from apply_chat_template; "
                                "this transformers version is not supported by tasks/data/tokenize.py")
 
     def spans(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the character spans [start, end) of its trained assistant turns."""
-        messages, tools = conversation["messages"], conversation.get("tools")
-        text = self.render(messages, tools, False)
-        spans = []
-        for index, message in enumerate(messages):
-            if message["role"] != "assistant" or message.get("weight") == 0:
-                continue
-            head = self.render(messages[:index], tools, True)
-            through = text if index == len(messages) - 1 else self.render(messages[: index + 1], tools, False)
-            if not (text.startswith(head) and text.startswith(through)):
-                raise InvalidRecord(f"turn {index}: the chat template renders the conversation up to this turn "
-                                    "differently from the whole, so its assistant tokens cannot be located")
-            start, end = len(head), len(through)
-            for call in message.get("tool_calls", ()):
-                name = call.get("function", {}).get("name", "") if isinstance(call, dict) else ""
-                if name not in text[start:end]:
-                    raise InvalidRecord(f"turn {index}: the chat template does not render tool calls; "
-                                        "use a model whose template supports tools")
-            spans.append((start, end))
-        return text, spans
+        messages, tools = self.prepare(conversation)
+        if self.generation_blocks:
+            text, indices = self._render_generation(messages, tools)
+            spans = locate.generation_spans(indices, messages)
+        else:
+            text = self.render(messages, tools, False)
+            if self.chatml:
+                spans = locate.chatml_spans(text, messages, self.enable_thinking)
+            else:
+                spans = locate.prefix_spans(text, messages, lambda m, g: self.render(m, tools, g))
+        locate.check_tool_calls(text, messages, spans)
+        return text, locate.trained(spans, messages, self.mask_history)
 
     def encode(self, conversations: list[Conversation]) -> EncodedBatch:
         """Encode a batch; conversations that cannot be trained on are returned as rejects with the reason."""
@@ -207,8 +249,9 @@ def _begin(encoding: Any, token: int) -> int:
     return encoding.token_to_chars(token)[0]
 
 
-def tokenizer_fingerprint(model_path: str) -> dict[str, Any]:
-    """What identifies a tokenizer's behaviour: digests of its files (the chat template among them)."""
+def tokenizer_fingerprint(model_path: str, chat_template: str | None = None) -> dict[str, Any]:
+    """What identifies a tokenizer's behaviour: digests of its files (the chat template among them), and of
+    model.chat_template's text when it replaces the tokenizer's."""
     files = {}
     for name in TOKENIZER_FILES:
         path = Path(model_path) / name
@@ -217,4 +260,6 @@ def tokenizer_fingerprint(model_path: str) -> dict[str, Any]:
     if not files:
         raise UserError(f"model.name_or_path {model_path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, "
                         "...); give a Hugging Face model directory")
+    if chat_template is not None:
+        return {"files": files, "chat_template": digest_bytes(chat_template.encode("utf-8"), "blake3")}
     return {"files": files}

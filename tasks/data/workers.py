@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tasks.data.records import Reject
 from tasks.data.spool import Chunk, read_chunk
-from tasks.data.tokenize import ChatEncoder, EncodedBatch, load_tokenizer
+from tasks.data.tokenize import ChatEncoder, EncodedBatch, EncoderSettings
 
 MIN_CHUNKS_PER_WORKER = 4
 PRELOAD = ["tasks.data.workers", "transformers", "transformers.tokenization_utils_tokenizers",
@@ -51,11 +51,11 @@ def encode_chunk(encoder: ChatEncoder, spool: Path, chunk: Chunk) -> ChunkResult
     return ChunkResult(chunk, batch, [Reject(items[index][0], reason) for index, reason in batch.rejects])
 
 
-def _init_worker(model_path: str, max_length: int) -> None:
+def _init_worker(settings: EncoderSettings) -> None:
     global _ENCODER
     # One process per core already: the tokenizer's own thread pool would only oversubscribe the cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _ENCODER = ChatEncoder(load_tokenizer(model_path), max_length)
+    _ENCODER = settings.encoder()
 
 
 def _encode_in_worker(spool: Path, chunk: Chunk) -> ChunkResult:
@@ -63,21 +63,21 @@ def _encode_in_worker(spool: Path, chunk: Chunk) -> ChunkResult:
     return encode_chunk(_ENCODER, spool, chunk)
 
 
-def encode_chunks(spool: Path, chunks: list[Chunk], model_path: str, max_length: int,
+def encode_chunks(spool: Path, chunks: list[Chunk], settings: EncoderSettings,
                   workers: int) -> Iterator[ChunkResult]:
     """Every chunk tokenized, in order, by `workers` processes (1: this one, with the tokenizer loaded now)."""
     if workers == 1:
-        encoder = ChatEncoder(load_tokenizer(model_path), max_length)
+        encoder = settings.encoder()
         return (encode_chunk(encoder, spool, chunk) for chunk in chunks)
-    return _encode_in_pool(spool, chunks, model_path, max_length, workers)
+    return _encode_in_pool(spool, chunks, settings, workers)
 
 
-def _encode_in_pool(spool: Path, chunks: list[Chunk], model_path: str, max_length: int,
+def _encode_in_pool(spool: Path, chunks: list[Chunk], settings: EncoderSettings,
                     workers: int) -> Iterator[ChunkResult]:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(model_path, max_length)) as pool:
+                             initargs=(settings,)) as pool:
         pending: deque[Future[ChunkResult]] = deque()
         upcoming = iter(chunks)
         try:

@@ -121,7 +121,7 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
     from tasks.data.progress import Reporter
     from tasks.data.scan import scan_sources
     from tasks.data.spool import read_chunk
-    from tasks.data.tokenize import load_tokenizer
+    from tasks.data.tokenize import EncoderSettings, load_tokenizer
     from tasks.data.workers import encode_chunks, worker_count
 
     subset = work / "subset.jsonl"
@@ -145,7 +145,7 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
 
     ours, theirs = [], []
     for _ in range(repeats):  # interleaved, so that a change in the machine's load hits both sides alike
-        ours.append(timed(lambda: list(encode_chunks(spool, scan.chunks, model, data.max_length, workers))))
+        ours.append(timed(lambda: list(encode_chunks(spool, scan.chunks, EncoderSettings(model, data.max_length), workers))))
         theirs.append(timed(lambda: dataset.map(template, batched=True, num_proc=num_proc, load_from_cache_file=False,
                                                 remove_columns=["messages"])))
     n = len(conversations)
