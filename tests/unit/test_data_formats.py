@@ -216,3 +216,21 @@ def test_config_accepts_directories_and_globs_and_names_the_key_when_missing(tmp
             load_config(None, [f"data.source={source}"])
     with pytest.raises(UserError, match=r"^data.eval_source: "):
         load_config(None, [f"data.eval_source={tmp_path / 'missing.json'}"])
+
+
+def test_tool_call_arguments_become_objects_and_bad_ones_are_named() -> None:
+    from tasks.data.formats import InvalidRecord, normalize_openai
+
+    def record(arguments: object) -> dict:
+        return {"messages": [{"role": "user", "content": "Add"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": arguments}}]},
+            {"role": "tool", "content": "5"}, {"role": "assistant", "content": "5", "reasoning_content": "easy"}]}
+
+    messages = normalize_openai(record('{"a": 2}'))["messages"]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"a": 2}
+    assert messages[3]["reasoning_content"] == "easy"
+    with pytest.raises(InvalidRecord, match=r"^messages\[1\]\.tool_calls\[0\]\.function\.arguments: not valid JSON "):
+        normalize_openai(record("{a: 2"))
+    with pytest.raises(InvalidRecord, match=r"^messages\[1\]\.tool_calls\[0\]\.function\.arguments: expected an "
+                                            r"object, got list"):
+        normalize_openai(record([1]))

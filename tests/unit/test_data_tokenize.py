@@ -68,8 +68,8 @@ def encode_one(encoder: ChatEncoder, conversation: Conversation) -> tuple[list[i
     return batch.ids.tolist(), batch.labels.tolist()
 
 
-def test_masked_positions_are_exactly_the_non_assistant_tokens(tiny_model) -> None:
-    tok = load_tokenizer(tiny_model)
+def test_masked_positions_are_exactly_the_non_assistant_tokens(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
     conversation = chat(("system", "Be brief."), ("user", "Add 2 and 3."), ("assistant", "2 plus 3 is 5."),
                         ("user", "Times 4?"), ("assistant", "5 times 4 is 20."))
     ids, labels = encode_one(ChatEncoder(tok, 512), conversation)
@@ -84,8 +84,8 @@ def test_masked_positions_are_exactly_the_non_assistant_tokens(tiny_model) -> No
                       add_special_tokens=False)["input_ids"]
 
 
-def test_fast_encoder_matches_the_per_token_reference(tiny_model) -> None:
-    tok = load_tokenizer(tiny_model)
+def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
     conversations = [r.conversation for r in read_records(str(SAMPLE), "auto")]
     conversations += [
         chat(("user", "Ünïcödé: 你好, мир — ok?"), ("assistant", "  leading spaces and émojis 🙂\n\n")),
@@ -109,8 +109,8 @@ def test_fast_encoder_matches_the_per_token_reference(tiny_model) -> None:
             assert set(reference_encode(tok, conversations[index], max_length)[1]) == {IGNORE_INDEX}
 
 
-def test_weight_zero_turns_are_not_targets(tiny_model) -> None:
-    tok = load_tokenizer(tiny_model)
+def test_weight_zero_turns_are_not_targets(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
     conversation = {"messages": [{"role": "user", "content": "hi"},
                                  {"role": "assistant", "content": "ignored reply", "weight": 0},
                                  {"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]}
@@ -118,16 +118,19 @@ def test_weight_zero_turns_are_not_targets(tiny_model) -> None:
     assert tok.decode([t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]) == "4<|im_end|>\n"
 
 
-def test_truncation_is_counted_and_prompts_longer_than_max_length_are_rejected(tiny_model) -> None:
-    tok = load_tokenizer(tiny_model)
-    encoder = ChatEncoder(tok, 16)
+def test_truncation_is_counted_and_prompts_longer_than_max_length_are_rejected(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
+    head = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    prompt = len(tok(head, add_special_tokens=False)["input_ids"])
+    limit = prompt + 4
+    encoder = ChatEncoder(tok, limit)
     batch = encoder.encode([chat(("user", "hi"), ("assistant", "word " * 50)),
                             chat(("user", "word " * 50), ("assistant", "ok")),
                             chat(("user", "hi"), ("assistant", "ok"))])
     assert batch.kept.tolist() == [0, 2] and batch.truncated.tolist() == [True, False]
-    assert batch.lengths[0] == 16 and len(batch.ids) == len(batch.labels) == 16 + batch.lengths[1]
+    assert batch.lengths[0] == limit and len(batch.ids) == len(batch.labels) == limit + batch.lengths[1]
     [(index, reason)] = batch.rejects
-    assert index == 1 and reason.startswith("no assistant token within data.max_length=16 (the first is token ")
+    assert index == 1 and reason.startswith(f"no assistant token within data.max_length={limit} (the first is token ")
     assert reason.endswith("raise data.max_length or shorten the prompt")
 
 
@@ -148,11 +151,15 @@ def test_tool_calls_are_rendered_and_trained_by_a_tool_template(tiny_model, tmp_
 
 
 def test_templates_that_cannot_place_labels_are_named(tiny_model, tmp_path) -> None:
-    no_tools = ChatEncoder(load_tokenizer(tiny_model), 512)
+    from tasks.data.spans import TemplateUnsupported
+
+    bare_chatml = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    no_tools = ChatEncoder(load_tokenizer(with_template(tiny_model, tmp_path / "bare", bare_chatml)), 512)
     call = {"messages": [{"role": "user", "content": "Add"}, {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "add", "arguments": {}}}]}]}
-    assert no_tools.encode([call]).rejects == [
-        (0, "turn 1: the chat template does not render tool calls; use a model whose template supports tools")]
+    assert no_tools.encode([call]).rejects == [(0, "turn 1: the chat template does not render tool calls; use a model "
+                                                   "whose template supports tools (or set model.chat_template)")]
     strict = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system prompts') }}"
               "{% endif %}{% endfor %}" + TOOL_TEMPLATE)
     refusing = ChatEncoder(load_tokenizer(with_template(tiny_model, tmp_path / "strict", strict)), 512)
@@ -160,10 +167,20 @@ def test_templates_that_cannot_place_labels_are_named(tiny_model, tmp_path) -> N
     refusing.check_render(refused)
     batch = refusing.encode([refused, chat(("user", "hi"), ("assistant", "ok"))])
     assert batch.rejects == [(0, "the chat template refused it: no system prompts")] and batch.kept.tolist() == [1]
-    counting = "{{ messages | length }}\n" + TOOL_TEMPLATE  # renders every prefix differently
+    # Not ChatML, no generation blocks, and every prefix rendered differently: a run error naming the behaviour.
+    counting = ("{{ messages | length }}\n{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}[assistant] {% endif %}")
     unstable = ChatEncoder(load_tokenizer(with_template(tiny_model, tmp_path, counting)), 512)
-    [(_, reason)] = unstable.encode([chat(("user", "hi"), ("assistant", "ok"))]).rejects
-    assert reason.startswith("turn 1: the chat template renders the conversation up to this turn differently")
+    with pytest.raises(TemplateUnsupported, match=r"^the chat template renders earlier turns differently once later "
+                                                  r"turns follow, and marks assistant turns neither with"):
+        unstable.encode([chat(("user", "hi"), ("assistant", "ok"))])
+    # A ChatML template whose history differs from its last turn is handled from the one full rendering.
+    dated = "{{ messages | length }}\n" + TOOL_TEMPLATE
+    ids, labels = encode_one(ChatEncoder(load_tokenizer(with_template(tiny_model, tmp_path / "dated", dated)), 512),
+                             chat(("user", "hi"), ("assistant", "ok"), ("user", "more"), ("assistant", "done")))
+    tok = load_tokenizer(tiny_model)
+    assert tok.decode([t for t, la in zip(ids, labels, strict=True) if la != IGNORE_INDEX]) == (
+        "ok<|im_end|>\ndone<|im_end|>\n")
 
 
 def test_a_tokenizer_without_chat_template_is_named(tiny_model, tmp_path) -> None:
