@@ -14,7 +14,7 @@ from tests.conftest import ROOT, free_port
 from tests.servers import PrefectServer, spawn, start_prefect_server, stop
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped as soon as this folder's last test is done
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     """`prefect server start` on 127.0.0.1, prefect.yaml deployed to it, and a worker on tandem-pipeline."""
     server, process = start_prefect_server(tmp_path_factory.mktemp("prefect-server"),
@@ -31,5 +31,5 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer
         yield server
     finally:
         if worker is not None:
-            stop(worker, grace_s=5)  # before its server: a worker whose server is gone retries until killed
-        stop(process)
+            stop(worker, grace_s=2)  # before its server: a worker whose server is gone retries until killed
+        stop(process, grace_s=5)  # a test server: nothing in it outlives the session

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.distributed.harness import Run, Staged, train
+from tests.distributed.harness import TOOL_CALL_LENGTH, Run, Staged, stage, tool_call_conversations, train
 from tests.qwen_configs import QWEN_ZERO3
 
 
@@ -29,3 +29,12 @@ def zero3(staged: Staged, tmp_path_factory) -> Run:
     ds_config = tmp_path_factory.mktemp("qwen-zero3") / "ds_config.json"
     ds_config.write_text(json.dumps(QWEN_ZERO3))
     return train(staged, "zero3", ["launch.nnodes=2", f"deepspeed.config={ds_config}"])
+
+
+@pytest.fixture(scope="session")
+def tool_calls(staged: Staged, tmp_path_factory) -> Staged:
+    """41 tool-calling conversations staged for the session's tiny model beside the sample data (train it with
+    TOOL_CALL_LENGTH)."""
+    source = tmp_path_factory.mktemp("tool-calls") / "glaive.json"
+    source.write_text(json.dumps(tool_call_conversations(41)))
+    return stage(staged.storage, staged.model_path, [f"data.source={source}", *TOOL_CALL_LENGTH])

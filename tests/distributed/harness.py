@@ -61,9 +61,10 @@ class Run:
         return Path(layout.checkpoint_dir(self.spec.run_url, step))
 
 
-def stage(storage: Path | str, model: str = "tiny") -> Staged:
-    """Stage the sample data under `storage` for `model` (by default the tiny model, built under `storage`)."""
-    cfg = load_config(None, [f"run.storage={storage}", f"model.name_or_path={model}", *BASE_OVERRIDES])
+def stage(storage: Path | str, model: str = "tiny", overrides: list[str] = ()) -> Staged:
+    """Stage the sample data (or `data.source` in `overrides`) under `storage` for `model` (by default the tiny
+    model, built under `storage`)."""
+    cfg = load_config(None, [f"run.storage={storage}", f"model.name_or_path={model}", *BASE_OVERRIDES, *overrides])
     model_path = resolve_model(cfg)
     return Staged(storage, model_path, stage_dataset(cfg.data, cfg.run.storage, model_path))
 
@@ -104,3 +105,18 @@ def eval_exported(run: Run) -> float:
     sums = local_sums(model, load_split(run.spec.dataset.url, "eval"), rank=0, world=1, batch_size=8,
                       pad_id=int(model.config.pad_token_id), device=torch.device("cpu"))
     return sums[0] / sums[1]
+
+
+TOOL_CALL_LENGTH = ["data.max_length=512"]  # the tools block of the system turn alone is ~220 tiny tokens
+
+
+def tool_call_conversations(n: int) -> list[dict]:
+    """ShareGPT tool-calling records as LLaMA-Factory's glaive demo has them: a `tools` column (JSON text), the call as a
+    `function_call` turn, its result as an `observation` turn, then the answer."""
+    tools = json.dumps([{"name": "add", "description": "Add two integers", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}])
+    return [{"tools": tools, "conversations": [
+        {"from": "human", "value": f"What is {a} plus {b}?"},
+        {"from": "function_call", "value": json.dumps({"name": "add", "arguments": {"a": a, "b": b}})},
+        {"from": "observation", "value": str(a + b)},
+        {"from": "gpt", "value": f"{a} plus {b} is {a + b}."}]} for a, b in ((i, 3 * i + 7) for i in range(n))]

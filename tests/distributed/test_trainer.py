@@ -14,7 +14,7 @@ import pytest
 from torch.testing import assert_close
 
 from config.errors import RetryableError, UserError
-from tests.distributed.harness import Run, Staged, eval_exported, train
+from tests.distributed.harness import TOOL_CALL_LENGTH, Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2
 
 def qwen_json(tmp_path: Path, content: dict) -> str:
@@ -138,9 +138,12 @@ def test_qlora_trains_on_cpu_and_exports_merged_weights(staged: Staged) -> None:
     assert not any("lora" in name for name, _ in merged.named_parameters())
 
 
-def test_full_finetuning_with_zero3_exports_safetensors(staged: Staged) -> None:
-    run = train(staged, "full-zero3", ["launch.nnodes=2", "train.method=full", "train.learning_rate=0.001",
-                                       "deepspeed.config=config/deepspeed/zero3.json"])
+def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged) -> None:
+    """On tool-calling data (ShareGPT with function_call/observation turns and tools), with the default model."""
+    manifest = json.loads((Path(tool_calls.dataset.url) / "manifest.json").read_text())
+    assert manifest["records"]["rejected"] == 0 and manifest["records"]["staged"] == 41
+    run = train(tool_calls, "full-zero3", ["launch.nnodes=2", "train.method=full", "train.learning_rate=0.001",
+                                           "deepspeed.config=config/deepspeed/zero3.json", *TOOL_CALL_LENGTH])
     assert run.losses()[-1] < run.losses()[0] - 0.2
     assert (run.run_dir / "final" / "model.safetensors").stat().st_size > 0
     assert_close(eval_exported(run), final_eval(run)["loss"], rtol=1e-5, atol=1e-5)

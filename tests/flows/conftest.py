@@ -15,9 +15,10 @@ from tests.servers import PrefectServer, spawn, stop
 POOL = "tandem-test-nodes"
 PIPELINE_POOL = "tandem-test-pipeline"
 WORKER_START_S = 120
-# A worker that has run flows can sit out its whole SIGTERM grace at the end of a session (measured: 20 s each,
-# 80 s of the suite's teardown); it holds nothing a test still needs, so it gets a short one.
-WORKER_STOP_S = 5
+# A worker that has run flows can sit out its whole SIGTERM grace (measured: 20 s each, 80 s of the suite's
+# teardown); it holds nothing a test still needs, so it gets a short one. The fixtures are package-scoped: under
+# xdist this folder runs on one worker, and its workers stop as soon as its last test is done.
+WORKER_STOP_S = 2
 
 
 def deploy(pool: str, entrypoint: str, name: str) -> None:
@@ -51,7 +52,7 @@ def start_workers(server: PrefectServer, pool: str, queues: dict[str, str | None
     return workers
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_workers(prefect_server: PrefectServer) -> Iterator[str]:
     """Deploy flows/node.py:node to a process pool and start one worker per node queue; yields the API URL."""
     deploy(POOL, "flows/node.py:node", "node")
@@ -62,7 +63,7 @@ def node_workers(prefect_server: PrefectServer) -> Iterator[str]:
         stop(*workers, grace_s=WORKER_STOP_S)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def pipeline_worker(prefect_server: PrefectServer, node_workers: str) -> Iterator[str]:
     """The finetune flow deployed as finetune/test to a process pool, with one worker serving it."""
     deploy(PIPELINE_POOL, "flows/finetune.py:finetune", "test")

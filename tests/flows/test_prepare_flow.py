@@ -35,7 +35,7 @@ def stage_once(cfg, model_path: str) -> tuple[str, object]:
 def test_task_cache_hits_for_unchanged_input_and_misses_when_files_are_gone(results, tmp_path, tiny_model) -> None:
     source = write_jsonl(tmp_path / "d.jsonl", arithmetic(40))
     storage = tmp_path / "storage"
-    cfg = load_config(None, [f"data.source={source}", f"run.storage={storage}", "data.max_length=64",
+    cfg = load_config(None, [f"data.source={source}", f"run.storage={storage}", "data.max_length=128",
                              f"model.name_or_path={tiny_model}"])
     name, first = stage_once(cfg, tiny_model)
     assert name == "Completed"  # nothing staged yet: no key, nothing cached
@@ -44,7 +44,7 @@ def test_task_cache_hits_for_unchanged_input_and_misses_when_files_are_gone(resu
     name, third = stage_once(cfg, tiny_model)
     assert (name, third) == ("Cached", first)
 
-    other = cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_length": 32})})
+    other = cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_length": 96})})
     assert stage_once(other, tiny_model)[0] == "Completed"
 
     Path(source).write_text(Path(source).read_text() + "\n")  # same records, new bytes: a new source digest
