@@ -1,9 +1,9 @@
 """How `make test` spreads the suite over pytest-xdist workers (`-n 2 --dist loadscope`).
 
 A work unit is a whole folder where the folder's conftest holds a session fixture its files share (reference training
-runs, a pipeline run, Prefect workers, a deployment, SLURM daemons): splitting such a folder would pay for that fixture twice. Anywhere
-else a unit is one test file, as with xdist's own loadscope. Units go out longest first, so that the short ones fill
-the end of the run instead of one worker finishing a long unit alone.
+runs, a pipeline run, Prefect workers, a deployment, SLURM daemons): splitting such a folder would pay for that
+fixture twice. Anywhere else a unit is one test file, as with xdist's own loadscope. Units go out longest first, so
+that the short ones fill the end of the run instead of one worker finishing a long unit alone.
 """
 
 from __future__ import annotations
