@@ -111,8 +111,8 @@ TOOL_CALL_LENGTH = ["data.max_length=512"]  # the tools block of the system turn
 
 
 def tool_call_conversations(n: int) -> list[dict]:
-    """ShareGPT tool-calling records as LLaMA-Factory's glaive demo has them: a `tools` column (JSON text), the call as a
-    `function_call` turn, its result as an `observation` turn, then the answer."""
+    """ShareGPT tool-calling records as LLaMA-Factory's glaive demo has them: a `tools` column (JSON text), the call
+    as a `function_call` turn, its result as an `observation` turn, then the answer."""
     tools = json.dumps([{"name": "add", "description": "Add two integers", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}])
     return [{"tools": tools, "conversations": [
