@@ -79,11 +79,11 @@ def kill(agents: list[Agent], grace_s: float = KILL_GRACE_S) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def tagged_processes(tag: str) -> list[int]:
-    """Pids of this user's processes whose environment carries AGENT_TAG_ENV=tag (Linux /proc; none elsewhere)."""
+def tagged_processes(tag: str, variable: str = AGENT_TAG_ENV) -> list[int]:
+    """Pids of this user's processes whose environment carries variable=tag (Linux /proc; none elsewhere)."""
     if not tag or not os.path.isdir("/proc"):
         return []
-    needle = f"{AGENT_TAG_ENV}={tag}".encode()
+    needle = f"{variable}={tag}".encode()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -128,7 +128,7 @@ def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str,
     shutil.rmtree(beats, ignore_errors=True)
     os.makedirs(beats)
     tag = uuid.uuid4().hex
-    env = {**rank_environment(launch), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
+    env = {**rank_environment(launch, plan.master_addr), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
     log_path = os.path.join(node_scratch(run_url, plan.node_rank), layout.LOG)  # appended to by every phase
     with open(log_path, "ab") as log_file:
         offset = log_file.tell()

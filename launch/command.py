@@ -9,6 +9,7 @@ import sys
 
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
+from launch.network import interface_environment
 from launch.preflight import NodePlan
 from storage import layout
 from storage.fs import is_local, local_path, options_environment
@@ -41,16 +42,24 @@ def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[
     ]
 
 
-def rank_environment(launch: LaunchConfig) -> dict[str, str]:
-    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache, the storage
-    options this process was given, and launch.env."""
+def node_environment(launch: LaunchConfig) -> dict[str, str]:
+    """The variables a launcher hands to every node process beyond the node's own environment: the storage options
+    this process was given and launch.env. The one place that decides it: the local agents get it on top of this
+    process's environment, the ssh backend sends it over each connection (never on a command line)."""
+    return {**options_environment(), **launch.env}
+
+
+def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> dict[str, str]:
+    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache, the node environment,
+    and, with `master_addr`, the interface that routes to it (launch/network.py) unless the user named one."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(options_environment())
-    env.update(launch.env)
+    env.update(node_environment(launch))
+    if master_addr is not None:
+        env.update(interface_environment(master_addr, env))
     return env
 
 

@@ -4,12 +4,14 @@ guide, checked instead of debugged).
 
 Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
 port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified,
-storage writable, and the NCCL/GLOO environment applied (echoed).
+storage writable, the NCCL/GLOO environment applied (echoed), the interface the ranks use (chosen by route to the
+master, or the user's checked), this host's name resolving to a loopback address, and the InfiniBand/RoCE fabric.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +27,7 @@ from storage.manifest import verify_dataset
 from storage.spec import Spec
 from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
 from config.version import code_version
+from launch.network import check_interfaces, fabric, hostname_note
 
 CONNECT_RETRY_S = 0.5
 
@@ -175,6 +178,7 @@ def check_env(spec: Spec, plan: NodePlan) -> str:
 def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_digest: str | None,
                   info: Callable[[str], None]) -> dict[str, Any]:
     """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report."""
+    user_env = {**os.environ, **spec.config.launch.env}
     checks: list[tuple[str, Callable[[], str]]] = [
         ("world size", lambda: check_world_size(spec, plan)),
         ("code version", lambda: check_code(spec, plan)),
@@ -186,13 +190,19 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
         ("environment", lambda: check_env(spec, plan)),
+        ("interface", lambda: check_interfaces(plan.node_rank, plan.master_addr, user_env)),
+        ("hostname", lambda: hostname_note(plan.nnodes, plan.master_addr)),
+        ("fabric", lambda: fabric(user_env)),
     ]
     report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
     for name, check in checks:
         report["checks"][name] = check()
     write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), "preflight.json"), report)
     info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
-        f"{k}: {v}" for k, v in report["checks"].items() if k in ("gpus", "dataset", "environment", "master port")))
+        f"{k}: {v}" for k, v in report["checks"].items() if k in ("gpus", "dataset", "environment", "master port",
+                                                                 "interface", "fabric")))
+    if report["checks"]["hostname"].startswith("warning:"):
+        info(f"node {plan.node_rank}: {report['checks']['hostname']}")
     return report
 
 
