@@ -3,19 +3,21 @@ uses these), and where a node keeps its local files."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
-from launch.network import interface_environment
+from launch.network import interface_environment, source_address
 from launch.preflight import NodePlan
 from storage import layout
 from storage.fs import is_local, local_path, options_environment
 
 DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken
-MODULES = {"train": "trainer", "eval": "trainer.evaluate"}  # phase -> the module torchrun runs on every rank
+# phase -> the module torchrun runs on every rank ("probe": only the network probe, e.g. to test a cluster's links)
+MODULES = {"train": "trainer", "eval": "trainer.evaluate", "probe": "trainer.probe"}
 AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
 
 
@@ -60,6 +62,8 @@ def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> di
     env.update(node_environment(launch))
     if master_addr is not None:
         env.update(interface_environment(master_addr, env))
+        with contextlib.suppress(OSError):
+            env[layout.NODE_ADDR_ENV] = source_address(master_addr)
     return env
 
 

@@ -28,8 +28,8 @@ def start_node(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str, 
 
 
 def job_preflight(job: PhaseJob, info: Info) -> Callable[[NodePlan], object] | None:
-    """The preflight of a job's nodes: every check before training, none before eval."""
-    if job.phase != "train":
+    """The preflight of a job's nodes: every check before training (and the probe alone), none before eval."""
+    if job.phase not in ("train", "probe"):
         return None
     written = job.written
     return lambda plan: run_preflight(written.spec, written.url, plan, expected_spec_digest=written.digest,

@@ -197,7 +197,7 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
     report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
     for name, check in checks:
         report["checks"][name] = check()
-    write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), "preflight.json"), report)
+    write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), layout.PREFLIGHT), report)
     info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
         f"{k}: {v}" for k, v in report["checks"].items() if k in ("gpus", "dataset", "environment", "master port",
                                                                  "interface", "fabric")))

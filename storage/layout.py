@@ -28,6 +28,7 @@ MODEL_CARD = "model_card.md"
 CHAMPION = "champion.json"
 LOG = "log.txt"
 STATUS = "status.json"
+PREFLIGHT = "preflight.json"
 LOCK = "LOCK"
 LOCK_SCHEMA = "tandem.run-lock/1"
 SPLITS = ("train", "eval")
@@ -110,3 +111,5 @@ def champion_url(storage: str, model: str) -> str:
 
 # Set by the launcher for every rank of a node: where its ranks touch their heartbeat files.
 HEARTBEAT_ENV = "TANDEM_HEARTBEAT_DIR"
+# ... and the address of this node's interface that routes to node 0 (how the network probe names a node).
+NODE_ADDR_ENV = "TANDEM_NODE_ADDR"

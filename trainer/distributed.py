@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,50 @@ def gather_objects(obj: Any, dist: Dist) -> list[Any]:
     out: list[Any] = [None] * dist.world_size
     tdist.all_gather_object(out, obj)
     return out
+
+
+def timed_all_reduce(nbytes: int, dist: Dist) -> float:
+    """Seconds one SUM all-reduce of `nbytes` (float32) takes over every rank, after a warm-up of the same size (the
+    first one pays for buffers and TCP's slow start)."""
+    tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dist.device)
+    tdist.all_reduce(tensor)
+    _sync(dist)
+    started = time.perf_counter()
+    tdist.all_reduce(tensor)
+    _sync(dist)
+    return time.perf_counter() - started
+
+
+def timed_exchange(peer: int, nbytes: int, dist: Dist) -> tuple[float, float] | None:
+    """Between rank 0 and `peer`: seconds to send `nbytes` rank 0 -> peer and peer -> rank 0, each until the
+    receiver has it (a one-element answer closes each timing), after one untimed round. Rank 0 gets the times; the
+    peer None; other ranks take no part."""
+    payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dist.device)
+    ack = torch.zeros(1, dtype=torch.float32, device=dist.device)
+    if dist.rank == 0:
+        tdist.send(payload, peer)
+        tdist.recv(payload, peer)
+        started = time.perf_counter()
+        tdist.send(payload, peer)
+        tdist.recv(ack, peer)
+        to_peer = time.perf_counter() - started
+        started = time.perf_counter()
+        tdist.send(ack, peer)
+        tdist.recv(payload, peer)
+        return to_peer, time.perf_counter() - started
+    if dist.rank == peer:
+        tdist.recv(payload, 0)
+        tdist.send(payload, 0)
+        tdist.recv(payload, 0)
+        tdist.send(ack, 0)
+        tdist.recv(ack, 0)
+        tdist.send(payload, 0)
+    return None
+
+
+def _sync(dist: Dist) -> None:
+    if dist.device.type == "cuda":
+        torch.cuda.synchronize(dist.device)
 
 
 def barrier() -> None:
