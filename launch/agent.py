@@ -26,6 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
@@ -140,8 +141,14 @@ def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str,
     return Agent(plan.node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds"), tag)
 
 
-def supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | None) -> None:
-    """Poll until every agent exited 0, or raise for the first failure or a stall."""
+class Poller(Protocol):
+    """Something the supervisor's loop calls that may stop the node by raising: a Watch, a node's claim."""
+
+    def poll(self) -> None: ...
+
+
+def supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | Poller | None) -> None:
+    """Poll until every agent exited 0, or raise for the first failure, a stall or what `watch` raises."""
     pending = list(agents)
     while pending:
         if watch is not None:

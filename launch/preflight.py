@@ -101,10 +101,13 @@ def check_port_free(plan: NodePlan) -> str:
     return f"{plan.master_addr}:{plan.master_port} free"
 
 
-def check_master_reachable(plan: NodePlan, timeout_s: float) -> str:
-    """On the other nodes: node 0's rendezvous port accepts connections (waiting up to timeout_s)."""
+def check_master_reachable(plan: NodePlan, timeout_s: float, poll: Callable[[], None] | None = None) -> str:
+    """On the other nodes: node 0's rendezvous port accepts connections (waiting up to timeout_s, calling `poll`
+    meanwhile: it raises when the job stopped elsewhere)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if poll is not None:
+            poll()
         try:
             with socket.create_connection((plan.master_addr, plan.master_port), timeout=2.0):
                 return f"{plan.master_addr}:{plan.master_port} reachable"
@@ -176,8 +179,9 @@ def check_env(spec: Spec, plan: NodePlan) -> str:
 
 
 def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_digest: str | None,
-                  info: Callable[[str], None]) -> dict[str, Any]:
-    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report."""
+                  info: Callable[[str], None], poll: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report. `poll` is called
+    while waiting for node 0 (a node process's claim: it raises when another node failed)."""
     user_env = {**os.environ, **spec.config.launch.env}
     checks: list[tuple[str, Callable[[], str]]] = [
         ("world size", lambda: check_world_size(spec, plan)),
@@ -185,7 +189,7 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
         ("spec digest", lambda: check_spec_digest(spec_url, expected_spec_digest, plan)),
         ("master address", lambda: check_master_resolves(plan)),
         ("master port", lambda: check_port_free(plan) if plan.node_rank == 0
-         else check_master_reachable(plan, spec.config.launch.rdzv_timeout)),
+         else check_master_reachable(plan, spec.config.launch.rdzv_timeout, poll)),
         ("gpus", lambda: check_gpus(plan)),
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),

@@ -28,6 +28,7 @@ MODEL_CARD = "model_card.md"
 CHAMPION = "champion.json"
 LOG = "log.txt"
 STATUS = "status.json"
+NODES = "nodes"
 PREFLIGHT = "preflight.json"
 LOCK = "LOCK"
 LOCK_SCHEMA = "tandem.run-lock/1"
@@ -66,7 +67,7 @@ def run_lock_url(run: str) -> str:
 
 def node_dir(run: str, node_rank: int) -> str:
     """{run}/nodes/{node_rank}"""
-    return join(run, "nodes", str(node_rank))
+    return join(run, NODES, str(node_rank))
 
 
 def checkpoints_dir(run: str) -> str:

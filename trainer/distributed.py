@@ -35,8 +35,12 @@ class Dist:
         return self.rank == 0
 
 
-def init(*, deepspeed_backend: bool, timeout_s: int = 300) -> Dist:
-    """Join the process group torchrun set up (gloo on CPU, NCCL on GPU) and describe this rank."""
+def init(*, deepspeed_backend: bool, timeout_s: int = 300, connect_timeout_s: int | None = None) -> Dist:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on GPU) and describe this rank.
+
+    Connecting to the peers gets `connect_timeout_s` (the rendezvous timeout): a rank whose peers never connect
+    (a wrong interface, a firewall, a peer that died) stops then, not after the collective timeout of up to hours;
+    the collectives after it get `timeout_s`."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -50,12 +54,17 @@ def init(*, deepspeed_backend: bool, timeout_s: int = 300) -> Dist:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")
     timeout = datetime.timedelta(seconds=timeout_s)
+    connect = datetime.timedelta(seconds=min(timeout_s, connect_timeout_s or timeout_s))
     if deepspeed_backend:
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+        deepspeed.init_distributed(dist_backend=backend, timeout=connect)
     else:
-        tdist.init_process_group(backend=backend, timeout=timeout)
+        tdist.init_process_group(backend=backend, timeout=connect)
+    if connect != timeout and tdist.is_initialized():
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timeout)
     return Dist(rank, local_rank, world_size, rank // local_world, socket.gethostname(), device)
 
 

@@ -26,7 +26,9 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
     try:
         spec, _ = load_spec(spec_url)
         skip_quantization_unless_qlora(spec.config.train.method)
-        dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=spec.config.launch.collective_timeout)
+        launch = spec.config.launch
+        dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=launch.collective_timeout,
+                                connect_timeout_s=launch.rdzv_timeout)
         configure(dist)
         body(spec, dist)
     except TandemError as exc:

@@ -4,15 +4,27 @@ every namespace, so a run only finishes when each node's ranks use the interface
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from config.errors import RetryableError, UserError
 from config.loader import load_config
+from launch.phase import run_phase
+from storage import layout
 from storage.checkpoints import latest_complete
+from storage.spec import WrittenSpec, write_spec
+from tasks.run import build_spec
+from tests.conftest import ROOT
+from tests.distributed.harness import Staged, config
 from tests.netns.hosts import Machines, _cmdline
 
 pytestmark = pytest.mark.netns
@@ -74,3 +86,95 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
         assert "resolves to 127.0.0.1 (a loopback address" in report["checks"]["hostname"]
         assert report["checks"]["fabric"] == "no InfiniBand/RoCE device; NCCL uses TCP sockets"
     assert machines.strays() == {}
+
+
+def ssh_spec(staged: Staged, machines: Machines, name: str, hosts: list[str], overrides: list[str]) -> WrittenSpec:
+    """A training spec for the ssh backend on these hosts (the session's staged data and model)."""
+    cfg = config(staged, name, ["launch.backend=ssh", f"launch.hosts=[{', '.join(hosts)}]",
+                                f"launch.ssh_options=[{', '.join(machines.ssh_options)}]", *overrides])
+    spec = build_spec(cfg, name, staged.model_path, staged.dataset)
+    return WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
+
+
+def test_a_killed_node_fails_the_job_within_seconds_naming_its_host(staged: Staged, machines: Machines) -> None:
+    written = ssh_spec(staged, machines, "ssh-kill", machines.hosts(2), [
+        "train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"])
+    metrics = staged.storage / "runs" / "ssh-kill" / "metrics.jsonl"
+    outcome: dict = {}
+
+    def pipeline() -> None:
+        try:
+            run_phase(written, "train", lambda _: None, on_progress=lambda _: None)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcome["error"], outcome["at"] = exc, time.monotonic()
+
+    thread = threading.Thread(target=pipeline)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert time.monotonic() < deadline and thread.is_alive(), outcome
+        time.sleep(0.2)
+    victim = machines.machines[1]
+    killed_at = time.monotonic()
+    for pid in victim.pids():  # the whole node dies: everything in that namespace but its sshd
+        if pid not in {p.pid for p in machines.sshd} and "sshd" not in _cmdline(pid).split(" ")[0]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    error = outcome["error"]
+    print(f"node death -> pipeline failure: {outcome['at'] - killed_at:.1f} s")
+    assert isinstance(error, RetryableError)
+    assert str(error).startswith(f"train failed on node 1 ({victim.addr}): "), error
+    assert outcome["at"] - killed_at < 20
+    assert machines.strays() == {}
+
+
+def test_an_ssh_refusal_is_one_line_naming_the_host_and_the_fix(staged: Staged, machines: Machines) -> None:
+    hosts = [machines.machines[0].addr, f"nobody@{machines.machines[1].addr}"]
+    written = ssh_spec(staged, machines, "ssh-refused", hosts, [])
+    with pytest.raises(UserError) as refused:
+        run_phase(written, "train", lambda _: None)
+    assert str(refused.value) == (f"node 1 (nobody@{machines.machines[1].addr}): Permission denied (publickey). — "
+                                  "install this machine's key on it (ssh-copy-id), or name the key with "
+                                  "launch.ssh_options=[-i, KEY]")
+    assert machines.strays() == {}
+
+
+def test_duplicate_node_ranks_by_hand_stop_every_node_within_seconds(staged: Staged, machines: Machines) -> None:
+    """The README's by-hand recipe over ssh, with NODE_RANK=1 given to two hosts of three."""
+    cfg = config(staged, "by-hand-dup", ["launch.nnodes=3"])
+    spec = build_spec(cfg, "by-hand-dup", staged.model_path, staged.dataset)
+    write_spec(spec)
+    spec_url = layout.join(spec.run_url, layout.SPEC)
+    first = machines.machines[0].addr
+    nodes = []
+    started = time.monotonic()
+    for machine, rank in zip(machines.machines, (0, 1, 1), strict=True):
+        command = (f"cd {ROOT} && NNODES=3 NODE_RANK={rank} MASTER_ADDR={first} MASTER_PORT=29411 "
+                   f"{sys.executable} -m flows.node --spec {spec_url}")
+        nodes.append(subprocess.Popen(["ssh", *machines.ssh_options, "-o", "BatchMode=yes", machine.addr, command],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        time.sleep(1.0)  # as a person would start them, one after the other
+    outputs = [_output(node, 90) for node in nodes]
+    elapsed = time.monotonic() - started
+    print(f"duplicate NODE_RANK: every node stopped after {elapsed:.1f} s")
+    print("\n---\n".join(outputs))
+    assert [node.returncode for node in nodes] == [2, 2, 2], outputs
+    names = {f"vm ({machines.machines[1].addr})", f"vm ({machines.machines[2].addr})"}
+    duplicate = [line for line in outputs[2].splitlines() if line.startswith("error: ")]
+    assert duplicate and "duplicate NODE_RANK=1: nodes on " in duplicate[0], outputs[2]
+    assert all(name in duplicate[0] for name in names), duplicate
+    for output in outputs[:2]:
+        assert "duplicate NODE_RANK=1" in output, output
+    assert elapsed < cfg.launch.rdzv_timeout
+    assert machines.strays() == {}
+
+
+def _output(process: subprocess.Popen, timeout_s: float) -> str:
+    """The process's output once it exited, or what it printed before it was killed at the timeout."""
+    try:
+        return process.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()[0] + f"\n(still running after {timeout_s} s: killed)"
