@@ -72,7 +72,7 @@ class NodeClaim:
         if self.node_rank == 0 and exists(self.stop_url):
             remove(self.stop_url)  # node 0 starts a new attempt of the job: an old note is void
         holder = read_json(self.url) if exists(self.url) else None
-        if holder is not None and _live(holder) and not _stale_here(holder):
+        if holder is not None and _live(holder) and not _stale_here(holder, self.addr):
             self._duplicate(holder["name"])
         self._renewed = time.monotonic()
         write_json_atomic(self.url, self.body())
@@ -114,9 +114,10 @@ def _live(holder: dict[str, Any]) -> bool:
     return time.time() - holder["renewed_at"] < LEASE_S
 
 
-def _stale_here(holder: dict[str, Any]) -> bool:
-    """A claim by this host (same name and address) whose process is gone, or by this very process (a retry)."""
-    if holder["host"] != socket.gethostname() or holder["name"] != node_name(holder.get("addr", "")):
+def _stale_here(holder: dict[str, Any], addr: str) -> bool:
+    """A claim by this host (same name and address: hostnames alone repeat across machines) whose process is gone,
+    or by this very process (a retry)."""
+    if holder["host"] != socket.gethostname() or holder["addr"] != addr:
         return False
     if holder["pid"] == os.getpid():
         return True
