@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import sys
+from collections.abc import Iterator
 
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
@@ -44,11 +45,32 @@ def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[
     ]
 
 
+# What the transport logs on a retry after a failure (NCCL's and gloo's own view of the connections), and the names
+# always passed from the launcher's environment to the nodes.
+TRANSPORT_DEBUG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "TORCH_CPP_LOG_LEVEL": "INFO",
+                   "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+FORWARDED = tuple(TRANSPORT_DEBUG)
+
+
 def node_environment(launch: LaunchConfig) -> dict[str, str]:
     """The variables a launcher hands to every node process beyond the node's own environment: the storage options
-    this process was given and launch.env. The one place that decides it: the local agents get it on top of this
-    process's environment, the ssh backend sends it over each connection (never on a command line)."""
-    return {**options_environment(), **launch.env}
+    this process was given, the FORWARDED names this process has, and launch.env. The one place that decides it: the
+    local agents get it on top of this process's environment, the ssh backend sends it over each connection (never
+    on a command line)."""
+    forwarded = {name: os.environ[name] for name in FORWARDED if name in os.environ}
+    return {**options_environment(), **forwarded, **launch.env}
+
+
+@contextlib.contextmanager
+def transport_debug() -> Iterator[None]:
+    """While launching: ranks log what NCCL and gloo see (a retry after a failure), unless the user set a level."""
+    added = {k: v for k, v in TRANSPORT_DEBUG.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> dict[str, str]:

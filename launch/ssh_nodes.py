@@ -205,8 +205,10 @@ def _failure(first: SshNode, pending: list[SshNode], job: PhaseJob) -> UserError
     errors = [line[len("error: "):] for line in node.lines if line.startswith("error: ")]
     run_url = job.written.spec.run_url
     if errors:
-        return error_for(code, f"{job.phase} failed on {node.name}: {errors[0]}\nlast lines of its log:\n"
-                               f"{log_tail(run_url, node.node_rank)}")
+        said, prefix = errors[0], f"{job.phase} failed on node {node.node_rank}"
+        headline = (f"{prefix} ({node.host}){said[len(prefix):]}" if said.startswith(prefix)
+                    else f"{job.phase} failed on {node.name}: {said}")
+        return error_for(code, f"{headline}\nlast lines of its log:\n{log_tail(run_url, node.node_rank)}")
     if code == 255 and node.lines and not any("node " in line for line in node.lines):
         return ssh_failure(node.name, code, "\n".join(node.lines))
     return RetryableError(f"{job.phase} failed on {node.name}: its node process ended without an error line (exit "

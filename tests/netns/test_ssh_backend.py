@@ -67,7 +67,9 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
         f"run.storage={tmp_path}", "run.name=over-ssh", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
         f"launch.hosts=[{', '.join(machines.hosts(2))}]", f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
         "launch.nproc_per_node=1", "train.max_steps=4", "train.save_steps=2", "launch.rdzv_timeout=60",
-        f"launch.env={{TANDEM_TEST_MARK: {SECRET}}}"])
+        "launch.retries=1", "launch.retry_delay_s=0",
+        f"launch.env={{TANDEM_TEST_MARK: {SECRET}, TANDEM_TEST_EXIT_AT_STEP: '1:3', TANDEM_TEST_EXIT_ONCE: "
+        f"'{tmp_path / 'died-once'}'}}"])
     assert cfg.launch.nnodes == 2 and cfg.launch.rendezvous_addr == machines.machines[0].addr
     started = time.monotonic()
     with CommandLines(machines) as lines:
@@ -75,6 +77,11 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
     print(f"pipeline over ssh: {time.monotonic() - started:.1f} s")
     assert latest_complete(summary["run_url"]).step == 4
     assert summary["registered"]
+    # Rank 1 died once at step 3: the retry resumed over ssh, with the transport's own logging on.
+    assert (tmp_path / "died-once").exists()
+    log = (tmp_path / "runs" / "over-ssh" / "nodes" / "0" / "log.txt").read_text()
+    assert "resumed from step 2" in log
+    assert log.index("checkpoint step 2 complete") < log.index("[c10d] The debug level is set to DETAIL")
     # The run's environment reached the nodes without appearing on any command line there.
     assert lines.in_environment
     assert any("launch.ssh_bootstrap" in line for line in lines.seen)
@@ -85,6 +92,11 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
         assert report["checks"]["interface"].startswith("eth0 (routes to 10.87.0.11;"), report
         assert "resolves to 127.0.0.1 (a loopback address" in report["checks"]["hostname"]
         assert report["checks"]["fabric"] == "no InfiniBand/RoCE device; NCCL uses TCP sockets"
+        assert report["checks"]["gpus across nodes"] == "no GPU on every node (2)"
+        probe = report["checks"]["bandwidth"]  # the probe before training, here on the retry's launch
+        assert probe["ranks"] == 2 and probe["probe_mb"] == 4.0 and list(probe["nodes"]) == ["1"]
+        assert min(probe["nodes"]["1"].values()) > 0.4 and probe["bus_gbps"] > 0.4, probe
+        print(f"node {rank} probe:", json.dumps(probe))
     assert machines.strays() == {}
 
 
