@@ -35,7 +35,7 @@ from launch.diagnose import error_for, log_tail
 from launch.phase import Info, OnProgress, PhaseJob
 from launch.preflight import NodePlan, plan_environment
 from launch.ssh_errors import ssh_failure
-from launch.watch import phase_watch
+from launch.watch import Watch, phase_watch
 
 POLL_S = 0.5
 CHECK_TIMEOUT_S = 60
@@ -171,7 +171,7 @@ def _relay(node: SshNode, info: Info) -> None:
             info(f"{node.name}: {line}")
 
 
-def supervise(nodes: list[SshNode], job: PhaseJob, watch) -> bool:
+def supervise(nodes: list[SshNode], job: PhaseJob, watch: Watch | None) -> bool:
     """Poll until every node's ssh exited 0 (True), or raise for the first failure or a stall."""
     pending = list(nodes)
     while pending:
