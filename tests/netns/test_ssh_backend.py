@@ -190,3 +190,19 @@ def _output(process: subprocess.Popen, timeout_s: float) -> str:
     except subprocess.TimeoutExpired:
         process.kill()
         return process.communicate()[0] + f"\n(still running after {timeout_s} s: killed)"
+
+
+def test_a_cancelled_launch_leaves_nothing_running_on_any_host(staged: Staged, machines: Machines) -> None:
+    """Ctrl-C (or a cancelled flow run) while the nodes train: every connection closes, every node stops."""
+    written = ssh_spec(staged, machines, "ssh-cancel", machines.hosts(2), [
+        "train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"])
+
+    def interrupt(_record: dict) -> None:
+        raise KeyboardInterrupt
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_phase(written, "train", lambda _: None, on_progress=interrupt)
+    print(f"cancel: every host clean {time.monotonic() - started:.1f} s after the launch started")
+    assert machines.strays() == {}
+    assert not list(Path("/tmp").glob("tandem-ssh-*/*"))  # no shared connection left behind
