@@ -6,7 +6,9 @@ A claim is live while renewed within LEASE_S (host clocks must agree to a few se
 nodes with one rank, the later one finds the live claim and stops. A node that fails for any reason (that one
 among them) leaves `nodes/stop.json`, which every node of the run checks while it runs: nodes started by hand,
 with no launcher to stop them, then stop within seconds of a peer's failure instead of waiting on it forever.
-Node 0 removes an old note when it starts; a note from before a node started is ignored. A claim by the same host
+Node 0 removes an old note when it starts, and a note written before a node started is ignored (a retry's node
+may start before node 0 does; a note of this attempt is written after every node started, on any clock within
+that margin). A claim by the same host
 whose process is gone is stale (a retry takes it over at once).
 """
 
@@ -29,7 +31,6 @@ LEASE_S = 15.0
 RENEW_S = 2.0
 CLAIM = "claim.json"
 STOP = "stop.json"
-CLOCK_SKEW_S = 2.0
 
 
 def node_name(addr: str) -> str:
@@ -83,7 +84,7 @@ class NodeClaim:
             return
         self._renewed = time.monotonic()
         note = read_json(self.stop_url) if exists(self.stop_url) else None
-        if note is not None and note["token"] != self.token and note["at"] >= self.started - CLOCK_SKEW_S:
+        if note is not None and note["token"] != self.token and note["at"] >= self.started:
             self.stopped_by_peer = True
             raise error_for(note["exit_code"], f"node {self.node_rank} stopped: node {note['node_rank']} on "
                                                f"{note['name']} failed: {note['message']}")
