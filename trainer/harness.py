@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from config.errors import TandemError
 from config.rank_log import ERROR_LOGGER
+from config.redact import install_log_masking
 from storage.fs import use_environment_options
 from storage.spec import Spec, load_spec
 from trainer.distributed import Dist
@@ -28,6 +29,7 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
         skip_quantization_unless_qlora(spec.config.train.method)
         dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=spec.config.launch.collective_timeout)
         configure(dist)
+        install_log_masking(spec.config.launch.forward_env)
         body(spec, dist)
     except TandemError as exc:
         logging.getLogger(ERROR_LOGGER).error("%s", exc)
