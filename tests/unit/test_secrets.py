@@ -7,6 +7,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +23,7 @@ from launch.command import rank_environment
 from launch.forward import check_forwarded, forward_env, forwarded_report
 from launch.slurm_nodes import sbatch_command
 from storage.registry import read_entry, register_version
+from tests.conftest import ROOT
 from tests.registry_helpers import entry
 
 CANARY = "canary-7f3a9c2e51d04b68"
@@ -146,3 +152,30 @@ def test_registry_entries_are_stored_masked_and_still_verify(tmp_path) -> None:
     stored = read_entry(str(tmp_path), "m", version)  # the digest covers the masked body
     assert stored["notes"] == {"HF_TOKEN": MASK} and stored["run_url"] == "s3://u:***@bucket/runs/r"
     assert json.loads(raw)["metrics"] == body["metrics"]
+
+
+def cluster_env(tmp_path, host: str, **extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    state = tmp_path / host
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
+           "TANDEM_CLUSTER_HOST": host, "TANDEM_CLUSTER_DIR": str(state), **extra}
+    done = subprocess.run(["bash", str(ROOT / "tools" / "cluster.sh"), "env"], env=env, capture_output=True, text=True,
+                          timeout=30)
+    return done, state / "prefect-auth"
+
+
+def test_the_local_cluster_off_loopback_gets_a_private_auth_string(tmp_path) -> None:
+    """tools/cluster.sh (make cluster-up) bound beyond 127.0.0.1 generates the Prefect API's auth string once, into a
+    file only its owner can read, and tells clients how to use it without printing it. (That such a server answers
+    401 without it is tests/secrets/test_canary.py.)"""
+    done, auth = cluster_env(tmp_path, "192.0.2.10")
+    assert done.returncode == 0, done.stderr
+    secret = auth.read_text().strip()
+    assert stat.S_IMODE(auth.stat().st_mode) == 0o600 and re.fullmatch(r"tandem:[A-Za-z0-9]{24,}", secret)
+    assert done.stdout.splitlines() == ["export PREFECT_API_URL=http://192.0.2.10:4200/api",
+                                        f'export PREFECT_API_AUTH_STRING="$(cat {auth})"']
+    again, _ = cluster_env(tmp_path, "192.0.2.10")
+    assert auth.read_text().strip() == secret and secret not in again.stdout  # kept, never printed
+    loopback, none = cluster_env(tmp_path, "127.0.0.1")
+    assert loopback.stdout.splitlines() == ["export PREFECT_API_URL=http://127.0.0.1:4200/api"] and not none.exists()
+    own, unused = cluster_env(tmp_path, "192.0.2.11", PREFECT_API_AUTH_STRING="me:mine-0123456789")
+    assert not unused.exists() and "mine-0123456789" not in own.stdout
