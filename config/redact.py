@@ -28,6 +28,8 @@ _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
 _NAME_SEP = re.compile(r"""(?P<name>[A-Za-z_][\w.-]*)(?P<sep>["']?\s*[=:]\s*)""")
 _VALUE = re.compile(r""""[^"]*"|'[^']*'|[^\s,;'"}\])]+""")
 _NUMBER = re.compile(r"^[-+]?\d[\d_]*(\.\d+)?([eE][-+]?\d+)?$")
+# Not a value but a stand-in: a placeholder or a variable's name (`KEY=VALUE`, `TOKEN=HF_TOKEN`), a shell reference.
+_PLACEHOLDER = re.compile(r"^([A-Z][A-Z_]*|\$\{?\w+\}?|\.\.\.|…|\*\*\*)$")
 # scheme://user:password@host: the password.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)(?=@)", re.IGNORECASE)
 # Shorter environment values are masked by name only: masking a short word ("tandem", "testing") everywhere it occurs
@@ -71,7 +73,7 @@ def mask_text(text: str, literals: Iterable[str] = ()) -> str:
             continue
         value = _VALUE.match(text, match.end())
         bare = value[0].strip("'\"") if value else ""
-        if not bare or _NUMBER.match(bare) or bare == MASK:
+        if not bare or _NUMBER.match(bare) or _PLACEHOLDER.match(bare):
             continue
         quote = value[0][0] if value[0][0] in "'\"" else ""
         pieces += [text[done:match.end()], f"{quote}{MASK}{quote}"]
