@@ -33,7 +33,9 @@ def refuse_secrets(value: object, where: str, fix: str) -> object:
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, values cannot change after load."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a ValidationError's text (what Prefect logs when the UI form's parameters fail the flow's
+    # validation) never quotes the refused value; the loader's own messages choose what to show (config/loader.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class RunConfig(Section):

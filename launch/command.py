@@ -47,7 +47,9 @@ def rank_environment(launch: LaunchConfig) -> dict[str, str]:
     launch/forward.py), one thread per rank on CPU, a per-checkout extension cache, the storage options this
     process was given, and launch.env."""
     env = dict(os.environ)
-    env.update(forward_env(launch))  # already in os.environ here; stated so, one channel per backend
+    # The local and prefect channels of launch.forward_env: this process's environment (a no-op here, kept so
+    # that every backend's forwarded values come from the one function, launch/forward.py).
+    env.update(forward_env(launch))
     env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
