@@ -55,6 +55,11 @@ def secret_keys(options: Mapping[str, Any], prefix: str) -> list[str]:
     return found
 
 
+def has_url_password(text: str) -> bool:
+    """Whether a string holds a URL with a password (scheme://user:password@host)."""
+    return bool(_URL_PASSWORD.search(text))
+
+
 def secret_environment(environ: Mapping[str, str] | None = None, names: Iterable[str] = ()) -> list[str]:
     """Values worth masking literally: those of secret-looking variables of an environment, and of `names`."""
     env = os.environ if environ is None else environ

@@ -11,9 +11,9 @@ import re
 import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from config.redact import secret_keys
+from config.redact import has_url_password, secret_keys
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Where credentials go instead of the config (the config is stored in spec.json, the Prefect database and logs).
@@ -27,6 +27,13 @@ def refuse_secrets(value: object, where: str, fix: str) -> object:
     """Refuse a mapping with a secret-looking key, naming the key (never its value) and where credentials go."""
     if isinstance(value, dict) and (found := secret_keys(value, where)):
         raise ValueError(f"{found[0]} looks like a credential: {fix}")
+    return value
+
+
+def refuse_url_password(value: object, where: str) -> object:
+    """Refuse a URL that carries a password (https://user:password@host/...), naming the key, not the URL."""
+    if isinstance(value, str) and has_url_password(value):
+        raise ValueError(f"{where} has a password in its URL: remove it and {STORAGE_FIX}")
     return value
 
 
@@ -61,6 +68,11 @@ class RunConfig(Section):
     @classmethod
     def _no_credentials(cls, value: object) -> object:
         return refuse_secrets(value, "run.storage_options", STORAGE_FIX)
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _no_url_password(cls, value: object) -> object:
+        return refuse_url_password(value, "run.storage")
 
 
 class DataConfig(Section):
@@ -112,6 +124,11 @@ class DataConfig(Section):
     @classmethod
     def _no_credentials(cls, value: object) -> object:
         return refuse_secrets(value, "data.storage_options", STORAGE_FIX)
+
+    @field_validator("source", "eval_source", mode="before")
+    @classmethod
+    def _no_url_password(cls, value: object, info: ValidationInfo) -> object:
+        return refuse_url_password(value, f"data.{info.field_name}")
 
     @model_validator(mode="after")
     def _shard_fits(self) -> DataConfig:
@@ -260,14 +277,14 @@ class LaunchConfig(Section):
         if bad:
             raise ValueError(f"launch.forward_env: {bad[0]!r} is not an environment variable name (letters, digits, "
                              "_; not starting with a digit)")
-        if len(set(names)) != len(names):
-            raise ValueError("launch.forward_env: a name is listed twice")
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"launch.forward_env: {twice[0]} is listed twice")
         return names
 
     @model_validator(mode="after")
     def _env_or_forwarded(self) -> LaunchConfig:
         if both := sorted(set(self.env) & set(self.forward_env)):
-            raise ValueError(f"{both[0]} is both in launch.env and launch.forward_env; keep it in one")
+            raise ValueError(f"launch.env.{both[0]} is also in launch.forward_env; keep it in one place")
         return self
 
 

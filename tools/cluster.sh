@@ -141,6 +141,12 @@ postgres_up() {
             --auth-host=scram-sha-256 -E UTF8 >"$STATE/postgres-init.log" 2>&1 \
             || die "initdb failed; see .tandem/cluster/postgres-init.log"
     fi
+    # initdb lets TCP clients in from loopback only; bound beyond it, the server connects from $HOST (this machine).
+    local hba="host all prefect $HOST/32 scram-sha-256"
+    if ! is_loopback "$HOST" && ! grep -qxF "$hba" "$data/pg_hba.conf"; then
+        echo "$hba" >>"$data/pg_hba.conf"
+        as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1 && as_pg "$bin/pg_ctl" -D "$data" reload >/dev/null
+    fi
     if as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
         echo "cluster: postgres already running"
     else

@@ -50,6 +50,18 @@ def test_secret_looking_config_is_refused_naming_the_key_without_its_value(overr
     assert CANARY not in message and "\n" not in message
 
 
+@pytest.mark.parametrize("override", [f"data.source=https://u:{CANARY}@example.com/d.jsonl",
+                                      f"data.eval_source=https://u:{CANARY}@example.com/e.jsonl",
+                                      f"run.storage=s3://u:{CANARY}@bucket/tandem"])
+def test_a_url_with_a_password_is_refused_naming_the_key(override: str) -> None:
+    with pytest.raises(UserError) as caught:
+        load_config(None, [override])
+    key = override.split("=", 1)[0]
+    assert f"{key} has a password in its URL: remove it and give credentials through the environment" \
+        in str(caught.value)
+    assert CANARY not in str(caught.value)
+
+
 def test_a_wrongly_typed_value_under_launch_env_is_not_echoed() -> None:
     with pytest.raises(UserError) as caught:
         load_config(None, ["launch.env.NCCL_DEBUG=[1234567890]"])
@@ -64,13 +76,15 @@ def test_ordinary_environment_and_forwarded_names_load() -> None:
     assert cfg.launch.env == {"NCCL_SOCKET_IFNAME": "eth0", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@pytest.mark.parametrize(("override", "expected"), [
-    ("launch.forward_env=[HF_TOKEN, 9LIVES]", "launch.forward_env: '9LIVES' is not an environment variable name"),
-    ("launch.forward_env=[HF_TOKEN, HF_TOKEN]", "launch.forward_env: a name is listed twice"),
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["launch.forward_env=[HF_TOKEN, 9LIVES]"], "launch.forward_env: '9LIVES' is not an environment variable name"),
+    (["launch.forward_env=[HF_TOKEN, HF_TOKEN]"], "launch.forward_env: HF_TOKEN is listed twice"),
+    (["launch.forward_env=[NCCL_DEBUG]", "launch.env.NCCL_DEBUG=INFO"],
+     "launch.env.NCCL_DEBUG is also in launch.forward_env; keep it in one place"),
 ])
-def test_bad_forwarded_names_are_refused(override: str, expected: str) -> None:
+def test_bad_forwarded_names_are_refused(overrides: list[str], expected: str) -> None:
     with pytest.raises(UserError, match=expected):
-        load_config(None, [override])
+        load_config(None, overrides)
 
 
 def test_forward_env_reads_values_by_name_and_reports_only_set_or_missing() -> None:
