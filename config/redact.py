@@ -47,7 +47,7 @@ def secret_keys(options: Mapping[str, Any], prefix: str) -> list[str]:
     """The dotted keys of secret-looking entries in a (nested) mapping: `run.storage_options.client_kwargs.secret`."""
     found = []
     for key, value in options.items():
-        dotted = f"{prefix}.{key}"
+        dotted = f"{prefix}.{key}" if str(key).isprintable() else f"{prefix}.{str(key)!r}"  # one line, always
         if is_secret_name(str(key)):
             found.append(dotted)
         elif isinstance(value, Mapping):

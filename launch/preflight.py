@@ -196,8 +196,9 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
     for name, check in checks:
         report["checks"][name] = check()
     write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), "preflight.json"), report)
+    shown = ("gpus", "dataset", "environment", "forwarded environment", "master port")
     info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
-        f"{k}: {v}" for k, v in report["checks"].items() if k in ("gpus", "dataset", "environment", "forwarded environment", "master port")))
+        f"{k}: {v}" for k, v in report["checks"].items() if k in shown))
     return report
 
 

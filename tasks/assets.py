@@ -45,8 +45,9 @@ def record_model_asset(spec: Spec, registered: Registration) -> str:
 
     @materialize(model, asset_deps=[dataset], name="materialize-model", by="tandem")
     def materialize_model() -> str:
+        entry = registered.entry
         add_asset_metadata(model, redact({"version": registered.version, "registry_url": registered.url,
-                                          "metrics": registered.entry["metrics"], "lineage": registered.entry["lineage"]}))
+                                          "metrics": entry["metrics"], "lineage": entry["lineage"]}))
         get_run_logger().info("asset %s materialized from %s", model.key, dataset.key)
         return model.key
 

@@ -125,7 +125,8 @@ def test_secret_looking_names(name: str, secret: bool) -> None:
 
 def test_mask_text_masks_assignments_urls_and_literals_but_not_metrics() -> None:
     text = (f"environment: AWS_SECRET_ACCESS_KEY=s3cr3tKEY123, HF_TOKEN={CANARY}; token_accuracy: 0.4512 "
-            "{'password': 'hunter2'} db postgresql+asyncpg://prefect:pw123@127.0.0.1:5432/prefect, seen xyzzy-0123456789")
+            "{'password': 'hunter2'} db postgresql+asyncpg://prefect:pw123@127.0.0.1:5432/prefect, "
+            "seen xyzzy-0123456789")
     masked = mask_text(text, ["xyzzy-0123456789"])
     assert mask_text("expected KEY=VALUE; TOKEN=$HF_TOKEN") == "expected KEY=VALUE; TOKEN=$HF_TOKEN"  # stand-ins
     assert masked == ("environment: AWS_SECRET_ACCESS_KEY=***, HF_TOKEN=***; token_accuracy: 0.4512 "
