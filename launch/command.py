@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
+from launch.forward import forward_env
 from launch.network import interface_environment, source_address
 from launch.preflight import NodePlan
 from storage import layout
@@ -54,11 +55,11 @@ FORWARDED = tuple(TRANSPORT_DEBUG)
 
 def node_environment(launch: LaunchConfig) -> dict[str, str]:
     """The variables a launcher hands to every node process beyond the node's own environment: the storage options
-    this process was given, the FORWARDED names this process has, and launch.env. The one place that decides it: the
-    local agents get it on top of this process's environment, the ssh backend sends it over each connection (never
-    on a command line)."""
+    this process was given, the FORWARDED names this process has, launch.forward_env's credentials
+    (launch/forward.py) and launch.env. The one place that decides it: the local agents get it on top of this
+    process's environment, the ssh backend sends it over each connection's stdin (never on a command line)."""
     forwarded = {name: os.environ[name] for name in FORWARDED if name in os.environ}
-    return {**options_environment(), **forwarded, **launch.env}
+    return {**options_environment(), **forwarded, **forward_env(launch), **launch.env}
 
 
 @contextlib.contextmanager
@@ -74,8 +75,9 @@ def transport_debug() -> Iterator[None]:
 
 
 def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> dict[str, str]:
-    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache, the node environment,
-    and, with `master_addr`, the interface that routes to it (launch/network.py) unless the user named one."""
+    """Environment for every rank: this node's own, one thread per rank on CPU, a per-checkout extension cache, the
+    node environment (launch.forward_env's credentials among them), and, with `master_addr`, the interface that
+    routes to it (launch/network.py) unless the user named one."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))

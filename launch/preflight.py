@@ -4,8 +4,10 @@ guide, checked instead of debugged).
 
 Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
 port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified,
-storage writable, the NCCL/GLOO environment applied (echoed), the interface the ranks use (chosen by route to the
-master, or the user's checked), this host's name resolving to a loopback address, and the InfiniBand/RoCE fabric.
+storage writable, the NCCL/GLOO environment applied (echoed), each launch.forward_env name set on this
+node (reported "set"/"missing", never its value), the interface the ranks use (chosen by route to the
+master, or the user's checked), this host's name resolving to a loopback address, and the InfiniBand/RoCE
+fabric.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from config.errors import RetryableError, UserError
 from storage.manifest import verify_dataset
 from storage.spec import Spec
 from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
+from config.redact import mask_text
 from config.version import code_version
+from launch.forward import check_forwarded
 from launch.network import check_interfaces, fabric, hostname_note
 
 CONNECT_RETRY_S = 0.5
@@ -173,9 +177,10 @@ def check_storage_writable(spec: Spec, plan: NodePlan) -> str:
 
 
 def check_env(spec: Spec, plan: NodePlan) -> str:
-    """The launch.env entries every rank will get (NCCL_SOCKET_IFNAME, ...), echoed."""
+    """The launch.env entries every rank will get (NCCL_SOCKET_IFNAME, ...), echoed (secret-looking values masked,
+    though the config refuses them)."""
     env = spec.config.launch.env
-    return ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(launch.env empty)"
+    return mask_text(", ".join(f"{k}={v}" for k, v in sorted(env.items()))) or "(launch.env empty)"
 
 
 def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_digest: str | None,
@@ -194,6 +199,7 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
         ("environment", lambda: check_env(spec, plan)),
+        ("forwarded environment", lambda: check_forwarded(spec.config.launch, plan.node_rank, socket.gethostname())),
         ("interface", lambda: check_interfaces(plan.node_rank, plan.master_addr, user_env)),
         ("hostname", lambda: hostname_note(plan.nnodes, plan.master_addr)),
         ("fabric", lambda: fabric(user_env)),
@@ -202,9 +208,9 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
     for name, check in checks:
         report["checks"][name] = check()
     write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), layout.PREFLIGHT), report)
+    shown = ("gpus", "dataset", "environment", "forwarded environment", "master port", "interface", "fabric")
     info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
-        f"{k}: {v}" for k, v in report["checks"].items() if k in ("gpus", "dataset", "environment", "master port",
-                                                                 "interface", "fabric")))
+        f"{k}: {v}" for k, v in report["checks"].items() if k in shown))
     if report["checks"]["hostname"].startswith("warning:"):
         info(f"node {plan.node_rank}: {report['checks']['hostname']}")
     return report
