@@ -57,19 +57,21 @@ class CommandLines:
                         environ = Path(f"/proc/{pid}/environ").read_bytes()
                     except OSError:
                         continue
-                    self.in_environment |= f"TANDEM_TEST_MARK={SECRET}".encode() in environ
+                    self.in_environment |= f"TANDEM_CANARY_TOKEN={SECRET}".encode() in environ
 
 
-def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefect_server, tiny_model, tmp_path) -> None:
+def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefect_server, tiny_model, tmp_path,
+                                                      monkeypatch) -> None:
     from flows.finetune import finetune
 
+    monkeypatch.setenv("TANDEM_CANARY_TOKEN", SECRET)  # a credential forwarded by name (launch.forward_env)
     cfg = load_config(None, [
         f"run.storage={tmp_path}", "run.name=over-ssh", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
         f"launch.hosts=[{', '.join(machines.hosts(2))}]", f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
         "launch.nproc_per_node=1", "train.max_steps=4", "train.save_steps=2", "launch.rdzv_timeout=60",
         "launch.retries=1", "launch.retry_delay_s=0",
-        f"launch.env={{TANDEM_TEST_MARK: {SECRET}, TANDEM_TEST_EXIT_AT_STEP: '1:3', TANDEM_TEST_EXIT_ONCE: "
-        f"'{tmp_path / 'died-once'}'}}"])
+        "launch.forward_env=[TANDEM_CANARY_TOKEN]",
+        f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:3', TANDEM_TEST_EXIT_ONCE: '{tmp_path / 'died-once'}'}}"])
     assert cfg.launch.nnodes == 2 and cfg.launch.rendezvous_addr == machines.machines[0].addr
     started = time.monotonic()
     with CommandLines(machines) as lines:
@@ -82,7 +84,7 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
     log = (tmp_path / "runs" / "over-ssh" / "nodes" / "0" / "log.txt").read_text()
     assert "resumed from step 2" in log
     assert log.index("checkpoint step 2 complete") < log.index("[c10d] The debug level is set to DETAIL")
-    # The run's environment reached the nodes without appearing on any command line there.
+    # The forwarded credential reached the nodes without appearing on any command line there, or in preflight.json.
     assert lines.in_environment
     assert any("launch.ssh_bootstrap" in line for line in lines.seen)
     assert not [line for line in lines.seen if SECRET in line]
@@ -92,6 +94,7 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
         assert report["checks"]["interface"].startswith("eth0 (routes to 10.87.0.11;"), report
         assert "resolves to 127.0.0.1 (a loopback address" in report["checks"]["hostname"]
         assert report["checks"]["fabric"] == "no InfiniBand/RoCE device; NCCL uses TCP sockets"
+        assert report["checks"]["forwarded environment"] == "TANDEM_CANARY_TOKEN set" and SECRET not in str(report)
         assert report["checks"]["gpus across nodes"] == "no GPU on every node (2)"
         probe = report["checks"]["bandwidth"]  # the probe before training, here on the retry's launch
         assert probe["ranks"] == 2 and probe["probe_mb"] == 4.0 and list(probe["nodes"]) == ["1"]
