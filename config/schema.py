@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from config.hosts import parse_host, read_hostfile
 from config.redact import has_url_password, secret_keys
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -35,8 +36,6 @@ def refuse_url_password(value: object, where: str) -> object:
     if isinstance(value, str) and has_url_password(value):
         raise ValueError(f"{where} has a password in its URL: remove it and {STORAGE_FIX}")
     return value
-
-from config.hosts import parse_host, read_hostfile
 
 
 class Section(BaseModel):
