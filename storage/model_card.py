@@ -52,8 +52,8 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
         ("method", train.method),
         ("base model", f"`{spec.model_path}`"),
         ("optimizer steps", spec.total_steps),
-        ("global batch", f"{train.micro_batch_size} x {train.gradient_accumulation_steps} accumulation x "
-                         f"{spec.world_size} ranks"),
+        ("global batch", f"{cfg.global_batch(spec.world_size)} rows = {train.micro_batch_size} x "
+                         f"{cfg.accumulation_steps(spec.world_size)} accumulation x {spec.world_size} ranks"),
         ("learning rate", f"{train.learning_rate:g} ({train.lr_scheduler}, warmup {train.warmup_ratio:g})"),
         ("max length", cfg.data.max_length),
         ("chat template", chat_template_row(spec)),

@@ -54,7 +54,8 @@ def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
     """train.max_steps when set, else enough steps for train.epochs passes over the train split."""
     if train.max_steps is not None:
         return train.max_steps
-    per_step = train.micro_batch_size * train.gradient_accumulation_steps * world_size
+    # With train.global_batch_size the rows per step, hence the step count and the schedule, ignore the world size.
+    per_step = train.global_batch_size or train.micro_batch_size * train.gradient_accumulation_steps * world_size
     return max(1, math.ceil(train.epochs * train_records / per_step))
 
 

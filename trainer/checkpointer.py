@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from storage.checkpoints import CompleteCheckpoint, apply_retention
 from trainer.checkpoint import export_final, load_checkpoint, save_checkpoint
 from trainer.distributed import Dist
+from trainer.reshard import load_resharded
 from trainer.resume import check_compatible, choose_checkpoint
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,13 @@ class DeepSpeedIO:
     def find(self) -> CompleteCheckpoint | None:
         ckpt = choose_checkpoint(self.spec.config.train.resume, self.spec.run_url, self.dist)
         if ckpt is not None:
-            check_compatible(ckpt, world_size=self.dist.world_size, zero_stage=self.zero_stage, method=self.method)
+            check_compatible(ckpt, zero_stage=self.zero_stage, method=self.method)
         return ckpt
 
     def load(self, ckpt: CompleteCheckpoint) -> int:
+        if ckpt.manifest["world_size"] != self.dist.world_size:
+            return load_resharded(self.engine, ckpt, self.dist, frozen_excluded=self.adapters,
+                                  algorithm=self.algorithm, seed=self.spec.config.train.seed)
         return load_checkpoint(self.engine, ckpt, self.dist, frozen_excluded=self.adapters)
 
     def save(self, step: int) -> int:

@@ -170,7 +170,7 @@ def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
     train_cfg = spec.config.train
     return list(rank_micro_batches(
         run.examples, seed=train_cfg.seed, step=step, micro=train_cfg.micro_batch_size,
-        accum=train_cfg.gradient_accumulation_steps, rank=dist.rank, world=dist.world_size, pad_id=run.pad_id,
+        accum=spec.config.accumulation_steps(dist.world_size), rank=dist.rank, world=dist.world_size, pad_id=run.pad_id,
         group_by_length=train_cfg.length_grouping,
     ))
 

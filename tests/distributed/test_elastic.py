@@ -1,0 +1,110 @@
+"""The global batch as the invariant and resume on another world size, under real torchrun agents (marker `elastic`,
+run by `make test-suites`).
+
+Every run here has the same global batch (12 rows: micro-batches of 2, accumulation derived per world size) and
+LoRA dropout 0, so the trajectory is a function of the seed, the step and the global batch alone: 1, 2 and 3 ranks
+give the same losses, and a checkpoint written by N ranks resumes on M ranks onto the uninterrupted trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from torch.testing import assert_close
+
+from config.errors import UserError
+from storage.checkpoints import read_complete, read_universal
+from tests.distributed.harness import Run, Staged, train
+from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
+
+pytestmark = pytest.mark.elastic
+
+# 16 steps of 12 rows, a checkpoint at 8 and 16. Global batch 12 divides into micro-batches of 2 on 1, 2 and 3 ranks
+# (accumulation 6, 3 and 2).
+ELASTIC = ["train.max_steps=16", "train.save_steps=8", "train.global_batch_size=12", "train.micro_batch_size=2",
+           "train.lora.dropout=0"]
+RTOL = 1e-5
+
+
+def deepspeed_json(tmp_path_factory: pytest.TempPathFactory, content: dict) -> str:
+    path = tmp_path_factory.mktemp("ds") / "ds_config.json"
+    path.write_text(json.dumps(content))
+    return str(path)
+
+
+def resume_elsewhere(staged: Staged, source: Run, name: str, overrides: list[str]) -> Run:
+    """A new run that starts from `source`'s step-8 checkpoint (copied in, as a retry finds it) with `overrides`."""
+    target = Path(staged.storage) / "runs" / name / "checkpoints" / source.checkpoint(8).name
+    shutil.copytree(source.checkpoint(8), target)
+    return train(staged, name, [*ELASTIC, *overrides])
+
+
+@pytest.fixture(scope="module")
+def two_ranks(staged: Staged) -> Run:
+    """The uninterrupted run every trajectory here is compared with: 2 nodes x 1 rank, ZeRO-2 + LoRA."""
+    return train(staged, "elastic-2", [*ELASTIC, "launch.nnodes=2"])
+
+
+@pytest.fixture(scope="module")
+def three_ranks(staged: Staged) -> Run:
+    """The same optimisation on 3 nodes x 1 rank."""
+    return train(staged, "elastic-3", [*ELASTIC, "launch.nnodes=3"])
+
+
+def test_one_two_and_three_ranks_give_the_same_trajectory(staged: Staged, two_ranks: Run, three_ranks: Run) -> None:
+    one = train(staged, "elastic-1", [*ELASTIC, "launch.nnodes=1"])
+    assert len(two_ranks.losses()) == 16
+    assert_close(one.losses(), two_ranks.losses(), rtol=RTOL, atol=0)
+    assert_close(three_ranks.losses(), two_ranks.losses(), rtol=RTOL, atol=0)
+    assert [r["lr"] for r in one.metrics() if "event" not in r] == [
+        r["lr"] for r in two_ranks.metrics() if "event" not in r]
+
+
+def test_two_ranks_resume_on_three_and_three_on_two(staged: Staged, two_ranks: Run, three_ranks: Run) -> None:
+    """8 steps on 2 ranks, then to 16 on 3 (as 1 node x 3 ranks), and 3 -> 2: each continues the uninterrupted
+    trajectory; the universal form is written beside the checkpoint, complete, and reused by the next resume."""
+    up = resume_elsewhere(staged, two_ranks, "elastic-2to3", ["launch.nnodes=1", "launch.nproc_per_node=3"])
+    assert_close(up.losses(), two_ranks.losses()[8:], rtol=RTOL, atol=0)
+    log = (up.run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert "converted checkpoint step 8 from 2 ranks to the universal form" in log
+    assert "resumed from step 8 written by 2 ranks, now on 3" in log
+    source = read_complete(str(up.checkpoint(8)))
+    universal = read_universal(source)
+    assert universal is not None and universal.manifest["source_world_size"] == 2
+    assert json.loads((up.checkpoint(16) / "manifest.json").read_text())["world_size"] == 3
+
+    down = resume_elsewhere(staged, three_ranks, "elastic-3to2", ["launch.nnodes=2"])
+    assert_close(down.losses(), two_ranks.losses()[8:], rtol=RTOL, atol=0)
+
+    # A second resume of the same checkpoint on another world size reuses the converted form.
+    again = Path(staged.storage) / "runs" / "elastic-3to2"
+    shutil.rmtree(again / "checkpoints" / "step-00000016")
+    (again / "final" / "COMPLETE").unlink()
+    train(staged, "elastic-3to2", [*ELASTIC, "launch.nnodes=1"])
+    assert "reusing the universal form of checkpoint step 8" in (again / "nodes" / "0" / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("stage,method", [(3, "lora"), (2, "full"), (3, "full")])
+def test_resharding_across_stages_and_methods(staged: Staged, tmp_path_factory, stage: int, method: str) -> None:
+    """ZeRO-3 partitions the parameters themselves and full fine-tuning carries the whole model's Adam state: 8 steps
+    on 2 ranks resumed on 3 equal 16 uninterrupted steps on 2."""
+    ds = deepspeed_json(tmp_path_factory, QWEN_ZERO3 if stage == 3 else QWEN_ZERO2)
+    common = [f"deepspeed.config={ds}", f"train.method={method}", "train.learning_rate=0.0003"]
+    whole = train(staged, f"elastic-z{stage}-{method}", [*ELASTIC, *common, "launch.nnodes=2"])
+    resumed = resume_elsewhere(staged, whole, f"elastic-z{stage}-{method}-to3", [*common, "launch.nnodes=3"])
+    assert_close(resumed.losses(), whole.losses()[8:], rtol=RTOL, atol=0)
+
+
+def test_another_method_or_stage_is_still_refused(staged: Staged, two_ranks: Run, tmp_path_factory) -> None:
+    ckpt = two_ranks.checkpoint(8)
+    with pytest.raises(UserError) as info:
+        train(staged, "elastic-other-method", [*ELASTIC, "launch.nnodes=3", "train.method=full",
+                                               f"train.resume={ckpt}"])
+    assert "its train.method lora (this run: full) differ" in str(info.value)
+    ds = deepspeed_json(tmp_path_factory, QWEN_ZERO3)
+    with pytest.raises(UserError, match=r"its ZeRO stage 2 \(this run: 3\) differ"):
+        train(staged, "elastic-other-stage", [*ELASTIC, "launch.nnodes=2", f"deepspeed.config={ds}",
+                                              f"train.resume={ckpt}"])
