@@ -62,6 +62,8 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
         ("DeepSpeed", f"ZeRO-{zero_stage(spec.deepspeed)}"),
         ("nodes x ranks", f"{cfg.launch.nnodes} x {cfg.launch.nproc_per_node}"),
     ]
+    if spec.attempts:  # an elastic run: each launch's nodes, world size and starting step
+        rows.append(("attempts", "; ".join(a.describe() for a in spec.attempts)))
     if train.method != "full":
         rows.insert(1, ("LoRA", f"r {train.lora.r}, alpha {train.lora.alpha}, dropout {train.lora.dropout:g}"))
     return rows
@@ -87,7 +89,7 @@ def model_card(spec: Spec, entry: dict[str, Any], splits: dict[str, Any], loss_p
     if loss_plot:
         parts += ["## Loss curve", f"![loss curve]({layout.LOSS_PLOT})", f"`{loss_plot}`"]
     parts += [
-        "## Lineage", _table([(key, f"`{value}`") for key, value in lineage.items()]),
+        "## Lineage", _table([(key, f"`{value}`") for key, value in lineage.items() if key != "attempts"]),
         "## How to load", f"```python\n{load_snippet(entry)}\n```",
         "## Where", _table([("model", f"`{entry['model_url']}`"), ("checkpoint", f"`{entry['checkpoint_url']}`"),
                             ("registry entry", f"`{entry['url']}`")]),

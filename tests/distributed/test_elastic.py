@@ -9,7 +9,9 @@ give the same losses, and a checkpoint written by N ranks resumes on M ranks ont
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ from torch.testing import assert_close
 
 from config.errors import UserError
 from storage.checkpoints import read_complete, read_universal
-from tests.distributed.harness import Run, Staged, train
+from tasks.loss_curve import read_metrics
+from tests.distributed.harness import Run, Staged, config, train
 from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
 
 pytestmark = pytest.mark.elastic
@@ -108,3 +111,53 @@ def test_another_method_or_stage_is_still_refused(staged: Staged, two_ranks: Run
     with pytest.raises(UserError, match=r"its ZeRO stage 2 \(this run: 3\) differ"):
         train(staged, "elastic-other-stage", [*ELASTIC, "launch.nnodes=2", f"deepspeed.config={ds}",
                                               f"train.resume={ckpt}"])
+
+
+def seconds_from_loss_to_resume(run_dir: Path, stamp: Path) -> float:
+    """From the moment node 2's rank died (its EXIT_STAMP) to the survivors' trainer logging its resume."""
+    line = next(line for line in (run_dir / "nodes" / "0" / "log.txt").read_text().splitlines()
+                if "resumed from step" in line and "now on" in line)
+    logged = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
+    return logged - float(stamp.read_text())
+
+
+def lost_node_pipeline(staged: Staged, name: str, died_at: int, tmp: Path) -> tuple[dict, Path, float]:
+    """The whole pipeline on 3 local nodes with launch.min_nnodes=2, node 2 dying at step `died_at` and failing
+    its preflight on every retry after (the TANDEM_TEST_LOST_NODE hook); returns (summary, run dir, seconds from
+    the loss to training resuming)."""
+    from flows.finetune import finetune
+
+    lost, stamp = tmp / f"{name}-node-2-lost", tmp / f"{name}-died-at"
+    cfg = config(staged, name, [*ELASTIC, f"model.name_or_path={staged.model_path}", "launch.nnodes=3",
+                                "launch.min_nnodes=2", "launch.retries=2", "launch.retry_delay_s=0"])
+    faults = {"TANDEM_TEST_EXIT_AT_STEP": f"2:{died_at}", "TANDEM_TEST_EXIT_ONCE": str(lost),
+              "TANDEM_TEST_EXIT_STAMP": str(stamp), "TANDEM_TEST_LOST_NODE": f"2:{lost}"}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in faults.items():
+            patch.setenv(key, value)
+        summary = finetune(cfg)
+    run_dir = Path(staged.storage) / "runs" / name
+    return summary, run_dir, seconds_from_loss_to_resume(run_dir, stamp)
+
+
+def test_a_node_lost_for_good_the_run_completes_on_the_survivors(prefect_server, staged: Staged, two_ranks: Run,
+                                                                 tmp_path: Path) -> None:
+    """3 nodes, node 2 lost for good at a random step: the retry finds it failing preflight and continues on 2
+    nodes from the newest complete checkpoint, onto the uninterrupted trajectory; the spec.json of the attempt, the
+    registry lineage and the model card record both attempts."""
+    died_at = random.Random().randint(2, 15)
+    summary, run_dir, resume_s = lost_node_pipeline(staged, "elastic-lost-node", died_at, tmp_path)
+    print(f"node 2 lost at step {died_at}: training resumed on the survivors {resume_s:.1f} s later")
+    losses = [r["loss"] for r in read_metrics(str(run_dir)) if "event" not in r]
+    assert_close(losses, two_ranks.losses(), rtol=RTOL, atol=0)
+
+    spec = json.loads((run_dir / "spec.json").read_text())
+    first, second = spec["attempts"]
+    assert (first["nodes"], first["world_size"], first["from_step"]) == ([0, 1, 2], 3, 0)
+    assert (second["nodes"], second["world_size"], second["from_step"]) == ([0, 1], 2, 8 if died_at > 8 else 0)
+    assert second["left_out"] == {"2": "node 2: unreachable (lost)"}
+    assert spec["world_size"] == 2 and spec["config"]["launch"]["nnodes"] == 2
+    entry = json.loads(Path(summary["registry_url"]).read_text())
+    assert entry["lineage"]["attempts"] == spec["attempts"] and entry["lineage"]["world_size"] == 2
+    card = (run_dir / "model_card.md").read_text()
+    assert "attempt 2: nodes 0,1 (2 ranks) from step" in card and "node 2 left out: node 2: unreachable" in card
