@@ -133,6 +133,16 @@ class TrainConfig(Section):
     max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
     epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
     save_steps: int = Field(1000, gt=0, description="Save a checkpoint every N steps (and at the end).")
+    save_every_minutes: float | None = Field(
+        None, gt=0, description="Also save when this many minutes passed since the last save (rank 0's clock, agreed "
+        "by every rank at a step boundary); empty: by steps only. For spot machines, bounds the work a loss costs."
+    )
+    preempt_grace_s: int | None = Field(
+        None, ge=1, le=30, description="On SIGTERM (a spot/preemptible machine's notice, sent to its torchrun agent), "
+        "every rank stops at the next step boundary and saves an emergency checkpoint, which the retry resumes from; "
+        "the save should finish within this many seconds (torchrun kills its ranks 30 s after forwarding the "
+        "signal). Empty: SIGTERM stops without saving (unless launch.checkpoint_on_cancel)."
+    )
     keep_latest_k: int | None = Field(
         None, ge=1, description="Keep only the newest k complete checkpoints; empty: keep all."
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,11 @@ from torch.testing import assert_close
 from config.errors import UserError
 from storage.checkpoints import read_complete, read_universal
 from tasks.loss_curve import read_metrics
-from tests.distributed.harness import Run, Staged, config, train
+from tests.distributed.harness import ELASTIC, Run, Staged, lost_node_pipeline, train
 from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
 
 pytestmark = pytest.mark.elastic
 
-# 16 steps of 12 rows, a checkpoint at 8 and 16. Global batch 12 divides into micro-batches of 2 on 1, 2 and 3 ranks
-# (accumulation 6, 3 and 2).
-ELASTIC = ["train.max_steps=16", "train.save_steps=8", "train.global_batch_size=12", "train.micro_batch_size=2",
-           "train.lora.dropout=0"]
 RTOL = 1e-5
 
 
@@ -111,33 +106,6 @@ def test_another_method_or_stage_is_still_refused(staged: Staged, two_ranks: Run
     with pytest.raises(UserError, match=r"its ZeRO stage 2 \(this run: 3\) differ"):
         train(staged, "elastic-other-stage", [*ELASTIC, "launch.nnodes=2", f"deepspeed.config={ds}",
                                               f"train.resume={ckpt}"])
-
-
-def seconds_from_loss_to_resume(run_dir: Path, stamp: Path) -> float:
-    """From the moment node 2's rank died (its EXIT_STAMP) to the survivors' trainer logging its resume."""
-    line = next(line for line in (run_dir / "nodes" / "0" / "log.txt").read_text().splitlines()
-                if "resumed from step" in line and "now on" in line)
-    logged = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
-    return logged - float(stamp.read_text())
-
-
-def lost_node_pipeline(staged: Staged, name: str, died_at: int, tmp: Path) -> tuple[dict, Path, float]:
-    """The whole pipeline on 3 local nodes with launch.min_nnodes=2, node 2 dying at step `died_at` and failing
-    its preflight on every retry after (the TANDEM_TEST_LOST_NODE hook); returns (summary, run dir, seconds from
-    the loss to training resuming)."""
-    from flows.finetune import finetune
-
-    lost, stamp = tmp / f"{name}-node-2-lost", tmp / f"{name}-died-at"
-    cfg = config(staged, name, [*ELASTIC, f"model.name_or_path={staged.model_path}", "launch.nnodes=3",
-                                "launch.min_nnodes=2", "launch.retries=2", "launch.retry_delay_s=0"])
-    faults = {"TANDEM_TEST_EXIT_AT_STEP": f"2:{died_at}", "TANDEM_TEST_EXIT_ONCE": str(lost),
-              "TANDEM_TEST_EXIT_STAMP": str(stamp), "TANDEM_TEST_LOST_NODE": f"2:{lost}"}
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in faults.items():
-            patch.setenv(key, value)
-        summary = finetune(cfg)
-    run_dir = Path(staged.storage) / "runs" / name
-    return summary, run_dir, seconds_from_loss_to_resume(run_dir, stamp)
 
 
 def test_a_node_lost_for_good_the_run_completes_on_the_survivors(prefect_server, staged: Staged, two_ranks: Run,
