@@ -35,10 +35,12 @@ def batch_problem(global_batch: int, micro: int, world_sizes: list[int]) -> str 
     batches = " or ".join(str(b) for b in (lower, upper) if b > 0)
     micros = [m for m in range(1, global_batch + 1) if all(global_batch % (m * w) == 0 for w in world_sizes)]
     near_micro = min(micros, key=lambda m: (abs(m - micro), m)) if micros else None
-    where = (f"{bad[0]} ranks" if len(world_sizes) == 1 else
-             f"{bad[0]} ranks (world sizes {world_sizes[0]}..{world_sizes[-1]} come from launch.min_nnodes..max_nnodes)")
+    where = f"{bad[0]} ranks"
+    if len(world_sizes) > 1:
+        where += f" (world sizes {world_sizes[0]}..{world_sizes[-1]} come from launch.min_nnodes..max_nnodes)"
     fix = f"nearest valid: train.global_batch_size={batches}"
     if near_micro is not None:
         fix += f", or train.micro_batch_size={near_micro}"
-    return f"train.global_batch_size={global_batch} does not divide into train.micro_batch_size={micro} x {where}; {fix}"
+    return (f"train.global_batch_size={global_batch} does not divide into train.micro_batch_size={micro} x {where}; "
+            f"{fix}")
 

@@ -325,10 +325,13 @@ class FinetuneConfig(Section):
         if not low <= self.launch.nnodes <= high:
             raise ValueError(f"launch.min_nnodes={low} <= launch.nnodes={self.launch.nnodes} <= launch.max_nnodes="
                              f"{high} does not hold; set them in that order")
+        if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend != "local":
+            raise ValueError(f"launch.min_nnodes/max_nnodes: only launch.backend=local picks the surviving nodes so "
+                             f"far, not {self.launch.backend}; leave them empty (every node must come back)")
         if low != high and self.train.global_batch_size is None:
             raise ValueError("launch.min_nnodes/max_nnodes need train.global_batch_size (without it the batch, the "
-                             "schedule and the loss change with the number of nodes); set it, e.g. to "
-                             f"{self.train.micro_batch_size * self.train.gradient_accumulation_steps * self.world_size}")
+                             "schedule and the loss change with the number of nodes); set it, e.g. to today's "
+                             f"{self.global_batch(self.world_size)}")
         if self.train.global_batch_size is not None:
             sizes = [n * self.launch.nproc_per_node for n in range(low, high + 1)]
             problem = batch_problem(self.train.global_batch_size, self.train.micro_batch_size, sizes)

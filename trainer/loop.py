@@ -134,7 +134,7 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     metrics = MetricsWriter(spec.run_url, enabled=dist.is_main, start_step=start)
     run = Run(engine, pad_id, load_split(spec.dataset.url, "train"), metrics,
               StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist), Heartbeat(dist.rank),
-              checkpointer, CancelWatch(spec.config.launch.checkpoint_on_cancel or train_cfg.preempt_grace_s is not None),
+              checkpointer, CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train_cfg.preempt_grace_s)),
               SaveClock(train_cfg.save_every_minutes))
     return run, start
 

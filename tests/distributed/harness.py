@@ -130,9 +130,10 @@ def tool_call_conversations(n: int) -> list[dict]:
 
 
 def seconds_from_loss_to_resume(run_dir: Path, stamp: Path) -> float:
-    """From the moment node 2's rank died (its EXIT_STAMP) to the survivors' trainer logging its resume."""
-    line = next(line for line in (run_dir / "nodes" / "0" / "log.txt").read_text().splitlines()
-                if "resumed from step" in line and "now on" in line)
+    """From the moment node 2's rank died (its EXIT_STAMP) to the survivors' trainer starting its steps (after its
+    resume, when there was a checkpoint to resume from)."""
+    line = [line for line in (run_dir / "nodes" / "0" / "log.txt").read_text().splitlines()
+            if "trainer.loop: training" in line][-1]
     logged = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
     return logged - float(stamp.read_text())
 

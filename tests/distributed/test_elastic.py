@@ -9,16 +9,20 @@ give the same losses, and a checkpoint written by N ranks resumes on M ranks ont
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 import pytest
 from torch.testing import assert_close
 
-from config.errors import UserError
-from storage.checkpoints import read_complete, read_universal
+from config.errors import RetryableError, UserError
+from storage.checkpoints import latest_complete, read_complete, read_universal
 from tasks.loss_curve import read_metrics
+from tests.chaos.runs import run_processes, steps_logged, wait_for
 from tests.distributed.harness import ELASTIC, Run, Staged, lost_node_pipeline, train
 from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
 
@@ -129,3 +133,43 @@ def test_a_node_lost_for_good_the_run_completes_on_the_survivors(prefect_server,
     assert entry["lineage"]["attempts"] == spec["attempts"] and entry["lineage"]["world_size"] == 2
     card = (run_dir / "model_card.md").read_text()
     assert "attempt 2: nodes 0,1 (2 ranks) from step" in card and "node 2 left out: node 2: unreachable" in card
+
+
+def test_a_sigterm_to_one_nodes_agent_saves_an_emergency_checkpoint_and_the_retry_resumes(staged: Staged,
+                                                                                          two_ranks: Run) -> None:
+    """A spot machine's notice: a real SIGTERM to node 1's torchrun agent mid-run. Every rank stops at the next step
+    boundary with an emergency checkpoint of that step, the job ends retryable, and the retry resumes from it onto the
+    uninterrupted trajectory. train.save_every_minutes (0.6 s here) also saved between the step checkpoints."""
+    name, run_dir = "elastic-preempted", Path(staged.storage) / "runs" / "elastic-preempted"
+    overrides = [*ELASTIC, "launch.nnodes=2", "train.preempt_grace_s=25", "train.save_every_minutes=0.01"]
+    failure: list[BaseException] = []
+
+    def first_attempt() -> None:
+        try:  # a slow rank 0 (0.05 s a micro-batch) leaves time to aim at a step; it changes no number
+            train(staged, name, overrides, env={"TANDEM_TEST_SLOW_RANK": "0:0.05"})
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=first_attempt)
+    worker.start()
+    after = random.Random().randint(5, 11)
+    wait_for(lambda: max(steps_logged(run_dir), default=0) >= after or not worker.is_alive(), 180, f"step {after}")
+    agents = [pid for pid, cmd in run_processes(name) if "torch.distributed.run" in cmd and "--node-rank=1" in cmd]
+    assert len(agents) == 1, "node 1's agent not found (training already over?)"
+    os.kill(agents[0], signal.SIGTERM)  # the agent alone: torchrun forwards it to its ranks
+    worker.join(120)
+    assert failure and isinstance(failure[0], RetryableError), failure
+
+    stopped = max(steps_logged(run_dir))
+    assert stopped < 16 and latest_complete(str(run_dir)).step == stopped
+    saved = [r["step"] for r in json_lines(run_dir / "metrics.jsonl") if r.get("event") == "checkpoint"]
+    assert any(step % 8 for step in saved), saved  # by the clock, not by train.save_steps
+    assert "emergency checkpoint complete" in (run_dir / "nodes" / "1" / "log.txt").read_text()
+
+    resumed = train(staged, name, overrides)
+    assert f"resumed from step {stopped} " in (run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert_close(resumed.losses(), two_ranks.losses(), rtol=RTOL, atol=0)
+
+
+def json_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

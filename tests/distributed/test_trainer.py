@@ -94,7 +94,8 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
     target = Path(staged.storage) / "runs" / "reshard-2to1" / "checkpoints" / "step-00000008"
     shutil.copytree(reference.checkpoint(8), target)
     resumed = train(staged, "reshard-2to1", ["launch.nnodes=1", "train.global_batch_size=8"])
-    assert "resumed from step 8 written by 2 ranks, now on 1" in (resumed.run_dir / "nodes" / "0" / "log.txt").read_text()
+    log = (resumed.run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert "resumed from step 8 written by 2 ranks, now on 1" in log
     assert [r["step"] for r in resumed.metrics() if "event" not in r] == [9, 10, 11, 12]
     assert json.loads((resumed.checkpoint(12) / "manifest.json").read_text())["world_size"] == 1
     universal = read_universal(read_complete(str(target)))

@@ -37,6 +37,9 @@ def test_a_global_batch_that_does_not_divide_names_the_values_and_the_nearest_ch
 def test_elastic_nodes_need_a_global_batch_and_an_ordered_range() -> None:
     with pytest.raises(UserError, match="launch.min_nnodes/max_nnodes need train.global_batch_size"):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=2"])
+    with pytest.raises(UserError, match="only launch.backend=local picks the surviving nodes so far, not slurm"):
+        load_config(None, ["launch.nnodes=3", "launch.min_nnodes=2", "train.global_batch_size=24",
+                           "launch.backend=slurm"])
     with pytest.raises(UserError, match="launch.min_nnodes=4 <= launch.nnodes=3"):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=4", "train.global_batch_size=24"])
 
