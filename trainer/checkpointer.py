@@ -82,11 +82,17 @@ class Checkpointer:
             self.io.retain(self.policy.keep_latest_k)
         return True
 
-    def cancelled(self, done: int, since_signal: float | None = None, grace_s: int | None = None) -> None:
+    def cancelled(self, done: int, since_signal: float | None = None, grace_s: int | None = None,
+                  record: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Stopping after `done` steps (SIGTERM): save them unless they are saved already (or nothing ran since
-        resume). `since_signal`: seconds since this rank got the signal; the save is reported against `grace_s`."""
+        resume), `record`ing the checkpoint event with `"reason": "sigterm"`. `since_signal`: seconds since this
+        rank got the signal; the save is reported against `grace_s`."""
         if done > self.start and self.last_saved != done and not self.due(done):
-            self.io.save(done)
+            started = time.perf_counter()
+            size = self.io.save(done)
+            if record is not None:
+                record({"event": "checkpoint", "step": done, "bytes": size, "seconds": time.perf_counter() - started,
+                        "reason": "sigterm"})
         if since_signal is None or grace_s is None:
             log.warning("stopped by SIGTERM after step %d with a complete checkpoint", done)
             return

@@ -146,7 +146,8 @@ def train(spec: Spec, dist: Dist) -> None:
              dist.world_size)
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
-            run.checkpointer.cancelled(step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s)
+            run.checkpointer.cancelled(step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s,
+                                       run.metrics.write)
             raise SystemExit(EXIT_CANCELLED)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()

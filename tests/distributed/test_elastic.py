@@ -162,8 +162,9 @@ def test_a_sigterm_to_one_nodes_agent_saves_an_emergency_checkpoint_and_the_retr
 
     stopped = max(steps_logged(run_dir))
     assert stopped < 16 and latest_complete(str(run_dir)).step == stopped
-    saved = [r["step"] for r in json_lines(run_dir / "metrics.jsonl") if r.get("event") == "checkpoint"]
-    assert any(step % 8 for step in saved), saved  # by the clock, not by train.save_steps
+    saved = {r["step"]: r for r in json_lines(run_dir / "metrics.jsonl") if r.get("event") == "checkpoint"}
+    assert saved[stopped]["reason"] == "sigterm"
+    assert any(step % 8 for step in saved if step < stopped), saved  # by the clock, not by train.save_steps
     assert "emergency checkpoint complete" in (run_dir / "nodes" / "1" / "log.txt").read_text()
 
     resumed = train(staged, name, overrides)
