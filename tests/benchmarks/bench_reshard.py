@@ -37,7 +37,8 @@ def wide_model(tiny: str, out: Path, hidden: int, layers: int) -> str:
 
     config = AutoConfig.from_pretrained(tiny)
     config.update({"hidden_size": hidden, "intermediate_size": hidden * 11 // 4, "num_hidden_layers": layers,
-                   "num_attention_heads": hidden // 64, "num_key_value_heads": 2, "head_dim": 64})
+                   "num_attention_heads": hidden // 64, "num_key_value_heads": 2, "head_dim": 64,
+                   "layer_types": ["full_attention"] * layers, "max_window_layers": layers})
     AutoModelForCausalLM.from_config(config).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(out)
     return str(out)

@@ -65,3 +65,18 @@ def test_an_attempt_takes_the_healthy_nodes_and_refuses_fewer_than_min(tmp_path)
     with pytest.raises(RetryableError, match=r"only 1 of 4 nodes passed preflight .* launch.min_nnodes=2"):
         next_attempt(spec, [first, lost], lambda slot: None if slot == 0 else f"node {slot}: unreachable")
     assert isinstance(first, Attempt)
+
+
+def test_a_checkpoint_of_another_stage_or_method_is_refused_naming_what_differs() -> None:
+    from storage.checkpoints import CompleteCheckpoint
+    from trainer.resume import check_compatible
+
+    ckpt = CompleteCheckpoint("/runs/r/checkpoints/step-00000008", 8, "d",
+                              {"world_size": 2, "zero_stage": 2, "method": "lora"})
+    check_compatible(ckpt, zero_stage=2, method="lora")  # another world size is converted, not refused
+    with pytest.raises(UserError) as info:
+        check_compatible(ckpt, zero_stage=3, method="full")
+    assert str(info.value) == (
+        "/runs/r/checkpoints/step-00000008 cannot resume this run: its ZeRO stage 2 (this run: 3) and train.method "
+        "lora (this run: full) differ; resume with the same DeepSpeed stage and train.method, or set "
+        "train.resume=never to start over")
