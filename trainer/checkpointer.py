@@ -96,14 +96,13 @@ class Checkpointer:
         if since_signal is None or grace_s is None:
             log.warning("stopped by SIGTERM after step %d with a complete checkpoint", done)
             return
-        waited = since_signal
-        if waited > grace_s:
+        if since_signal > grace_s:
             log.warning("stopped by SIGTERM after step %d: its checkpoint completed %.1f s after the signal, past "
                         "train.preempt_grace_s=%d; save more often (train.save_every_minutes) or shorten steps",
-                        done, waited, grace_s)
+                        done, since_signal, grace_s)
         else:
             log.warning("stopped by SIGTERM after step %d: emergency checkpoint complete %.1f s after the signal "
-                        "(train.preempt_grace_s=%d)", done, waited, grace_s)
+                        "(train.preempt_grace_s=%d)", done, since_signal, grace_s)
 
     def finish(self) -> None:
         """Export the last step's model."""
