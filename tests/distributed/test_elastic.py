@@ -81,12 +81,17 @@ def test_two_ranks_resume_on_three_and_three_on_two(staged: Staged, two_ranks: R
     down = resume_elsewhere(staged, three_ranks, "elastic-3to2", ["launch.nnodes=2"])
     assert_close(down.losses(), two_ranks.losses()[8:], rtol=RTOL, atol=0)
 
-    # A second resume of the same checkpoint on another world size reuses the converted form.
-    again = Path(staged.storage) / "runs" / "elastic-3to2"
-    shutil.rmtree(again / "checkpoints" / "step-00000016")
-    (again / "final" / "COMPLETE").unlink()
-    train(staged, "elastic-3to2", [*ELASTIC, "launch.nnodes=1"])
-    assert "reusing the universal form of checkpoint step 8" in (again / "nodes" / "0" / "log.txt").read_text()
+    # A later resume of the same checkpoint on another world size reuses the converted form (in this process, on
+    # one rank without a process group: what every rank of such a resume runs first).
+    import torch
+
+    from trainer.distributed import Dist
+    from trainer.reshard import universal_form
+
+    marker = up.checkpoint(8) / "universal" / "COMPLETE"
+    written_at = marker.stat().st_mtime_ns
+    reused = universal_form(source, Dist(0, 0, 1, 0, "test", torch.device("cpu")), "blake3")
+    assert reused.manifest_digest == universal.manifest_digest and marker.stat().st_mtime_ns == written_at
 
 
 @pytest.mark.parametrize("stage,method", [(3, "lora"), (2, "full"), (3, "full")])
@@ -163,8 +168,9 @@ def test_a_sigterm_to_one_nodes_agent_saves_an_emergency_checkpoint_and_the_retr
     stopped = max(steps_logged(run_dir))
     assert stopped < 16 and latest_complete(str(run_dir)).step == stopped
     saved = {r["step"]: r for r in json_lines(run_dir / "metrics.jsonl") if r.get("event") == "checkpoint"}
-    assert saved[stopped]["reason"] == "sigterm"
-    assert any(step % 8 for step in saved if step < stopped), saved  # by the clock, not by train.save_steps
+    assert stopped in saved  # the emergency save ("reason": "sigterm"), or the clock's when it had just saved
+    clock = [step for step, r in saved.items() if step % 8 and "reason" not in r]
+    assert clock, saved  # train.save_every_minutes saved between train.save_steps
     assert "emergency checkpoint complete" in (run_dir / "nodes" / "1" / "log.txt").read_text()
 
     resumed = train(staged, name, overrides)
