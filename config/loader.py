@@ -15,11 +15,13 @@ from pydantic import ValidationError
 
 from config.errors import UserError
 from config.chat_template import BUILTIN_TEMPLATES
+from config.redact import is_secret_name
 from config.schema import BUILTIN_MODELS, FinetuneConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = PROJECT_ROOT / "config" / "presets"
 DEFAULT_PRESET = "tiny-cpu"
+QUIET_KEYS = ("launch.env", "run.storage_options", "data.storage_options")
 
 
 def preset_path(name_or_path: str) -> Path:
@@ -78,9 +80,14 @@ def format_validation_error(exc: ValidationError, origin: str) -> str:
             allowed = _allowed_keys(section)
             parts.append(f"{key}: unknown key (allowed here: {allowed})")
             continue
+        own = str(err["ctx"]["error"]) if err["type"] == "value_error" else ""
+        if own.startswith(key):  # a check that names the exact key itself (launch.env.HF_TOKEN ...)
+            parts.append(own)
+            continue
         got = err.get("input")
-        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
-        parts.append(f"{key}: {err['msg']}{got_text}")
+        # Never echo what may be a credential: values under launch.env, storage options or a secret-looking name.
+        quiet = isinstance(got, dict) or key.startswith(QUIET_KEYS) or any(is_secret_name(str(p)) for p in err["loc"])
+        parts.append(f"{key}: {err['msg']}" + ("" if quiet else f" (got {got!r})"))
     return f"{origin}: " + "; ".join(parts)
 
 

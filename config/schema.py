@@ -7,10 +7,34 @@ The same model is the Prefect flow's parameter, so the UI form is generated from
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from config.redact import has_url_password, secret_keys
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Where credentials go instead of the config (the config is stored in spec.json, the Prefect database and logs).
+ENV_FIX = ("set it in the environment of the launching process (each node's worker for launch.backend=prefect) and "
+           "name it in launch.forward_env; the config holds names, never credentials")
+STORAGE_FIX = ("give credentials through the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, forwarded to the "
+               "nodes with launch.forward_env) or a profile (AWS_PROFILE, ~/.aws/credentials), never the config")
+
+
+def refuse_secrets(value: object, where: str, fix: str) -> object:
+    """Refuse a mapping with a secret-looking key, naming the key (never its value) and where credentials go."""
+    if isinstance(value, dict) and (found := secret_keys(value, where)):
+        raise ValueError(f"{found[0]} looks like a credential: {fix}")
+    return value
+
+
+def refuse_url_password(value: object, where: str) -> object:
+    """Refuse a URL that carries a password (https://user:password@host/...), naming the key, not the URL."""
+    if isinstance(value, str) and has_url_password(value):
+        raise ValueError(f"{where} has a password in its URL: remove it and {STORAGE_FIX}")
+    return value
 
 from config.batch import accumulation_steps, batch_problem
 
@@ -18,7 +42,9 @@ from config.batch import accumulation_steps, batch_problem
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, values cannot change after load."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a ValidationError's text (what Prefect logs when the UI form's parameters fail the flow's
+    # validation) never quotes the refused value; the loader's own messages choose what to show (config/loader.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class RunConfig(Section):
@@ -36,8 +62,19 @@ class RunConfig(Section):
     )
     storage_options: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra fsspec options for run.storage (e.g. endpoint_url for MinIO).",
+        description="Extra fsspec options for run.storage (e.g. endpoint_url for MinIO); credentials come from the "
+        "AWS environment or profile, never from here.",
     )
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _no_credentials(cls, value: object) -> object:
+        return refuse_secrets(value, "run.storage_options", STORAGE_FIX)
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _no_url_password(cls, value: object) -> object:
+        return refuse_url_password(value, "run.storage")
 
 
 class DataConfig(Section):
@@ -82,8 +119,18 @@ class DataConfig(Section):
     storage_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="Extra fsspec options for reading data.source and data.eval_source (e.g. endpoint_url, anon); "
-        "credentials otherwise come from the AWS environment or profile.",
+        "credentials come from the AWS environment or profile, never from here.",
     )
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _no_credentials(cls, value: object) -> object:
+        return refuse_secrets(value, "data.storage_options", STORAGE_FIX)
+
+    @field_validator("source", "eval_source", mode="before")
+    @classmethod
+    def _no_url_password(cls, value: object, info: ValidationInfo) -> object:
+        return refuse_url_password(value, f"data.{info.field_name}")
 
     @model_validator(mode="after")
     def _shard_fits(self) -> DataConfig:
@@ -236,7 +283,37 @@ class LaunchConfig(Section):
         600, gt=0, description="Stop the job when no optimizer step completes for this many seconds (a step "
         "that saves a checkpoint includes the save: keep it above the longest save)."
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every rank (NCCL_*, GLOO_*).")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment for every rank (NCCL_*, GLOO_*), stored with the run; "
+        "no credentials (see forward_env)."
+    )
+    forward_env: list[str] = Field(
+        default_factory=list, description="Names of environment variables (credentials: HF_TOKEN, "
+        "AWS_SECRET_ACCESS_KEY, ...) every node's agent and ranks get from the environment that starts the node; "
+        "values never enter the config. Preflight fails on a node where one is not set."
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _no_credentials(cls, value: object) -> object:
+        return refuse_secrets(value, "launch.env", ENV_FIX)
+
+    @field_validator("forward_env")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        bad = [name for name in names if not re.match(ENV_NAME, name)]
+        if bad:
+            raise ValueError(f"launch.forward_env: {bad[0]!r} is not an environment variable name (letters, digits, "
+                             "_; not starting with a digit)")
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"launch.forward_env: {twice[0]} is listed twice")
+        return names
+
+    @model_validator(mode="after")
+    def _env_or_forwarded(self) -> LaunchConfig:
+        if both := sorted(set(self.env) & set(self.forward_env)):
+            raise ValueError(f"launch.env.{both[0]} is also in launch.forward_env; keep it in one place")
+        return self
 
 
 class EvalConfig(Section):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from config.errors import TandemError
 from config.loader import DEFAULT_PRESET, check_paths
+from config.redact import install_log_masking, mask_text
 from config.schema import FinetuneConfig
 from storage.fs import set_storage_options
 
@@ -18,6 +19,7 @@ def enter(config: FinetuneConfig) -> FinetuneConfig:
     """The flow boundary, passed once per run: the config's local paths made absolute and checked (a config from
     the UI form has not been through the loader), and run.storage's fsspec options given to the storage layer."""
     cfg = check_paths(config)
+    install_log_masking(cfg.launch.forward_env)  # Prefect's handlers exist by now, the run logger's included
     set_storage_options(cfg.run.storage, cfg.run.storage_options)
     return cfg
 
@@ -64,10 +66,11 @@ def hide_user_errors_on_console() -> None:
 def run_cli(body: Callable[[], int]) -> int:
     """Run `body`; a TandemError becomes one line on stderr and its exit code, not a traceback."""
     hide_user_errors_on_console()
+    install_log_masking()
     try:
         return body()
     except TandemError as exc:
-        first_line, _, rest = str(exc).partition("\n")
+        first_line, _, rest = mask_text(str(exc)).partition("\n")
         print(f"error: {first_line}", file=sys.stderr)
         if rest:
             print(rest, file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from config.errors import UserError
+from config.redact import install_log_masking
 from flows.cli import run_cli
 from launch.command import DEFAULT_MASTER_PORT, MODULES
 from launch.node import run_node
@@ -36,6 +37,7 @@ def node_job(spec_url: str, phase: str, model_url: str | None, expected_spec_dig
     """This node's part of a phase: spec.json read back (and its storage options applied) for a node process."""
     use_environment_options()  # a node started by a launcher that handed options down
     spec, digest = load_spec(spec_url)
+    install_log_masking(spec.config.launch.forward_env)
     set_storage_options(spec.config.run.storage, spec.config.run.storage_options)
     # Preflight checks the bytes this node reads against the digest the pipeline recorded, when it sent one.
     return PhaseJob(WrittenSpec(spec, spec_url, expected_spec_digest or digest), phase, model_url)

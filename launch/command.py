@@ -9,6 +9,7 @@ import sys
 
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
+from launch.forward import forward_env
 from launch.preflight import NodePlan
 from storage import layout
 from storage.fs import is_local, local_path, options_environment
@@ -42,9 +43,13 @@ def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[
 
 
 def rank_environment(launch: LaunchConfig) -> dict[str, str]:
-    """Environment for every rank: one thread per rank on CPU, a per-checkout extension cache, the storage
-    options this process was given, and launch.env."""
+    """Environment for every rank: this node's own (launch.forward_env's credentials included, see
+    launch/forward.py), one thread per rank on CPU, a per-checkout extension cache, the storage options this
+    process was given, and launch.env."""
     env = dict(os.environ)
+    # The local and prefect channels of launch.forward_env: this process's environment (a no-op here, kept so
+    # that every backend's forwarded values come from the one function, launch/forward.py).
+    env.update(forward_env(launch))
     env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))

@@ -4,7 +4,8 @@ guide, checked instead of debugged).
 
 Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
 port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified,
-storage writable, and the NCCL/GLOO environment applied (echoed).
+storage writable, the NCCL/GLOO environment applied (echoed), and each launch.forward_env name set on this
+node (reported "set"/"missing", never its value).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from config.errors import RetryableError, UserError
 from storage.manifest import verify_dataset
 from storage.spec import Spec
 from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
+from config.redact import mask_text
 from config.version import code_version
+from launch.forward import check_forwarded
 
 CONNECT_RETRY_S = 0.5
 
@@ -168,9 +171,10 @@ def check_storage_writable(spec: Spec, plan: NodePlan) -> str:
 
 
 def check_env(spec: Spec, plan: NodePlan) -> str:
-    """The launch.env entries every rank will get (NCCL_SOCKET_IFNAME, ...), echoed."""
+    """The launch.env entries every rank will get (NCCL_SOCKET_IFNAME, ...), echoed (secret-looking values masked,
+    though the config refuses them)."""
     env = spec.config.launch.env
-    return ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(launch.env empty)"
+    return mask_text(", ".join(f"{k}={v}" for k, v in sorted(env.items()))) or "(launch.env empty)"
 
 
 def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_digest: str | None,
@@ -187,13 +191,15 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
         ("environment", lambda: check_env(spec, plan)),
+        ("forwarded environment", lambda: check_forwarded(spec.config.launch, plan.node_rank, socket.gethostname())),
     ]
     report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
     for name, check in checks:
         report["checks"][name] = check()
     write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), "preflight.json"), report)
+    shown = ("gpus", "dataset", "environment", "forwarded environment", "master port")
     info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
-        f"{k}: {v}" for k, v in report["checks"].items() if k in ("gpus", "dataset", "environment", "master port")))
+        f"{k}: {v}" for k, v in report["checks"].items() if k in shown))
     return report
 
 

@@ -16,6 +16,7 @@ import time
 
 from config.errors import RetryableError, UserError
 from config.loader import PROJECT_ROOT
+from config.schema import LaunchConfig
 from launch.command import DEFAULT_MASTER_PORT
 from launch.diagnose import error_for, tail
 from launch.phase import Info, OnProgress, PhaseJob
@@ -68,9 +69,16 @@ def run(command: list[str]) -> str:
     return done.stdout
 
 
-def submit(script_path: str) -> str:
+def sbatch_command(script_path: str, launch: LaunchConfig) -> list[str]:
+    """The sbatch line. launch.forward_env's values travel in the job environment (this process's, exported with
+    --export=ALL unless launch.slurm_args chooses an --export itself), never in the script on shared storage."""
+    own = any(arg.startswith("--export") for arg in launch.slurm_args)
+    return ["sbatch", "--parsable", *(["--export=ALL"] if launch.forward_env and not own else []), script_path]
+
+
+def submit(script_path: str, launch: LaunchConfig) -> str:
     """sbatch --parsable: the job id."""
-    return run(["sbatch", "--parsable", script_path]).strip().split(";")[0]
+    return run(sbatch_command(script_path, launch)).strip().split(";")[0]
 
 
 def job_state(job_id: str) -> tuple[str, str]:
@@ -107,7 +115,7 @@ def run_slurm_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = 
     output = local_path(join(jobs_dir, f"{phase}-%j.out"))
     with open(script, "w") as handle:
         handle.write(render_sbatch(job, output=output))
-    job_id = submit(script)
+    job_id = submit(script, spec.config.launch)
     info(f"{phase}: SLURM job {job_id} submitted ({spec.config.launch.nnodes} nodes, script {script})")
     finished = False
     try:

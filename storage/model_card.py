@@ -10,6 +10,7 @@ from typing import Any
 
 from storage import layout
 from config.chat_template import template_digest
+from config.redact import mask_text
 from config.deepspeed import zero_stage
 from storage.spec import Spec
 
@@ -94,4 +95,5 @@ def model_card(spec: Spec, entry: dict[str, Any], splits: dict[str, Any], loss_p
         "## Where", _table([("model", f"`{entry['model_url']}`"), ("checkpoint", f"`{entry['checkpoint_url']}`"),
                             ("registry entry", f"`{entry['url']}`")]),
     ]
-    return "\n\n".join(parts) + "\n"
+    # A source URL or path may carry a password (https://user:pass@host/...): the card is published and kept.
+    return mask_text("\n\n".join(parts) + "\n")

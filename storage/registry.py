@@ -18,6 +18,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from config.redact import redact
 from storage import layout
 from storage.digest import digest_bytes
 from config.errors import UserError
@@ -94,7 +95,9 @@ def read_entry(storage: str, model: str, version: int) -> dict[str, Any]:
 
 
 def register_version(storage: str, model: str, entry: dict[str, Any]) -> tuple[int, str]:
-    """Write `entry` as the next free version; returns (version, URL)."""
+    """Write `entry` as the next free version (secret-looking values masked: a registry entry is kept forever and
+    read by everyone who can read the registry); returns (version, URL)."""
+    entry = redact(entry)
     version = (versions(storage, model) or [0])[-1] + 1
     for _ in range(MAX_CLAIM_ATTEMPTS):
         url = entry_url(storage, model, version)

@@ -11,6 +11,7 @@ import re
 from prefect import get_run_logger
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
 
+from config.redact import redact
 from storage.spec import Spec
 from tasks.register import Registration
 from storage.fs import is_local, local_path
@@ -44,8 +45,9 @@ def record_model_asset(spec: Spec, registered: Registration) -> str:
 
     @materialize(model, asset_deps=[dataset], name="materialize-model", by="tandem")
     def materialize_model() -> str:
-        add_asset_metadata(model, {"version": registered.version, "registry_url": registered.url,
-                                   "metrics": registered.entry["metrics"], "lineage": registered.entry["lineage"]})
+        entry = registered.entry
+        add_asset_metadata(model, redact({"version": registered.version, "registry_url": registered.url,
+                                          "metrics": entry["metrics"], "lineage": entry["lineage"]}))
         get_run_logger().info("asset %s materialized from %s", model.key, dataset.key)
         return model.key
 

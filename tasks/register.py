@@ -14,6 +14,7 @@ from storage.checkpoints import CompleteCheckpoint
 from storage.manifest import read_manifest
 from storage.spec import Spec, WrittenSpec
 from storage.fs import is_local, join, local_path, write_bytes_atomic
+from config.redact import mask_text, redact
 from config.version import code_version
 from storage.gate import check_gate, ranking
 from storage.model_card import model_card
@@ -79,7 +80,7 @@ def register_model(written: WrittenSpec, checkpoint: CompleteCheckpoint, model_u
     model, storage = spec.config.register.model_name, spec.config.run.storage
     create_table_artifact(
         key="eval-metrics",
-        table=[{"metric": key, "value": metrics[key]} for key in METRIC_KEYS],
+        table=redact([{"metric": key, "value": metrics[key]} for key in METRIC_KEYS]),
         description=f"{model}, run {spec.run_id}: eval metrics (all-reduced over {metrics['world_size']} ranks)",
     )
     gate = check_gate(spec.config.register.gate, metrics, storage, model)
@@ -93,8 +94,8 @@ def register_model(written: WrittenSpec, checkpoint: CompleteCheckpoint, model_u
     logger.info("registered %s v%04d at %s (%s)%s", model, version, url, gate.message,
                 f"; champion by {metric}" if is_champion else "")
     publish_model_card(spec, storage, model, version, url, loss_plot)
-    create_link_artifact(key="model", link=browser_link(model_url), link_text=f"{model} v{version:04d}",
-                         description=f"the registered model ({entry['method']}); registry entry {url}")
+    create_link_artifact(key="model", link=mask_text(browser_link(model_url)), link_text=f"{model} v{version:04d}",
+                         description=mask_text(f"the registered model ({entry['method']}); registry entry {url}"))
     message = f"{model} v{version:04d}" + (" (champion)" if is_champion else "")
     return Registration(True, message, version, url, is_champion, entry)
 
@@ -106,3 +107,4 @@ def publish_model_card(spec: Spec, storage: str, model: str, version: int, url: 
     card = model_card(spec, doc, splits, loss_plot)
     write_bytes_atomic(join(spec.run_url, layout.MODEL_CARD), card.encode())
     create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")
+    # (model_card masks the card itself; the registry entry it is built from was masked when written)

@@ -69,14 +69,18 @@ def client_env(api_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_prefect_server(home: Path, logs: Path, port: int) -> tuple[PrefectServer, subprocess.Popen]:
-    """`prefect server start` on 127.0.0.1:port with its database under `home`; returns once it is healthy."""
+def start_prefect_server(home: Path, logs: Path, port: int,
+                         auth: str | None = None) -> tuple[PrefectServer, subprocess.Popen]:
+    """`prefect server start` on 127.0.0.1:port with its database under `home`; returns once it is healthy. With
+    `auth` ("user:password"), the server requires it (Prefect's basic auth) and the returned client env carries it."""
     logs.mkdir(parents=True, exist_ok=True)
     api_url = f"http://127.0.0.1:{port}/api"
     # PREFECT_UI_API_URL: without it the UI asks the default port (4200) for its API.
-    env = client_env(api_url, PREFECT_HOME=str(home), PREFECT_UI_API_URL=api_url)
+    env = client_env(api_url, PREFECT_HOME=str(home), PREFECT_UI_API_URL=api_url,
+                     **({"PREFECT_API_AUTH_STRING": auth} if auth else {}))
+    server_env = {**env, "PREFECT_SERVER_API_AUTH_STRING": auth} if auth else env
     process = spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                    env, logs / "server.log")
+                    server_env, logs / "server.log")
     try:
         wait_healthy(api_url, process, logs / "server.log")
     except BaseException:

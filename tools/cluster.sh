@@ -5,12 +5,18 @@
 #   bash tools/cluster.sh up        (make cluster-up)     start what is not running, deploy prefect.yaml
 #   bash tools/cluster.sh status    (make cluster-status)
 #   bash tools/cluster.sh down      (make cluster-down)   stop everything it started
+#   eval "$(bash tools/cluster.sh env)"                   make this shell a client of the cluster
 #
 #   PostgreSQL   Prefect's database             127.0.0.1:$TANDEM_PG_PORT      (default 54320)
 #   Prefect      API + UI                       127.0.0.1:$TANDEM_PREFECT_PORT (default 4200)
 #   S3 (moto)    object store, bucket "tandem"  127.0.0.1:$TANDEM_S3_PORT      (default 9000)
 #   workers      one per simulated node (pool tandem-nodes, queue node-<rank>) + one for the pipeline
 #                (pool tandem-pipeline); $TANDEM_NODES nodes (default 2)
+#
+# Bound beyond loopback (TANDEM_CLUSTER_HOST=10.0.0.5), the Prefect API, which starts code on the workers, requires
+# a password: Prefect's basic auth, PREFECT_SERVER_API_AUTH_STRING on the server and PREFECT_API_AUTH_STRING on every
+# client and worker. The string is yours (PREFECT_API_AUTH_STRING set when running `up`) or generated into
+# .tandem/cluster/prefect-auth, readable only by its owner. Prefect's events websocket is not covered by it.
 #
 # State, pid files and logs live in .tandem/cluster/ ($TANDEM_CLUSTER_DIR; PostgreSQL's data survives a restart:
 # `down` keeps it, `make clean` removes it). Running `up` twice starts nothing twice. On a real cluster the same pieces run on
@@ -39,6 +45,33 @@ export AWS_ENDPOINT_URL=$S3_URL AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-tandem} \
     AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-tandem} AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
 
 die() { echo "cluster: $*" >&2; exit 2; }
+is_loopback() { [[ $1 == 127.* || $1 == localhost || $1 == ::1 ]]; }
+
+# The API's auth string (see the top): the user's PREFECT_API_AUTH_STRING, else off loopback one generated once into
+# $AUTH_FILE (mode 600); on loopback without one, none. Exported for the server and every process started here.
+AUTH_FILE=$STATE/prefect-auth
+auth_setup() {
+    if [[ -z ${PREFECT_API_AUTH_STRING:-} ]]; then
+        is_loopback "$HOST" && return 0
+        if [[ ! -s $AUTH_FILE ]]; then
+            mkdir -p "$STATE"
+            (umask 077; echo "tandem:$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" >"$AUTH_FILE")
+        fi
+        chmod 600 "$AUTH_FILE"
+        PREFECT_API_AUTH_STRING=$(cat "$AUTH_FILE")
+    fi
+    export PREFECT_API_AUTH_STRING PREFECT_SERVER_API_AUTH_STRING=$PREFECT_API_AUTH_STRING
+}
+
+# How a client shell gets the auth string, without printing it.
+auth_hint() {
+    if [[ -z ${PREFECT_API_AUTH_STRING:-} ]]; then return 0; fi
+    if [[ -s $AUTH_FILE && $(cat "$AUTH_FILE") == "$PREFECT_API_AUTH_STRING" ]]; then
+        echo "export PREFECT_API_AUTH_STRING=\"\$(cat $AUTH_FILE)\""
+    else
+        echo "export PREFECT_API_AUTH_STRING=...   # the string you gave when starting the cluster"
+    fi
+}
 alive() { [[ -f $STATE/$1.pid ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
 # Start "$@" in its own process group (set -m), immune to the shell's hangup, logging to $STATE/$name.log.
@@ -108,6 +141,12 @@ postgres_up() {
             --auth-host=scram-sha-256 -E UTF8 >"$STATE/postgres-init.log" 2>&1 \
             || die "initdb failed; see .tandem/cluster/postgres-init.log"
     fi
+    # initdb lets TCP clients in from loopback only; bound beyond it, the server connects from $HOST (this machine).
+    local hba="host all prefect $HOST/32 scram-sha-256"
+    if ! is_loopback "$HOST" && ! grep -qxF "$hba" "$data/pg_hba.conf"; then
+        echo "$hba" >>"$data/pg_hba.conf"
+        as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1 && as_pg "$bin/pg_ctl" -D "$data" reload >/dev/null
+    fi
     if as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
         echo "cluster: postgres already running"
     else
@@ -163,6 +202,7 @@ usage() {
 
 Prefect UI     http://$HOST:$PREFECT_PORT  (Deployments > finetune/manual > Run > Custom run: the config form)
 API            export PREFECT_API_URL=$API_URL
+$(if [[ -n ${PREFECT_API_AUTH_STRING:-} ]]; then echo "API auth       $(auth_hint)   (user:password for the UI)"; fi)
 S3 endpoint    export AWS_ENDPOINT_URL=$S3_URL AWS_ACCESS_KEY_ID=tandem AWS_SECRET_ACCESS_KEY=tandem AWS_DEFAULT_REGION=us-east-1
                bucket s3://$BUCKET
 Run the pipeline through finetune/manual, storing on the S3 endpoint and training through the node workers:
@@ -190,6 +230,9 @@ case ${1:-} in
         [[ -x $PY ]] || die ".venv missing: run make setup first"
         [[ $NODES =~ ^[1-9][0-9]*$ ]] || die "TANDEM_NODES must be a positive integer, got '$NODES'"
         mkdir -p "$STATE"
+        auth_setup
+        is_loopback "$HOST" || echo "cluster: bound to $HOST: the Prefect API requires its auth string; the S3" \
+            "endpoint (moto) accepts any credentials, so keep $HOST on a trusted network"
         postgres_up
         s3_up
         prefect_up
@@ -203,5 +246,10 @@ case ${1:-} in
         postgres_down
         ;;
     status) status ;;
-    *) die "usage: bash tools/cluster.sh up|down|status" ;;
+    env)
+        auth_setup
+        echo "export PREFECT_API_URL=$API_URL"
+        auth_hint
+        ;;
+    *) die "usage: bash tools/cluster.sh up|down|status|env" ;;
 esac

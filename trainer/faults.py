@@ -19,6 +19,9 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_OOM_AT_STEP=RANK:STEP    raise the out-of-memory error a GPU raises, on rank RANK in step STEP
     TANDEM_TEST_LATE_EXPORT=RANK:SECONDS sleep SECONDS on global rank RANK before it joins the final export (a rank
                                          that gets there after rank 0 has published final/)
+    TANDEM_TEST_ENV_DIGEST=NAME          every rank writes the sha256 of its environment variable NAME (not the value;
+                                         "missing" when unset) to {run}/nodes/{node}/env-digest-rank-{rank}.txt, so
+                                         that a test proves a forwarded credential reached the ranks without storing it
 """
 
 from __future__ import annotations
@@ -68,6 +71,20 @@ def _die() -> None:
         with open(stamp, "w") as handle:
             handle.write(f"{time.time():.3f}\n")
     os._exit(137)
+
+
+def maybe_record_env_digest(run_url: str, node_rank: int, rank: int) -> None:
+    """Write the digest of the environment variable TANDEM_TEST_ENV_DIGEST names, if set, to the node's directory."""
+    name = os.environ.get("TANDEM_TEST_ENV_DIGEST")
+    if not name:
+        return
+    from storage import layout
+    from storage.digest import digest_bytes
+    from storage.fs import join, write_bytes_atomic
+
+    value = os.environ.get(name)
+    digest = digest_bytes(value.encode(), "sha256") if value else "missing"
+    write_bytes_atomic(join(layout.node_dir(run_url, node_rank), f"env-digest-rank-{rank:05d}.txt"), digest.encode())
 
 
 def maybe_exit(rank: int, step: int) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from config.errors import TandemError
 from config.rank_log import ERROR_LOGGER
+from config.redact import install_log_masking
 from storage.fs import use_environment_options
 from storage.spec import Spec, load_spec
 from trainer.distributed import Dist
@@ -18,7 +19,7 @@ from trainer.distributed import Dist
 
 def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_backend: bool) -> int:
     """Run `body(spec, dist)` on this rank; returns the process exit code (0, or the error's)."""
-    from trainer import distributed
+    from trainer import distributed, faults
     from trainer.logging_setup import configure
     from trainer.lean_imports import skip_quantization_unless_qlora
 
@@ -28,6 +29,8 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
         skip_quantization_unless_qlora(spec.config.train.method)
         dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=spec.config.launch.collective_timeout)
         configure(dist)
+        install_log_masking(spec.config.launch.forward_env)
+        faults.maybe_record_env_digest(spec.run_url, dist.node_rank, dist.rank)
         body(spec, dist)
     except TandemError as exc:
         logging.getLogger(ERROR_LOGGER).error("%s", exc)

