@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from config.batch import accumulation_steps
 from config.errors import UserError
 from config.schema import TrainConfig
 
@@ -43,10 +44,12 @@ def _set_auto(section: dict[str, Any], key: str, value: Any) -> None:
 def resolve_from_train(ds: dict[str, Any], train: TrainConfig, world_size: int) -> dict[str, Any]:
     """Fill the `"auto"` values that come from `train` and the world size; check explicit ones agree."""
     out = copy.deepcopy(ds)
+    accumulation = accumulation_steps(train.global_batch_size, train.micro_batch_size,
+                                      train.gradient_accumulation_steps, world_size)
     wanted = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
-        "gradient_accumulation_steps": train.gradient_accumulation_steps,
-        "train_batch_size": train.micro_batch_size * train.gradient_accumulation_steps * world_size,
+        "gradient_accumulation_steps": accumulation,
+        "train_batch_size": train.micro_batch_size * accumulation * world_size,
     }
     for key, value in wanted.items():
         if key not in out or out[key] == AUTO:
@@ -54,7 +57,7 @@ def resolve_from_train(ds: dict[str, Any], train: TrainConfig, world_size: int) 
         elif out[key] != value:
             raise UserError(
                 f"deepspeed.config sets {key}={out[key]} but train gives {value}; "
-                f'set it to "auto" or change train.micro_batch_size/gradient_accumulation_steps'
+                f'set it to "auto" or change train.micro_batch_size/gradient_accumulation_steps/global_batch_size'
             )
     _set_auto(out, "gradient_clipping", train.max_grad_norm)
     out.setdefault("gradient_clipping", train.max_grad_norm)

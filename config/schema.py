@@ -37,6 +37,8 @@ def refuse_url_password(value: object, where: str) -> object:
         raise ValueError(f"{where} has a password in its URL: remove it and {STORAGE_FIX}")
     return value
 
+from config.batch import accumulation_steps, batch_problem
+
 
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, values cannot change after load."""
@@ -179,6 +181,16 @@ class TrainConfig(Section):
     max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
     epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
     save_steps: int = Field(1000, gt=0, description="Save a checkpoint every N steps (and at the end).")
+    save_every_minutes: float | None = Field(
+        None, gt=0, description="Also save when this many minutes passed since the last save (rank 0's clock, agreed "
+        "by every rank at a step boundary); empty: by steps only. For spot machines, bounds the work a loss costs."
+    )
+    preempt_grace_s: int | None = Field(
+        None, ge=1, le=30, description="On SIGTERM (a spot/preemptible machine's notice, sent to its torchrun agent), "
+        "every rank stops at the next step boundary and saves an emergency checkpoint, which the retry resumes from; "
+        "the save should finish within this many seconds (torchrun kills its ranks 30 s after forwarding the "
+        "signal). Empty: SIGTERM stops without saving (unless launch.checkpoint_on_cancel)."
+    )
     keep_latest_k: int | None = Field(
         None, ge=1, description="Keep only the newest k complete checkpoints; empty: keep all."
     )
@@ -194,7 +206,14 @@ class TrainConfig(Section):
         1.5, gt=1.0, description="Warn when the slowest rank's step time exceeds the median by this factor."
     )
     micro_batch_size: int = Field(2, gt=0, description="Examples per rank per forward pass.")
-    gradient_accumulation_steps: int = Field(8, gt=0, description="Micro-batches per optimizer step.")
+    gradient_accumulation_steps: int = Field(
+        8, gt=0, description="Micro-batches per rank per optimizer step; not used when train.global_batch_size is set."
+    )
+    global_batch_size: int | None = Field(
+        None, gt=0, description="Rows per optimizer step across all ranks (packed rows when packing is on). When set, "
+        "gradient accumulation is derived (global / (micro_batch_size x world size)), so the steps, the learning-rate "
+        "schedule and the loss are the same on any number of nodes; needed to continue on fewer or more nodes."
+    )
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
     adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
     adam_beta2: float = Field(0.95, gt=0.0, lt=1.0, description="AdamW beta2.")
@@ -230,6 +249,15 @@ class LaunchConfig(Section):
         default_factory=list, description="slurm backend: extra #SBATCH options, e.g. --partition=gpu, --time=24:00:00."
     )
     nnodes: int = Field(2, gt=0, le=1024, description="Number of nodes.")
+    min_nnodes: int | None = Field(
+        None, gt=0, le=1024, description="A retry after a lost node continues on the nodes that pass preflight when "
+        "at least this many do (from the newest complete checkpoint, same train.global_batch_size); empty: "
+        "launch.nnodes (every node must come back)."
+    )
+    max_nnodes: int | None = Field(
+        None, gt=0, le=1024, description="Upper bound of the nodes a retry may use (local backend: nodes it may add "
+        "when more hosts are free); empty: launch.nnodes."
+    )
     nproc_per_node: int = Field(1, gt=0, le=64, description="Ranks per node (GPUs per node).")
     hosts: list[str] = Field(
         default_factory=list, description="ssh backend: the nodes, node 0 first: host, user@host or host:port "
@@ -457,8 +485,44 @@ class FinetuneConfig(Section):
             raise ValueError("launch.retries needs train.resume=auto (a retry continues from the newest checkpoint)")
         return self
 
+    @model_validator(mode="after")
+    def _elastic_batch(self) -> FinetuneConfig:
+        low, high = self.node_range
+        if not low <= self.launch.nnodes <= high:
+            raise ValueError(f"launch.min_nnodes={low} <= launch.nnodes={self.launch.nnodes} <= launch.max_nnodes="
+                             f"{high} does not hold; set them in that order")
+        if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend != "local":
+            raise ValueError(f"launch.min_nnodes/max_nnodes: only launch.backend=local picks the surviving nodes so "
+                             f"far, not {self.launch.backend}; leave them empty (every node must come back)")
+        if low != high and self.train.global_batch_size is None:
+            raise ValueError("launch.min_nnodes/max_nnodes need train.global_batch_size (without it the batch, the "
+                             "schedule and the loss change with the number of nodes); set it, e.g. to today's "
+                             f"{self.global_batch(self.world_size)}")
+        if self.train.global_batch_size is not None:
+            sizes = [n * self.launch.nproc_per_node for n in range(low, high + 1)]
+            problem = batch_problem(self.train.global_batch_size, self.train.micro_batch_size, sizes)
+            if problem:
+                raise ValueError(problem)
+        return self
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(launch.min_nnodes, launch.max_nnodes) with their defaults: the node counts a launch may use."""
+        return self.launch.min_nnodes or self.launch.nnodes, self.launch.max_nnodes or self.launch.nnodes
+
     @property
     def world_size(self) -> int:
         """Total ranks across all nodes."""
         return self.launch.nnodes * self.launch.nproc_per_node
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-batches per rank per optimizer step on `world_size` ranks (derived from train.global_batch_size
+        when it is set)."""
+        train = self.train
+        return accumulation_steps(train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps,
+                                  world_size)
+
+    def global_batch(self, world_size: int) -> int:
+        """Rows per optimizer step on `world_size` ranks."""
+        return self.train.micro_batch_size * self.accumulation_steps(world_size) * world_size
 

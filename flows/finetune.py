@@ -56,8 +56,9 @@ def pipeline(cfg: FinetuneConfig, run_id: str) -> Any:
     """The steps of a run whose lock this flow holds."""
     model_path, dataset = stage_inputs(cfg)
     written = write_run_spec(cfg, run_id, model_path, dataset)
+    # An elastic run may finish training on other nodes than it started on: the rest follows the last attempt.
+    written = train_with_retries(written.spec)(written)
     spec = written.spec
-    train_with_retries(spec)(written)
     checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
     model_url = layout.final_dir(spec.run_url)
     evaluated = checkpoint.url if cfg.eval.model == "checkpoint" else model_url

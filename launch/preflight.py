@@ -216,6 +216,31 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
     return report
 
 
+def check_present(slot: int) -> str:
+    """The node in this slot is there. Test hook TANDEM_TEST_LOST_NODE=SLOT:PATH: slot SLOT is gone for good once
+    PATH exists (paired with TANDEM_TEST_EXIT_ONCE=PATH, which creates PATH when the node's rank dies), so every
+    retry finds it unreachable, as a spot machine that was taken back."""
+    hook = os.environ.get("TANDEM_TEST_LOST_NODE", "")
+    lost, _, marker = hook.partition(":")
+    if hook and int(lost) == slot and os.path.exists(marker):
+        raise RetryableError(f"node {slot}: unreachable (lost)")
+    return "present"
+
+
+def probe_node(spec: Spec, slot: int) -> str | None:
+    """The node-local checks of preflight for the node in `slot` (present, code, GPUs, storage), before an elastic
+    run picks its nodes: the first problem in one line, or None. The rendezvous checks follow in run_preflight."""
+    plan = NodePlan(slot, slot + 1, spec.config.launch.nproc_per_node, spec.config.launch.master_addr, 0)
+    try:
+        check_present(slot)
+        check_code(spec, plan)
+        check_gpus(plan)
+        check_storage_writable(spec, plan)
+    except (UserError, RetryableError) as exc:
+        return str(exc)
+    return None
+
+
 def plan_environment(plan: NodePlan) -> dict[str, str]:
     """Qwen-style variables describing the node, for logs and scripts the user runs under us."""
     return {"NNODES": str(plan.nnodes), "NODE_RANK": str(plan.node_rank), "MASTER_ADDR": plan.master_addr,

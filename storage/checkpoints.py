@@ -39,14 +39,14 @@ def step_of(name: str) -> int | None:
     return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
 
 
-def inspect(url: str) -> CompleteCheckpoint | str:
+def inspect(url: str, schema: str = layout.CHECKPOINT_SCHEMA) -> CompleteCheckpoint | str:
     """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size; otherwise
-    why not, in one line naming the file."""
+    why not, in one line naming the file. `schema`: the manifest's (a universal form's has its own)."""
     complete, manifest_url = join(url, layout.COMPLETE), join(url, layout.MANIFEST)
     if not exists(complete):
         return f"{complete}: missing (the save did not finish)"
     try:
-        manifest, digest = read_manifest(url, layout.CHECKPOINT_SCHEMA)
+        manifest, digest = read_manifest(url, schema)
         recorded = read_bytes(complete).decode(errors="replace").strip()
         if recorded != digest:
             return (f"{manifest_url}: digest {digest} is not the {recorded!r} that {complete} records; the "
@@ -117,6 +117,24 @@ def model_manifest(step: int, algorithm: str, files: list[dict[str, Any]]) -> di
     """A tandem.model/1 document: the files of an exported model, by path."""
     return {"schema": layout.MODEL_SCHEMA, "step": step, "digest_algorithm": algorithm,
             "files": sorted(files, key=lambda f: f["path"])}
+
+
+def universal_manifest(source: CompleteCheckpoint, algorithm: str, files: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tandem.universal/1 document: the files of a checkpoint's universal form and the checkpoint it came from
+    (its step, world size, ZeRO stage, method and manifest digest)."""
+    return {"schema": layout.UNIVERSAL_SCHEMA, "step": source.step, "source_world_size": source.manifest["world_size"],
+            "source_manifest_digest": source.manifest_digest, "zero_stage": source.manifest["zero_stage"],
+            "method": source.manifest["method"], "digest_algorithm": algorithm,
+            "files": sorted(files, key=lambda f: f["path"])}
+
+
+def read_universal(source: CompleteCheckpoint) -> CompleteCheckpoint | None:
+    """The complete universal form of `source` (its COMPLETE matches its manifest, every file has its size, and it
+    was converted from exactly this checkpoint), else None."""
+    found = inspect(layout.universal_dir(source.url), layout.UNIVERSAL_SCHEMA)
+    if isinstance(found, str) or found.manifest["source_manifest_digest"] != source.manifest_digest:
+        return None
+    return found
 
 
 def verified_export_step(url: str) -> int | None:

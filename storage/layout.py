@@ -14,6 +14,7 @@ REGISTRY_SCHEMA = "tandem.registry/1"
 MODEL_SCHEMA = "tandem.model/1"
 CHAMPION_SCHEMA = "tandem.champion/1"
 SAMPLES_SCHEMA = "tandem.samples/1"
+UNIVERSAL_SCHEMA = "tandem.universal/1"
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
@@ -83,6 +84,12 @@ def checkpoint_dir(run: str, step: int) -> str:
 def rank_dir_name(rank: int) -> str:
     """rank-{rank:05d}: one rank's shard directory inside a checkpoint."""
     return f"rank-{rank:05d}"
+
+
+def universal_dir(checkpoint: str) -> str:
+    """{checkpoint}/universal: the checkpoint converted to DeepSpeed's universal (world-size free) form, with its
+    own manifest and COMPLETE; deleted with its checkpoint."""
+    return join(checkpoint, "universal")
 
 
 def final_dir(run: str) -> str:

@@ -53,8 +53,8 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
         ("method", train.method),
         ("base model", f"`{spec.model_path}`"),
         ("optimizer steps", spec.total_steps),
-        ("global batch", f"{train.micro_batch_size} x {train.gradient_accumulation_steps} accumulation x "
-                         f"{spec.world_size} ranks"),
+        ("global batch", f"{cfg.global_batch(spec.world_size)} rows = {train.micro_batch_size} x "
+                         f"{cfg.accumulation_steps(spec.world_size)} accumulation x {spec.world_size} ranks"),
         ("learning rate", f"{train.learning_rate:g} ({train.lr_scheduler}, warmup {train.warmup_ratio:g})"),
         ("max length", cfg.data.max_length),
         ("chat template", chat_template_row(spec)),
@@ -63,6 +63,8 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
         ("DeepSpeed", f"ZeRO-{zero_stage(spec.deepspeed)}"),
         ("nodes x ranks", f"{cfg.launch.nnodes} x {cfg.launch.nproc_per_node}"),
     ]
+    if spec.attempts:  # an elastic run: each launch's nodes, world size and starting step
+        rows.append(("attempts", "; ".join(a.describe() for a in spec.attempts)))
     if train.method != "full":
         rows.insert(1, ("LoRA", f"r {train.lora.r}, alpha {train.lora.alpha}, dropout {train.lora.dropout:g}"))
     return rows
@@ -88,7 +90,7 @@ def model_card(spec: Spec, entry: dict[str, Any], splits: dict[str, Any], loss_p
     if loss_plot:
         parts += ["## Loss curve", f"![loss curve]({layout.LOSS_PLOT})", f"`{loss_plot}`"]
     parts += [
-        "## Lineage", _table([(key, f"`{value}`") for key, value in lineage.items()]),
+        "## Lineage", _table([(key, f"`{value}`") for key, value in lineage.items() if key != "attempts"]),
         "## How to load", f"```python\n{load_snippet(entry)}\n```",
         "## Where", _table([("model", f"`{entry['model_url']}`"), ("checkpoint", f"`{entry['checkpoint_url']}`"),
                             ("registry entry", f"`{entry['url']}`")]),

@@ -32,6 +32,23 @@ class DatasetRef(Section):
         return self.split_records.get(split)
 
 
+class Attempt(Section):
+    """One launch of the training job: which nodes (local backend: node slots 0..max_nnodes-1) ran it, on how many
+    ranks, from which checkpoint step, and which nodes were left out and why."""
+
+    number: int = Field(gt=0)
+    nodes: list[int]
+    world_size: int = Field(gt=0)
+    from_step: int = Field(ge=0)
+    left_out: dict[str, str] = Field(default_factory=dict, description="node slot -> why it was left out")
+
+    def describe(self) -> str:
+        """One line for logs and the model card."""
+        out = (f"attempt {self.number}: nodes {','.join(map(str, self.nodes))} ({self.world_size} ranks) from step "
+               f"{self.from_step}")
+        return out + "".join(f"; node {slot} left out: {why}" for slot, why in self.left_out.items())
+
+
 class Spec(Section):
     """Everything a rank needs: the config, resolved values, and where things are."""
 
@@ -48,13 +65,17 @@ class Spec(Section):
     chat_template: str | None = Field(
         None, description="The text of model.chat_template when set: what staging used and the export carries; "
         "None: the base model's own template (absent from specs written before it existed).")
+    attempts: list[Attempt] = Field(
+        default_factory=list, description="Launches of an elastic run so far, this one last (launch.min_nnodes/"
+        "max_nnodes); empty for a run that is not elastic (absent from specs written before it existed).")
 
 
 def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
     """train.max_steps when set, else enough steps for train.epochs passes over the train split."""
     if train.max_steps is not None:
         return train.max_steps
-    per_step = train.micro_batch_size * train.gradient_accumulation_steps * world_size
+    # With train.global_batch_size the rows per step, hence the step count and the schedule, ignore the world size.
+    per_step = train.global_batch_size or train.micro_batch_size * train.gradient_accumulation_steps * world_size
     return max(1, math.ceil(train.epochs * train_records / per_step))
 
 

@@ -34,6 +34,7 @@ def lineage(spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint) -> dic
         "flow_run_id": str(runtime.flow_run.id) if runtime.flow_run.id else None,
         "nnodes": spec.config.launch.nnodes,
         "world_size": spec.world_size,
+        **({"attempts": [a.model_dump() for a in spec.attempts]} if spec.attempts else {}),
     }
 
 

@@ -14,31 +14,54 @@ from prefect.states import State
 
 from config.errors import RetryableError
 from launch.command import transport_debug
+from launch.elastic import is_elastic, next_attempt
 from launch.phase import run_phase
+from launch.preflight import probe_node
 from storage import layout
 from storage.checkpoints import latest_complete, verified_export_step
-from storage.spec import Spec, WrittenSpec
+from storage.spec import Spec, WrittenSpec, load_spec, publish_spec
+from tasks.run import build_spec
 
 
 @task(name="train")
-def train_on_nodes(written: WrittenSpec) -> None:
-    """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished. A run already
-    trained to its last step launches nothing."""
+def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
+    """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished, with the spec the
+    job finished under (an elastic run's attempt may have other nodes than the first). A run already trained to its
+    last step launches nothing."""
     logger = get_run_logger()
     spec = written.spec
     if trained_to_the_end(spec):
         logger.info(f"train: {spec.run_url} is already trained to step {spec.total_steps} (its checkpoint and final/ "
                     "are complete); no node is started. train.resume=never or a new run.name trains again")
-        return
-    on_progress = progress_reporter(spec.total_steps, logger.info)
+        return written
+    if is_elastic(spec.config):
+        written = start_attempt(written, logger.info)
+    on_progress = progress_reporter(written.spec.total_steps, logger.info)
     context = TaskRunContext.get()
     if context is None or context.task_run.run_count <= 1:
         run_phase(written, "train", logger.info, on_progress=on_progress)
-        return
+        return written
     logger.info("train: a retry after a failure: the ranks log their transport (NCCL_DEBUG=INFO, "
                 "TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO) to the nodes' logs")
     with transport_debug():
         run_phase(written, "train", logger.info, on_progress=on_progress)
+    return written
+
+
+def start_attempt(written: WrittenSpec, info: Callable[[str], None]) -> WrittenSpec:
+    """Pick the nodes of this attempt of an elastic run and write its spec.json (launch.nnodes and the world size of
+    the attempt, the history of attempts); returns it."""
+    base = written.spec
+    previous = load_spec(written.url)[0].attempts  # what earlier attempts of this pipeline run recorded
+    attempt = next_attempt(base, previous, lambda slot: probe_node(base, slot))
+    launch = base.config.launch.model_copy(update={"nnodes": len(attempt.nodes)})
+    cfg = base.config.model_copy(update={"launch": launch})
+    spec = build_spec(cfg, base.run_id, base.model_path, base.dataset).model_copy(
+        update={"attempts": [*previous, attempt]})
+    accumulation = cfg.accumulation_steps(spec.world_size)
+    info(f"train: {attempt.describe()}; global batch {cfg.global_batch(spec.world_size)} rows = "
+         f"{cfg.train.micro_batch_size} x {accumulation} accumulation x {spec.world_size} ranks")
+    return publish_spec(spec)
 
 
 def trained_to_the_end(spec: Spec) -> bool:

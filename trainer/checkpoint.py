@@ -128,7 +128,7 @@ def export_final(engine: Any, *, run_url: str, model_path: str, step: int, zero_
         _save_tokenizer(model_path, staging, chat_template)
         if merged and os.path.exists(os.path.join(staging, "adapter_config.json")):
             _merge_adapter(model_path, staging, os.path.join(staging, "merged"), chat_template)
-        _publish_dir(staging, url, step, algorithm)
+        publish_dir(staging, url, algorithm, lambda files: model_manifest(step, algorithm, files))
     barrier()
     return url
 
@@ -154,8 +154,10 @@ def _merge_adapter(model_path: str, adapter_dir: str, out: str, chat_template: s
     _save_tokenizer(model_path, out, chat_template)
 
 
-def _publish_dir(staging: str, url: str, step: int, algorithm: str) -> None:
-    """Move a finished local directory to `url`, then write manifest.json and COMPLETE (the commit)."""
+def publish_dir(staging: str, url: str, algorithm: str,
+                manifest_for: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> int:
+    """Move a finished local directory to `url`, then write manifest.json (`manifest_for` its files) and COMPLETE
+    (the commit); returns the bytes published."""
     files = []
     for dirpath, _, names in os.walk(staging):
         for name in names:
@@ -170,20 +172,24 @@ def _publish_dir(staging: str, url: str, step: int, algorithm: str) -> None:
         fs, remote = filesystem(url)
         with_retries("upload", url, lambda: fs.put(staging, remote, recursive=True))
         shutil.rmtree(staging, ignore_errors=True)
-    commit(url, model_manifest(step, algorithm, files))
+    commit(url, manifest_for(files))
+    return sum(f["size"] for f in files)
 
 
-def deepspeed_layout(ckpt: CompleteCheckpoint, tag: str, wanted: Callable[[str], bool]) -> str:
-    """A local directory in DeepSpeed's layout ({dir}/{tag}/files) with the checkpoint's rank files that `wanted`
-    accepts (by path in the manifest): links to local files, copies of remote ones. The caller removes it."""
+def deepspeed_layout(ckpt: CompleteCheckpoint, tag: str, wanted: Callable[[str], bool], *, flatten: bool = True) -> str:
+    """A local directory in DeepSpeed's layout ({dir}/{tag}/files) with the checkpoint's files that `wanted`
+    accepts (by path in the manifest): links to local files, copies of remote ones. `flatten`: the rank files of a
+    checkpoint, side by side; else every file at its own relative path (a universal form). The caller removes it."""
     root = tempfile.mkdtemp(prefix="tandem-ds-")
     tag_dir = os.path.join(root, tag)
     os.makedirs(tag_dir)
     for entry in ckpt.manifest["files"]:
         path = entry["path"]
-        if not path.startswith("rank-") or not wanted(path):
+        if (flatten and not path.startswith("rank-")) or not wanted(path):
             continue
-        source, target = join(ckpt.url, path), os.path.join(tag_dir, os.path.basename(path))
+        source = join(ckpt.url, path)
+        target = os.path.join(tag_dir, os.path.basename(path) if flatten else path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         if is_local(source):
             os.symlink(local_path(source), target)
         else:

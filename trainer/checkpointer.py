@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from storage.checkpoints import CompleteCheckpoint, apply_retention
 from trainer.checkpoint import export_final, load_checkpoint, save_checkpoint
 from trainer.distributed import Dist
+from trainer.reshard import load_resharded
 from trainer.resume import check_compatible, choose_checkpoint
 
 log = logging.getLogger(__name__)
@@ -55,34 +56,53 @@ class Checkpointer:
     def __init__(self, io: CheckpointIO, policy: Policy, *, is_main: bool) -> None:
         self.io, self.policy, self.is_main = io, policy, is_main
         self.start = 0
+        self.last_saved: int | None = None
 
     def resume(self) -> int:
         """The step to start from: that of the checkpoint train.resume picks (loaded), else 0."""
         ckpt = self.io.find()
         if ckpt is not None:
-            self.start = self.io.load(ckpt)
+            self.start = self.last_saved = self.io.load(ckpt)
         return self.start
 
     def due(self, done: int) -> bool:
         """Whether the state after `done` steps is saved: every save_steps, and the last step."""
         return done % self.policy.save_steps == 0 or done == self.policy.total_steps
 
-    def step_done(self, done: int, record: Callable[[dict[str, Any]], None]) -> None:
-        """After step `done`: when due, save, `record` the checkpoint event (metrics.jsonl), then apply retention
-        on rank 0."""
-        if not self.due(done):
-            return
+    def step_done(self, done: int, record: Callable[[dict[str, Any]], None], *, also: bool = False) -> bool:
+        """After step `done`: when due (or `also`: train.save_every_minutes), save, `record` the checkpoint event
+        (metrics.jsonl), then apply retention on rank 0; returns whether it saved."""
+        if not (self.due(done) or also):
+            return False
+        self.last_saved = done
         started = time.perf_counter()
         size = self.io.save(done)
         record({"event": "checkpoint", "step": done, "bytes": size, "seconds": time.perf_counter() - started})
         if self.is_main:
             self.io.retain(self.policy.keep_latest_k)
+        return True
 
-    def cancelled(self, done: int) -> None:
-        """Stopping after `done` steps: save them unless they are saved already (or nothing ran since resume)."""
-        if done > self.start and not self.due(done):
-            self.io.save(done)
-        log.warning("cancelled: stopped after step %d with a complete checkpoint", done)
+    def cancelled(self, done: int, since_signal: float | None = None, grace_s: int | None = None,
+                  record: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Stopping after `done` steps (SIGTERM): save them unless they are saved already (or nothing ran since
+        resume), `record`ing the checkpoint event with `"reason": "sigterm"`. `since_signal`: seconds since this
+        rank got the signal; the save is reported against `grace_s`."""
+        if done > self.start and self.last_saved != done and not self.due(done):
+            started = time.perf_counter()
+            size = self.io.save(done)
+            if record is not None:
+                record({"event": "checkpoint", "step": done, "bytes": size, "seconds": time.perf_counter() - started,
+                        "reason": "sigterm"})
+        if since_signal is None or grace_s is None:
+            log.warning("stopped by SIGTERM after step %d with a complete checkpoint", done)
+            return
+        if since_signal > grace_s:
+            log.warning("stopped by SIGTERM after step %d: its checkpoint completed %.1f s after the signal, past "
+                        "train.preempt_grace_s=%d; save more often (train.save_every_minutes) or shorten steps",
+                        done, since_signal, grace_s)
+        else:
+            log.warning("stopped by SIGTERM after step %d: emergency checkpoint complete %.1f s after the signal "
+                        "(train.preempt_grace_s=%d)", done, since_signal, grace_s)
 
     def finish(self) -> None:
         """Export the last step's model."""
@@ -101,10 +121,13 @@ class DeepSpeedIO:
     def find(self) -> CompleteCheckpoint | None:
         ckpt = choose_checkpoint(self.spec.config.train.resume, self.spec.run_url, self.dist)
         if ckpt is not None:
-            check_compatible(ckpt, world_size=self.dist.world_size, zero_stage=self.zero_stage, method=self.method)
+            check_compatible(ckpt, zero_stage=self.zero_stage, method=self.method)
         return ckpt
 
     def load(self, ckpt: CompleteCheckpoint) -> int:
+        if ckpt.manifest["world_size"] != self.dist.world_size:
+            return load_resharded(self.engine, ckpt, self.dist, frozen_excluded=self.adapters,
+                                  algorithm=self.algorithm, seed=self.spec.config.train.seed)
         return load_checkpoint(self.engine, ckpt, self.dist, frozen_excluded=self.adapters)
 
     def save(self, step: int) -> int:

@@ -44,6 +44,6 @@ def out_of_memory_named(dist: Dist, step: int) -> Iterator[None]:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
         raise OutOfMemory(
             f"out of memory on node {dist.node_rank} ({dist.host}) rank {dist.rank} at step {step}: {first_line}; "
-            "lower train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch) or "
-            "data.max_length, set train.gradient_checkpointing=true, or use ZeRO-3 with CPU offload"
+            "lower train.micro_batch_size (train.global_batch_size keeps the batch; without it raise "
+            "train.gradient_accumulation_steps) or data.max_length, set train.gradient_checkpointing=true, or use ZeRO-3 with CPU offload"
         ) from None

@@ -16,7 +16,7 @@ import torch
 from config.deepspeed import resolve_from_runtime, zero_stage
 from storage.spec import Spec
 from trainer import faults, guards
-from trainer.cancel import EXIT_CANCELLED, CancelWatch
+from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointer import Checkpointer, DeepSpeedIO, Policy
 from trainer.data import Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
@@ -119,6 +119,7 @@ class Run:
     heartbeat: Heartbeat
     checkpointer: Checkpointer
     cancel: CancelWatch
+    clock: SaveClock
 
 
 def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
@@ -133,7 +134,8 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     metrics = MetricsWriter(spec.run_url, enabled=dist.is_main, start_step=start)
     run = Run(engine, pad_id, load_split(spec.dataset.url, "train"), metrics,
               StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist), Heartbeat(dist.rank),
-              checkpointer, CancelWatch(spec.config.launch.checkpoint_on_cancel))
+              checkpointer, CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train_cfg.preempt_grace_s)),
+              SaveClock(train_cfg.save_every_minutes))
     return run, start
 
 
@@ -144,7 +146,8 @@ def train(spec: Spec, dist: Dist) -> None:
              dist.world_size)
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
-            run.checkpointer.cancelled(step)
+            run.checkpointer.cancelled(step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s,
+                                       run.metrics.write)
             raise SystemExit(EXIT_CANCELLED)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
@@ -158,7 +161,8 @@ def train(spec: Spec, dist: Dist) -> None:
             run.metrics.write(event)
         if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
             run.metrics.write(step_record(run.engine, stats, done, spec.total_steps, elapsed))
-        run.checkpointer.step_done(done, run.metrics.write)
+        if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
+            run.clock.saved()
     if start < spec.total_steps:
         run.metrics.write({"event": "final_eval", "step": spec.total_steps,
                            **final_eval(run.engine, spec, dist, run.pad_id)})
@@ -170,7 +174,7 @@ def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
     train_cfg = spec.config.train
     return list(rank_micro_batches(
         run.examples, seed=train_cfg.seed, step=step, micro=train_cfg.micro_batch_size,
-        accum=train_cfg.gradient_accumulation_steps, rank=dist.rank, world=dist.world_size, pad_id=run.pad_id,
+        accum=spec.config.accumulation_steps(dist.world_size), rank=dist.rank, world=dist.world_size, pad_id=run.pad_id,
         group_by_length=train_cfg.length_grouping,
     ))
 

@@ -6,9 +6,9 @@ a checkpoint that fails verification is skipped with a warning naming the file, 
 directory that is not complete. One that had been committed (it has COMPLETE) but whose manifest or
 marker no longer match is damaged, not unfinished: it is moved aside for inspection like a corrupt one,
 rather than left for the next save of that step to delete. An explicit URL that
-fails is an error. A checkpoint written with another world size, ZeRO stage or method is refused
-with what differs and what to do: DeepSpeed's optimizer shards are per rank and stage, and loading
-them into another layout would be wrong, not merely slow.
+fails is an error. A checkpoint written with another world size is loaded through its universal form
+(trainer/reshard.py); one written with another ZeRO stage or method is refused with what differs and what
+to do: the trained parameters and the optimizer's layout differ, so there is nothing to convert.
 """
 
 from __future__ import annotations
@@ -43,15 +43,16 @@ def verify_shared(ckpt: CompleteCheckpoint, dist: Dist) -> str | None:
     return next((p for p in gather_objects(problem, dist) if p), None)
 
 
-def check_compatible(ckpt: CompleteCheckpoint, *, world_size: int, zero_stage: int, method: str) -> None:
-    """Refuse a checkpoint whose layout differs from this run's, saying what differs and what to do."""
-    have = (ckpt.manifest["world_size"], ckpt.manifest["zero_stage"], ckpt.manifest["method"])
-    want = (world_size, zero_stage, method)
-    if have != want:
+def check_compatible(ckpt: CompleteCheckpoint, *, zero_stage: int, method: str) -> None:
+    """Refuse a checkpoint that cannot be converted to this run (another ZeRO stage or method), saying what differs
+    and what to do; another world size is fine (trainer/reshard.py)."""
+    differs = [f"{what} {have} (this run: {want})" for what, have, want in (
+        ("ZeRO stage", ckpt.manifest["zero_stage"], zero_stage), ("train.method", ckpt.manifest["method"], method))
+        if have != want]
+    if differs:
         raise UserError(
-            f"{ckpt.url} was written by {have[0]} ranks with ZeRO-{have[1]} ({have[2]}); this run has {want[0]} "
-            f"ranks with ZeRO-{want[1]} ({want[2]}). Resume with the same launch.nnodes x launch.nproc_per_node, "
-            f"DeepSpeed stage and train.method, or set train.resume=never to start over"
+            f"{ckpt.url} cannot resume this run: its {' and '.join(differs)} differ; resume with the same DeepSpeed "
+            f"stage and train.method, or set train.resume=never to start over"
         )
 
 

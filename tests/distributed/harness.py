@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,12 @@ BASE_OVERRIDES = [
     "train.learning_rate=0.003", "train.warmup_ratio=0.1", "train.lora.dropout=0.1", "train.log_steps=1",
     "data.max_length=128", "launch.rdzv_timeout=60",
 ]
+
+# The elastic runs (tests/distributed/test_elastic.py, tests/chaos/test_lost_node.py): 16 steps of 12 rows, a checkpoint
+# at 8 and 16, LoRA dropout 0. Global batch 12 divides into micro-batches of 2 on 1, 2 and 3 ranks (accumulation 6, 3
+# and 2), so the trajectory depends on the seed, the step and the global batch alone.
+ELASTIC = ["train.max_steps=16", "train.save_steps=8", "train.global_batch_size=12", "train.micro_batch_size=2",
+           "train.lora.dropout=0"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +127,33 @@ def tool_call_conversations(n: int) -> list[dict]:
         {"from": "function_call", "value": json.dumps({"name": "add", "arguments": {"a": a, "b": b}})},
         {"from": "observation", "value": str(a + b)},
         {"from": "gpt", "value": f"{a} plus {b} is {a + b}."}]} for a, b in ((i, 3 * i + 7) for i in range(n))]
+
+
+def seconds_from_loss_to_resume(run_dir: Path, stamp: Path) -> float:
+    """From the moment node 2's rank died (its EXIT_STAMP) to the survivors' trainer starting its steps (after its
+    resume, when there was a checkpoint to resume from)."""
+    line = [line for line in (run_dir / "nodes" / "0" / "log.txt").read_text().splitlines()
+            if "trainer.loop: training" in line][-1]
+    logged = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
+    return logged - float(stamp.read_text())
+
+
+def lost_node_pipeline(staged: Staged, name: str, died_at: int, tmp: Path) -> tuple[dict, Path, float]:
+    """The whole pipeline on 3 local nodes with launch.min_nnodes=2, node 2 dying at step `died_at` and failing
+    its preflight on every retry after (the TANDEM_TEST_LOST_NODE hook); returns (summary, run dir, seconds from
+    the loss to training resuming)."""
+    import pytest
+
+    from flows.finetune import finetune
+
+    lost, stamp = tmp / f"{name}-node-2-lost", tmp / f"{name}-died-at"
+    cfg = config(staged, name, [*ELASTIC, f"model.name_or_path={staged.model_path}", "launch.nnodes=3",
+                                "launch.min_nnodes=2", "launch.retries=2", "launch.retry_delay_s=0"])
+    faults = {"TANDEM_TEST_EXIT_AT_STEP": f"2:{died_at}", "TANDEM_TEST_EXIT_ONCE": str(lost),
+              "TANDEM_TEST_EXIT_STAMP": str(stamp), "TANDEM_TEST_LOST_NODE": f"2:{lost}"}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in faults.items():
+            patch.setenv(key, value)
+        summary = finetune(cfg)
+    run_dir = Path(staged.storage) / "runs" / name
+    return summary, run_dir, seconds_from_loss_to_resume(run_dir, stamp)
