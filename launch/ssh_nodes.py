@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,8 +83,8 @@ class Ssh:
         """End the shared connections (their master processes would otherwise linger for ControlPersist)."""
         for host in hosts:
             subprocess.run(self.command(host, "")[:-2] + ["-O", "exit", host.target], capture_output=True, timeout=30)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.control_dir)
+        # `-O exit` returns before the master removes its socket: remove the directory with whatever is left in it.
+        shutil.rmtree(self.control_dir, ignore_errors=True)
 
 
 def run_ssh_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
