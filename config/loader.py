@@ -115,8 +115,21 @@ def load_config(config: str | None = None, overrides: list[str] | tuple[str, ...
     tree = read_yaml(path)
     for assignment in overrides:
         apply_override(tree, assignment)
+    _let_hosts_decide(tree, overrides)
     origin = f"config {path.name}" + (" with --set" if overrides else "")
     return check_paths(validate(tree, origin))
+
+
+def _let_hosts_decide(tree: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+    """With the ssh backend the hosts decide launch.nnodes (and a host file launch.nproc_per_node): a preset's
+    values give way; only values set with --set must agree with the hosts (config/schema.py says so otherwise)."""
+    launch = tree.get("launch")
+    if not isinstance(launch, dict) or launch.get("backend") != "ssh":
+        return
+    decided = ["nnodes"] + ([] if launch.get("hosts") else ["nproc_per_node"])
+    for key in decided:
+        if not any(o.split("=", 1)[0].strip() == f"launch.{key}" for o in overrides):
+            launch.pop(key, None)
 
 
 def _found(path: Path) -> bool:

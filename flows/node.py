@@ -7,7 +7,10 @@ By hand (or from another scheduler), exactly like Qwen's finetune_lora_ds.sh rea
 
 Defaults: NNODES=1, NODE_RANK=0, MASTER_ADDR=localhost, MASTER_PORT=6001, GPUS_PER_NODE=all visible
 GPUs (on a machine without GPUs: launch.nproc_per_node of the spec). The `prefect` launch backend runs
-the same code as the flow `node` (deployment node/...), one flow run per node.
+the same code as the flow `node` (deployment node/...), one flow run per node, and the `ssh` backend runs it on
+each host. Two hosts started with the same NODE_RANK both stop within seconds, naming each other; when one node
+fails, the others stop within seconds too ({run}/nodes/stop.json). `--phase probe` runs the preflight and the
+network probe only (no training): a quick test of the links between the nodes.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from config.errors import EXIT_USER_ERROR, RetryableError, UserError
 from config.loader import PROJECT_ROOT
@@ -79,11 +80,11 @@ def kill(agents: list[Agent], grace_s: float = KILL_GRACE_S) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def tagged_processes(tag: str) -> list[int]:
-    """Pids of this user's processes whose environment carries AGENT_TAG_ENV=tag (Linux /proc; none elsewhere)."""
+def tagged_processes(tag: str, variable: str = AGENT_TAG_ENV) -> list[int]:
+    """Pids of this user's processes whose environment carries variable=tag (Linux /proc; none elsewhere)."""
     if not tag or not os.path.isdir("/proc"):
         return []
-    needle = f"{AGENT_TAG_ENV}={tag}".encode()
+    needle = f"{variable}={tag}".encode()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -128,7 +129,7 @@ def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str,
     shutil.rmtree(beats, ignore_errors=True)
     os.makedirs(beats)
     tag = uuid.uuid4().hex
-    env = {**rank_environment(launch), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
+    env = {**rank_environment(launch, plan.master_addr), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
     log_path = os.path.join(node_scratch(run_url, plan.node_rank), layout.LOG)  # appended to by every phase
     with open(log_path, "ab") as log_file:
         offset = log_file.tell()
@@ -140,8 +141,14 @@ def start_agent(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str,
     return Agent(plan.node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds"), tag)
 
 
-def supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | None) -> None:
-    """Poll until every agent exited 0, or raise for the first failure or a stall."""
+class Poller(Protocol):
+    """Something the supervisor's loop calls that may stop the node by raising: a Watch, a node's claim."""
+
+    def poll(self) -> None: ...
+
+
+def supervise(agents: list[Agent], run_url: str, phase: str, watch: Watch | Poller | None) -> None:
+    """Poll until every agent exited 0, or raise for the first failure, a stall or what `watch` raises."""
     pending = list(agents)
     while pending:
         if watch is not None:

@@ -3,19 +3,23 @@ uses these), and where a node keeps its local files."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+from collections.abc import Iterator
 
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
 from launch.forward import forward_env
+from launch.network import interface_environment, source_address
 from launch.preflight import NodePlan
 from storage import layout
 from storage.fs import is_local, local_path, options_environment
 
 DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken
-MODULES = {"train": "trainer", "eval": "trainer.evaluate"}  # phase -> the module torchrun runs on every rank
+# phase -> the module torchrun runs on every rank ("probe": only the network probe, e.g. to test a cluster's links)
+MODULES = {"train": "trainer", "eval": "trainer.evaluate", "probe": "trainer.probe"}
 AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
 
 
@@ -42,20 +46,48 @@ def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[
     ]
 
 
-def rank_environment(launch: LaunchConfig) -> dict[str, str]:
-    """Environment for every rank: this node's own (launch.forward_env's credentials included, see
-    launch/forward.py), one thread per rank on CPU, a per-checkout extension cache, the storage options this
-    process was given, and launch.env."""
+# What the transport logs on a retry after a failure (NCCL's and gloo's own view of the connections), and the names
+# always passed from the launcher's environment to the nodes.
+TRANSPORT_DEBUG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "TORCH_CPP_LOG_LEVEL": "INFO",
+                   "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+FORWARDED = tuple(TRANSPORT_DEBUG)
+
+
+def node_environment(launch: LaunchConfig) -> dict[str, str]:
+    """The variables a launcher hands to every node process beyond the node's own environment: the storage options
+    this process was given, the FORWARDED names this process has, launch.forward_env's credentials
+    (launch/forward.py) and launch.env. The one place that decides it: the local agents get it on top of this
+    process's environment, the ssh backend sends it over each connection's stdin (never on a command line)."""
+    forwarded = {name: os.environ[name] for name in FORWARDED if name in os.environ}
+    return {**options_environment(), **forwarded, **forward_env(launch), **launch.env}
+
+
+@contextlib.contextmanager
+def transport_debug() -> Iterator[None]:
+    """While launching: ranks log what NCCL and gloo see (a retry after a failure), unless the user set a level."""
+    added = {k: v for k, v in TRANSPORT_DEBUG.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> dict[str, str]:
+    """Environment for every rank: this node's own, one thread per rank on CPU, a per-checkout extension cache, the
+    node environment (launch.forward_env's credentials among them), and, with `master_addr`, the interface that
+    routes to it (launch/network.py) unless the user named one."""
     env = dict(os.environ)
-    # The local and prefect channels of launch.forward_env: this process's environment (a no-op here, kept so
-    # that every backend's forwarded values come from the one function, launch/forward.py).
-    env.update(forward_env(launch))
     env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(options_environment())
-    env.update(launch.env)
+    env.update(node_environment(launch))
+    if master_addr is not None:
+        env.update(interface_environment(master_addr, env))
+        with contextlib.suppress(OSError):
+            env[layout.NODE_ADDR_ENV] = source_address(master_addr)
     return env
 
 

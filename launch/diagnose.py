@@ -38,6 +38,37 @@ def log_tail(run_url: str, node_rank: int, lines: int = TAIL_LINES) -> str:
     return tail(read_bytes(url).decode(errors="replace"), lines)
 
 
+# How ranks say they cannot reach a peer: gloo's pair (local and remote ends), NCCL's socket, torch's store client.
+_GLOO_ENDS = re.compile(r"local=\[([^\]]+)\]:(\d+), remote=\[([^\]]+)\]:(\d+)")
+_CONNECT = (
+    re.compile(r"Gloo connectFullMesh failed with \S+ (?P<why>[^\n]*?), remote=\[(?P<addr>[^\]]+)\]:(?P<port>\d+)"),
+    re.compile(r"Connect to (?P<addr>[\w.:-]+)<(?P<port>\d+)> failed\s*:\s*(?P<why>[^\n]*)"),
+    re.compile(r"failed to connect to \[?(?P<addr>[^\]\s]+?)\]?:(?P<port>\d+) \((?P<why>[^)\n]*)\)"),
+)
+
+
+def connect_diagnosis(text: str) -> str | None:
+    """One line naming both ends of a connection a rank could not make, and the likely cause; None when the log
+    shows no such failure."""
+    found = next((m for pattern in _CONNECT if (m := pattern.search(text))), None)
+    if found is None:
+        return None
+    addr, port, why = found["addr"], found["port"], found["why"].strip().rstrip(".")
+    ends = [m for m in _GLOO_ENDS.findall(text) if m[2] == addr and m[3] == port.split("$")[0]]
+    here = f" from {ends[-1][0]}:{ends[-1][1]}" if ends else ""
+    if addr.startswith("127.") or addr in ("::1", "localhost"):
+        cause = ("a node advertised a loopback address (its hostname resolves to 127.0.0.1): leave GLOO_SOCKET_IFNAME "
+                 "and NCCL_SOCKET_IFNAME unset so each node picks the interface that routes to node 0, or set them "
+                 "to that interface on every node")
+    elif "refused" in why.lower():
+        cause = ("nothing listens there: the peer stopped, or it listens on another interface (check "
+                 "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on that node)")
+    else:
+        cause = ("the traffic does not get through: a firewall between the nodes (open all TCP ports between them), "
+                 "or an address this node cannot route to (check GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)")
+    return f"cannot connect to its peer at {addr}:{port.split('$')[0]}{here} ({why}); likely cause: {cause}"
+
+
 def failure_summary(text: str) -> tuple[str, int | None]:
     """(one line saying which rank failed and why, that rank's exit code) from a node's log text.
 
@@ -52,7 +83,8 @@ def failure_summary(text: str) -> tuple[str, int | None]:
         rank, message = errors[0]
         return f"rank {rank}: {message}", code
     if first:
-        return f"rank {first[0]} exited with code {code}", code
+        diagnosis = connect_diagnosis(text)
+        return f"rank {first[0]} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code
     return "see the log", code
 
 

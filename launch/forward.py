@@ -44,6 +44,6 @@ def check_forwarded(launch: LaunchConfig, node_rank: int, host: str,
     if missing:
         raise UserError(
             f"node {node_rank} ({host}): launch.forward_env names {', '.join(missing)}, not set on this node; set it "
-            "in the environment that starts the node (the pipeline's shell for the local and slurm backends, the "
-            "node's worker for prefect) or remove the name from launch.forward_env")
+            "in the environment that starts the node (the pipeline's shell for the local, slurm and ssh backends, "
+            "the node's worker for prefect) or remove the name from launch.forward_env")
     return ", ".join(f"{name} {state}" for name, state in report.items()) or "(launch.forward_env empty)"

@@ -37,10 +37,10 @@ def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[
     watch = phase_watch(run_url, launch, phase, on_progress)
     try:
         for node_rank in range(launch.nnodes):
-            plan = NodePlan(node_rank, launch.nnodes, launch.nproc_per_node, launch.master_addr, port)
+            plan = NodePlan(node_rank, launch.nnodes, launch.nproc_per_node, launch.rendezvous_addr, port)
             agents.append(start_node(run_url, plan, launch, module, args, phase, preflight))
         info(f"{phase}: started {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), "
-             f"rendezvous {launch.master_addr}:{port}")
+             f"rendezvous {launch.rendezvous_addr}:{port}")
         supervise(agents, run_url, phase, watch)
     finally:
         kill(agents, grace_for(launch))

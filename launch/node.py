@@ -9,6 +9,8 @@ from collections.abc import Callable
 from config.errors import TandemError
 from config.schema import LaunchConfig
 from launch.agent import Agent, grace_for, kill, start_agent, supervise
+from launch.claim import NodeClaim
+from launch.network import source_address
 from launch.phase import Info, PhaseJob
 from launch.preflight import NodePlan, run_preflight
 from storage import layout
@@ -27,13 +29,14 @@ def start_node(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str, 
     return start_agent(run_url, plan, launch, module, args, phase)
 
 
-def job_preflight(job: PhaseJob, info: Info) -> Callable[[NodePlan], object] | None:
-    """The preflight of a job's nodes: every check before training, none before eval."""
-    if job.phase != "train":
+def job_preflight(job: PhaseJob, info: Info,
+                  poll: Callable[[], None] | None = None) -> Callable[[NodePlan], object] | None:
+    """The preflight of a job's nodes: every check before training (and the probe alone), none before eval."""
+    if job.phase not in ("train", "probe"):
         return None
     written = job.written
     return lambda plan: run_preflight(written.spec, written.url, plan, expected_spec_digest=written.digest,
-                                      info=info)
+                                      info=info, poll=poll)
 
 
 def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None) -> None:
@@ -42,22 +45,35 @@ def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None) -> None:
     info = info or log.info
     spec = job.written.spec
     clear_failure(spec.run_url, plan.node_rank)
+    claim = NodeClaim(spec.run_url, plan.node_rank, plan.nnodes, _address_towards(plan.master_addr))
     try:
+        claim.take()
         agent = start_node(spec.run_url, plan, spec.config.launch, job.module, job.args, job.phase,
-                           job_preflight(job, info))
+                           job_preflight(job, info, claim.poll))
         info(f"node {plan.node_rank}/{plan.nnodes}: {job.phase} started, {plan.nproc_per_node} rank(s), "
              f"rendezvous {plan.master_addr}:{plan.master_port}")
         try:
-            supervise([agent], spec.run_url, job.phase, None)
+            supervise([agent], spec.run_url, job.phase, claim)  # the claim's renewal raises on a duplicate rank
         finally:
             kill([agent], grace_for(spec.config.launch))
     except TandemError as exc:
+        if not claim.stopped_by_peer:
+            claim.stop_all(str(exc).partition("\n")[0], exc.exit_code)
         try:
             record_failure(spec.run_url, plan.node_rank, job.phase, exc.exit_code)
         except Exception as failed:  # noqa: BLE001 - the node's own error is the one to raise
             log.warning("node %d: could not record its failure in status.json: %s", plan.node_rank, failed)
         raise
+    finally:
+        claim.release()
     info(f"node {plan.node_rank}: {job.phase} finished")
+
+
+def _address_towards(master_addr: str) -> str:
+    try:
+        return source_address(master_addr)
+    except OSError:
+        return ""
 
 
 def record_failure(run_url: str, node_rank: int, phase: str, exit_code: int) -> None:

@@ -46,8 +46,9 @@ def backends() -> dict[str, Backend]:
     from launch.local_nodes import run_local_job
     from launch.prefect_nodes import run_prefect_nodes
     from launch.slurm_nodes import run_slurm_nodes
+    from launch.ssh_nodes import run_ssh_nodes
 
-    return {"local": run_local_job, "prefect": run_prefect_nodes, "slurm": run_slurm_nodes}
+    return {"local": run_local_job, "prefect": run_prefect_nodes, "slurm": run_slurm_nodes, "ssh": run_ssh_nodes}
 
 
 def run_phase(written: WrittenSpec, phase: str, info: Info, *, model_url: str | None = None,

@@ -30,7 +30,7 @@ def node_parameters(job: PhaseJob, node_rank: int, port: int) -> dict[str, Any]:
     """The node flow's parameters for one node."""
     launch = job.written.spec.config.launch
     return {"spec_url": job.written.url, "node_rank": node_rank, "nnodes": launch.nnodes,
-            "nproc_per_node": launch.nproc_per_node, "master_addr": launch.master_addr, "master_port": port,
+            "nproc_per_node": launch.nproc_per_node, "master_addr": launch.rendezvous_addr, "master_port": port,
             "phase": job.phase, "model_url": job.model_url,
             "expected_spec_digest": job.written.digest if job.phase == "train" else None}
 
@@ -50,7 +50,7 @@ def run_prefect_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None 
             children[rank] = run.id
         info(f"{phase}: {launch.nnodes} node flow runs sent to queues {launch.queue_prefix}0.."
              f"{launch.queue_prefix}{launch.nnodes - 1} ({launch.node_deployment}), rendezvous "
-             f"{launch.master_addr}:{port}")
+             f"{launch.rendezvous_addr}:{port}")
         _follow(children, spec.run_url, phase, watch)
     finally:
         _cancel_unfinished(children)

@@ -4,8 +4,10 @@ guide, checked instead of debugged).
 
 Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
 port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified,
-storage writable, the NCCL/GLOO environment applied (echoed), and each launch.forward_env name set on this
-node (reported "set"/"missing", never its value).
+storage writable, the NCCL/GLOO environment applied (echoed), each launch.forward_env name set on this
+node (reported "set"/"missing", never its value), the interface the ranks use (chosen by route to the
+master, or the user's checked), this host's name resolving to a loopback address, and the InfiniBand/RoCE
+fabric.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_
 from config.redact import mask_text
 from config.version import code_version
 from launch.forward import check_forwarded
+from launch.network import check_interfaces, fabric, hostname_note
 
 CONNECT_RETRY_S = 0.5
 
@@ -102,10 +105,13 @@ def check_port_free(plan: NodePlan) -> str:
     return f"{plan.master_addr}:{plan.master_port} free"
 
 
-def check_master_reachable(plan: NodePlan, timeout_s: float) -> str:
-    """On the other nodes: node 0's rendezvous port accepts connections (waiting up to timeout_s)."""
+def check_master_reachable(plan: NodePlan, timeout_s: float, poll: Callable[[], None] | None = None) -> str:
+    """On the other nodes: node 0's rendezvous port accepts connections (waiting up to timeout_s, calling `poll`
+    meanwhile: it raises when the job stopped elsewhere)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if poll is not None:
+            poll()
         try:
             with socket.create_connection((plan.master_addr, plan.master_port), timeout=2.0):
                 return f"{plan.master_addr}:{plan.master_port} reachable"
@@ -178,28 +184,35 @@ def check_env(spec: Spec, plan: NodePlan) -> str:
 
 
 def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_digest: str | None,
-                  info: Callable[[str], None]) -> dict[str, Any]:
-    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report."""
+                  info: Callable[[str], None], poll: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report. `poll` is called
+    while waiting for node 0 (a node process's claim: it raises when another node failed)."""
+    user_env = {**os.environ, **spec.config.launch.env}
     checks: list[tuple[str, Callable[[], str]]] = [
         ("world size", lambda: check_world_size(spec, plan)),
         ("code version", lambda: check_code(spec, plan)),
         ("spec digest", lambda: check_spec_digest(spec_url, expected_spec_digest, plan)),
         ("master address", lambda: check_master_resolves(plan)),
         ("master port", lambda: check_port_free(plan) if plan.node_rank == 0
-         else check_master_reachable(plan, spec.config.launch.rdzv_timeout)),
+         else check_master_reachable(plan, spec.config.launch.rdzv_timeout, poll)),
         ("gpus", lambda: check_gpus(plan)),
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
         ("environment", lambda: check_env(spec, plan)),
         ("forwarded environment", lambda: check_forwarded(spec.config.launch, plan.node_rank, socket.gethostname())),
+        ("interface", lambda: check_interfaces(plan.node_rank, plan.master_addr, user_env)),
+        ("hostname", lambda: hostname_note(plan.nnodes, plan.master_addr)),
+        ("fabric", lambda: fabric(user_env)),
     ]
     report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
     for name, check in checks:
         report["checks"][name] = check()
-    write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), "preflight.json"), report)
-    shown = ("gpus", "dataset", "environment", "forwarded environment", "master port")
+    write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), layout.PREFLIGHT), report)
+    shown = ("gpus", "dataset", "environment", "forwarded environment", "master port", "interface", "fabric")
     info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
         f"{k}: {v}" for k, v in report["checks"].items() if k in shown))
+    if report["checks"]["hostname"].startswith("warning:"):
+        info(f"node {plan.node_rank}: {report['checks']['hostname']}")
     return report
 
 

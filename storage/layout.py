@@ -29,6 +29,8 @@ MODEL_CARD = "model_card.md"
 CHAMPION = "champion.json"
 LOG = "log.txt"
 STATUS = "status.json"
+NODES = "nodes"
+PREFLIGHT = "preflight.json"
 LOCK = "LOCK"
 LOCK_SCHEMA = "tandem.run-lock/1"
 SPLITS = ("train", "eval")
@@ -66,7 +68,7 @@ def run_lock_url(run: str) -> str:
 
 def node_dir(run: str, node_rank: int) -> str:
     """{run}/nodes/{node_rank}"""
-    return join(run, "nodes", str(node_rank))
+    return join(run, NODES, str(node_rank))
 
 
 def checkpoints_dir(run: str) -> str:
@@ -117,3 +119,5 @@ def champion_url(storage: str, model: str) -> str:
 
 # Set by the launcher for every rank of a node: where its ranks touch their heartbeat files.
 HEARTBEAT_ENV = "TANDEM_HEARTBEAT_DIR"
+# ... and the address of this node's interface that routes to node 0 (how the network probe names a node).
+NODE_ADDR_ENV = "TANDEM_NODE_ADDR"

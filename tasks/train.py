@@ -7,11 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.context import TaskRunContext
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from prefect.states import State
 
 from config.errors import RetryableError
+from launch.command import transport_debug
 from launch.elastic import is_elastic, next_attempt
 from launch.phase import run_phase
 from launch.preflight import probe_node
@@ -34,7 +36,15 @@ def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
         return written
     if is_elastic(spec.config):
         written = start_attempt(written, logger.info)
-    run_phase(written, "train", logger.info, on_progress=progress_reporter(written.spec.total_steps, logger.info))
+    on_progress = progress_reporter(written.spec.total_steps, logger.info)
+    context = TaskRunContext.get()
+    if context is None or context.task_run.run_count <= 1:
+        run_phase(written, "train", logger.info, on_progress=on_progress)
+        return written
+    logger.info("train: a retry after a failure: the ranks log their transport (NCCL_DEBUG=INFO, "
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO) to the nodes' logs")
+    with transport_debug():
+        run_phase(written, "train", logger.info, on_progress=on_progress)
     return written
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
-SHARED_FOLDERS = ("tests/distributed/", "tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/")
+SHARED_FOLDERS = ("tests/distributed/", "tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/", "tests/netns/")
 # Measured (make test-durations), longest first; a unit not listed goes after these, in collection order.
 LONGEST_FIRST = (
     "tests/distributed/", "tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/",

@@ -19,8 +19,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from trainer.harness import run_rank
     from trainer.loop import train
+    from trainer.probe import run_probe
 
-    return run_rank(args.spec, train, deepspeed_backend=True)
+    def probe_then_train(spec, dist) -> None:  # noqa: ANN001 - run_rank's body
+        run_probe(spec, dist)
+        train(spec, dist)
+
+    return run_rank(args.spec, probe_then_train, deepspeed_backend=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,12 @@ class Dist:
         return self.rank == 0
 
 
-def init(*, deepspeed_backend: bool, timeout_s: int = 300) -> Dist:
-    """Join the process group torchrun set up (gloo on CPU, NCCL on GPU) and describe this rank."""
+def init(*, deepspeed_backend: bool, timeout_s: int = 300, connect_timeout_s: int | None = None) -> Dist:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on GPU) and describe this rank.
+
+    Connecting to the peers gets `connect_timeout_s` (the rendezvous timeout): a rank whose peers never connect
+    (a wrong interface, a firewall, a peer that died) stops then, not after the collective timeout of up to hours;
+    the collectives after it get `timeout_s`."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -49,12 +54,17 @@ def init(*, deepspeed_backend: bool, timeout_s: int = 300) -> Dist:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")
     timeout = datetime.timedelta(seconds=timeout_s)
+    connect = datetime.timedelta(seconds=min(timeout_s, connect_timeout_s or timeout_s))
     if deepspeed_backend:
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+        deepspeed.init_distributed(dist_backend=backend, timeout=connect)
     else:
-        tdist.init_process_group(backend=backend, timeout=timeout)
+        tdist.init_process_group(backend=backend, timeout=connect)
+    if connect != timeout and tdist.is_initialized():
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timeout)
     return Dist(rank, local_rank, world_size, rank // local_world, socket.gethostname(), device)
 
 
@@ -79,6 +89,50 @@ def gather_objects(obj: Any, dist: Dist) -> list[Any]:
     out: list[Any] = [None] * dist.world_size
     tdist.all_gather_object(out, obj)
     return out
+
+
+def timed_all_reduce(nbytes: int, dist: Dist) -> float:
+    """Seconds one SUM all-reduce of `nbytes` (float32) takes over every rank, after a warm-up of the same size (the
+    first one pays for buffers and TCP's slow start)."""
+    tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dist.device)
+    tdist.all_reduce(tensor)
+    _sync(dist)
+    started = time.perf_counter()
+    tdist.all_reduce(tensor)
+    _sync(dist)
+    return time.perf_counter() - started
+
+
+def timed_exchange(peer: int, nbytes: int, dist: Dist) -> tuple[float, float] | None:
+    """Between rank 0 and `peer`: seconds to send `nbytes` rank 0 -> peer and peer -> rank 0, each until the
+    receiver has it (a one-element answer closes each timing), after one untimed round. Rank 0 gets the times; the
+    peer None; other ranks take no part."""
+    payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dist.device)
+    ack = torch.zeros(1, dtype=torch.float32, device=dist.device)
+    if dist.rank == 0:
+        tdist.send(payload, peer)
+        tdist.recv(payload, peer)
+        started = time.perf_counter()
+        tdist.send(payload, peer)
+        tdist.recv(ack, peer)
+        to_peer = time.perf_counter() - started
+        started = time.perf_counter()
+        tdist.send(ack, peer)
+        tdist.recv(payload, peer)
+        return to_peer, time.perf_counter() - started
+    if dist.rank == peer:
+        tdist.recv(payload, 0)
+        tdist.send(payload, 0)
+        tdist.recv(payload, 0)
+        tdist.send(ack, 0)
+        tdist.recv(ack, 0)
+        tdist.send(payload, 0)
+    return None
+
+
+def _sync(dist: Dist) -> None:
+    if dist.device.type == "cuda":
+        torch.cuda.synchronize(dist.device)
 
 
 def barrier() -> None:

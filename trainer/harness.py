@@ -27,7 +27,9 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
     try:
         spec, _ = load_spec(spec_url)
         skip_quantization_unless_qlora(spec.config.train.method)
-        dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=spec.config.launch.collective_timeout)
+        launch = spec.config.launch
+        dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=launch.collective_timeout,
+                                connect_timeout_s=launch.rdzv_timeout)
         configure(dist)
         install_log_masking(spec.config.launch.forward_env)
         faults.maybe_record_env_digest(spec.run_url, dist.node_rank, dist.rank)

@@ -106,7 +106,7 @@ def huggingface(model: str, dataset: object, base: list[str], name: str, steps: 
     script = str(ROOT / "tests" / "benchmarks" / "hf_trainer_baseline.py")
     procs = []
     for node in range(cfg.launch.nnodes):
-        plan = NodePlan(node, cfg.launch.nnodes, cfg.launch.nproc_per_node, cfg.launch.master_addr, port)
+        plan = NodePlan(node, cfg.launch.nnodes, cfg.launch.nproc_per_node, cfg.launch.rendezvous_addr, port)
         command = torchrun_command(plan, cfg.launch.rdzv_timeout, "trainer", [])
         command = command[: command.index("-m", 3)] + [script, "--spec", url, "--out", str(out),
                                                        "--warmup", str(WARMUP_STEPS)]

@@ -34,7 +34,11 @@ def check(prepared, plan: NodePlan, digest: str | None = None) -> dict:
 def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
     report = check(prepared, NodePlan(0, 2, 1, "127.0.0.1", free_port()))
     assert set(report["checks"]) == {"world size", "code version", "spec digest", "master address", "master port",
-                                     "gpus", "dataset", "storage", "environment", "forwarded environment"}
+                                     "gpus", "dataset", "storage", "environment", "forwarded environment",
+                                     "interface", "hostname", "fabric"}
+    # On 127.0.0.1 the route goes through the loopback interface, which both variables then name for the ranks.
+    assert report["checks"]["interface"] == "lo (routes to 127.0.0.1; set as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)"
+    assert not report["checks"]["hostname"].startswith("warning:")  # every node on this machine: nothing to warn
     spec = prepared[0]
     saved = json.loads(Path(layout.node_dir(spec.run_url, 0), "preflight.json").read_text())
     assert saved["checks"]["dataset"].startswith(spec.dataset.dataset_id)

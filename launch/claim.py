@@ -1,0 +1,131 @@
+"""Which host runs which node, and why every node should stop: every node process claims `nodes/{r}/claim.json` on
+shared storage for as long as it runs (renewed every few seconds), so that two hosts started with the same
+NODE_RANK find out within seconds, and both are named, instead of the job hanging until the rendezvous timeout.
+
+A claim is live while renewed within LEASE_S (host clocks must agree to a few seconds, as NTP keeps them). Of two
+nodes with one rank, the later one finds the live claim and stops. A node that fails for any reason (that one
+among them) leaves `nodes/stop.json`, which every node of the run checks while it runs: nodes started by hand,
+with no launcher to stop them, then stop within seconds of a peer's failure instead of waiting on it forever.
+Node 0 removes an old note when it starts, and a note written before a node started is ignored (a retry's node
+may start before node 0 does; a note of this attempt is written after every node started, on any clock within
+that margin). A claim by the same host
+whose process is gone is stale (a retry takes it over at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from config.errors import UserError
+from launch.diagnose import error_for
+from storage import layout
+from storage.fs import exists, join, read_json, remove, write_json_atomic
+
+LEASE_S = 15.0
+RENEW_S = 2.0
+CLAIM = "claim.json"
+STOP = "stop.json"
+
+
+def node_name(addr: str) -> str:
+    """How a node is named in these messages: its hostname and the address it reaches node 0 from."""
+    host = socket.gethostname()
+    return f"{host} ({addr})" if addr and addr != host else host
+
+
+@dataclass
+class NodeClaim:
+    """This process's claim on one node rank; `poll` renews it and raises when another host holds the rank."""
+
+    run_url: str
+    node_rank: int
+    nnodes: int
+    addr: str  # the address this node reaches node 0 from ("" when unknown)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: float = field(default_factory=time.time)
+    _renewed: float = 0.0
+    stopped_by_peer: bool = False  # poll raised because another node failed (that node told the others)
+
+    @property
+    def name(self) -> str:
+        return node_name(self.addr)
+
+    @property
+    def url(self) -> str:
+        return join(layout.node_dir(self.run_url, self.node_rank), CLAIM)
+
+    @property
+    def stop_url(self) -> str:
+        return join(self.run_url, layout.NODES, STOP)
+
+    def body(self) -> dict[str, Any]:
+        return {"node_rank": self.node_rank, "name": self.name, "host": socket.gethostname(), "addr": self.addr,
+                "pid": os.getpid(), "token": self.token, "renewed_at": time.time()}
+
+    def take(self) -> None:
+        """Claim the rank, or raise (and leave the note for the others) when another live node holds it."""
+        if self.node_rank == 0 and exists(self.stop_url):
+            remove(self.stop_url)  # node 0 starts a new attempt of the job: an old note is void
+        holder = read_json(self.url) if exists(self.url) else None
+        if holder is not None and _live(holder) and not _stale_here(holder, self.addr):
+            self._duplicate(holder["name"])
+        self._renewed = time.monotonic()
+        write_json_atomic(self.url, self.body())
+
+    def poll(self) -> None:
+        """Renew the claim every RENEW_S; raise when another node took this rank or any rank is held twice."""
+        if time.monotonic() - self._renewed < RENEW_S:
+            return
+        self._renewed = time.monotonic()
+        note = read_json(self.stop_url) if exists(self.stop_url) else None
+        if note is not None and note["token"] != self.token and note["at"] >= self.started:
+            self.stopped_by_peer = True
+            raise error_for(note["exit_code"], f"node {self.node_rank} stopped: node {note['node_rank']} on "
+                                               f"{note['name']} failed: {note['message']}")
+        holder = read_json(self.url) if exists(self.url) else None
+        if holder is not None and holder["token"] != self.token and _live(holder):
+            self._duplicate(holder["name"])
+        write_json_atomic(self.url, self.body())
+
+    def release(self) -> None:
+        """Give the rank up (the node finished or failed)."""
+        with contextlib.suppress(Exception):
+            if exists(self.url) and read_json(self.url)["token"] == self.token:
+                remove(self.url)
+
+    def stop_all(self, message: str, exit_code: int) -> None:
+        """Tell every node of this attempt to stop: this one failed (best effort: its own error matters more)."""
+        with contextlib.suppress(Exception):
+            write_json_atomic(self.stop_url, {"node_rank": self.node_rank, "name": self.name, "message": message,
+                                              "exit_code": exit_code, "token": self.token, "at": time.time()})
+
+    def _duplicate(self, other: str) -> None:
+        raise UserError(f"duplicate NODE_RANK={self.node_rank}: nodes on {other} and on {self.name} were both "
+                        f"started as node {self.node_rank}; give every node a unique NODE_RANK in "
+                        f"0..{self.nnodes - 1} and start the job again")
+
+
+def _live(holder: dict[str, Any]) -> bool:
+    return time.time() - holder["renewed_at"] < LEASE_S
+
+
+def _stale_here(holder: dict[str, Any], addr: str) -> bool:
+    """A claim by this host (same name and address: hostnames alone repeat across machines) whose process is gone,
+    or by this very process (a retry)."""
+    if holder["host"] != socket.gethostname() or holder["addr"] != addr:
+        return False
+    if holder["pid"] == os.getpid():
+        return True
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

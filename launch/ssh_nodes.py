@@ -1,0 +1,241 @@
+"""`launch.backend: ssh`: `python -m flows.node` on every host of launch.hosts / launch.hostfile, over the system's
+OpenSSH client (the setup of Qwen's PBS recipe and DeepSpeed's hostfile launcher: machines that reach each other
+over password-less SSH, nothing else).
+
+Each host is first checked over one shared connection (BatchMode, a connect timeout, ControlMaster): it must
+accept the key and have the checkout and its Python; node 0 also picks the rendezvous port. Then every node runs
+`launch.ssh_bootstrap`, which reads the run's environment from the connection's stdin (never a command line) and
+stops the node when that connection closes. The first node whose ssh exits non-zero stops the job, named with its
+host; whatever way this function exits, each host's leftovers are killed by the node's tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from config.errors import EXIT_USER_ERROR, RetryableError, UserError
+from config.hosts import Host, parse_host
+from config.loader import PROJECT_ROOT
+from config.schema import LaunchConfig
+from launch.agent import SETTLE_S, grace_for
+from launch.command import DEFAULT_MASTER_PORT, node_environment
+from launch.diagnose import error_for, log_tail
+from launch.phase import Info, OnProgress, PhaseJob
+from launch.preflight import NodePlan, plan_environment
+from launch.ssh_errors import ssh_failure
+from launch.watch import Watch, phase_watch
+
+POLL_S = 0.5
+CHECK_TIMEOUT_S = 60
+_PICK_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+
+@dataclass
+class SshNode:
+    """One host's `flows.node` over ssh, and the last lines it printed."""
+
+    node_rank: int
+    host: Host
+    process: subprocess.Popen
+    tag: str
+    lines: deque = field(default_factory=lambda: deque(maxlen=40))
+
+    @property
+    def name(self) -> str:
+        return f"node {self.node_rank} ({self.host})"
+
+
+class Ssh:
+    """ssh command lines for one launch: shared connections under a private control directory."""
+
+    def __init__(self, launch: LaunchConfig) -> None:
+        self.launch = launch
+        self.control_dir = tempfile.mkdtemp(prefix="tandem-ssh-")
+        self.root = launch.remote_root or str(PROJECT_ROOT)
+        self.python = launch.remote_python or sys.executable
+
+    def command(self, host: Host, remote: str) -> list[str]:
+        """ssh HOST REMOTE with batch mode (never a password prompt), a connect timeout, keep-alives that notice a
+        dead host within seconds, and one shared connection per host."""
+        port = ["-p", str(host.port)] if host.port else []
+        return ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.launch.ssh_connect_timeout}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+                "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C", "-o", "ControlPersist=120",
+                *port, *self.launch.ssh_options, host.target, remote]
+
+    def in_root(self, remote: str) -> str:
+        """A remote command run in the checkout."""
+        return f"cd {shlex.quote(self.root)} && {remote}"
+
+    def close(self, hosts: list[Host]) -> None:
+        """End the shared connections (their master processes would otherwise linger for ControlPersist)."""
+        for host in hosts:
+            subprocess.run(self.command(host, "")[:-2] + ["-O", "exit", host.target], capture_output=True, timeout=30)
+        # `-O exit` returns before the master removes its socket: remove the directory with whatever is left in it.
+        shutil.rmtree(self.control_dir, ignore_errors=True)
+
+
+def run_ssh_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
+    """Start the node on every host and wait for all; raise naming the first node (and host) that failed."""
+    spec, phase = job.written.spec, job.phase
+    launch = spec.config.launch
+    hosts = [parse_host(h, f"launch.hosts[{i}]") for i, h in enumerate(launch.hosts)]
+    ssh = Ssh(launch)
+    nodes: list[SshNode] = []
+    clean = False
+    try:
+        port = check_hosts(ssh, hosts, pick_port=launch.master_port is None) or launch.master_port \
+            or DEFAULT_MASTER_PORT
+        watch = phase_watch(spec.run_url, launch, phase, on_progress)
+        launch_id = uuid.uuid4().hex[:12]
+        for rank, host in enumerate(hosts):
+            plan = NodePlan(rank, launch.nnodes, launch.nproc_per_node, launch.rendezvous_addr, port)
+            nodes.append(start(ssh, job, plan, host, f"{launch_id}-{rank}", info))
+        info(f"{phase}: started {launch.nnodes} node(s) over ssh ({', '.join(map(str, hosts))}) x "
+             f"{launch.nproc_per_node} rank(s), rendezvous {launch.rendezvous_addr}:{port}")
+        clean = supervise(nodes, job, watch)
+    finally:
+        if not clean:
+            stop(ssh, nodes, grace_for(launch))
+        ssh.close(hosts)
+
+
+def check_hosts(ssh: Ssh, hosts: list[Host], *, pick_port: bool) -> int | None:
+    """Every host, in parallel: reachable with the key, the checkout and its Python there; on node 0 with
+    `pick_port`, a free port for the rendezvous. Raises one line naming the host and the fix."""
+    def check(rank: int, host: Host) -> str:
+        remote = (f"test -d {shlex.quote(ssh.root)} || exit 91; test -x {shlex.quote(ssh.python)} || exit 92; "
+                  + (f"{shlex.quote(ssh.python)} -c {shlex.quote(_PICK_PORT)}" if rank == 0 and pick_port else "true"))
+        try:
+            done = subprocess.run(ssh.command(host, remote), capture_output=True, text=True,
+                                  timeout=CHECK_TIMEOUT_S + ssh.launch.ssh_connect_timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise RetryableError(f"node {rank} ({host}): ssh did not answer within {CHECK_TIMEOUT_S} s; is the host "
+                                 "up and sshd running?") from None
+        if done.returncode == 91:
+            raise UserError(f"node {rank} ({host}): no Tandem checkout at {ssh.root}; install it there or set "
+                            "launch.remote_root to its path on the hosts")
+        if done.returncode == 92:
+            raise UserError(f"node {rank} ({host}): no Python at {ssh.python}; create the same virtual environment "
+                            "there or set launch.remote_python")
+        if done.returncode != 0:
+            raise ssh_failure(f"node {rank} ({host})", done.returncode, done.stderr)
+        return done.stdout.strip()
+
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        answers = [pool.submit(check, rank, host) for rank, host in enumerate(hosts)]
+        results = [answer.result() for answer in answers]  # the first failure in node order raises
+    return int(results[0]) if pick_port and results[0].isdigit() else None
+
+
+def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: Info) -> SshNode:
+    """Start `flows.node` on one host: the environment and the plan go over stdin; its output is relayed."""
+    args = ["--spec", job.written.url, "--phase", job.phase]
+    if job.model_url:
+        args += ["--model", job.model_url]
+    if job.phase in ("train", "probe"):
+        args += ["--spec-digest", job.written.digest]
+    launch = job.written.spec.config.launch
+    request = {"env": {**node_environment(launch), **plan_environment(plan)}, "argv": args, "tag": tag,
+               "grace_s": grace_for(launch)}
+    remote = ssh.in_root(f"exec {shlex.quote(ssh.python)} -m launch.ssh_bootstrap")
+    process = subprocess.Popen(ssh.command(host, remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(request) + "\n")
+    process.stdin.flush()
+    node = SshNode(plan.node_rank, host, process, tag)
+    threading.Thread(target=_relay, args=(node, info), daemon=True).start()
+    return node
+
+
+def _relay(node: SshNode, info: Info) -> None:
+    """Pass a node's own lines (preflight, started, its error) to the pipeline's log, and keep the last ones."""
+    assert node.process.stdout is not None
+    for line in node.process.stdout:
+        line = line.rstrip("\n")
+        node.lines.append(line)
+        if line.strip():
+            info(f"{node.name}: {line}")
+
+
+def supervise(nodes: list[SshNode], job: PhaseJob, watch: Watch | None) -> bool:
+    """Poll until every node's ssh exited 0 (True), or raise for the first failure or a stall."""
+    pending = list(nodes)
+    while pending:
+        if watch is not None:
+            watch.poll()
+        for node in list(pending):
+            code = node.process.poll()
+            if code is None:
+                continue
+            pending.remove(node)
+            if code != 0:
+                raise _failure(node, pending, job)
+        time.sleep(POLL_S)
+    return True
+
+
+def _failure(first: SshNode, pending: list[SshNode], job: PhaseJob) -> UserError | RetryableError:
+    """The error of a failed phase: the node whose ssh exited first, unless another one's own error says retrying
+    cannot help (exit 2) within SETTLE_S."""
+    failed = [first]
+    deadline = time.monotonic() + SETTLE_S
+    while pending and time.monotonic() < deadline:
+        for node in [n for n in pending if n.process.poll() is not None]:
+            pending.remove(node)
+            if node.process.returncode != 0:
+                failed.append(node)
+        time.sleep(0.1)
+    node = next((n for n in failed if n.process.returncode == EXIT_USER_ERROR), failed[0])
+    code = node.process.returncode
+    time.sleep(0.2)  # let the relay thread take the last lines
+    errors = [line[len("error: "):] for line in node.lines if line.startswith("error: ")]
+    run_url = job.written.spec.run_url
+    if errors:
+        said, prefix = errors[0], f"{job.phase} failed on node {node.node_rank}"
+        headline = (f"{prefix} ({node.host}){said[len(prefix):]}" if said.startswith(prefix)
+                    else f"{job.phase} failed on {node.name}: {said}")
+        return error_for(code, f"{headline}\nlast lines of its log:\n{log_tail(run_url, node.node_rank)}")
+    if code == 255 and node.lines and not any("node " in line for line in node.lines):
+        return ssh_failure(node.name, code, "\n".join(node.lines))
+    return RetryableError(f"{job.phase} failed on {node.name}: its node process ended without an error line (exit "
+                          f"{code}): it was killed, or the host or its connection went down\nlast lines of its "
+                          f"log:\n{log_tail(run_url, node.node_rank)}")
+
+
+def stop(ssh: Ssh, nodes: list[SshNode], grace_s: float) -> None:
+    """Stop every node that is still running: close its connection's stdin (the bootstrap stops the node), wait
+    for the grace, then kill what is left on each host by its tag."""
+    for node in nodes:
+        if node.process.poll() is None and node.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                node.process.stdin.close()
+    deadline = time.monotonic() + grace_s + 5
+    for node in nodes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+    def sweep(node: SshNode) -> None:
+        remote = ssh.in_root(f"{shlex.quote(ssh.python)} -m launch.ssh_bootstrap --kill {node.tag}")
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            subprocess.run(ssh.command(node.host, remote), capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+        if node.process.poll() is None:
+            node.process.kill()
+            node.process.wait()
+
+    if nodes:
+        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+            list(pool.map(sweep, nodes))

@@ -1,0 +1,80 @@
+"""What the network probe costs at start-up, measured in one session on this machine.
+
+    .venv/bin/python -m pytest tests/benchmarks/bench_probe.py -s        (or: make bench)
+    .venv/bin/python tests/benchmarks/bench_probe.py --repeats 5
+
+Training launches of the same tiny job (local backend, 2 nodes x 1 rank, 4 steps) alternate between
+launch.probe_mb=0 (the baseline: no probe) and the default launch.probe_mb; printed: the medians of both wall times,
+their ratio, and the median of the probe's own time as rank 0 records it in preflight.json (`seconds`). The
+bandwidth figures across real interfaces (an unshaped veth, a tbf-shaped one) are printed by the netns suite.
+Asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from config.schema import LaunchConfig  # noqa: E402
+from launch.phase import run_phase  # noqa: E402
+from storage import layout  # noqa: E402
+from storage.spec import WrittenSpec, write_spec  # noqa: E402
+from tasks.run import build_spec  # noqa: E402
+from tests.distributed.harness import config, stage  # noqa: E402
+
+SETTINGS = ["launch.nnodes=2", "train.max_steps=4", "train.save_steps=4"]
+
+
+def launch(staged, name: str, probe_mb: float) -> tuple[float, float | None]:
+    """(wall seconds of one training launch, the probe's own seconds from preflight.json or None)."""
+    cfg = config(staged, name, [*SETTINGS, f"launch.probe_mb={probe_mb}"])
+    spec = build_spec(cfg, name, staged.model_path, staged.dataset)
+    written = WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
+    started = time.perf_counter()
+    run_phase(written, "train", lambda _: None)
+    wall = time.perf_counter() - started
+    report = json.loads((staged.storage / "runs" / name / "nodes" / "0" / layout.PREFLIGHT).read_text())
+    probe = report["checks"].get("bandwidth")
+    return wall, (probe["seconds"] if probe else None)
+
+
+def run(repeats: int) -> None:
+    """Alternate launches without and with the probe; print medians and the ratio."""
+    default_mb = LaunchConfig.model_fields["probe_mb"].default
+    work = Path(tempfile.mkdtemp(prefix="tandem-bench-probe-"))
+    try:
+        staged = stage(work / "storage")
+        launch(staged, "warm-up", 0)  # the first launch pays for compiled extensions and page cache
+        without, with_probe, probe_s = [], [], []
+        for i in range(repeats):
+            without.append(launch(staged, f"no-probe-{i}", 0)[0])
+            wall, seconds = launch(staged, f"probe-{i}", default_mb)
+            with_probe.append(wall)
+            probe_s.append(seconds)
+            print(f"repeat {i + 1}: no probe {without[-1]:.2f} s, probe {with_probe[-1]:.2f} s "
+                  f"(the probe itself {seconds:.3f} s)", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    a, b = statistics.median(without), statistics.median(with_probe)
+    print(f"\nmedian of {repeats}: launch without the probe {a:.2f} s, with launch.probe_mb={default_mb} {b:.2f} s: "
+          f"ratio {b / a:.3f} ({b - a:+.2f} s); the probe's own time (rank 0) {statistics.median(probe_s):.3f} s")
+
+
+def test_probe_cost() -> None:
+    """On demand (not in the default run): prints the figures."""
+    run(repeats=3)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    run(parser.parse_args().repeats)

@@ -1,0 +1,211 @@
+"""launch.backend=ssh across real interfaces: nodes in network namespaces (tests/netns/hosts.py), each reached over
+its own sshd, rendezvous and gloo collectives crossing the veths. This machine's hostname resolves to 127.0.0.1 in
+every namespace, so a run only finishes when each node's ranks use the interface that routes to node 0."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from config.errors import RetryableError, UserError
+from config.loader import load_config
+from launch.phase import run_phase
+from storage import layout
+from storage.checkpoints import latest_complete
+from storage.spec import WrittenSpec, write_spec
+from tasks.run import build_spec
+from tests.conftest import ROOT
+from tests.distributed.harness import Staged, config
+from tests.netns.hosts import Machines, _cmdline
+
+pytestmark = pytest.mark.netns
+SECRET = "forwarded-not-on-a-command-line"
+
+
+class CommandLines:
+    """Every command line seen in the namespaces while a run goes on, and whether SECRET reached a node's
+    environment (polled from /proc: what `ps` shows on those hosts)."""
+
+    def __init__(self, machines: Machines) -> None:
+        self.machines, self.seen, self.in_environment = machines, set(), False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> CommandLines:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.3):
+            for machine in self.machines.machines:
+                for pid in machine.pids():
+                    self.seen.add(_cmdline(pid))
+                    try:
+                        environ = Path(f"/proc/{pid}/environ").read_bytes()
+                    except OSError:
+                        continue
+                    self.in_environment |= f"TANDEM_CANARY_TOKEN={SECRET}".encode() in environ
+
+
+def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefect_server, tiny_model, tmp_path,
+                                                      monkeypatch) -> None:
+    from flows.finetune import finetune
+
+    monkeypatch.setenv("TANDEM_CANARY_TOKEN", SECRET)  # a credential forwarded by name (launch.forward_env)
+    cfg = load_config(None, [
+        f"run.storage={tmp_path}", "run.name=over-ssh", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
+        f"launch.hosts=[{', '.join(machines.hosts(2))}]", f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
+        "launch.nproc_per_node=1", "train.max_steps=4", "train.save_steps=2", "launch.rdzv_timeout=60",
+        "launch.retries=1", "launch.retry_delay_s=0",
+        "launch.forward_env=[TANDEM_CANARY_TOKEN]",
+        f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:3', TANDEM_TEST_EXIT_ONCE: '{tmp_path / 'died-once'}'}}"])
+    assert cfg.launch.nnodes == 2 and cfg.launch.rendezvous_addr == machines.machines[0].addr
+    started = time.monotonic()
+    with CommandLines(machines) as lines:
+        summary = finetune(cfg)
+    print(f"pipeline over ssh: {time.monotonic() - started:.1f} s")
+    assert latest_complete(summary["run_url"]).step == 4
+    assert summary["registered"]
+    # Rank 1 died once at step 3: the retry resumed over ssh, with the transport's own logging on.
+    assert (tmp_path / "died-once").exists()
+    log = (tmp_path / "runs" / "over-ssh" / "nodes" / "0" / "log.txt").read_text()
+    assert "resumed from step 2" in log
+    assert log.index("checkpoint step 2 complete") < log.index("[c10d] The debug level is set to DETAIL")
+    # The forwarded credential reached the nodes without appearing on any command line there, or in preflight.json.
+    assert lines.in_environment
+    assert any("launch.ssh_bootstrap" in line for line in lines.seen)
+    assert not [line for line in lines.seen if SECRET in line]
+    run = tmp_path / "runs" / "over-ssh"
+    for rank in (0, 1):
+        report = json.loads((run / "nodes" / str(rank) / "preflight.json").read_text())
+        assert report["checks"]["interface"].startswith("eth0 (routes to 10.87.0.11;"), report
+        assert "resolves to 127.0.0.1 (a loopback address" in report["checks"]["hostname"]
+        assert report["checks"]["fabric"] == "no InfiniBand/RoCE device; NCCL uses TCP sockets"
+        assert report["checks"]["forwarded environment"] == "TANDEM_CANARY_TOKEN set" and SECRET not in str(report)
+        assert report["checks"]["gpus across nodes"] == "no GPU on every node (2)"
+        probe = report["checks"]["bandwidth"]  # the probe before training, here on the retry's launch
+        assert probe["ranks"] == 2 and probe["probe_mb"] == 4.0 and list(probe["nodes"]) == ["1"]
+        assert min(probe["nodes"]["1"].values()) > 0.4 and probe["bus_gbps"] > 0.4, probe
+        print(f"node {rank} probe:", json.dumps(probe))
+    assert machines.strays() == {}
+
+
+def ssh_spec(staged: Staged, machines: Machines, name: str, hosts: list[str], overrides: list[str]) -> WrittenSpec:
+    """A training spec for the ssh backend on these hosts (the session's staged data and model)."""
+    cfg = config(staged, name, ["launch.backend=ssh", f"launch.hosts=[{', '.join(hosts)}]",
+                                f"launch.ssh_options=[{', '.join(machines.ssh_options)}]", *overrides])
+    spec = build_spec(cfg, name, staged.model_path, staged.dataset)
+    return WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
+
+
+def test_a_killed_node_fails_the_job_within_seconds_naming_its_host(staged: Staged, machines: Machines) -> None:
+    written = ssh_spec(staged, machines, "ssh-kill", machines.hosts(2), [
+        "train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"])
+    metrics = staged.storage / "runs" / "ssh-kill" / "metrics.jsonl"
+    outcome: dict = {}
+
+    def pipeline() -> None:
+        try:
+            run_phase(written, "train", lambda _: None, on_progress=lambda _: None)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcome["error"], outcome["at"] = exc, time.monotonic()
+
+    thread = threading.Thread(target=pipeline)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert time.monotonic() < deadline and thread.is_alive(), outcome
+        time.sleep(0.2)
+    victim = machines.machines[1]
+    killed_at = time.monotonic()
+    for pid in victim.pids():  # the whole node dies: everything in that namespace but its sshd
+        if pid not in {p.pid for p in machines.sshd} and "sshd" not in _cmdline(pid).split(" ")[0]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    error = outcome["error"]
+    print(f"node death -> pipeline failure: {outcome['at'] - killed_at:.1f} s")
+    assert isinstance(error, RetryableError)
+    assert str(error).startswith(f"train failed on node 1 ({victim.addr}): "), error
+    assert outcome["at"] - killed_at < 20
+    assert machines.strays() == {}
+
+
+def test_an_ssh_refusal_is_one_line_naming_the_host_and_the_fix(staged: Staged, machines: Machines) -> None:
+    hosts = [machines.machines[0].addr, f"nobody@{machines.machines[1].addr}"]
+    written = ssh_spec(staged, machines, "ssh-refused", hosts, [])
+    with pytest.raises(UserError) as refused:
+        run_phase(written, "train", lambda _: None)
+    assert str(refused.value) == (f"node 1 (nobody@{machines.machines[1].addr}): Permission denied (publickey). — "
+                                  "install this machine's key on it (ssh-copy-id), or name the key with "
+                                  "launch.ssh_options=[-i, KEY]")
+    assert machines.strays() == {}
+
+
+def test_duplicate_node_ranks_by_hand_stop_every_node_within_seconds(staged: Staged, machines: Machines) -> None:
+    """The README's by-hand recipe over ssh, with NODE_RANK=1 given to two hosts of three."""
+    cfg = config(staged, "by-hand-dup", ["launch.nnodes=3"])
+    spec = build_spec(cfg, "by-hand-dup", staged.model_path, staged.dataset)
+    write_spec(spec)
+    spec_url = layout.join(spec.run_url, layout.SPEC)
+    first = machines.machines[0].addr
+    nodes = []
+    started = time.monotonic()
+    for machine, rank in zip(machines.machines, (0, 1, 1), strict=True):
+        command = (f"cd {ROOT} && NNODES=3 NODE_RANK={rank} MASTER_ADDR={first} MASTER_PORT=29411 "
+                   f"{sys.executable} -m flows.node --spec {spec_url}")
+        nodes.append(subprocess.Popen(["ssh", *machines.ssh_options, "-o", "BatchMode=yes", machine.addr, command],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        time.sleep(1.0)  # as a person would start them, one after the other
+    outputs = [_output(node, 90) for node in nodes]
+    elapsed = time.monotonic() - started
+    print(f"duplicate NODE_RANK: every node stopped after {elapsed:.1f} s")
+    print("\n---\n".join(outputs))
+    assert [node.returncode for node in nodes] == [2, 2, 2], outputs
+    names = {f"vm ({machines.machines[1].addr})", f"vm ({machines.machines[2].addr})"}
+    duplicate = [line for line in outputs[2].splitlines() if line.startswith("error: ")]
+    assert duplicate and "duplicate NODE_RANK=1: nodes on " in duplicate[0], outputs[2]
+    assert all(name in duplicate[0] for name in names), duplicate
+    for output in outputs[:2]:
+        assert "duplicate NODE_RANK=1" in output, output
+    assert elapsed < cfg.launch.rdzv_timeout
+    assert machines.strays() == {}
+
+
+def _output(process: subprocess.Popen, timeout_s: float) -> str:
+    """The process's output once it exited, or what it printed before it was killed at the timeout."""
+    try:
+        return process.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()[0] + f"\n(still running after {timeout_s} s: killed)"
+
+
+def test_a_cancelled_launch_leaves_nothing_running_on_any_host(staged: Staged, machines: Machines) -> None:
+    """Ctrl-C (or a cancelled flow run) while the nodes train: every connection closes, every node stops."""
+    written = ssh_spec(staged, machines, "ssh-cancel", machines.hosts(2), [
+        "train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"])
+
+    def interrupt(_record: dict) -> None:
+        raise KeyboardInterrupt
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_phase(written, "train", lambda _: None, on_progress=interrupt)
+    print(f"cancel: every host clean {time.monotonic() - started:.1f} s after the launch started")
+    assert machines.strays() == {}
+    assert not list(Path("/tmp").glob("tandem-ssh-*/*"))  # no shared connection left behind
