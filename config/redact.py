@@ -28,6 +28,10 @@ _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
 _NAME_SEP = re.compile(r"""(?P<name>[A-Za-z_][\w.-]*)(?P<sep>["']?\s*[=:]\s*)""")
 _VALUE = re.compile(r""""[^"]*"|'[^']*'|[^\s,;'"}\])]+""")
 _NUMBER = re.compile(r"^[-+]?\d[\d_]*(\.\d+)?([eE][-+]?\d+)?$")
+# After a colon, a lower-case word is prose, not a value: an error about a field names it as `train.api_key: unknown
+# key` or `track.wandb_key: expected a string`. Generated credentials mix case or digits; `=` assignments are masked
+# whatever their value.
+_PROSE_WORD = re.compile(r"^[a-z]+$")
 # Not a value but a stand-in: a placeholder or a variable's name (`KEY=VALUE`, `TOKEN=HF_TOKEN`), a shell reference.
 _PLACEHOLDER = re.compile(r"^([A-Z][A-Z_]*|\$\{?\w+\}?|\.\.\.|…|\*\*\*)$")
 # scheme://user:password@host: the password.
@@ -79,6 +83,8 @@ def mask_text(text: str, literals: Iterable[str] = ()) -> str:
         value = _VALUE.match(text, match.end())
         bare = value[0].strip("'\"") if value else ""
         if not bare or _NUMBER.match(bare) or _PLACEHOLDER.match(bare):
+            continue
+        if ":" in match["sep"] and value[0] == bare and _PROSE_WORD.match(bare):
             continue
         quote = value[0][0] if value[0][0] in "'\"" else ""
         pieces += [text[done:match.end()], f"{quote}{MASK}{quote}"]

@@ -129,6 +129,8 @@ def test_mask_text_masks_assignments_urls_and_literals_but_not_metrics() -> None
             "seen xyzzy-0123456789")
     masked = mask_text(text, ["xyzzy-0123456789"])
     assert mask_text("expected KEY=VALUE; TOKEN=$HF_TOKEN") == "expected KEY=VALUE; TOKEN=$HF_TOKEN"  # stand-ins
+    prose = "train.no_such_key: unknown key (allowed here: method); api_token: hunter2x"
+    assert mask_text(prose) == "train.no_such_key: unknown key (allowed here: method); api_token: ***"
     assert masked == ("environment: AWS_SECRET_ACCESS_KEY=***, HF_TOKEN=***; token_accuracy: 0.4512 "
                       "{'password': '***'} db postgresql+asyncpg://prefect:***@127.0.0.1:5432/prefect, seen ***")
 
