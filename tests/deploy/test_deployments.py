@@ -43,7 +43,7 @@ def test_the_form_schema_on_the_server_is_typed(deployed) -> None:
     train, launch, run = (defs[name]["properties"] for name in ("TrainConfig", "LaunchConfig", "RunConfig"))
     assert train["method"]["enum"] == ["full", "lora", "qlora"]
     assert (train["learning_rate"]["exclusiveMinimum"], train["learning_rate"]["maximum"]) == (0.0, 1.0)
-    assert launch["backend"]["enum"] == ["local", "prefect", "slurm"]
+    assert launch["backend"]["enum"] == ["local", "prefect", "slurm", "ssh"]
     assert launch["nnodes"]["type"] == "integer" and launch["nnodes"]["maximum"] == 1024
     assert run["storage"]["description"].startswith("fsspec URL shared by every node")
     assert defs["TrainConfig"]["additionalProperties"] is False  # unknown keys are refused, as on the CLI
