@@ -101,7 +101,7 @@ class DataConfig(Section):
         description="fail: the first invalid record stops with its location; skip: invalid records go to "
         "rejects.jsonl next to the manifest, counted in it.",
     )
-    max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; longer ones are truncated.")
+    max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; see data.excess_length.")
     eval_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="Share of records held out for evaluation.")
     digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
     shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Examples per Parquet shard (bounds shard size).")
@@ -121,6 +121,12 @@ class DataConfig(Section):
         default_factory=dict,
         description="Extra fsspec options for reading data.source and data.eval_source (e.g. endpoint_url, anon); "
         "credentials come from the AWS environment or profile, never from here.",
+    )
+    excess_length: Literal["truncate", "drop", "fail"] = Field(
+        "truncate",
+        description="An example longer than data.max_length: truncate keeps whole turns that fit (or, when the first "
+        "trained turn alone does not, the end of its prompt and the start of its answer); drop leaves it out, counted "
+        "and listed in rejects.jsonl; fail stops with its location.",
     )
 
     @field_validator("storage_options", mode="before")

@@ -1,8 +1,8 @@
 """What a staged dataset is named after, and what finds it again.
 
 - The dataset id digests what determines the staged bytes: the normalized records in order, the tokenizer
-  (its files, the chat template among them), max_length, the split settings, the shard size, the digest
-  algorithm, and the rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
+  (its files, the chat template among them), max_length and excess_length, the split settings, the shard size,
+  the digest algorithm, and the rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
   changing data.num_proc, changes none of these, so it names the same dataset.
 - The source key digests the inputs instead: the source files' digests and URLs plus the same settings.
   It is computed without parsing a record, and `{storage}/datasets/by-source/{key}.json` maps it to the
@@ -23,7 +23,7 @@ from tasks.data.progress import Reporter
 from tasks.data.sources import expand
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
-PIPELINE_VERSION = 3
+PIPELINE_VERSION = 4
 SOURCE_KEYS = ("data.source", "data.eval_source")
 READ_BLOCK = 8 * 1024 * 1024
 
@@ -51,7 +51,8 @@ def shaping(data: DataConfig) -> dict[str, Any]:
     """The settings that shape the staged bytes (not where the data is read from, nor how fast)."""
     split = {"eval_source": True} if data.eval_source else {"eval_ratio": data.eval_ratio}
     return {"max_length": data.max_length, "shard_rows": data.shard_rows, "digest_algorithm": data.digest_algorithm,
-            "split": split, "enable_thinking": data.enable_thinking, "mask_history": data.mask_history}
+            "split": split, "enable_thinking": data.enable_thinking, "mask_history": data.mask_history,
+            "excess_length": data.excess_length}
 
 
 def source_files(data: DataConfig) -> list[tuple[str, str]]:
