@@ -87,8 +87,9 @@ class DataConfig(Section):
         "JSON array, JSONL or Parquet files.",
         min_length=1,
     )
-    format: Literal["auto", "qwen", "sharegpt", "openai", "alpaca"] = Field(
-        "auto", description="Record format of the data files; auto decides per file from its records."
+    format: Literal["auto", "qwen", "sharegpt", "openai", "alpaca", "text"] = Field(
+        "auto", description="Record format of the data files; auto decides per file from its records. text: a "
+        "'text' string per record, every token a target, the tokenizer's end-of-document token appended."
     )
     eval_source: str | None = Field(
         None,

@@ -13,7 +13,7 @@ from tests.datafiles import arithmetic, qwen, write_jsonl
 def test_help_lists_the_options() -> None:
     result = run_cli("flows.prepare", "--help")
     assert result.returncode == 0
-    for option in ("--data SRC", "--format {auto,qwen,sharegpt,openai,alpaca}", "--storage URL", "--config FILE",
+    for option in ("--data SRC", "--format {auto,qwen,sharegpt,openai,alpaca,text}", "--storage URL", "--config FILE",
                    "--set KEY=VALUE"):
         assert option in result.stdout
 

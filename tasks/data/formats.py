@@ -1,8 +1,9 @@
-"""The record formats Tandem reads, each normalized to one chat form, and `auto` detection per file.
+"""The record formats Tandem reads, each normalized to one chat form (or plain text), and `auto` detection per file.
 
 The internal form is what the chat template receives: `{"messages": [{"role", "content", ...}], "tools": [...]}`
 with roles `system` (first only), `user`, `assistant` (optionally with OpenAI-style `tool_calls` and a
-`reasoning_content` string) and `tool`. Tool-call arguments are objects: a JSON string of one (OpenAI's form) is
+`reasoning_content` string) and `tool`. Plain text (format `text`, continued pre-training or completion data)
+is `{"text": ...}`: no template, every token a target. Tool-call arguments are objects: a JSON string of one (OpenAI's form) is
 parsed, as serving systems do before rendering, so the template writes the same JSON either way.
 A record that cannot be used raises `InvalidRecord` with the reason; the caller adds the location.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 Message = dict[str, Any]
 Conversation = dict[str, Any]
-FORMATS = ("qwen", "sharegpt", "openai", "alpaca")
+FORMATS = ("qwen", "sharegpt", "openai", "alpaca", "text")
 QWEN_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "function_call": "assistant",
                   "observation": "tool"}
@@ -264,11 +265,17 @@ def normalize_alpaca(record: object) -> Conversation:
     return _conversation(messages, None)
 
 
+def normalize_text(record: object) -> Conversation:
+    """Plain text: a `text` string, trained whole."""
+    return {"text": _text(_object(record, "text").get("text"), "text")}
+
+
 NORMALIZERS: dict[str, Callable[[object], Conversation]] = {
     "qwen": normalize_qwen,
     "sharegpt": normalize_sharegpt,
     "openai": normalize_openai,
     "alpaca": normalize_alpaca,
+    "text": normalize_text,
 }
 
 
@@ -288,6 +295,8 @@ def _vote(record: object) -> tuple[str | None, str]:
         return "openai", "'messages' list"
     if "instruction" in record and "output" in record:
         return "alpaca", "'instruction' and 'output'"
+    if isinstance(record.get("text"), str):
+        return "text", "'text' string"
     return None, ""
 
 

@@ -25,6 +25,7 @@ from tasks.data import length
 from tasks.data import spans as locate
 from tasks.data.formats import Conversation, InvalidRecord, Message
 
+DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "vocab.txt")
@@ -96,6 +97,7 @@ class ChatEncoder:
         self.special = dict(tokenizer.special_tokens_map)
         self._compile = _compile_jinja_template
         self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
+        self.document_end = document_end(tokenizer)
         source = tokenizer.get_chat_template(None, None)
         self.generation_blocks = locate.uses_generation_blocks(source)
         self.chatml = not self.generation_blocks and locate.is_chatml(lambda m, g: self.render(m, None, g))
@@ -142,6 +144,8 @@ class ChatEncoder:
 
     def check_render(self, conversation: Conversation) -> None:
         """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""
+        if "text" in conversation:
+            return  # plain text is not rendered
         messages, tools = self.prepare(conversation)
         try:
             ours = self.render(messages, tools, False)
@@ -155,7 +159,14 @@ class ChatEncoder:
 
     def spans(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]], list[bool]]:
         """The rendered conversation, the character spans [start, end) of its assistant turns, and which of
-        them are targets."""
+        them are targets. Plain text is one target turn, ended with the end-of-document token."""
+        if "text" in conversation:
+            if self.document_end is None:
+                raise UserError("the tokenizer has neither an end-of-document token nor an eos_token, which "
+                                "plain-text examples (data.format text) end with; set eos_token in its "
+                                "tokenizer_config.json")
+            text = conversation["text"] + self.document_end
+            return text, [(0, len(text))], [True]
         messages, tools = self.prepare(conversation)
         if self.generation_blocks:
             text, indices = self._render_generation(messages, tools)
@@ -224,6 +235,18 @@ class _Collector:
         return EncodedBatch(ids, _labels(ids, self.lengths, self.targets), np.array(self.lengths, dtype=np.int32),
                             np.array(self.truncated, dtype=bool), np.array(self.kept, dtype=np.int32), rejects,
                             self.dropped)
+
+
+def document_end(tokenizer: Any) -> str | None:
+    """The token that ends a plain-text document: `<|endoftext|>` (Qwen, GPT-2) or `<|end_of_text|>` (Llama 3)
+    when the vocabulary has one, since a chat model's eos_token ends a chat turn (`<|im_end|>`); else eos_token."""
+    backend = tokenizer.backend_tokenizer
+    for token in DOCUMENT_ENDS:
+        if backend.token_to_id(token) is not None:
+            return token
+    if tokenizer.eos_token is None:  # only plain text needs one: staging chat data goes on
+        return None
+    return str(tokenizer.eos_token)
 
 
 def _labels(ids: np.ndarray, lengths: list[int], targets: list[list[tuple[int, int]]]) -> np.ndarray:

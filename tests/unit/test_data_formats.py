@@ -81,6 +81,19 @@ def test_alpaca_joins_instruction_and_input(tmp_path) -> None:
                                              {"role": "assistant", "content": "5"}]}
 
 
+def test_text_records_are_plain_text(tmp_path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Once upon a time.", "meta": {"source": "web"}},
+                                             {"text": "  "}, {"text": 3}])
+    records = read_records(write_jsonl(tmp_path / "ok.jsonl", [{"text": "Once upon a time."}]), "auto")
+    assert [r.conversation for r in records] == [{"text": "Once upon a time."}]
+    with pytest.raises(UserError, match=rf"^{path}:2: text: empty text "):
+        read_records(path, "text")
+    from tasks.data.formats import InvalidRecord, normalize_text
+
+    with pytest.raises(InvalidRecord, match=r"^text: expected a string, got int$"):
+        normalize_text({"text": 3})
+
+
 def test_auto_decides_per_file_in_a_directory_and_a_glob(tmp_path) -> None:
     for fmt, kind in zip(sorted(SAME_CONVERSATION), ("json", "jsonl", "parquet", "jsonl"), strict=True):
         WRITERS[kind](tmp_path / f"{fmt}.{kind}", [SAME_CONVERSATION[fmt]])
@@ -99,7 +112,7 @@ def test_auto_explains_when_it_cannot_tell(tmp_path) -> None:
     with pytest.raises(UserError) as info:
         read_records(path, "auto")
     assert str(info.value) == (f"cannot tell the format of {path}: records have keys ['completion', 'prompt']; "
-                               "pass --format qwen|sharegpt|openai|alpaca (data.format)")
+                               "pass --format qwen|sharegpt|openai|alpaca|text (data.format)")
     garbage = tmp_path / "g.jsonl"
     garbage.write_text("{oops\n")
     with pytest.raises(UserError, match=r"^cannot tell the format of .*g.jsonl: its first records are not valid JSON"):

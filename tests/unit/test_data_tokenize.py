@@ -176,6 +176,17 @@ def test_drop_and_fail_leave_over_long_examples_out(builtin_tokenizer) -> None:
         assert batch.dropped == [(0, f"{n} tokens, longer than data.max_length={limit}")]
 
 
+def test_plain_text_is_all_targets_and_ends_with_the_end_of_document_token(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
+    document = "Once upon a time there was a tiny model. " * 8
+    batch = ChatEncoder(tok, 512).encode([{"text": document}])
+    ids, labels = batch.ids.tolist(), batch.labels.tolist()
+    assert ids == tok(document, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert labels == ids and tok.decode(ids[-1:]) == "<|endoftext|>" != tok.eos_token  # not <|im_end|>
+    head = ChatEncoder(tok, 16).encode([{"text": document}])  # too long: its head is kept, every token a target
+    assert head.ids.tolist() == ids[:16] == head.labels.tolist() and head.truncated.tolist() == [True]
+
+
 def test_tool_calls_are_rendered_and_trained_by_a_tool_template(tiny_model, tmp_path) -> None:
     tok = load_tokenizer(with_template(tiny_model, tmp_path, TOOL_TEMPLATE))
     conversation = {"tools": [{"name": "add"}], "messages": [
