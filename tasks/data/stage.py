@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -35,7 +36,9 @@ from tasks.data.progress import Reporter
 from tasks.data.records import RecordError, Reject
 from tasks.data.scan import EVAL, Scan, scan_sources
 from storage.shards import FileEntry, SplitWriter
+from tasks.data.catalog import is_reference
 from tasks.data.sources import source_root
+from tasks.data.streams import label
 from tasks.data.tokenize import EncoderSettings, tokenizer_fingerprint
 from tasks.data.workers import ChunkResult, encode_chunks, worker_count
 
@@ -43,10 +46,15 @@ log = logging.getLogger(__name__)
 
 
 def register_source_options(data: DataConfig) -> None:
-    """Make data.storage_options apply to reads of data.source and data.eval_source."""
-    for source in (data.source, data.eval_source):
-        if source and data.storage_options:
-            set_storage_options(source_root(source), dict(data.storage_options))
+    """Make data.storage_options apply to reads of every source (data.sources or data.source, data.eval_source);
+    for a dataset_info.json entry, to the json's directory, where its files are."""
+    if not data.storage_options:
+        return
+    sources = [s.source for s in data.sources] if data.sources else [data.source]
+    for source in [*sources, data.eval_source]:
+        if source:
+            root = posixpath.dirname(source.rsplit("#", 1)[0]) if is_reference(source) else source_root(source)
+            set_storage_options(root, dict(data.storage_options))
 
 
 def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Callable[[str], None] = log.info,
@@ -62,7 +70,7 @@ def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Cal
         return found
     with tempfile.TemporaryDirectory(prefix="tandem-prepare-") as tmp:
         spool = Path(tmp) / "records.spool"
-        scan = scan_sources(inputs.files, data, spool, reporter)
+        scan = scan_sources(inputs, data, spool, reporter)
         rejects_digest = digest_bytes(rejects_jsonl(scan.rejects), "blake3") if scan.rejects else None
         name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data)
         base = layout.dataset_dir(storage, name)
@@ -188,7 +196,7 @@ def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
         dropped = counts[split]["dropped"]
         why = (f"{dropped} dropped as longer than data.max_length={data.max_length} (data.excess_length=drop), "
                "the others rejected" if dropped else "see the rejects (data.on_invalid=skip) for the reasons")
-        raise UserError(f"data.source {data.source}: no record of the {split} split could be tokenized; {why}")
+        raise UserError(f"{label(data)}: no record of the {split} split could be tokenized; {why}")
 
 
 def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str, int]], scan: Scan,
@@ -207,6 +215,7 @@ def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str
                     "dropped": dropped},
         "rejects": layout.REJECTS if rejects else None,
         "sources": scan.sources,
+        "mix": {"strategy": data.mix, "sources": scan.streams},
         "tokenizer": inputs.fingerprint,
         "max_length": data.max_length,
         "split": {"eval_source": data.eval_source} if data.eval_source else {"eval_ratio": data.eval_ratio},
