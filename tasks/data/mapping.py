@@ -67,6 +67,18 @@ class Mapping:
             out[turns_key] = [self._turn(turn) for turn in out[turns_key]]
         return out
 
+    def explain(self, reason: str) -> str:
+        """A normalizer's reason in the user's keys: `output: empty text` -> `answer (column response): empty text`."""
+        own = COLUMNS.get(self.format, {})
+        for name, key in self.columns.items():
+            mine = own[name]
+            if reason.startswith((f"{mine}:", f"{mine}[")):
+                where, _, rest = reason.partition(":")
+                return f"{key}{where[len(mine):]} (column {name}):{rest}"
+            if reason.startswith(f"{mine!r}"):
+                return f"{key!r} (column {name}){reason[len(repr(mine)):]}"
+        return reason
+
     def _turn(self, turn: Any) -> Any:
         if not isinstance(turn, dict):
             return turn

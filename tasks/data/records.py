@@ -73,7 +73,7 @@ def open_file(url: str, mapping: Mapping, on_bytes: ByteCounter) -> DataFile:
             try:
                 yield Record(location, normalize(mapping.apply(value)))
             except InvalidRecord as exc:
-                yield Reject(location, str(exc))
+                yield Reject(location, mapping.explain(str(exc)))
 
     return DataFile(url, fmt, reason, items())
 

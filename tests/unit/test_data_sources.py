@@ -46,7 +46,7 @@ def test_columns_and_tags_rename_a_formats_keys(tmp_path) -> None:
     assert read(text, DataConfig(format="text", columns={"prompt": "body"})) == [{"text": "Once upon a time."}]
     # Bad input keeps its location and names the format's own field.
     bad = write_jsonl(tmp_path / "b.jsonl", [RENAMED_ALPACA, {**RENAMED_ALPACA, "answer": 5}])
-    with pytest.raises(UserError, match=rf"^{bad}:2: output: expected a string, got int "):
+    with pytest.raises(UserError, match=rf"^{bad}:2: answer \(column response\): expected a string, got int "):
         read(bad, data)
     with pytest.raises(UserError, match=r"^data.source: column 'query' is not one of format sharegpt's: messages, "
                                         r"system, tools$"):
