@@ -3,8 +3,8 @@
 The internal form is what the chat template receives: `{"messages": [{"role", "content", ...}], "tools": [...]}`
 with roles `system` (first only), `user`, `assistant` (optionally with OpenAI-style `tool_calls` and a
 `reasoning_content` string) and `tool`. Plain text (format `text`, continued pre-training or completion data)
-is `{"text": ...}`: no template, every token a target. Tool-call arguments are objects: a JSON string of one (OpenAI's form) is
-parsed, as serving systems do before rendering, so the template writes the same JSON either way.
+is `{"text": ...}`: no template, every token a target. Tool-call arguments are objects: a JSON string of one
+(OpenAI's form) is parsed, as serving systems do before rendering, so the template writes the same JSON either way.
 A record that cannot be used raises `InvalidRecord` with the reason; the caller adds the location.
 """
 

@@ -122,8 +122,8 @@ def report(sources: list[dict[str, Any]], opened: dict[int, DataFile], streams: 
     if len(streams) > 1:
         for entry in mix(sources, streams):
             cap = f", at most {entry['max_records']}" if entry["max_records"] else ""
-            weight = f", weight {entry['weight']:g}" if data.mix == "interleave" and entry["key"] != "data.eval_source" \
-                else ""
+            mixed = data.mix == "interleave" and entry["key"] != "data.eval_source"
+            weight = f", weight {entry['weight']:g}" if mixed else ""
             reporter.info(f"{entry['key']} ({entry['entry'] or entry['source']}): {entry['records']} records"
                           f"{weight}{cap}")
 
