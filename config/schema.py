@@ -200,7 +200,7 @@ class DataConfig(Section):
         None,
         min_length=1,
         description="Several sources mixed, each with its own format, mapping, weight and cap; when set, "
-        "data.source, data.format, data.columns and data.tags are not used.",
+        "data.source is not used, and data.format, data.columns and data.tags apply to data.eval_source only.",
     )
     mix: Literal["concat", "interleave"] = Field(
         "concat",

@@ -140,6 +140,13 @@ def test_truncation_drops_whole_later_turns_first(builtin_tokenizer) -> None:
     assert ids == tok(tok.apply_chat_template(two_turns, tokenize=False), add_special_tokens=False)["input_ids"]
     assert tok.decode([t for t, la in zip(ids, labels, strict=True) if la != IGNORE_INDEX]) == (
         "2 plus 3 is 5.<|im_end|>\n5 times 4 is 20.<|im_end|>\n")
+    # With mask_history only the last turn is a target: it keeps the end of its prompt and its answer's start.
+    last = ChatEncoder(tok, limit, mask_history=True).encode([conversation])
+    ids, labels = last.ids.tolist(), last.labels.tolist()
+    first = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+    assert len(ids) == limit and labels[first:] == ids[first:]
+    assert tok.decode(ids[:first]).endswith("Minus 1? <|im_end|>\n<|im_start|>assistant\n")
+    assert ("19. " * 20).startswith(tok.decode(ids[first:]))
 
 
 def test_a_first_turn_too_long_alone_keeps_the_prompt_end_and_the_answer_start(builtin_tokenizer) -> None:
