@@ -194,8 +194,9 @@ def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
         if counts[split]["records"] or (split == "eval" and not (data.eval_source or data.eval_ratio > 0)):
             continue
         dropped = counts[split]["dropped"]
-        why = (f"{dropped} dropped as longer than data.max_length={data.max_length} (data.excess_length=drop), "
-               "the others rejected" if dropped else "see the rejects (data.on_invalid=skip) for the reasons")
+        why = (f"{dropped} dropped as longer than data.max_length={data.max_length} (data.excess_length=drop); "
+               "raise data.max_length or set data.excess_length=truncate" if dropped
+               else "see the rejects (data.on_invalid=skip) for the reasons")
         raise UserError(f"{label(data)}: no record of the {split} split could be tokenized; {why}")
 
 

@@ -190,6 +190,13 @@ def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_
     assert re.fullmatch(rf"{re.escape(path)}:21: \d+ tokens, longer than data.max_length=64; raise "
                         r"data.max_length, or set data.excess_length=truncate \(or drop\)", str(info.value))
     assert len(list((tmp_path / "s").glob("datasets/ds-*"))) == 2  # nothing left of the failed staging
+    only_long = write_jsonl(tmp_path / "long.jsonl", [long_answer, long_prompt])
+    with pytest.raises(UserError) as info:
+        stage(DataConfig(source=only_long, max_length=64, eval_ratio=0, excess_length="drop"), tmp_path / "s",
+              tiny_model)
+    assert str(info.value) == (f"data.source {only_long}: no record of the train split could be tokenized; 2 dropped "
+                               "as longer than data.max_length=64 (data.excess_length=drop); raise data.max_length or set "
+                               "data.excess_length=truncate")
 
 
 def test_an_empty_result_is_an_error(tmp_path, tiny_model) -> None:
