@@ -150,3 +150,8 @@ def test_several_sources_are_mixed_and_counted_each(tmp_path, tiny_model) -> Non
     assert f"data.sources[0] ({chats}): 5 records, weight 2" in messages
     again = stage(data.model_copy(update={"mix": "interleave"}), tmp_path / "again", tiny_model)
     assert again.dataset_id == interleaved.dataset_id  # deterministic
+    from flows.prepare import summary_rows  # the CLI's summary: one row per source
+
+    assert [value for name, value in summary_rows(interleaved) if name == "source"] == [
+        f"data.sources[0] ({chats}): 5 records, 0 rejected", f"data.sources[1] ({qa}): 3 records, 0 rejected",
+        f"data.sources[2] ({catalog}#qa_few): 2 records, 0 rejected"]
