@@ -122,11 +122,6 @@ class SourceConfig(Section):
                                  "(default 1).")
     max_records: int | None = Field(None, gt=0, description="Take at most this many valid records of this source.")
 
-    @field_validator("source", mode="before")
-    @classmethod
-    def _no_url_password(cls, value: object) -> object:
-        return refuse_url_password(value, "data.sources[].source")
-
     @model_validator(mode="after")
     def _mapped_format(self) -> SourceConfig:
         check_mapped_format(self.format, self.columns, self.tags, "data.sources[]")
@@ -207,6 +202,15 @@ class DataConfig(Section):
         description="How data.sources are mixed: concat (one after the other, in order) or interleave (records "
         "taken in turn by weight, stopping when the first source runs out, like LLaMA-Factory's interleave_under).",
     )
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _no_source_password(cls, value: object) -> object:
+        # Here rather than in SourceConfig: the message names the source's index, and no value is echoed.
+        for index, item in enumerate(value if isinstance(value, list) else []):
+            source = item.get("source") if isinstance(item, dict) else getattr(item, "source", None)
+            refuse_url_password(source, f"data.sources[{index}].source")
+        return value
 
     @model_validator(mode="after")
     def _mapped_format(self) -> DataConfig:
