@@ -26,6 +26,7 @@ EVAL = "eval.json"
 SAMPLES = "samples.jsonl"
 LOSS_PLOT = "loss.png"
 MODEL_CARD = "model_card.md"
+TENSORBOARD = "tensorboard"  # {run}/tensorboard/: event files of the TensorBoard sink
 CHAMPION = "champion.json"
 LOG = "log.txt"
 STATUS = "status.json"
