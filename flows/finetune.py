@@ -31,7 +31,7 @@ from tasks.run import new_run_id, write_run_spec
 from storage.run_lock import RunLock
 from storage.spec import WrittenSpec
 from storage.checkpoints import CompleteCheckpoint
-from tasks.track import link_tracking
+from tasks.track import link_tracking, mirror_registry
 from tasks.tracking import check_tracking, links, resolved_params, run_tags, tracking, wait_opened
 from tasks.tracking.sink import RunInfo, Tracker
 from tasks.train import train_with_retries
@@ -80,6 +80,8 @@ def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
     registered = register_model(written, checkpoint, model_url, metrics, loss_plot)
     if registered.registered:
         record_model_asset(spec, registered)
+    if (mlflow_uri := cfg.track.mlflow_tracking_uri()) is not None:  # a rejected gate mirrors nothing new
+        mirror_registry(cfg.run.storage, cfg.register.model_name, mlflow_uri)
     track_results(tracker, written, checkpoint, metrics, loss_plot, registered)
     summary = {
         "run_id": run_id,

@@ -19,9 +19,8 @@ from typing import Any
 
 from config.errors import UserError
 from storage.fs import read_bytes
-from tasks.tracking.sink import RunInfo, step_metrics
+from tasks.tracking.sink import RunInfo, require, step_metrics
 
-EXTRA_FIX = "pip install 'tandem[mlflow]' (or set track.mlflow_uri=off)"
 RUN_TAG = "tandem.run_id"
 LAST_STEP_METRIC = "train/loss"
 PARAM_VALUE_MAX = 6000  # MLflow's limit for a param value
@@ -36,11 +35,15 @@ CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_
 
 def import_mlflow() -> Any:
     """The mlflow module, or a one-line UserError naming the extra that provides it."""
-    try:
-        import mlflow
-    except ImportError:
-        raise UserError(f"track.mlflow_uri: MLflow is not installed in this environment: {EXTRA_FIX}") from None
-    return mlflow
+    return require("mlflow", "MLflow", "track.mlflow_uri", "off")
+
+
+def make_client(uri: str) -> Any:
+    """MLflow's client for the tracking server and model registry at `uri`."""
+    mlflow = import_mlflow()
+    for key, value in CLIENT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def auth_header() -> dict[str, str]:
@@ -79,6 +82,18 @@ def run_link(uri: str, experiment_id: str, run_id: str) -> str | None:
     return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
+def find_run(client: Any, experiment: str, run_id: str, tags: Mapping[str, str]) -> tuple[str, str, bool]:
+    """(experiment id, MLflow run id, whether it existed) of the MLflow run of Tandem's `run_id` in `experiment`;
+    both are created (the run with `tags`) when missing."""
+    found_experiment = client.get_experiment_by_name(experiment)
+    experiment_id = (found_experiment.experiment_id if found_experiment is not None
+                     else client.create_experiment(experiment))
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'", max_results=1)
+    if runs:
+        return experiment_id, runs[0].info.run_id, True
+    return experiment_id, client.create_run(experiment_id, tags=dict(tags), run_name=run_id).info.run_id, False
+
+
 def _clip(value: str, limit: int) -> str:
     return value if len(value) <= limit else value[: limit - 3] + "..."
 
@@ -89,31 +104,21 @@ class MlflowSink:
     name = "MLflow"
 
     def __init__(self, uri: str, experiment: str) -> None:
-        mlflow = import_mlflow()
-        for key, value in CLIENT_DEFAULTS.items():
-            os.environ.setdefault(key, value)
         self.uri = uri
         self.experiment = experiment
-        self.client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        self.client = make_client(uri)
         self.experiment_id: str | None = None
         self.mlflow_run_id: str | None = None
 
     def open(self, run: RunInfo) -> int:
         """Find the MLflow run tagged with this run_id (a retry, a rerun of the same run.name) or create it."""
-        experiment = self.client.get_experiment_by_name(self.experiment)
-        self.experiment_id = (experiment.experiment_id if experiment is not None
-                              else self.client.create_experiment(self.experiment))
-        found = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.run_id}'",
-                                        max_results=1)
         tags = {RUN_TAG: run.run_id, "tandem.run_url": run.run_url,
                 **({"prefect.flow_run_id": run.flow_run_id} if run.flow_run_id else {}),
                 **({"prefect.flow_run_url": run.flow_run_url} if run.flow_run_url else {})}
+        self.experiment_id, self.mlflow_run_id, found = find_run(self.client, self.experiment, run.run_id, tags)
         if found:
-            self.mlflow_run_id = found[0].info.run_id
             self.client.update_run(self.mlflow_run_id, status="RUNNING")
             self.set_tags(tags)
-        else:
-            self.mlflow_run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=run.run_id).info.run_id
         history = self.client.get_metric_history(self.mlflow_run_id, LAST_STEP_METRIC)
         return max((m.step for m in history), default=0)
 

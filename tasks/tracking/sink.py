@@ -9,6 +9,7 @@ Step metrics are logged by step number, each step once: a sink reports the last 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from config.errors import UserError
 from config.redact import redact
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,15 @@ class Sink(Protocol):
 
     def close(self, status: str) -> None:
         """End the record with `status` (FINISHED or FAILED)."""
+
+
+def require(module: str, name: str, setting: str, off: str) -> Any:
+    """Import a tracking package, or one UserError line naming Tandem's extra of the same name that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{setting}: {name} is not installed in this environment: pip install "
+                        f"'tandem[{module}]' (or set {setting}={off})") from None
 
 
 def step_metrics(record: Mapping[str, Any]) -> dict[str, float]:

@@ -15,21 +15,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from config.errors import UserError
 from storage import layout
 from storage.fs import get_file, is_local, join, listdir, local_path, put_file
-from tasks.tracking.sink import RunInfo, step_metrics
+from tasks.tracking.sink import RunInfo, require, step_metrics
 
 EVENTS_PREFIX = "events.out.tfevents."
 
 
 def import_tensorboard() -> None:
     """Fail with one line naming the extra when TensorBoard is missing."""
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise UserError("track.tensorboard: TensorBoard is not installed in this environment: "
-                        "pip install 'tandem[tensorboard]' (or set track.tensorboard=false)") from None
+    require("tensorboard", "TensorBoard", "track.tensorboard", "false")
 
 
 def last_event_step(logdir: Path) -> int:

@@ -63,7 +63,7 @@ def test_the_mlflow_run_holds_the_resolved_config_lineage_and_files(pipeline, ml
     assert run.data.tags["tandem.run_url"] == summary["run_url"]
     assert run.data.tags["tandem.registered"] == "tandem-tiny v0001 (champion)"
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert names == {"loss.png", "model_card.md"}
+    assert {"loss.png", "model_card.md", "tandem-tiny-v0001"} <= names  # (+ versions mirrored by other tests)
     card = Path(client.download_artifacts(run.info.run_id, "model_card.md")).read_text()
     assert card.startswith("# tandem-tiny v0001")
 
@@ -88,6 +88,117 @@ def test_tensorboard_events_hold_every_step(pipeline) -> None:
         (r["step"], pytest.approx(r["loss"])) for r in steps]
     assert [e.step for e in events.Scalars("eval/loss")] == [30]
     assert events.Scalars("eval/loss")[0].value == pytest.approx(summary["eval"]["loss"])
+
+
+def test_the_registered_version_and_champion_are_mirrored_and_load_back(pipeline, mlflow_run, mlflow_server,
+                                                                         monkeypatch) -> None:
+    """Tandem's v0001 (the champion) is MLflow's version 1 of tandem-tiny with its lineage, the `champion` alias
+    names it, the mapping is recorded beside Tandem's entry, and the MLflow model loads back as the same LoRA model:
+    its eval loss is the recorded one."""
+    import mlflow.pyfunc
+
+    from tests.e2e.test_registration import assert_reproduces_eval
+
+    storage, summary = pipeline
+    client, run = mlflow_run
+    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    mirror = json.loads((storage / "registry" / "tandem-tiny" / "mlflow" / "v0001.json").read_text())
+    assert (mirror["status"], mirror["mlflow_version"], mirror["tracking_uri"]) == ("done", 1, mlflow_server.uri)
+    version = client.get_model_version_by_alias("tandem-tiny", "champion")
+    assert version.version == "1" and version.run_id == run.info.run_id
+    for key in ("dataset_manifest_digest", "spec_digest", "code_version", "checkpoint_manifest_digest"):
+        assert version.tags[f"tandem.{key}"] == entry["lineage"][key], key
+    assert version.tags["tandem.version"] == "1" and version.tags["tandem.entry_digest"] == entry["digest"]
+    # The artifacts are served by the tracking server. (Not mlflow.set_tracking_uri: it exports the variable for
+    # good, and every later pipeline run of this process would track to MLflow.)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    loaded = mlflow.pyfunc.load_model("models:/tandem-tiny@champion")
+    model = loaded.unwrap_python_model().model
+    assert type(model).__name__ == "PeftModelForCausalLM"
+    assert_reproduces_eval(model, summary["run_url"], entry)
+
+
+def test_a_mirror_mlflow_cannot_take_stays_pending_until_sync_completes_it(pipeline, mlflow_server, tmp_path) -> None:
+    """Registered while MLflow is unreachable: Tandem's registry has the version, MLflow nothing, the record beside
+    the entry says pending; `python -m flows.registry sync` completes it and the alias. A later champion that is
+    pending again leaves the alias on the older one only as long as MLflow is unreachable."""
+    from mlflow import MlflowClient
+
+    from storage.registry import promote, register_version
+    from tasks.tracking.mlflow_registry import sync
+
+    storage, _ = pipeline
+    first = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    body = {k: v for k, v in first.items() if k not in ("schema", "model", "version", "created_at", "digest")}
+    tandem, client, down = str(tmp_path), MlflowClient(mlflow_server.uri), f"http://127.0.0.1:{free_port()}"
+    mirror = tmp_path / "registry" / "mirror-test" / "mlflow"
+
+    register_version(tandem, "mirror-test", body)
+    assert promote(tandem, "mirror-test", 1, body["metrics"], "loss", "min")
+    assert sync(tandem, "mirror-test", down, print) is False
+    record = json.loads((mirror / "v0001.json").read_text())
+    assert (record["status"], record["tracking_uri"]) == ("pending", down)
+    assert client.search_registered_models("name = 'mirror-test'") == []
+
+    done = run_cli("flows.registry", "--storage", tandem, "sync", "mirror-test", "--mlflow-uri", mlflow_server.uri)
+    assert done.returncode == 0, done.stderr
+    assert "MLflow: mirror-test v0001 registered as MLflow version 1" in done.stdout
+    assert json.loads((mirror / "v0001.json").read_text())["status"] == "done"
+    assert client.get_model_version_by_alias("mirror-test", "champion").version == "1"
+
+    better = {**body, "metrics": {**body["metrics"], "loss": body["metrics"]["loss"] - 1}}
+    register_version(tandem, "mirror-test", better)
+    assert promote(tandem, "mirror-test", 2, better["metrics"], "loss", "min")
+    assert sync(tandem, "mirror-test", down, print) is False
+    assert json.loads((mirror / "v0002.json").read_text())["status"] == "pending"
+    assert sync(tandem, "mirror-test", mlflow_server.uri, print) is True
+    version = client.get_model_version_by_alias("mirror-test", "champion")
+    assert (version.version, version.tags["tandem.version"]) == ("2", "2")
+    assert [v.version for v in client.search_model_versions("name = 'mirror-test'")] == ["2", "1"]
+
+
+def test_wandb_offline_run_files_hold_every_step_the_config_and_lineage(pipeline) -> None:
+    from tests.wandb_records import history, records
+
+    storage, summary = pipeline
+    run = Path(summary["run_url"])
+    [path] = run.glob("wandb/offline-run-*/run-e2e.wandb")
+    rows = history(path)
+    steps = step_lines(run)
+    assert [(r["_step"], r["train/loss"]) for r in rows] == [(s["step"], pytest.approx(s["loss"])) for s in steps]
+    assert rows[-1]["eval/loss"] == pytest.approx(summary["eval"]["loss"])
+    config = {item.key: item.value_json for r in records(path) if r.WhichOneof("record_type") == "config"
+              for item in r.config.update}
+    assert json.loads(config["train.method"]) == "lora" and json.loads(config["resolved.world_size"]) == "2"
+    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    summaries = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for r in records(path)
+                 if r.WhichOneof("record_type") == "summary" for item in r.summary.update}
+    assert summaries["tandem.spec_digest"] == entry["lineage"]["spec_digest"]
+
+
+def test_files_reach_an_experiment_whose_artifacts_live_on_s3(pipeline, mlflow_server, s3_endpoint, s3_bucket,
+                                                              monkeypatch) -> None:
+    """MLflow with its artifact store on S3 (the experiment's artifact location on the session's S3 endpoint): the
+    sink's files land in the bucket and read back through MLflow's client."""
+    from mlflow import MlflowClient
+
+    from storage.fs import filesystem
+    from tasks.tracking.mlflow_sink import MlflowSink
+    from tasks.tracking.sink import RunInfo, Tracker
+
+    _, summary = pipeline
+    monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3_endpoint)
+    client = MlflowClient(mlflow_server.uri)
+    client.create_experiment("on-s3", artifact_location=f"{s3_bucket}/mlflow")
+    sink = MlflowSink(mlflow_server.uri, "on-s3")
+    tracker = Tracker([sink], RunInfo("on-s3", summary["run_url"], None, None))
+    plot = str(Path(summary["run_url"]) / "loss.png")
+    tracker.call(lambda s: s.log_file(plot, "loss.png"))
+    assert tracker.close("FINISHED", timeout_s=60) == []
+    fs, bucket = filesystem(s3_bucket)
+    [stored] = [p for p in fs.find(bucket) if p.endswith("/artifacts/loss.png")]
+    assert fs.cat_file(stored) == Path(plot).read_bytes()
+    assert Path(client.download_artifacts(sink.mlflow_run_id, "loss.png")).read_bytes() == Path(plot).read_bytes()
 
 
 def test_an_unreachable_mlflow_server_stops_the_run_before_anything_is_written(prefect_server, tmp_path) -> None:
