@@ -21,6 +21,7 @@ from storage.fs import filesystem, is_local, local_path
 from storage.registry import champion, read_entry, read_mirror, versions, write_mirror
 from storage.spec import load_spec
 from tasks.tracking.mlflow_sink import RUN_TAG, find_run, make_client
+from tasks.tracking.sink import first_line
 
 ALIAS = "champion"
 PENDING, DONE = "pending", "done"
@@ -108,11 +109,6 @@ def sync_alias(client: Any, storage: str, model: str) -> str:
     except Exception:  # noqa: BLE001 - no such model or alias: nothing to remove
         pass
     return f"{ALIAS} alias removed (Tandem's champion is not mirrored yet)"
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception as one short line."""
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
 
 
 def sync(storage: str, model: str, uri: str, info: Callable[[str], None]) -> bool:

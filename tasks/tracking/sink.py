@@ -74,6 +74,11 @@ def require(module: str, name: str, setting: str, off: str) -> Any:
                         f"'tandem[{module}]' (or set {setting}={off})") from None
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception as one short line (a tracking client's errors can span pages)."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
 def step_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """The mirrored metrics of one metrics.jsonl step line, as train/{key}."""
     return {f"train/{key}": float(record[key]) for key in STEP_METRICS if record.get(key) is not None}
@@ -139,7 +144,7 @@ class SinkWorker:
             while True:
                 if self.last_step is None:
                     return self._open
-                if self._steps:  # steps first: they were fed before whatever is queued after them
+                if self._steps:  # steps before calls: no call depends on them, and close() is queued after the last
                     records, self._steps = self._steps, []
                     return lambda: self._send_steps(records)
                 if self._calls:
@@ -170,9 +175,8 @@ class SinkWorker:
             except Exception as exc:  # noqa: BLE001 - a tracking outage must never reach training
                 self.failures += 1
                 if self.failures == 1 or self.failures % 10 == 0:
-                    first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
                     log.warning("%s: %s (failure %d; retrying in the background, training goes on)",
-                                self.sink.name, first_line[:300], self.failures)
+                                self.sink.name, first_line(exc), self.failures)
                 time.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
                 continue  # the same work again: every call is safe to repeat
