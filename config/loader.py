@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from config.errors import UserError
 from config.chat_template import BUILTIN_TEMPLATES
 from config.redact import is_secret_name
-from config.schema import BUILTIN_MODELS, FinetuneConfig
+from config.schema import BUILTIN_MODELS, CATALOG_ENTRY, FinetuneConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = PROJECT_ROOT / "config" / "presets"
@@ -152,11 +152,19 @@ def resolve_local(path: str) -> str:
 
 
 def check_source(key: str, value: str | None) -> str | None:
-    """A data source made absolute; a local file, directory or glob must exist or match (URLs are read later)."""
+    """A data source made absolute; a local file, directory or glob must exist or match (URLs are read later).
+    A dataset_info.json entry (`path/dataset_info.json#name`) keeps its `#name`."""
     if value is None:
         return None
     if "://" in value and not value.startswith("file://"):
         return value
+    path, entry = value, ""
+    if (match := CATALOG_ENTRY.match(value)) is not None:
+        path, entry = match["path"], f"#{match['name']}"
+    return _check_local_source(key, path) + entry
+
+
+def _check_local_source(key: str, value: str) -> str:
     resolved = resolve_local(value.removeprefix("file://"))
     if _is_glob(resolved):
         if not glob.glob(resolved, recursive=True):
@@ -170,8 +178,10 @@ def check_source(key: str, value: str | None) -> str | None:
 
 def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     """Make the config's local paths absolute and fail early, naming the key, when one is missing."""
-    data_source = check_source("data.source", cfg.data.source)
+    data_source = cfg.data.source if cfg.data.sources else check_source("data.source", cfg.data.source)
     eval_source = check_source("data.eval_source", cfg.data.eval_source)
+    sources = [s.model_copy(update={"source": check_source(f"data.sources[{i}].source", s.source)})
+               for i, s in enumerate(cfg.data.sources or [])] or None
     ds_config = resolve_local(cfg.deepspeed.config)
     model_path = cfg.model.name_or_path
     if model_path not in BUILTIN_MODELS:
@@ -192,7 +202,7 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     return cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"storage": storage}),
-            "data": cfg.data.model_copy(update={"source": data_source, "eval_source": eval_source}),
+            "data": cfg.data.model_copy(update={"source": data_source, "eval_source": eval_source, "sources": sources}),
             "model": cfg.model.model_copy(update={"name_or_path": model_path, "chat_template": template}),
             "deepspeed": cfg.deepspeed.model_copy(update={"config": ds_config}),
         }

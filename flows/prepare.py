@@ -60,10 +60,16 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
     for split in layout.SPLITS:
         counts = manifest["splits"][split]
         rows.append((split, f"{counts['records']} records, {counts['tokens']} tokens, "
-                            f"{counts['target_tokens']} target tokens, {counts['truncated']} truncated"))
+                            f"{counts['target_tokens']} target tokens, {counts['truncated']} truncated, "
+                            f"{counts['dropped']} dropped"))
+    sources = manifest["mix"]["sources"]
+    if len(sources) > 1:  # several sources: what each gave
+        rows += [("source", f"{s['key']} ({s['entry'] or s['source']}): {s['records']} records, {s['rejected']} "
+                            "rejected") for s in sources]
     records = manifest["records"]
     see = f" (see {join(dataset.url, manifest['rejects'])})" if manifest["rejects"] else ""
-    rows.append(("records", f"{records['read']} read, {records['staged']} staged, {records['rejected']} rejected{see}"))
+    rows.append(("records", f"{records['read']} read, {records['staged']} staged, {records['rejected']} rejected, "
+                            f"{records['dropped']} dropped{see}"))
     return rows
 
 

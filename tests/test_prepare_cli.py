@@ -13,7 +13,7 @@ from tests.datafiles import arithmetic, qwen, write_jsonl
 def test_help_lists_the_options() -> None:
     result = run_cli("flows.prepare", "--help")
     assert result.returncode == 0
-    for option in ("--data SRC", "--format {auto,qwen,sharegpt,openai,alpaca}", "--storage URL", "--config FILE",
+    for option in ("--data SRC", "--format {auto,qwen,sharegpt,openai,alpaca,text}", "--storage URL", "--config FILE",
                    "--set KEY=VALUE"):
         assert option in result.stdout
 
@@ -33,9 +33,9 @@ def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(t
     for split in ("train", "eval"):
         counts = manifest["splits"][split]
         assert rows[split] == (f"{counts['records']} records, {counts['tokens']} tokens, "
-                               f"{counts['target_tokens']} target tokens, 0 truncated")
+                               f"{counts['target_tokens']} target tokens, 0 truncated, 0 dropped")
     rejects = rows["manifest"].replace("manifest.json", "rejects.jsonl")
-    assert rows["records"] == f"61 read, 60 staged, 1 rejected (see {rejects})"
+    assert rows["records"] == f"61 read, 60 staged, 1 rejected, 0 dropped (see {rejects})"
 
 
 def test_bad_data_is_one_line_exit_2_and_stages_nothing(tmp_path, tiny_model, prefect_server) -> None:

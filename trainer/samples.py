@@ -1,7 +1,7 @@
 """Greedy completions of eval prompts (`eval.generate_samples`), for a human look at what was learned.
 
 The prompt of an eval example is everything before its first target token (the conversation up to
-the assistant's first answer); the reference is that answer. Sample i is generated on rank i % world
+the assistant's first answer; the first half of a plain-text example); the reference is that answer. Sample i is generated on rank i % world
 and rank 0 writes them all, in order, to {run}/samples.jsonl.
 """
 
@@ -20,9 +20,12 @@ from trainer.distributed import Dist, gather_objects
 
 
 def split_prompt(example: Example) -> tuple[list[int], list[int]]:
-    """(prompt ids, reference ids): the ids before the first target label, and that first answer's ids."""
+    """(prompt ids, reference ids): the ids before the first target label, and that first answer's ids. Plain
+    text (data.format text) is a target from its first token: its first half is the prompt."""
     ids, labels = example
     first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
+    if first == 0:
+        first = max(1, len(ids) // 2)
     end = next((i for i in range(first, len(labels)) if labels[i] == IGNORE_INDEX), len(labels))
     return ids[:first], labels[first:end]
 

@@ -1,9 +1,10 @@
-"""The record formats Tandem reads, each normalized to one chat form, and `auto` detection per file.
+"""The record formats Tandem reads, each normalized to one chat form (or plain text), and `auto` detection per file.
 
 The internal form is what the chat template receives: `{"messages": [{"role", "content", ...}], "tools": [...]}`
 with roles `system` (first only), `user`, `assistant` (optionally with OpenAI-style `tool_calls` and a
-`reasoning_content` string) and `tool`. Tool-call arguments are objects: a JSON string of one (OpenAI's form) is
-parsed, as serving systems do before rendering, so the template writes the same JSON either way.
+`reasoning_content` string) and `tool`. Plain text (format `text`, continued pre-training or completion data)
+is `{"text": ...}`: no template, every token a target. Tool-call arguments are objects: a JSON string of one
+(OpenAI's form) is parsed, as serving systems do before rendering, so the template writes the same JSON either way.
 A record that cannot be used raises `InvalidRecord` with the reason; the caller adds the location.
 """
 
@@ -15,12 +16,13 @@ from typing import Any
 
 Message = dict[str, Any]
 Conversation = dict[str, Any]
-FORMATS = ("qwen", "sharegpt", "openai", "alpaca")
+FORMATS = ("qwen", "sharegpt", "openai", "alpaca", "text")
 QWEN_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "function_call": "assistant",
                   "observation": "tool"}
 OPENAI_ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ONLY = {"human", "gpt", "function_call", "observation"}
+PART_TYPES = ("text", "reasoning", "tool_call", "tools")  # content parts Tandem reads; images and audio it cannot
 DETECT_SAMPLE = 16  # records looked at per file by `auto`
 
 
@@ -193,26 +195,59 @@ def normalize_sharegpt(record: object) -> Conversation:
     return _conversation(messages, _tools(record.get("tools")))
 
 
-def _openai_content(value: object, where: str, *, allow_empty: bool) -> str:
-    """A string, or a list of text parts joined with newlines."""
+def _part_text(part: dict[str, Any], where: str) -> str:
+    """A part's string: OpenAI's parts hold it under `text`, LLaMA-Factory v1's under `value`."""
+    key = "value" if "value" in part else "text"
+    return _text(part.get(key), f"{where}.{key}", allow_empty=True)
+
+
+def _content(value: object, where: str, *, allow_empty: bool) -> tuple[str, Message]:
+    """A message's text and what its parts add: a string, or a list of parts (OpenAI's text parts, or
+    LLaMA-Factory v1's `{"type", "value"}` parts: text, reasoning, tool_call, tools)."""
+    extra: Message = {}
     if value is None and allow_empty:
-        return ""
+        return "", extra
     if isinstance(value, list):
         texts = []
         for index, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else _kind(part)
-                raise InvalidRecord(f"{where}[{index}]: only text parts are supported, got {kind!r}")
-            texts.append(_text(part.get("text"), f"{where}[{index}].text", allow_empty=True))
+            at = f"{where}[{index}]"
+            kind = part.get("type") if isinstance(part, dict) else _kind(part)
+            if kind not in PART_TYPES or not isinstance(part, dict):
+                names = ", ".join(PART_TYPES[:-1]) + f" and {PART_TYPES[-1]}"
+                raise InvalidRecord(f"{at}: only {names} parts are supported (a text model), got {kind!r}")
+            if kind == "text":
+                texts.append(_part_text(part, at))
+            elif kind == "reasoning":
+                extra["reasoning_content"] = extra.get("reasoning_content", "") + _part_text(part, at)
+            elif kind == "tool_call":
+                extra.setdefault("tool_calls", []).extend(_tool_calls(_part_text(part, at), at))
+            else:
+                extra["tools"] = _part_text(part, at)
         value = "\n".join(texts)
-    return _text(value, where, allow_empty=allow_empty)
+        allow_empty = allow_empty or "tool_calls" in extra
+    return _text(value, where, allow_empty=allow_empty), extra
+
+
+def _loss_weight(turn: dict[str, Any], role: str, where: str) -> int | None:
+    """0 when an assistant turn is not a target: OpenAI's `weight` (0 or 1) or LLaMA-Factory v1's `loss_weight`."""
+    key = "loss_weight" if "loss_weight" in turn else "weight"
+    value = turn.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or value not in (0, 1):
+        raise InvalidRecord(f"{where}.{key}: must be 0 or 1 (a turn is a target or not), got {value!r}")
+    if role != "assistant" and value:
+        raise InvalidRecord(f"{where}.{key}: only assistant turns can be targets, got {value!r} on a {role!r} turn")
+    return 0 if value == 0 and role == "assistant" else None
 
 
 def normalize_openai(record: object) -> Conversation:
-    """OpenAI `messages` with `role`/`content` (a string or text parts), `tool_calls`, `weight` 0/1, `tools`."""
+    """OpenAI `messages` with `role`/`content` (a string or parts), `tool_calls`, `weight` 0/1, `tools`; also
+    LLaMA-Factory v1's messages (`{"type", "value"}` content parts, `loss_weight` 0/1)."""
     fields = _object(record, "messages")
     turns = _list_field(fields, "messages")
     messages: list[Message] = []
+    tools = fields.get("tools")
     for index, turn in enumerate(turns):
         where = f"messages[{index}]"
         if not isinstance(turn, dict):
@@ -221,20 +256,20 @@ def normalize_openai(record: object) -> Conversation:
         if role not in OPENAI_ROLES:
             raise InvalidRecord(f"{where}: 'role' must be one of {list(OPENAI_ROLES)}, got {role!r}")
         calls = turn.get("tool_calls") if role == "assistant" else None
-        message: Message = {"role": role, "content": _openai_content(turn.get("content"), f"{where}.content",
-                                                                      allow_empty=bool(calls))}
+        content, extra = _content(turn.get("content"), f"{where}.content", allow_empty=bool(calls))
+        tools = extra.pop("tools", tools)
+        if role != "assistant" and extra:
+            raise InvalidRecord(f"{where}.content: {' and '.join(sorted(extra))} parts belong to assistant turns")
+        message: Message = {"role": role, "content": content, **extra}
         if calls:
             message["tool_calls"] = _openai_tool_calls(calls, f"{where}.tool_calls")
         reasoning = turn.get("reasoning_content") if role == "assistant" else None
         if reasoning is not None:
             message["reasoning_content"] = _text(reasoning, f"{where}.reasoning_content", allow_empty=True)
-        if role == "assistant" and turn.get("weight") is not None:
-            if turn["weight"] not in (0, 1) or isinstance(turn["weight"], bool):
-                raise InvalidRecord(f"{where}.weight: must be 0 or 1, got {turn['weight']!r}")
-            if turn["weight"] == 0:
-                message["weight"] = 0
+        if _loss_weight(turn, role, where) == 0:
+            message["weight"] = 0
         messages.append(message)
-    conversation = _conversation(messages, _tools(fields.get("tools")))
+    conversation = _conversation(messages, _tools(tools))
     if all(m.get("weight") == 0 for m in messages if m["role"] == "assistant"):
         raise InvalidRecord("every assistant turn has weight 0; nothing to train on")
     return conversation
@@ -264,11 +299,17 @@ def normalize_alpaca(record: object) -> Conversation:
     return _conversation(messages, None)
 
 
+def normalize_text(record: object) -> Conversation:
+    """Plain text: a `text` string, trained whole."""
+    return {"text": _text(_object(record, "text").get("text"), "text")}
+
+
 NORMALIZERS: dict[str, Callable[[object], Conversation]] = {
     "qwen": normalize_qwen,
     "sharegpt": normalize_sharegpt,
     "openai": normalize_openai,
     "alpaca": normalize_alpaca,
+    "text": normalize_text,
 }
 
 
@@ -288,6 +329,8 @@ def _vote(record: object) -> tuple[str | None, str]:
         return "openai", "'messages' list"
     if "instruction" in record and "output" in record:
         return "alpaca", "'instruction' and 'output'"
+    if isinstance(record.get("text"), str):
+        return "text", "'text' string"
     return None, ""
 
 

@@ -1,10 +1,11 @@
 """What a staged dataset is named after, and what finds it again.
 
 - The dataset id digests what determines the staged bytes: the normalized records in order, the tokenizer
-  (its files, the chat template among them), max_length, the split settings, the shard size, the digest
-  algorithm, and the rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
+  (its files, the chat template among them), max_length and excess_length, the split settings, the shard size,
+  the digest algorithm, and the rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
   changing data.num_proc, changes none of these, so it names the same dataset.
-- The source key digests the inputs instead: the source files' digests and URLs plus the same settings.
+- The source key digests the inputs instead: the source files' digests and URLs, how each source is read (format,
+  columns, tags, weight, cap, the dataset_info.json entry it came from) and mixed, plus the same settings.
   It is computed without parsing a record, and `{storage}/datasets/by-source/{key}.json` maps it to the
   dataset id, so unchanged input is found again in the time it takes to digest the source files.
 """
@@ -21,10 +22,10 @@ from config.schema import DataConfig
 from storage.fs import read_range, size
 from tasks.data.progress import Reporter
 from tasks.data.sources import expand
+from tasks.data.streams import Stream, resolve
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
-PIPELINE_VERSION = 3
-SOURCE_KEYS = ("data.source", "data.eval_source")
+PIPELINE_VERSION = 4
 READ_BLOCK = 8 * 1024 * 1024
 
 
@@ -32,7 +33,7 @@ READ_BLOCK = 8 * 1024 * 1024
 class SourceFile:
     """One data file: which config key it came from, and its size and digest."""
 
-    key: str
+    key: str  # the stream's config key (tasks/data/streams.py)
     url: str
     size: int
     digest: str
@@ -45,21 +46,20 @@ class Inputs:
     files: list[SourceFile]
     fingerprint: dict[str, Any]
     source_key: str
+    streams: list[Stream]
 
 
 def shaping(data: DataConfig) -> dict[str, Any]:
     """The settings that shape the staged bytes (not where the data is read from, nor how fast)."""
     split = {"eval_source": True} if data.eval_source else {"eval_ratio": data.eval_ratio}
     return {"max_length": data.max_length, "shard_rows": data.shard_rows, "digest_algorithm": data.digest_algorithm,
-            "split": split, "enable_thinking": data.enable_thinking, "mask_history": data.mask_history}
+            "split": split, "enable_thinking": data.enable_thinking, "mask_history": data.mask_history,
+            "excess_length": data.excess_length}
 
 
-def source_files(data: DataConfig) -> list[tuple[str, str]]:
-    """(config key, URL) of every data file of data.source and data.eval_source."""
-    out = [("data.source", url) for url in expand(data.source, "data.source")]
-    if data.eval_source:
-        out += [("data.eval_source", url) for url in expand(data.eval_source, "data.eval_source")]
-    return out
+def source_files(streams: list[Stream]) -> list[tuple[str, str]]:
+    """(config key, URL) of every data file of every stream, in stream order."""
+    return [(stream.key, url) for stream in streams for url in expand(stream.source, stream.key)]
 
 
 def digest_sources(files: list[tuple[str, str]], algorithm: str, reporter: Reporter) -> list[SourceFile]:
@@ -80,16 +80,18 @@ def digest_sources(files: list[tuple[str, str]], algorithm: str, reporter: Repor
 
 def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) -> Inputs:
     """The source files with their digests, and the source key over them and the settings."""
-    files = digest_sources(source_files(data), data.digest_algorithm, reporter)
+    streams = resolve(data)
+    files = digest_sources(source_files(streams), data.digest_algorithm, reporter)
     doc = {
         "pipeline": PIPELINE_VERSION,
         "files": [[f.key, f.url, f.digest] for f in files],
-        "format": data.format,
+        "streams": [stream.describe() for stream in streams],
+        "mix": data.mix,
         "on_invalid": data.on_invalid,
         "shaping": shaping(data),
         "tokenizer": fingerprint,
     }
-    return Inputs(files, fingerprint, digest_bytes(json.dumps(doc, sort_keys=True).encode(), "blake3")[:32])
+    return Inputs(files, fingerprint, digest_bytes(json.dumps(doc, sort_keys=True).encode(), "blake3")[:32], streams)
 
 
 def in_eval(record_digest: bytes, eval_ratio: float) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from config.errors import UserError
 from tasks.data.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
+from tasks.data.mapping import Mapping
 from tasks.data.sources import ByteCounter, Unparsable, expand, read_file
 
 
@@ -49,11 +50,12 @@ class DataFile:
     items: Iterator[Record | Reject]
 
 
-def open_file(url: str, fmt: str, on_bytes: ByteCounter) -> DataFile:
-    """A data file's records; with fmt `auto`, the format is decided from its first records."""
+def open_file(url: str, mapping: Mapping, on_bytes: ByteCounter) -> DataFile:
+    """A data file's records, renamed by the mapping's columns and tags, then normalized; with format `auto`,
+    the format is decided from its first records."""
     raw = read_file(url, on_bytes)
     head = list(itertools.islice(raw, DETECT_SAMPLE))
-    reason = "data.format"
+    fmt, reason = mapping.format, "data.format"
     if not head:
         return DataFile(url, fmt, "empty file", iter(()))
     if fmt == "auto":
@@ -69,18 +71,18 @@ def open_file(url: str, fmt: str, on_bytes: ByteCounter) -> DataFile:
                 yield Reject(location, value.reason)
                 continue
             try:
-                yield Record(location, normalize(value))
+                yield Record(location, normalize(mapping.apply(value)))
             except InvalidRecord as exc:
-                yield Reject(location, str(exc))
+                yield Reject(location, mapping.explain(str(exc)))
 
     return DataFile(url, fmt, reason, items())
 
 
-def read_records(source: str, fmt: str) -> list[Record]:
+def read_records(source: str, fmt: str, mapping: Mapping | None = None) -> list[Record]:
     """Every record of a source (file, directory, glob, URL); the first invalid one raises with its location."""
     records: list[Record] = []
     for url in expand(source, "data.source"):
-        for item in open_file(url, fmt, lambda _: None).items:
+        for item in open_file(url, mapping or Mapping(fmt), lambda _: None).items:
             if isinstance(item, Reject):
                 raise item.error()
             records.append(item)

@@ -1,11 +1,14 @@
-"""Pass one of staging: read every source file, normalize and validate its records, digest each one,
-decide its split, and spool it for the tokenizer. Nothing is dropped silently: every record is either
-spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at the first one).
+"""Pass one of staging: read every source file (the sources mixed as data.mix says), normalize and validate its
+records, digest each one, decide its split, and spool it for the tokenizer. Nothing is dropped silently: every
+record read is either spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at the first
+one); what a cap or data.mix=interleave leaves unread is said per file and per source.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,10 +18,11 @@ import orjson
 
 from config.errors import UserError
 from config.schema import DataConfig
-from tasks.data.identity import SourceFile, in_eval
+from tasks.data.identity import Inputs, in_eval
 from tasks.data.progress import Reporter
-from tasks.data.records import Record, Reject, open_file
+from tasks.data.records import DataFile, Record, Reject, open_file
 from tasks.data.spool import Chunk, SpoolWriter
+from tasks.data.streams import Stream, capped, interleave, label
 
 EVAL, TRAIN = 1, 0
 MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
@@ -33,6 +37,7 @@ class Scan:
     records_digest: str
     rejects: list[Reject] = field(default_factory=list)
     sources: list[dict[str, Any]] = field(default_factory=list)
+    streams: list[dict[str, Any]] = field(default_factory=list)  # per configured source: how read, what it gave
 
     @property
     def spooled(self) -> int:
@@ -45,57 +50,96 @@ def canonical(record: Record) -> bytes:
     return orjson.dumps(record.conversation, option=orjson.OPT_SORT_KEYS)
 
 
-def scan_sources(files: list[SourceFile], data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
-    """Read, validate, digest and spool every record of every file, in order."""
+def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
+    """Read, validate, digest and spool every record of every stream, mixed as data.mix says."""
     writer = SpoolWriter(spool)
     splits = bytearray()
     records_hash = blake3.blake3()
     rejects: list[Reject] = []
-    sources: list[dict[str, Any]] = []
+    files = inputs.files
+    counts = [[0, 0] for _ in files]  # valid records, rejected, per file
+    opened: dict[int, DataFile] = {}
     with reporter.phase("reading", sum(f.size for f in files), "B") as phase:
-        for source in files:
-            data_file = open_file(source.url, data.format, phase.update)
-            role = b"e" if source.key == "data.eval_source" else b"s"
-            kept = rejected = 0
-            for item in data_file.items:
-                if isinstance(item, Reject):
-                    if data.on_invalid == "fail":
-                        raise item.error()
-                    rejects.append(item)
-                    rejected += 1
-                    continue
-                body = canonical(item)
-                digest = blake3.blake3(body).digest()
-                records_hash.update(role + digest)
-                splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
-                              else TRAIN)
-                writer.add(item.location, body)
-                kept += 1
-            if len(files) <= MAX_FILE_LINES:
-                reporter.info(f"{source.url}: {data_file.format} ({data_file.reason}), {kept} records"
-                              + (f", {rejected} rejected" if rejected else ""))
-            sources.append({"url": source.url, "size": source.size, "digest": source.digest,
-                            "format": data_file.format, "key": source.key, "records": kept, "rejected": rejected})
-    if len(files) > MAX_FILE_LINES:
-        formats = collections.Counter(s["format"] for s in sources)
-        reporter.info(f"{len(files)} files: " + ", ".join(f"{n} {fmt}" for fmt, n in sorted(formats.items())))
-    scan = Scan(writer.close(), splits, records_hash.hexdigest(), rejects, sources)
+        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Record | Reject]]]:
+            for index, source in enumerate(files):
+                if source.key == stream.key:
+                    opened[index] = open_file(source.url, stream.mapping, phase.update)
+                    for item in opened[index].items:
+                        yield isinstance(item, Record), (index, item)
+
+        train = [capped(items_of(s), s.max_records) for s in inputs.streams if not s.is_eval]
+        mixed = interleave(train, [s.weight for s in inputs.streams if not s.is_eval]) \
+            if data.mix == "interleave" and len(train) > 1 else itertools.chain(*train)
+        evals = [capped(items_of(s), s.max_records) for s in inputs.streams if s.is_eval]
+        for _, (index, item) in itertools.chain(mixed, *evals):
+            if isinstance(item, Reject):
+                if data.on_invalid == "fail":
+                    raise item.error()
+                rejects.append(item)
+                counts[index][1] += 1
+                continue
+            role = b"e" if files[index].key == "data.eval_source" else b"s"
+            body = canonical(item)
+            digest = blake3.blake3(body).digest()
+            records_hash.update(role + digest)
+            splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
+                          else TRAIN)
+            writer.add(item.location, body)
+            counts[index][0] += 1
+    sources = [{"url": f.url, "size": f.size, "digest": f.digest, "key": f.key,
+                "format": opened[i].format if i in opened else None, "records": kept, "rejected": rejected}
+               for i, (f, (kept, rejected)) in enumerate(zip(files, counts, strict=True))]
+    report(sources, opened, inputs.streams, data, reporter)
+    scan = Scan(writer.close(), splits, records_hash.hexdigest(), rejects, sources, mix(sources, inputs.streams))
     check_splits(scan, data)
     return scan
+
+
+def mix(sources: list[dict[str, Any]], streams: list[Stream]) -> list[dict[str, Any]]:
+    """Each stream with how it is read and the records it gave (the manifest's `mix.sources`)."""
+    out = []
+    for stream in streams:
+        mine = [s for s in sources if s["key"] == stream.key]
+        out.append({**stream.describe(), "files": len(mine), "records": sum(s["records"] for s in mine),
+                    "rejected": sum(s["rejected"] for s in mine)})
+    return out
+
+
+def report(sources: list[dict[str, Any]], opened: dict[int, DataFile], streams: list[Stream], data: DataConfig,
+           reporter: Reporter) -> None:
+    """One line per file (a summary beyond MAX_FILE_LINES files), then one per stream when there are several."""
+    if len(sources) <= MAX_FILE_LINES:
+        for index, source in enumerate(sources):
+            if index not in opened:
+                reporter.info(f"{source['url']}: not read (data.mix=interleave stopped when the first source ran out)"
+                              if data.mix == "interleave" else f"{source['url']}: not read (its source's cap reached)")
+                continue
+            reporter.info(f"{source['url']}: {source['format']} ({opened[index].reason}), {source['records']} records"
+                          + (f", {source['rejected']} rejected" if source["rejected"] else ""))
+    else:
+        formats = collections.Counter(s["format"] for s in sources if s["format"])
+        reporter.info(f"{len(sources)} files: " + ", ".join(f"{n} {fmt}" for fmt, n in sorted(formats.items())))
+    if len(streams) > 1:
+        for entry in mix(sources, streams):
+            cap = f", at most {entry['max_records']}" if entry["max_records"] else ""
+            mixed = data.mix == "interleave" and entry["key"] != "data.eval_source"
+            weight = f", weight {entry['weight']:g}" if mixed else ""
+            reporter.info(f"{entry['key']} ({entry['entry'] or entry['source']}): {entry['records']} records"
+                          f"{weight}{cap}")
 
 
 def check_splits(scan: Scan, data: DataConfig) -> None:
     """An empty result, or an empty split that the settings ask for, is an error that says what to change."""
     if not scan.spooled:
         first = f"; the first: {scan.rejects[0].location}: {scan.rejects[0].reason}" if scan.rejects else ""
-        raise UserError(f"data.source {data.source}: no usable records ({len(scan.rejects)} rejected{first})")
+        raise UserError(f"{label(data)}: no usable records ({len(scan.rejects)} rejected{first})")
     evals = sum(scan.splits)
     if evals == scan.spooled:
         why = "it has no usable records" if data.eval_source else f"all {scan.spooled} records fell into eval"
-        raise UserError(f"data.source {data.source}: the train split is empty ({why}); add records or lower "
+        raise UserError(f"{label(data)}: the train split is empty ({why}); add records or lower "
                         "data.eval_ratio")
     if not evals and (data.eval_source or data.eval_ratio > 0):
         where = "data.eval_source has no usable records" if data.eval_source else (
             f"no record fell into eval with data.eval_ratio={data.eval_ratio} ({scan.spooled} records)")
-        raise UserError(f"data.source {data.source}: the eval split is empty: {where}; add records, raise "
+        raise UserError(f"{label(data)}: the eval split is empty: {where}; add records, raise "
                         "data.eval_ratio, or set it to 0 to train without eval")

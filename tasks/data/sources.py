@@ -1,20 +1,29 @@
 """Where records come from: `data.source` (a file, a directory, a glob or any fsspec URL) expanded into data
 files, and readers for JSON arrays, JSON Lines and Parquet that give every record its exact location:
 `path:line` (JSONL, 1-based), `path[index]` (JSON array) and `path#row` (Parquet, 0-based).
+
+A JSON or JSON Lines file may be compressed (`.gz`, `.bz2`, `.xz`, `.zst`, told by the extension as fsspec's
+`compression="infer"` does): it is read as its content, decompressed as a stream over the same retried block
+reads, and its locations count the lines of the content. Digests (tasks/data/identity.py) are of the bytes as
+stored.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import IO, Any
 
 import orjson
+from fsspec.utils import infer_compression
 
-from config.errors import UserError
+from config.errors import TandemError, UserError
 from storage.fs import filesystem, is_local, read_bytes, read_range, with_retries
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 GLOB_CHARS = "*?["
 BLOCK = 8 * 1024 * 1024
 BOM = b"\xef\xbb\xbf"
@@ -44,7 +53,80 @@ def source_root(url: str) -> str:
 
 def _is_data_file(path: str) -> bool:
     name = os.path.basename(path)
-    return not name.startswith((".", "_")) and name.lower().endswith(DATA_SUFFIXES)
+    return not name.startswith((".", "_")) and content_name(name).lower().endswith(DATA_SUFFIXES)
+
+
+def compression(url: str) -> str | None:
+    """The stream compression of a file, from its extension (gzip, bz2, xz, zstd), or None."""
+    name = infer_compression(url) if url.lower().endswith(COMPRESSED_SUFFIXES) else None
+    return None if name in (None, "zip") else name
+
+
+def content_name(url: str) -> str:
+    """A file's name without its compression extension: what its content is (`a.jsonl.gz` -> `a.jsonl`)."""
+    return url.rsplit(".", 1)[0] if compression(url) else url
+
+
+def _decompressing(name: str, raw: IO[bytes]) -> IO[bytes]:
+    """A reader of the decompressed stream (every member or frame of it, as the command-line tools do)."""
+    if name == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
+    import fsspec.compression
+
+    return fsspec.compression.compr[name](raw, mode="rb")  # gzip, bz2, lzma/xz from the standard library
+
+
+class _StoredBytes(io.RawIOBase):
+    """A stored file read forward, each block one ranged read retried on its own; counts the bytes read."""
+
+    def __init__(self, url: str, on_bytes: ByteCounter) -> None:
+        self.url, self.on_bytes, self.offset = url, on_bytes, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        block = read_range(self.url, self.offset, self.offset + len(buffer))
+        buffer[: len(block)] = block
+        self.offset += len(block)
+        self.on_bytes(len(block))
+        return len(block)
+
+
+def _blocks(url: str, on_bytes: ByteCounter, size: int = BLOCK) -> Iterator[bytes]:
+    """A file's content in blocks of `size` (decompressed when it is compressed); `on_bytes` counts the bytes
+    read from storage."""
+    name = compression(url)
+    if name is None:
+        offset = 0
+        while block := read_range(url, offset, offset + size):
+            offset += len(block)
+            on_bytes(len(block))
+            yield block
+        return
+    with _decompressing(name, io.BufferedReader(_StoredBytes(url, on_bytes), BLOCK)) as stream:
+        while True:
+            try:
+                block = stream.read(size)
+            except TandemError:
+                raise
+            except Exception as exc:  # each codec has its own errors (BadGzipFile, LZMAError, ZstdError, EOFError)
+                raise UserError(f"{url}: not a readable {name} file ({exc}); check the file or its extension") \
+                    from None
+            if not block:
+                return
+            yield block
+
+
+def content(url: str, on_bytes: ByteCounter = lambda _: None) -> bytes:
+    """A file's whole content, decompressed when it is compressed."""
+    if compression(url) is None:
+        body = read_bytes(url)
+        on_bytes(len(body))
+        return body
+    return b"".join(_blocks(url, on_bytes))
 
 
 def expand(source: str, key: str) -> list[str]:
@@ -54,7 +136,7 @@ def expand(source: str, key: str) -> list[str]:
     if kind == "glob" and not files:
         raise UserError(f"{key}: {source} matches no file; check the pattern")
     if kind == "dir" and not files:
-        raise UserError(f"{key}: directory {source} holds no {'/'.join(DATA_SUFFIXES)} files")
+        raise UserError(f"{key}: directory {source} holds no {'/'.join(DATA_SUFFIXES)} files (compressed or not)")
     if kind == "missing":
         raise UserError(f"{key}: {source} does not exist; give an existing file, directory, glob or URL")
     return [p if is_local(source) else fs.unstrip_protocol(p) for p in sorted(files)]
@@ -73,13 +155,13 @@ def _listing(fs: object, path: str, glob: bool) -> tuple[str, list[str]]:
 
 
 def file_kind(url: str) -> str:
-    """jsonl, json (an array) or parquet: from the suffix, else from the first bytes."""
-    lower = url.lower()
+    """jsonl, json (an array) or parquet: from the suffix (of the content), else from the first bytes."""
+    lower = content_name(url).lower()
     if lower.endswith((".parquet", ".pq")):
         return "parquet"
     if lower.endswith((".jsonl", ".ndjson")):
         return "jsonl"
-    head = read_range(url, 0, 64 * 1024)
+    head = next(_blocks(url, lambda _: None, size=64 * 1024), b"")
     if head.startswith(b"PAR1"):
         return "parquet"
     return "json" if head.removeprefix(BOM).lstrip()[:1] == b"[" else "jsonl"
@@ -88,6 +170,9 @@ def file_kind(url: str) -> str:
 def read_file(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
     """(location, parsed record or Unparsable) for every record of a data file, in file order."""
     kind = file_kind(url)
+    if kind == "parquet" and compression(url):
+        raise UserError(f"{url}: a compressed Parquet file; Parquet compresses its own columns, so store it "
+                        "uncompressed (or give JSON Lines)")
     if kind == "parquet":
         return _read_parquet(url, on_bytes)
     if kind == "json":
@@ -99,10 +184,7 @@ def _lines(url: str, on_bytes: ByteCounter) -> Iterator[bytes]:
     """The lines of a file (without the newline), read in large blocks: fast on local disks and object stores.
     Each block is one ranged read, retried on its own after a transient storage fault."""
     rest = b""
-    offset = 0
-    while block := read_range(url, offset, offset + BLOCK):
-        offset += len(block)
-        on_bytes(len(block))
+    for block in _blocks(url, on_bytes):
         lines = (rest + block).split(b"\n")
         rest = lines.pop()
         yield from lines
@@ -129,7 +211,7 @@ def _read_jsonl(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]
 def _refuse_single_document(url: str) -> None:
     """A file that is one JSON document over several lines is not JSON Lines: say so, not 'malformed line 1'."""
     try:
-        doc = orjson.loads(read_bytes(url).removeprefix(BOM))
+        doc = orjson.loads(content(url).removeprefix(BOM))
     except orjson.JSONDecodeError:
         return
     raise UserError(f"{url}: expected a JSON array of records or JSON Lines, got one JSON {type(doc).__name__} "
@@ -137,8 +219,7 @@ def _refuse_single_document(url: str) -> None:
 
 
 def _read_json_array(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
-    raw = read_bytes(url)
-    on_bytes(len(raw))
+    raw = content(url, on_bytes)
     try:
         records = orjson.loads(raw.removeprefix(BOM))
     except orjson.JSONDecodeError as exc:

@@ -126,9 +126,9 @@ def check_tool_calls(text: str, messages: list[Message], spans: list[Span]) -> N
                                     "use a model whose template supports tools (or set model.chat_template)")
 
 
-def trained(spans: list[Span], messages: list[Message], mask_history: bool) -> list[Span]:
-    """The spans that are targets: not weight 0, and only the last with mask_history."""
-    pairs = list(zip(assistant_indices(messages), spans, strict=True))
-    if mask_history:
-        pairs = pairs[-1:]
-    return [span for index, span in pairs if messages[index].get("weight") != 0]
+def trained(spans: list[Span], messages: list[Message], mask_history: bool) -> list[bool]:
+    """Which assistant spans are targets: not weight 0, and only the last with mask_history."""
+    indices = assistant_indices(messages)
+    assert len(indices) == len(spans), "one span per assistant message"
+    return [messages[index].get("weight") != 0 and (not mask_history or n == len(indices) - 1)
+            for n, index in enumerate(indices)]

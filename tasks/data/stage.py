@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -32,10 +33,12 @@ from storage.fs import (exists, filesystem, find_sizes, is_local, join, read_byt
                             set_storage_options, write_bytes_atomic, write_json_atomic)
 from tasks.data.identity import Inputs, dataset_id, survey
 from tasks.data.progress import Reporter
-from tasks.data.records import Reject
+from tasks.data.records import RecordError, Reject
 from tasks.data.scan import EVAL, Scan, scan_sources
 from storage.shards import FileEntry, SplitWriter
+from tasks.data.catalog import is_reference
 from tasks.data.sources import source_root
+from tasks.data.streams import label
 from tasks.data.tokenize import EncoderSettings, tokenizer_fingerprint
 from tasks.data.workers import ChunkResult, encode_chunks, worker_count
 
@@ -43,10 +46,15 @@ log = logging.getLogger(__name__)
 
 
 def register_source_options(data: DataConfig) -> None:
-    """Make data.storage_options apply to reads of data.source and data.eval_source."""
-    for source in (data.source, data.eval_source):
-        if source and data.storage_options:
-            set_storage_options(source_root(source), dict(data.storage_options))
+    """Make data.storage_options apply to reads of every source (data.sources or data.source, data.eval_source);
+    for a dataset_info.json entry, to the json's directory, where its files are."""
+    if not data.storage_options:
+        return
+    sources = [s.source for s in data.sources] if data.sources else [data.source]
+    for source in [*sources, data.eval_source]:
+        if source:
+            root = posixpath.dirname(source.rsplit("#", 1)[0]) if is_reference(source) else source_root(source)
+            set_storage_options(root, dict(data.storage_options))
 
 
 def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Callable[[str], None] = log.info,
@@ -62,7 +70,7 @@ def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Cal
         return found
     with tempfile.TemporaryDirectory(prefix="tandem-prepare-") as tmp:
         spool = Path(tmp) / "records.spool"
-        scan = scan_sources(inputs.files, data, spool, reporter)
+        scan = scan_sources(inputs, data, spool, reporter)
         rejects_digest = digest_bytes(rejects_jsonl(scan.rejects), "blake3") if scan.rejects else None
         name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data)
         base = layout.dataset_dir(storage, name)
@@ -71,7 +79,7 @@ def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Cal
             clear(base)
             try:
                 settings = EncoderSettings(model_path, data.max_length, chat_template, data.enable_thinking,
-                                           data.mask_history)
+                                           data.mask_history, data.excess_length)
                 ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter)
             except Exception:
                 clear(base)  # it failed on its own data: no later run completes this directory
@@ -150,21 +158,28 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
 
         writers = {split: SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
                    for split in layout.SPLITS}
+        dropped = dict.fromkeys(layout.SPLITS, 0)
         for result in results:
             for reject in result.rejects:
                 if data.on_invalid == "fail":
                     raise reject.error()
                 rejects.append(reject)
+            for index, over in result.dropped:
+                if data.excess_length == "fail":
+                    raise RecordError(f"{over.location}: {over.reason}; raise data.max_length, or set "
+                                      "data.excess_length=truncate (or drop)")
+                rejects.append(Reject(over.location, f"{over.reason} (data.excess_length=drop)"))
+                dropped["eval" if splits[result.chunk.first + index] == EVAL else "train"] += 1
             route(result, splits, writers)
             phase.update(result.chunk.count)
         files = [entry for split in layout.SPLITS for entry in writers[split].close()]
-    counts = {split: writer.counts for split, writer in writers.items()}
+    counts = {split: {**writer.counts, "dropped": dropped[split]} for split, writer in writers.items()}
     check_counts(counts, data)
     if rejects:
         body = rejects_jsonl(rejects)
         write_bytes_atomic(join(base, layout.REJECTS), body)
         files.append({"path": layout.REJECTS, "size": len(body), "digest": digest_bytes(body, data.digest_algorithm)})
-        reporter.info(f"{len(rejects)} records rejected; see {join(base, layout.REJECTS)}")
+        reporter.info(f"{len(rejects)} records rejected or dropped; see {join(base, layout.REJECTS)}")
     manifest = build_manifest(name, files, counts, scan, inputs, data, rejects)
     raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
     reporter.info(f"staged dataset {name} at {base}: " + ", ".join(
@@ -175,27 +190,33 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
 
 def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
     """Splits emptied by records the tokenizer could not use are as much an error as splits read empty."""
-    if not counts["train"]["records"]:
-        raise UserError(f"data.source {data.source}: no record of the train split could be tokenized; "
-                        "see the rejects (data.on_invalid=skip) for the reasons")
-    if not counts["eval"]["records"] and (data.eval_source or data.eval_ratio > 0):
-        raise UserError(f"data.source {data.source}: no record of the eval split could be tokenized; "
-                        "see the rejects (data.on_invalid=skip) for the reasons")
+    for split in layout.SPLITS:
+        if counts[split]["records"] or (split == "eval" and not (data.eval_source or data.eval_ratio > 0)):
+            continue
+        dropped = counts[split]["dropped"]
+        why = (f"{dropped} dropped as longer than data.max_length={data.max_length} (data.excess_length=drop); "
+               "raise data.max_length or set data.excess_length=truncate" if dropped
+               else "see the rejects (data.on_invalid=skip) for the reasons")
+        raise UserError(f"{label(data)}: no record of the {split} split could be tokenized; {why}")
 
 
 def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str, int]], scan: Scan,
                    inputs: Inputs, data: DataConfig, rejects: list[Reject]) -> dict[str, Any]:
-    """The dataset manifest (docs/architecture.md), with the record accounting: read = staged + rejected."""
+    """The dataset manifest (docs/architecture.md), with the record accounting: read = staged + rejected +
+    dropped."""
     staged = sum(c["records"] for c in counts.values())
+    dropped = sum(c["dropped"] for c in counts.values())
     return {
         "schema": layout.DATASET_SCHEMA,
         "dataset_id": name,
         "digest_algorithm": data.digest_algorithm,
         "files": files,
         "splits": counts,
-        "records": {"read": scan.spooled + len(scan.rejects), "staged": staged, "rejected": len(rejects)},
+        "records": {"read": scan.spooled + len(scan.rejects), "staged": staged, "rejected": len(rejects) - dropped,
+                    "dropped": dropped},
         "rejects": layout.REJECTS if rejects else None,
         "sources": scan.sources,
+        "mix": {"strategy": data.mix, "sources": scan.streams},
         "tokenizer": inputs.fingerprint,
         "max_length": data.max_length,
         "split": {"eval_source": data.eval_source} if data.eval_source else {"eval_ratio": data.eval_ratio},

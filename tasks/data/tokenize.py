@@ -5,7 +5,8 @@ The template is rendered once for the whole conversation and the assistant turns
 that rendering (tasks/data/spans.py says how, and where a span starts and ends). A token is a target when its
 start offset falls inside such a span; all others get -100 (Hugging Face's convention: the model shifts labels by
 one internally). Conversations are tokenized in batches by the fast tokenizer's backend, and the spans are mapped
-to token ranges through the encodings, never token by token.
+to token ranges through the encodings, never token by token. An example longer than data.max_length keeps the
+window tasks/data/length.py chooses (data.excess_length: truncate), or is returned as dropped (drop, fail).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from jinja2 import TemplateError
 from storage.digest import digest_bytes
 from config.errors import UserError
 from storage.shards import IGNORE_INDEX
+from tasks.data import length
 from tasks.data import spans as locate
 from tasks.data.formats import Conversation, InvalidRecord, Message
 
+DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "vocab.txt")
@@ -38,6 +41,7 @@ class EncodedBatch:
     truncated: np.ndarray
     kept: np.ndarray  # indices (in the batch) of the conversations encoded
     rejects: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
+    dropped: list[tuple[int, str]] = field(default_factory=list)  # over-long, by data.excess_length: drop or fail
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,13 @@ class EncoderSettings:
     chat_template: str | None = None  # model.chat_template's text; None: the tokenizer's own
     enable_thinking: bool = True
     mask_history: bool = False
+    excess_length: str = "truncate"
 
     def encoder(self) -> ChatEncoder:
         """A ChatEncoder with the tokenizer loaded."""
         return ChatEncoder(load_tokenizer(self.model_path, self.chat_template), self.max_length,
-                           enable_thinking=self.enable_thinking, mask_history=self.mask_history)
+                           enable_thinking=self.enable_thinking, mask_history=self.mask_history,
+                           excess_length=self.excess_length)
 
 
 def load_tokenizer(model_path: str, chat_template: str | None = None) -> Any:
@@ -76,13 +82,14 @@ class ChatEncoder:
     """Renders conversations with a tokenizer's chat template and encodes them with its fast backend."""
 
     def __init__(self, tokenizer: Any, max_length: int, *, enable_thinking: bool = True,
-                 mask_history: bool = False) -> None:
+                 mask_history: bool = False, excess_length: str = "truncate") -> None:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.enable_thinking = enable_thinking
         self.mask_history = mask_history
+        self.excess_length = excess_length
         self.backend = tokenizer.backend_tokenizer
         # tokenizer(text) switches these off per call; calling the backend directly must do the same.
         self.backend.no_truncation()
@@ -90,6 +97,7 @@ class ChatEncoder:
         self.special = dict(tokenizer.special_tokens_map)
         self._compile = _compile_jinja_template
         self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
+        self.document_end = document_end(tokenizer)
         source = tokenizer.get_chat_template(None, None)
         self.generation_blocks = locate.uses_generation_blocks(source)
         self.chatml = not self.generation_blocks and locate.is_chatml(lambda m, g: self.render(m, None, g))
@@ -136,6 +144,8 @@ class ChatEncoder:
 
     def check_render(self, conversation: Conversation) -> None:
         """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""
+        if "text" in conversation:
+            return  # plain text is not rendered
         messages, tools = self.prepare(conversation)
         try:
             ours = self.render(messages, tools, False)
@@ -147,8 +157,16 @@ class ChatEncoder:
             raise RuntimeError("the fast chat-template render differs from apply_chat_template; "
                                "this transformers version is not supported by tasks/data/tokenize.py")
 
-    def spans(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered conversation and the character spans [start, end) of its trained assistant turns."""
+    def spans(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]], list[bool]]:
+        """The rendered conversation, the character spans [start, end) of its assistant turns, and which of
+        them are targets. Plain text is one target turn, ended with the end-of-document token."""
+        if "text" in conversation:
+            if self.document_end is None:
+                raise UserError("the tokenizer has neither an end-of-document token nor an eos_token, which "
+                                "plain-text examples (data.format text) end with; set eos_token in its "
+                                "tokenizer_config.json")
+            text = conversation["text"] + self.document_end
+            return text, [(0, len(text))], [True]
         messages, tools = self.prepare(conversation)
         if self.generation_blocks:
             text, indices = self._render_generation(messages, tools)
@@ -160,68 +178,84 @@ class ChatEncoder:
             else:
                 spans = locate.prefix_spans(text, messages, lambda m, g: self.render(m, tools, g))
         locate.check_tool_calls(text, messages, spans)
-        return text, locate.trained(spans, messages, self.mask_history)
+        return text, spans, locate.trained(spans, messages, self.mask_history)
 
     def encode(self, conversations: list[Conversation]) -> EncodedBatch:
-        """Encode a batch; conversations that cannot be trained on are returned as rejects with the reason."""
-        texts: list[str] = []
-        all_spans: list[list[tuple[int, int]]] = []
-        indices: list[int] = []
+        """Encode a batch; conversations that cannot be trained on are returned as rejects with the reason, and
+        over-long ones (unless data.excess_length is truncate) as dropped."""
+        rendered: list[tuple[int, str, list[tuple[int, int]], list[bool]]] = []
         rejects: list[tuple[int, str]] = []
         for index, conversation in enumerate(conversations):
             try:
-                text, spans = self.spans(conversation)
+                rendered.append((index, *self.spans(conversation)))
             except InvalidRecord as exc:
                 rejects.append((index, str(exc)))
-                continue
-            texts.append(text)
-            all_spans.append(spans)
-            indices.append(index)
-        flat_ids: list[int] = []
-        targets: list[list[tuple[int, int]]] = []  # token ranges of the targets, per kept example
-        lengths: list[int] = []
-        truncated: list[bool] = []
-        kept: list[int] = []
-        for index, text, spans, encoding in zip(indices, texts, all_spans,
-                                                self.backend.encode_batch(texts, add_special_tokens=False),
-                                                strict=True):
-            ranges = [(_first_token_at(encoding, len(text), start), _first_token_at(encoding, len(text), end))
-                      for start, end in spans]
-            ranges = [(first, stop) for first, stop in ranges if first < stop]
-            reason = self._unusable(ranges, len(encoding))
-            if reason:
-                rejects.append((index, reason))
-                continue
-            length = min(len(encoding), self.max_length)
-            flat_ids.extend(encoding.ids[:length])
-            targets.append(ranges)
-            lengths.append(length)
-            truncated.append(len(encoding) > self.max_length)
-            kept.append(index)
+        out = _Collector()
+        encodings = self.backend.encode_batch([text for _, text, _, _ in rendered], add_special_tokens=False)
+        for (index, text, spans, flags), encoding in zip(rendered, encodings, strict=True):
+            turns = [(_first_token_at(encoding, len(text), start), _first_token_at(encoding, len(text), end))
+                     for start, end in spans]
+            targets = [turn for turn, flag in zip(turns, flags, strict=True) if flag and turn[0] < turn[1]]
+            n_tokens = len(encoding)
+            if not targets:
+                rejects.append((index, "the chat template left no assistant tokens; check the tokenizer's chat "
+                                       "template"))
+            elif n_tokens > self.max_length and self.excess_length != "truncate":
+                out.dropped.append((index, f"{n_tokens} tokens, longer than data.max_length={self.max_length}"))
+            else:
+                first, stop = length.window(n_tokens, turns, targets[0], self.max_length)
+                out.add(index, encoding.ids[first:stop], [(max(a, first) - first, min(b, stop) - first)
+                                                          for a, b in targets], stop - first < n_tokens)
         rejects.sort()
-        ids = np.array(flat_ids, dtype=np.int32)
-        return EncodedBatch(ids, _labels(ids, lengths, targets), np.array(lengths, dtype=np.int32),
-                            np.array(truncated, dtype=bool), np.array(kept, dtype=np.int32), rejects)
+        return out.batch(rejects)
 
-    def _unusable(self, ranges: list[tuple[int, int]], n_tokens: int) -> str | None:
-        """Why an encoded example cannot be trained on (from its target token ranges), or None."""
-        if not ranges:
-            return "the chat template left no assistant tokens; check the tokenizer's chat template"
-        first = ranges[0][0]
-        if first >= self.max_length:
-            return (f"no assistant token within data.max_length={self.max_length} (the first is token {first} of "
-                    f"{n_tokens}); raise data.max_length or shorten the prompt")
+
+class _Collector:
+    """The kept examples of a batch, as they are encoded."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.targets: list[list[tuple[int, int]]] = []  # token ranges of the targets, per kept example
+        self.lengths: list[int] = []
+        self.truncated: list[bool] = []
+        self.kept: list[int] = []
+        self.dropped: list[tuple[int, str]] = []
+
+    def add(self, index: int, ids: list[int], targets: list[tuple[int, int]], truncated: bool) -> None:
+        """One kept example: its ids and its target ranges within them."""
+        self.ids.extend(ids)
+        self.targets.append([(a, b) for a, b in targets if a < b])
+        self.lengths.append(len(ids))
+        self.truncated.append(truncated)
+        self.kept.append(index)
+
+    def batch(self, rejects: list[tuple[int, str]]) -> EncodedBatch:
+        """The EncodedBatch of what was added."""
+        ids = np.array(self.ids, dtype=np.int32)
+        return EncodedBatch(ids, _labels(ids, self.lengths, self.targets), np.array(self.lengths, dtype=np.int32),
+                            np.array(self.truncated, dtype=bool), np.array(self.kept, dtype=np.int32), rejects,
+                            self.dropped)
+
+
+def document_end(tokenizer: Any) -> str | None:
+    """The token that ends a plain-text document: `<|endoftext|>` (Qwen, GPT-2) or `<|end_of_text|>` (Llama 3)
+    when the vocabulary has one, since a chat model's eos_token ends a chat turn (`<|im_end|>`); else eos_token."""
+    backend = tokenizer.backend_tokenizer
+    for token in DOCUMENT_ENDS:
+        if backend.token_to_id(token) is not None:
+            return token
+    if tokenizer.eos_token is None:  # only plain text needs one: staging chat data goes on
         return None
+    return str(tokenizer.eos_token)
 
 
 def _labels(ids: np.ndarray, lengths: list[int], targets: list[list[tuple[int, int]]]) -> np.ndarray:
-    """-100 everywhere but the target ranges, which copy the ids (each example clipped to its length)."""
+    """-100 everywhere but the target ranges (within each example), which copy the ids."""
     labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
     offset = 0
     for length, ranges in zip(lengths, targets, strict=True):
         for first, stop in ranges:
-            if first < length:
-                labels[offset + first: offset + min(stop, length)] = ids[offset + first: offset + min(stop, length)]
+            labels[offset + first: offset + stop] = ids[offset + first: offset + stop]
         offset += length
     return labels
 

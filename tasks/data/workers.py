@@ -29,11 +29,13 @@ _ENCODER: ChatEncoder | None = None
 
 @dataclass
 class ChunkResult:
-    """One chunk tokenized: the kept examples and the records rejected (with their locations)."""
+    """One chunk tokenized: the kept examples, the records rejected and the over-long ones dropped (with their
+    locations; a dropped record also with its index in the chunk, for its split)."""
 
     chunk: Chunk
     batch: EncodedBatch
     rejects: list[Reject]
+    dropped: list[tuple[int, Reject]]
 
 
 def worker_count(num_proc: int, chunks: int) -> int:
@@ -48,7 +50,8 @@ def encode_chunk(encoder: ChatEncoder, spool: Path, chunk: Chunk) -> ChunkResult
     items = read_chunk(spool, chunk)
     encoder.check_render(items[0][1])
     batch = encoder.encode([conversation for _, conversation in items])
-    return ChunkResult(chunk, batch, [Reject(items[index][0], reason) for index, reason in batch.rejects])
+    return ChunkResult(chunk, batch, [Reject(items[index][0], reason) for index, reason in batch.rejects],
+                       [(index, Reject(items[index][0], reason)) for index, reason in batch.dropped])
 
 
 def _init_worker(settings: EncoderSettings) -> None:

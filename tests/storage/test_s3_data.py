@@ -37,7 +37,7 @@ def test_stage_from_s3_to_s3_and_verify_by_reading_back(s3_bucket, tiny_model, t
     assert [s["url"] for s in manifest["sources"]] == [f"{s3_bucket}/raw/part-{i}.{ext}"
                                                       for i, ext in enumerate(("json", "parquet", "jsonl"))]
     assert [s["format"] for s in manifest["sources"]] == ["qwen", "qwen", "qwen"]
-    assert manifest["records"] == {"read": 284, "staged": 283, "rejected": 1}
+    assert manifest["records"] == {"read": 284, "staged": 283, "rejected": 1, "dropped": 0}
     assert read_bytes(f"{ref.url}/rejects.jsonl").decode() == (
         f'{{"location":"{s3_bucket}/raw/part-2.jsonl:1","reason":"no assistant turn"}}\n')
     for entry in manifest["files"]:
@@ -52,6 +52,22 @@ def test_stage_from_s3_to_s3_and_verify_by_reading_back(s3_bucket, tiny_model, t
     messages.clear()
     assert stage_dataset(data, storage, tiny_model, progress=messages.append, bars=False) == ref
     assert f"dataset {ref.dataset_id} already staged at {ref.url}" in messages
+
+
+def test_a_compressed_object_is_read_as_its_content(s3_bucket, tiny_model, tmp_path) -> None:
+    import zstandard
+
+    records = write_jsonl(tmp_path / "d.jsonl", arithmetic(40))
+    plain = stage_dataset(DataConfig(source=records, max_length=64), str(tmp_path / "s"), tiny_model,
+                          progress=lambda _: None, bars=False)
+    stored = zstandard.ZstdCompressor().compress(Path(records).read_bytes())
+    write_bytes_atomic(f"{s3_bucket}/raw/d.jsonl.zst", stored)
+    ref = stage_dataset(DataConfig(source=f"{s3_bucket}/raw/", max_length=64), f"{s3_bucket}/tandem", tiny_model,
+                        progress=lambda _: None, bars=False)
+    assert ref.dataset_id == plain.dataset_id  # the same records: the same dataset
+    [source] = verify_dataset(ref.url, "full")["sources"]
+    assert (source["url"], source["format"], source["records"]) == (f"{s3_bucket}/raw/d.jsonl.zst", "qwen", 40)
+    assert (source["size"], source["digest"]) == (len(stored), blake3.blake3(stored).hexdigest())
 
 
 def test_a_modified_object_fails_verification_with_both_digests(s3_bucket, tiny_model) -> None:

@@ -66,6 +66,29 @@ def test_openai_content_may_be_text_parts(tmp_path) -> None:
     assert got.conversation["messages"][0] == {"role": "user", "content": "Add 2\nand 3."}
 
 
+def test_llamafactory_v1_parts_and_loss_weight_are_the_openai_form(tmp_path) -> None:
+    def parts(*items: tuple[str, str]) -> list[dict[str, str]]:
+        return [{"type": kind, "value": value} for kind, value in items]
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    v1 = {"messages": [
+        {"role": "system", "content": parts(("text", "Be brief."), ("tools", json.dumps(tools))), "loss_weight": 0.0},
+        {"role": "user", "content": parts(("text", "Add 2"), ("text", "and 3.")), "loss_weight": 0.0},
+        {"role": "assistant", "content": parts(("tool_call", json.dumps({"name": "add", "arguments": {"a": 2}}))),
+         "loss_weight": 0.0},
+        {"role": "tool", "content": parts(("text", "5"))},
+        {"role": "assistant", "content": parts(("reasoning", "2 + 3 = 5."), ("text", "It is 5.")), "loss_weight": 1.0},
+    ]}
+    [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [v1]), "auto")
+    assert got.conversation == {"tools": tools, "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add 2\nand 3."},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}], "weight": 0},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "It is 5.", "reasoning_content": "2 + 3 = 5."}]}
+
+
 def test_openai_weight_zero_turns_are_kept_but_marked(tmp_path) -> None:
     record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey", "weight": 0},
                            {"role": "user", "content": "Add 1 and 1"}, {"role": "assistant", "content": "2"}]}
@@ -79,6 +102,19 @@ def test_alpaca_joins_instruction_and_input(tmp_path) -> None:
     [got] = read_records(write_json(tmp_path / "d.json", [record]), "auto")
     assert got.conversation == {"messages": [{"role": "user", "content": "Add the numbers.\n2 and 3"},
                                              {"role": "assistant", "content": "5"}]}
+
+
+def test_text_records_are_plain_text(tmp_path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Once upon a time.", "meta": {"source": "web"}},
+                                             {"text": "  "}, {"text": 3}])
+    records = read_records(write_jsonl(tmp_path / "ok.jsonl", [{"text": "Once upon a time."}]), "auto")
+    assert [r.conversation for r in records] == [{"text": "Once upon a time."}]
+    with pytest.raises(UserError, match=rf"^{path}:2: text: empty text "):
+        read_records(path, "text")
+    from tasks.data.formats import InvalidRecord, normalize_text
+
+    with pytest.raises(InvalidRecord, match=r"^text: expected a string, got int$"):
+        normalize_text({"text": 3})
 
 
 def test_auto_decides_per_file_in_a_directory_and_a_glob(tmp_path) -> None:
@@ -99,7 +135,7 @@ def test_auto_explains_when_it_cannot_tell(tmp_path) -> None:
     with pytest.raises(UserError) as info:
         read_records(path, "auto")
     assert str(info.value) == (f"cannot tell the format of {path}: records have keys ['completion', 'prompt']; "
-                               "pass --format qwen|sharegpt|openai|alpaca (data.format)")
+                               "pass --format qwen|sharegpt|openai|alpaca|text (data.format)")
     garbage = tmp_path / "g.jsonl"
     garbage.write_text("{oops\n")
     with pytest.raises(UserError, match=r"^cannot tell the format of .*g.jsonl: its first records are not valid JSON"):
@@ -141,7 +177,14 @@ def test_invalid_qwen_records_name_line_and_reason(tmp_path, record, reason) -> 
     ("fmt", "record", "reason"),
     [
         ("openai", openai(("user", "hi"), ("assistant", [{"type": "image_url", "image_url": {}}])),
-         "messages[1].content[0]: only text parts are supported, got 'image_url'"),
+         "messages[1].content[0]: only text, reasoning, tool_call and tools parts are supported (a text model), "
+         "got 'image_url'"),
+        ("openai", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x",
+                                                                      "loss_weight": 0.5}]},
+         "messages[1].loss_weight: must be 0 or 1 (a turn is a target or not), got 0.5"),
+        ("openai", {"messages": [{"role": "user", "content": "hi", "loss_weight": 1.0},
+                                 {"role": "assistant", "content": "x"}]},
+         "messages[0].loss_weight: only assistant turns can be targets, got 1.0 on a 'user' turn"),
         ("openai", openai(("user", "hi"), ("bot", "x")), "messages[1]: 'role' must be one of"),
         ("openai", openai(("user", "hi"), ("assistant", None)), "messages[1].content: expected a string, got null"),
         ("openai", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model)
         assert counts["records"] == len(rows) > 0
         assert counts["tokens"] == sum(len(ids) for ids, _ in rows)
         assert counts["target_tokens"] == sum(sum(1 for label in labels[1:] if label != -100) for _, labels in rows)
-    assert manifest["records"] == {"read": 240, "staged": 240, "rejected": 0} and manifest["rejects"] is None
+    assert manifest["records"] == {"read": 240, "staged": 240, "rejected": 0, "dropped": 0}
+    assert manifest["rejects"] is None
     [source] = manifest["sources"]
     assert (source["url"], source["format"], source["records"]) == (str(SAMPLE), "qwen", 240)
     assert source["digest"] == blake3.blake3(SAMPLE.read_bytes()).hexdigest()
@@ -149,16 +151,52 @@ def test_skip_puts_every_rejected_record_in_rejects_jsonl(tmp_path, tiny_model) 
         (f"{path}:11", "malformed JSON"),
         (f"{path}:12", "no assistant turn"),
         (f"{path}:13", "conversations[1].value: empty text"),
-        (f"{path}:14", "no assistant token within data.max_length=64"),
     ]
-    assert manifest["records"] == {"read": 34, "staged": 30, "rejected": 4} and manifest["rejects"] == "rejects.jsonl"
-    assert manifest["sources"][0]["rejected"] == 3  # the fourth is rejected by the tokenizer, after reading
+    # The over-long record (line 14) is not invalid: data.excess_length (truncate) keeps its prompt's end.
+    assert manifest["records"] == {"read": 34, "staged": 31, "rejected": 3, "dropped": 0}
+    assert manifest["rejects"] == "rejects.jsonl" and manifest["sources"][0]["rejected"] == 3
+    assert sum(counts["truncated"] for counts in manifest["splits"].values()) == 1
     assert "rejects.jsonl" in {f["path"] for f in manifest["files"]}
     verify_files(ref.url, manifest, mode="full")
     with pytest.raises(UserError) as info:
         stage(data.model_copy(update={"on_invalid": "fail"}), tmp_path / "s", tiny_model)
     assert str(info.value).startswith(f"{path}:11: malformed JSON (")
     assert str(info.value).endswith("(or set data.on_invalid=skip to skip invalid records)")
+
+
+def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_model) -> None:
+    long_answer, long_prompt = qwen(("user", "hi"), ("assistant", "word " * 80)), qwen(("user", "word " * 80),
+                                                                                      ("assistant", "ok"))
+    path = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(20), long_answer, long_prompt])
+    data = DataConfig(source=path, max_length=64, eval_ratio=0)
+    truncated = stage(data, tmp_path / "s", tiny_model)
+    manifest, _ = read_manifest(truncated.url, SCHEMA)
+    assert manifest["splits"]["train"]["truncated"] == 2 and manifest["splits"]["train"]["dropped"] == 0
+    assert manifest["records"] == {"read": 22, "staged": 22, "rejected": 0, "dropped": 0}
+    assert all(len(ids) <= 64 and set(labels) != {-100} for ids, labels in examples(truncated.url, "train"))
+
+    dropped = stage(data.model_copy(update={"excess_length": "drop"}), tmp_path / "s", tiny_model)
+    manifest, _ = read_manifest(dropped.url, SCHEMA)
+    assert dropped.dataset_id != truncated.dataset_id
+    assert (manifest["splits"]["train"]["dropped"], manifest["splits"]["eval"]["dropped"]) == (2, 0)
+    assert manifest["records"] == {"read": 22, "staged": 20, "rejected": 0, "dropped": 2}
+    rejects = [orjson.loads(line) for line in (Path(dropped.url) / "rejects.jsonl").read_bytes().splitlines()]
+    assert [r["location"] for r in rejects] == [f"{path}:21", f"{path}:22"]
+    assert all(re.fullmatch(r"\d+ tokens, longer than data.max_length=64 \(data.excess_length=drop\)", r["reason"])
+               for r in rejects)
+
+    with pytest.raises(UserError) as info:
+        stage(data.model_copy(update={"excess_length": "fail"}), tmp_path / "s", tiny_model)
+    assert re.fullmatch(rf"{re.escape(path)}:21: \d+ tokens, longer than data.max_length=64; raise "
+                        r"data.max_length, or set data.excess_length=truncate \(or drop\)", str(info.value))
+    assert len(list((tmp_path / "s").glob("datasets/ds-*"))) == 2  # nothing left of the failed staging
+    only_long = write_jsonl(tmp_path / "long.jsonl", [long_answer, long_prompt])
+    with pytest.raises(UserError) as info:
+        stage(DataConfig(source=only_long, max_length=64, eval_ratio=0, excess_length="drop"), tmp_path / "s",
+              tiny_model)
+    assert str(info.value) == (f"data.source {only_long}: no record of the train split could be tokenized; 2 dropped "
+                               "as longer than data.max_length=64 (data.excess_length=drop); raise data.max_length or set "
+                               "data.excess_length=truncate")
 
 
 def test_an_empty_result_is_an_error(tmp_path, tiny_model) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.data import length
 from tasks.data.formats import Conversation
 from tasks.data.records import read_records
 from tasks.data.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
@@ -94,19 +95,22 @@ def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer) -> None
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hey", "weight": 0},
                       {"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]},
     ]
-    for max_length in (512, 32):
-        batch = ChatEncoder(tok, max_length).encode(conversations)
-        rejected = {index for index, _ in batch.rejects}
-        assert (len(rejected) > 0) == (max_length == 32)  # the short limit cuts off some whole answers
-        assert batch.kept.tolist() == [i for i in range(len(conversations)) if i not in rejected]
+    for max_length, policy in ((512, "truncate"), (32, "drop")):
+        batch = ChatEncoder(tok, max_length, excess_length=policy).encode(conversations)
+        assert not batch.rejects
+        dropped = {index for index, _ in batch.dropped}
+        assert (len(dropped) > 0) == (max_length == 32)  # the short limit drops the longer conversations
+        assert batch.kept.tolist() == [i for i in range(len(conversations)) if i not in dropped]
         position = 0
         for index, length in zip(batch.kept.tolist(), batch.lengths.tolist(), strict=True):
             ids, labels = reference_encode(tok, conversations[index], max_length)
             assert batch.ids[position:position + length].tolist() == ids
             assert batch.labels[position:position + length].tolist() == labels
             position += length
-        for index in rejected:  # rejected only because the reference keeps no target within max_length
-            assert set(reference_encode(tok, conversations[index], max_length)[1]) == {IGNORE_INDEX}
+        for index, reason in batch.dropped:  # dropped exactly when the whole rendering is longer
+            n = len(tok(tok.apply_chat_template(conversations[index]["messages"], tokenize=False),
+                        add_special_tokens=False)["input_ids"])
+            assert n > max_length and reason == f"{n} tokens, longer than data.max_length={max_length}"
 
 
 def test_weight_zero_turns_are_not_targets(builtin_tokenizer) -> None:
@@ -118,20 +122,80 @@ def test_weight_zero_turns_are_not_targets(builtin_tokenizer) -> None:
     assert tok.decode([t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]) == "4<|im_end|>\n"
 
 
-def test_truncation_is_counted_and_prompts_longer_than_max_length_are_rejected(builtin_tokenizer) -> None:
+def token_count(tok, messages: list[dict[str, str]], generation_prompt: bool = False) -> int:
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def test_truncation_drops_whole_later_turns_first(builtin_tokenizer) -> None:
     tok = load_tokenizer(builtin_tokenizer)
-    head = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    prompt = len(tok(head, add_special_tokens=False)["input_ids"])
-    limit = prompt + 4
-    encoder = ChatEncoder(tok, limit)
-    batch = encoder.encode([chat(("user", "hi"), ("assistant", "word " * 50)),
-                            chat(("user", "word " * 50), ("assistant", "ok")),
-                            chat(("user", "hi"), ("assistant", "ok"))])
-    assert batch.kept.tolist() == [0, 2] and batch.truncated.tolist() == [True, False]
-    assert batch.lengths[0] == limit and len(batch.ids) == len(batch.labels) == limit + batch.lengths[1]
-    [(index, reason)] = batch.rejects
-    assert index == 1 and reason.startswith(f"no assistant token within data.max_length={limit} (the first is token ")
-    assert reason.endswith("raise data.max_length or shorten the prompt")
+    conversation = chat(("user", "Add 2 and 3."), ("assistant", "2 plus 3 is 5."), ("user", "Times 4?"),
+                        ("assistant", "5 times 4 is 20."), ("user", "Minus 1? " * 20), ("assistant", "19. " * 20))
+    two_turns = conversation["messages"][:4]
+    limit = token_count(tok, two_turns) + 5  # the second turn and a few tokens of the third user turn fit
+    batch = ChatEncoder(tok, limit).encode([conversation])
+    ids, labels = batch.ids.tolist(), batch.labels.tolist()
+    assert batch.truncated.tolist() == [True] and not batch.rejects and not batch.dropped
+    # Exactly the first two turns, cut after the second answer's <|im_end|> and newline; its targets kept.
+    assert ids == tok(tok.apply_chat_template(two_turns, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert tok.decode([t for t, la in zip(ids, labels, strict=True) if la != IGNORE_INDEX]) == (
+        "2 plus 3 is 5.<|im_end|>\n5 times 4 is 20.<|im_end|>\n")
+    # With mask_history only the last turn is a target: it keeps the end of its prompt and its answer's start.
+    last = ChatEncoder(tok, limit, mask_history=True).encode([conversation])
+    ids, labels = last.ids.tolist(), last.labels.tolist()
+    first = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+    assert len(ids) == limit and labels[first:] == ids[first:]
+    assert tok.decode(ids[:first]).endswith("Minus 1? <|im_end|>\n<|im_start|>assistant\n")
+    assert ("19. " * 20).startswith(tok.decode(ids[first:]))
+
+
+def test_a_first_turn_too_long_alone_keeps_the_prompt_end_and_the_answer_start(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
+    question, answer = "Tell me everything. " * 40, "Here is all of it. " * 40
+    messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    full = tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    prompt = token_count(tok, messages[:1], generation_prompt=True)
+    for limit in (64, 16):
+        batch = ChatEncoder(tok, limit).encode([{"messages": messages}])
+        ids, labels = batch.ids.tolist(), batch.labels.tolist()
+        kept_prompt, kept_answer = length.budget_split(prompt, len(full) - prompt, limit)
+        assert len(ids) == limit == kept_prompt + kept_answer and batch.truncated.tolist() == [True]
+        assert ids == full[prompt - kept_prompt: prompt + kept_answer]  # the prompt's end, then the answer's start
+        assert labels == [IGNORE_INDEX] * kept_prompt + ids[kept_prompt:]
+        assert tok.decode(ids[:kept_prompt]).endswith("<|im_start|>assistant\n")
+        assert answer.startswith(tok.decode(ids[kept_prompt:]))
+    # The share of the budget each keeps (LLaMA-Factory's rule), and a target whatever the sizes.
+    assert length.budget_split(10, 3, 8) == (5, 3)  # a short answer is kept whole
+    assert length.budget_split(3, 100, 10) == (3, 7)  # a short prompt is kept whole
+    assert length.budget_split(60, 40, 10) == (6, 4)  # proportional shares
+    assert length.budget_split(10**6, 300, 512) == (511, 1)  # a proportional share of 0 still keeps one target
+    assert length.budget_split(0, 50, 8) == (0, 8)  # plain text: its head
+
+
+def test_drop_and_fail_leave_over_long_examples_out(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
+    short, long = chat(("user", "hi"), ("assistant", "ok")), chat(("user", "hi"), ("assistant", "word " * 50))
+    limit = token_count(tok, short["messages"]) + 2
+    for policy in ("drop", "fail"):
+        batch = ChatEncoder(tok, limit, excess_length=policy).encode([long, short])
+        n = token_count(tok, long["messages"])
+        assert batch.kept.tolist() == [1] and batch.truncated.tolist() == [False] and not batch.rejects
+        assert batch.dropped == [(0, f"{n} tokens, longer than data.max_length={limit}")]
+
+
+def test_plain_text_is_all_targets_and_ends_with_the_end_of_document_token(builtin_tokenizer) -> None:
+    tok = load_tokenizer(builtin_tokenizer)
+    document = "Once upon a time there was a tiny model. " * 8
+    batch = ChatEncoder(tok, 512).encode([{"text": document}])
+    ids, labels = batch.ids.tolist(), batch.labels.tolist()
+    assert ids == tok(document, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert labels == ids and tok.decode(ids[-1:]) == "<|endoftext|>" != tok.eos_token  # not <|im_end|>
+    head = ChatEncoder(tok, 16).encode([{"text": document}])  # too long: its head is kept, every token a target
+    assert head.ids.tolist() == ids[:16] == head.labels.tolist() and head.truncated.tolist() == [True]
+    from trainer.samples import split_prompt
+
+    prompt, reference = split_prompt((ids, labels))  # eval samples: the first half prompts the rest
+    assert prompt + reference == ids and len(prompt) == len(ids) // 2
 
 
 def test_tool_calls_are_rendered_and_trained_by_a_tool_template(tiny_model, tmp_path) -> None:

@@ -52,11 +52,14 @@ def test_secret_looking_config_is_refused_naming_the_key_without_its_value(overr
 
 @pytest.mark.parametrize("override", [f"data.source=https://u:{CANARY}@example.com/d.jsonl",
                                       f"data.eval_source=https://u:{CANARY}@example.com/e.jsonl",
-                                      f"run.storage=s3://u:{CANARY}@bucket/tandem"])
+                                      f"run.storage=s3://u:{CANARY}@bucket/tandem",
+                                      f"data.sources[1].source=https://u:{CANARY}@example.com/d.jsonl"])
 def test_a_url_with_a_password_is_refused_naming_the_key(override: str) -> None:
+    key, value = override.split("=", 1)
+    if key.startswith("data.sources"):  # a list: set as a whole
+        override = f"data.sources=[{{source: a.jsonl}}, {{source: '{value}'}}]"
     with pytest.raises(UserError) as caught:
         load_config(None, [override])
-    key = override.split("=", 1)[0]
     assert f"{key} has a password in its URL: remove it and give credentials through the environment" \
         in str(caught.value)
     assert CANARY not in str(caught.value)
