@@ -226,6 +226,9 @@ mlflow_up() {
     if ! is_loopback "$HOST"; then
         # MLflow answers only the Host names it is told (DNS rebinding protection), loopback by default.
         args+=(--app-name basic-auth --allowed-hosts "$HOST:$MLFLOW_PORT,$HOST,localhost:$MLFLOW_PORT,127.0.0.1:$MLFLOW_PORT")
+        # The basic-auth app's CSRF protection signs with this key; new at every start of the server.
+        export MLFLOW_FLASK_SERVER_SECRET_KEY
+        MLFLOW_FLASK_SERVER_SECRET_KEY=$(head -c 32 /dev/urandom | base64 | tr -d '/+=')
     fi
     MLFLOW_AUTH_CONFIG_PATH=$STATE/mlflow-auth.ini MLFLOW_S3_ENDPOINT_URL=$S3_URL \
         spawn mlflow "$ROOT/.venv/bin/mlflow" server "${args[@]}"
