@@ -108,7 +108,9 @@ def start_mlflow_server(home: Path, port: int) -> tuple[MlflowServer, subprocess
     once it is healthy."""
     home.mkdir(parents=True, exist_ok=True)
     uri = f"http://127.0.0.1:{port}"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    # Without MLflow's job runner (GenAI scoring: about ten consumer processes that Tandem never uses).
+    env = {**{key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")},
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     process = spawn([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                      "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
                      "--artifacts-destination", str(home / "artifacts")], env, home / "server.log")

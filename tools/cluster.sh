@@ -230,7 +230,8 @@ mlflow_up() {
         export MLFLOW_FLASK_SERVER_SECRET_KEY
         MLFLOW_FLASK_SERVER_SECRET_KEY=$(head -c 32 /dev/urandom | base64 | tr -d '/+=')
     fi
-    MLFLOW_AUTH_CONFIG_PATH=$STATE/mlflow-auth.ini MLFLOW_S3_ENDPOINT_URL=$S3_URL \
+    # MLFLOW_SERVER_ENABLE_JOB_EXECUTION: without MLflow's job runner (GenAI scoring, a dozen processes Tandem never uses).
+    MLFLOW_AUTH_CONFIG_PATH=$STATE/mlflow-auth.ini MLFLOW_S3_ENDPOINT_URL=$S3_URL MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
         spawn mlflow "$ROOT/.venv/bin/mlflow" server "${args[@]}"
     wait_for mlflow "$MLFLOW_URL/health"
 }
