@@ -7,8 +7,10 @@ The same model is the Prefect flow's parameter, so the UI form is generated from
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -556,6 +558,48 @@ class RegisterConfig(Section):
     )
 
 
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+TRACKING_OFF = "off"
+
+
+class TrackConfig(Section):
+    """Where the run's metrics, parameters and models are mirrored: MLflow, TensorBoard, Weights & Biases.
+
+    Tandem's own files (metrics.jsonl, the registry) stay the source of truth; the pipeline process forwards them."""
+
+    mlflow_uri: str | None = Field(
+        None,
+        description=f"MLflow tracking server (http://host:5000) or store URI; empty: ${MLFLOW_URI_ENV} when set, "
+        f"else no MLflow; {TRACKING_OFF}: no MLflow even when ${MLFLOW_URI_ENV} is set. Credentials come from "
+        "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD, never from here.",
+        min_length=1,
+    )
+    mlflow_experiment: str = Field(
+        "tandem", min_length=1, max_length=500, description="MLflow experiment the run is logged to (created if new)."
+    )
+    tensorboard: bool = Field(False, description="Write TensorBoard event files under {run}/tensorboard/.")
+    wandb: bool = Field(False, description="Log to Weights & Biases (WANDB_API_KEY / WANDB_MODE from the environment).")
+    wandb_project: str = Field("tandem", min_length=1, max_length=128, description="W&B project of the run.")
+
+    @field_validator("mlflow_uri", mode="before")
+    @classmethod
+    def _no_url_password(cls, value: object) -> object:
+        if value is False:  # `--set track.mlflow_uri=off` is YAML, where a bare off is false
+            return TRACKING_OFF
+        if isinstance(value, str) and has_url_password(value):
+            raise ValueError("track.mlflow_uri has a password in its URL: remove it and set MLFLOW_TRACKING_USERNAME "
+                             "and MLFLOW_TRACKING_PASSWORD in the environment instead")
+        return value
+
+    def mlflow_tracking_uri(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The MLflow URI this run logs to, or None when MLflow is off (the rule of track.mlflow_uri)."""
+        if self.mlflow_uri == TRACKING_OFF:
+            return None
+        if self.mlflow_uri is not None:
+            return self.mlflow_uri
+        return (os.environ if environ is None else environ).get(MLFLOW_URI_ENV) or None
+
+
 # `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
 # deprecated classmethod of that name, which this model never uses.
 warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
@@ -572,6 +616,7 @@ class FinetuneConfig(Section):
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     register: RegisterConfig = Field(default_factory=RegisterConfig)
+    track: TrackConfig = Field(default_factory=TrackConfig)
 
     @model_validator(mode="after")
     def _retries_resume(self) -> FinetuneConfig:

@@ -44,9 +44,10 @@ RUN DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1
     TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" \
     pip install --no-build-isolation -c constraints.txt deepspeed
 
-# The rest of the pinned stack (transformers, PEFT, bitsandbytes, Prefect, ...) from pyproject.toml.
+# The rest of the pinned stack (transformers, PEFT, bitsandbytes, Prefect, ...) from pyproject.toml, with the
+# tracking extras the pipeline uses when `track` asks for them (MLflow also serves compose.yaml's MLflow server).
 COPY . .
-RUN pip install -c constraints.txt -e . \
+RUN pip install -c constraints.txt -e ".[mlflow,tensorboard]" \
     && python -c "import deepspeed, peft, bitsandbytes, prefect, torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 # A non-root user owns only what runs write inside the checkout (.tandem/: extension cache, log scratch,

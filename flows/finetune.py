@@ -26,9 +26,14 @@ from tasks.checkpoints import wait_for_checkpoint
 from tasks.evaluate import evaluate_on_nodes
 from tasks.assets import record_model_asset
 from tasks.loss_curve import plot_loss, read_metrics
-from tasks.register import register_model
+from tasks.register import Registration, lineage, register_model
 from tasks.run import new_run_id, write_run_spec
 from storage.run_lock import RunLock
+from storage.spec import WrittenSpec
+from storage.checkpoints import CompleteCheckpoint
+from tasks.track import link_tracking, mirror_registry
+from tasks.tracking import check_tracking, links, resolved_params, run_tags, tracking, wait_opened
+from tasks.tracking.sink import RunInfo, Tracker
 from tasks.train import train_with_retries
 
 
@@ -43,22 +48,30 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     """Fine-tune a model on every node and register it with its metrics and lineage."""
     logger = get_run_logger()
     cfg = enter(config)
+    check_tracking(cfg)  # an unreachable MLflow server stops the run here, before anything is written
     run_id = new_run_id(cfg)
     logger.info("run %s: %s, %d node(s) x %d rank(s), storage %s", run_id, cfg.train.method, cfg.launch.nnodes,
                 cfg.launch.nproc_per_node, cfg.run.storage)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     # Before anything touches the run directory: a second pipeline on the same run.name stops here.
-    with RunLock(layout.run_dir(cfg.run.storage, run_id), run_id, flow_run_id, logger=logger).hold():
-        return pipeline(cfg, run_id)
+    run_url = layout.run_dir(cfg.run.storage, run_id)
+    with RunLock(run_url, run_id, flow_run_id, logger=logger).hold():
+        with tracking(cfg, RunInfo(run_id, run_url, flow_run_id, runtime.flow_run.ui_url)) as tracker:
+            return pipeline(cfg, run_id, tracker)
 
 
-def pipeline(cfg: FinetuneConfig, run_id: str) -> Any:
-    """The steps of a run whose lock this flow holds."""
+def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
+    """The steps of a run whose lock this flow holds; `tracker` mirrors them into the tracking systems."""
     model_path, dataset = stage_inputs(cfg)
     written = write_run_spec(cfg, run_id, model_path, dataset)
+    tracker.call(lambda sink, params=resolved_params(written.spec): sink.log_params(params))
+    if tracker.workers:
+        wait_opened(tracker)
+        link_tracking(run_id, links(tracker))
     # An elastic run may finish training on other nodes than it started on: the rest follows the last attempt.
     written = train_with_retries(written.spec)(written)
     spec = written.spec
+    tracker.steps(read_metrics(spec.run_url))  # the steps written after the last progress read, and any retry's
     checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
     model_url = layout.final_dir(spec.run_url)
     evaluated = checkpoint.url if cfg.eval.model == "checkpoint" else model_url
@@ -67,6 +80,9 @@ def pipeline(cfg: FinetuneConfig, run_id: str) -> Any:
     registered = register_model(written, checkpoint, model_url, metrics, loss_plot)
     if registered.registered:
         record_model_asset(spec, registered)
+    if (mlflow_uri := cfg.track.mlflow_tracking_uri()) is not None:  # a rejected gate mirrors nothing new
+        mirror_registry(cfg.run.storage, cfg.register.model_name, mlflow_uri)
+    track_results(tracker, written, checkpoint, metrics, loss_plot, registered)
     summary = {
         "run_id": run_id,
         "run_url": spec.run_url,
@@ -84,6 +100,22 @@ def pipeline(cfg: FinetuneConfig, run_id: str) -> Any:
     # it), and callers of finetune() receive the summary.
     message = f"registered {registered.message}" if registered.registered else registered.message
     return Completed(message=message, data=summary)  # type: ignore[return-value]
+
+
+def track_results(tracker: Tracker, written: WrittenSpec, checkpoint: CompleteCheckpoint, metrics: dict[str, Any],
+                  loss_plot: str | None, registered: Registration) -> None:
+    """Queue the run's results for the tracking systems: eval metrics at the evaluated step, lineage and attempts as
+    tags, the loss curve and the model card as files."""
+    spec = written.spec
+    evals = {f"eval/{key}": float(metrics[key]) for key in ("loss", "perplexity", "token_accuracy")}
+    tags = {**run_tags(spec, lineage(spec, written.digest, checkpoint)), "tandem.registered": registered.message}
+    tracker.call(lambda sink: sink.log_metrics(evals, checkpoint.step))
+    tracker.call(lambda sink: sink.set_tags(tags))
+    if loss_plot:
+        tracker.call(lambda sink: sink.log_file(loss_plot, layout.LOSS_PLOT))
+    if registered.registered:
+        card = layout.join(spec.run_url, layout.MODEL_CARD)
+        tracker.call(lambda sink: sink.log_file(card, layout.MODEL_CARD))
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@
     python -m flows.registry list tandem-tiny
     python -m flows.registry show tandem-tiny:champion    # or tandem-tiny:v0002, tandem-tiny:2, tandem-tiny
     python -m flows.registry --storage s3://bucket/tandem list
+    python -m flows.registry sync tandem-tiny             # complete the MLflow mirror (MLFLOW_TRACKING_URI)
 
 --storage is the run.storage the pipeline registered into (default: the schema's, .tandem/storage).
 For S3-compatible stores set AWS_ENDPOINT_URL (and credentials) in the environment.
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-from config.errors import UserError
+from config.errors import RetryableError, UserError
 from config.loader import resolve_local
-from config.schema import RunConfig
+from config.schema import MLFLOW_URI_ENV, RunConfig
 from flows.cli import run_cli
 from storage.model_card import load_snippet
 from storage.registry import champion, models, read_entry, resolve, versions
+from tasks.tracking.mlflow_sink import check_server
 
 COLUMNS = ("model", "version", "created", "loss", "perplexity", "token_accuracy", "champion")
 
@@ -71,6 +74,22 @@ def cmd_show(storage: str, ref: str) -> int:
     return 0
 
 
+def cmd_sync(storage: str, model: str, uri: str | None) -> int:
+    """Mirror into MLflow's model registry what it lacks of `model` (pending mirrors) and the champion alias."""
+    from tasks.tracking.mlflow_registry import sync
+
+    uri = uri or os.environ.get(MLFLOW_URI_ENV)
+    if not uri:
+        raise UserError(f"sync: no MLflow server: pass --mlflow-uri or set {MLFLOW_URI_ENV}")
+    if not versions(storage, model):
+        known = ", ".join(models(storage)) or "none"
+        raise UserError(f"{model}: no such model in {storage}/registry (models: {known})")
+    check_server(uri)
+    if not sync(storage, model, uri, print):
+        raise RetryableError(f"sync: the MLflow mirror of {model} is still pending (see above); run it again")
+    return 0
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(prog="python -m flows.registry", description=__doc__,
@@ -81,6 +100,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     listing.add_argument("model", nargs="?", help="model name (register.model_name)")
     show = sub.add_parser("show", help="one entry, with how to load the model")
     show.add_argument("ref", metavar="MODEL[:VERSION|:champion]")
+    mirror = sub.add_parser("sync", help="complete the mirror of a model in MLflow's model registry")
+    mirror.add_argument("model", help="model name (register.model_name)")
+    mirror.add_argument("--mlflow-uri", default=None, help=f"MLflow tracking server (default: ${MLFLOW_URI_ENV})")
     return parser.parse_args(argv)
 
 
@@ -90,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.storage if "://" in args.storage else resolve_local(args.storage)
 
     def body() -> int:
+        if args.command == "sync":
+            return cmd_sync(storage, args.model, args.mlflow_uri)
         return cmd_list(storage, args.model) if args.command == "list" else cmd_show(storage, args.ref)
 
     return run_cli(body)

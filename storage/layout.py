@@ -13,6 +13,7 @@ EVAL_SCHEMA = "tandem.eval/1"
 REGISTRY_SCHEMA = "tandem.registry/1"
 MODEL_SCHEMA = "tandem.model/1"
 CHAMPION_SCHEMA = "tandem.champion/1"
+MIRROR_SCHEMA = "tandem.mlflow-mirror/1"
 SAMPLES_SCHEMA = "tandem.samples/1"
 UNIVERSAL_SCHEMA = "tandem.universal/1"
 
@@ -26,6 +27,7 @@ EVAL = "eval.json"
 SAMPLES = "samples.jsonl"
 LOSS_PLOT = "loss.png"
 MODEL_CARD = "model_card.md"
+TENSORBOARD = "tensorboard"  # {run}/tensorboard/: event files of the TensorBoard sink
 CHAMPION = "champion.json"
 LOG = "log.txt"
 STATUS = "status.json"
@@ -110,6 +112,11 @@ def registry_root(storage: str) -> str:
 def registry_entry_name(version: int) -> str:
     """v{n:04d}.json"""
     return f"v{version:04d}.json"
+
+
+def mirror_url(storage: str, model: str, version: int) -> str:
+    """{storage}/registry/{model}/mlflow/v{n:04d}.json: how version n is mirrored in MLflow's model registry."""
+    return join(registry_dir(storage, model), "mlflow", registry_entry_name(version))
 
 
 def champion_url(storage: str, model: str) -> str:

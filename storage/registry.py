@@ -23,7 +23,7 @@ from storage import layout
 from storage.digest import digest_bytes
 from config.errors import UserError
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
-from storage.fs import exists, join, listdir, read_bytes
+from storage.fs import exists, join, listdir, read_bytes, write_bytes_atomic
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -171,3 +171,17 @@ def resolve(storage: str, ref: str) -> dict[str, Any]:
     if not digits.isdigit():
         raise UserError(f"{ref}: the version must be a number (v0003 or 3) or 'champion'")
     return read_entry(storage, model, int(digits))
+
+
+def read_mirror(storage: str, model: str, version: int) -> dict[str, Any] | None:
+    """How a version is mirrored in MLflow ({"status": "pending"|"done", "tracking_uri", "mlflow_version", ...}), or
+    None when it never was. The entry itself is never rewritten; this record beside it changes as the mirror does."""
+    url = layout.mirror_url(storage, model, version)
+    return unseal(url, read_bytes(url)) if exists(url) else None
+
+
+def write_mirror(storage: str, model: str, version: int, status: str, tracking_uri: str, **details: Any) -> None:
+    """Record the state of a version's MLflow mirror (replaced whole: a later sync completes a pending one)."""
+    doc = {"schema": layout.MIRROR_SCHEMA, "model": model, "version": version, "status": status,
+           "tracking_uri": tracking_uri, "updated_at": datetime.now(UTC).isoformat(timespec="seconds"), **details}
+    write_bytes_atomic(layout.mirror_url(storage, model, version), sealed(redact(doc)))

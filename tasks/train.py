@@ -21,6 +21,7 @@ from storage import layout
 from storage.checkpoints import latest_complete, verified_export_step
 from storage.spec import Spec, WrittenSpec, load_spec, publish_spec
 from tasks.run import build_spec
+from tasks.tracking.sink import Tracker, active
 
 
 @task(name="train")
@@ -36,7 +37,7 @@ def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
         return written
     if is_elastic(spec.config):
         written = start_attempt(written, logger.info)
-    on_progress = progress_reporter(written.spec.total_steps, logger.info)
+    on_progress = progress_reporter(written.spec.total_steps, logger.info, active(spec.run_id))
     context = TaskRunContext.get()
     if context is None or context.task_run.run_count <= 1:
         run_phase(written, "train", logger.info, on_progress=on_progress)
@@ -92,8 +93,10 @@ def train_with_retries(spec: Spec) -> Any:
                                        retry_condition_fn=retry_only_retryable)
 
 
-def progress_reporter(total: int, info: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:
-    """A callback that logs step/total, loss, tokens/s and ETA, and keeps a Prefect progress artifact."""
+def progress_reporter(total: int, info: Callable[[str], None],
+                      tracker: Tracker | None = None) -> Callable[[dict[str, Any]], None]:
+    """A callback that logs step/total, loss, tokens/s and ETA, keeps a Prefect progress artifact, and hands each
+    step to the run's tracker (which only queues it: the tracking systems are fed in the background)."""
     artifact = create_progress_artifact(progress=0.0, key="training-progress", description="training steps done")
     started = time.monotonic()
 
@@ -102,5 +105,7 @@ def progress_reporter(total: int, info: Callable[[str], None]) -> Callable[[dict
         eta = (time.monotonic() - started) / step * (total - step)
         info(f"step {step}/{total} loss {record['loss']:.4f} tokens/s {record['tokens_per_s']:.0f} ETA {eta:.0f} s")
         update_progress_artifact(artifact_id=artifact, progress=100.0 * step / total)
+        if tracker is not None:
+            tracker.steps([record])
 
     return report

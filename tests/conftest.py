@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import PrefectServer
+from tests.servers import MlflowServer, PrefectServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -82,6 +82,19 @@ def s3_endpoint() -> Iterator[str]:
             yield f"http://{host}:{port}"
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One real `mlflow server` on 127.0.0.1 for the whole session (SQLite backend store, artifacts on local disk,
+    served through the server); tests reach it through MLflow's client on `mlflow_server.uri`."""
+    from tests.servers import start_mlflow_server, stop
+
+    server, process = start_mlflow_server(tmp_path_factory.mktemp("mlflow"), free_port())
+    try:
+        yield server
+    finally:
+        stop(process)
 
 
 @pytest.fixture

@@ -47,17 +47,23 @@ def stop(*processes: subprocess.Popen, grace_s: float = 20) -> None:
 
 
 def wait_healthy(api_url: str, process: subprocess.Popen, log: Path) -> None:
-    """Return once `{api_url}/health` answers; raise with the log's tail if the server exits or never answers."""
+    """Return once `{api_url}/health` answers; raise with the log's tail if the server exits or never answers.
+    (Prefect's API and MLflow's server both answer /health.)"""
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{args_of(process)} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"{api_url}/health", timeout=5):
                 return
         except OSError:
             time.sleep(0.5)
-    raise RuntimeError(f"prefect server not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"{args_of(process)} not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
+
+
+def args_of(process: subprocess.Popen) -> str:
+    """The command a server process runs, for an error message."""
+    return " ".join(str(arg) for arg in process.args[1:4]) if isinstance(process.args, list) else str(process.args)
 
 
 def client_env(api_url: str, **extra: str) -> dict[str, str]:
@@ -87,3 +93,30 @@ def start_prefect_server(home: Path, logs: Path, port: int,
         stop(process)
         raise
     return PrefectServer(api_url, f"http://127.0.0.1:{port}", env, logs), process
+
+
+@dataclass(frozen=True)
+class MlflowServer:
+    """A running `mlflow server`: SQLite backend store, artifacts served from a local folder."""
+
+    uri: str
+    home: Path  # mlflow.db, artifacts/, server.log
+
+
+def start_mlflow_server(home: Path, port: int) -> tuple[MlflowServer, subprocess.Popen]:
+    """`mlflow server` on 127.0.0.1:port as a user starts it (one worker: the tests are its only clients); returns
+    once it is healthy."""
+    home.mkdir(parents=True, exist_ok=True)
+    uri = f"http://127.0.0.1:{port}"
+    # Without MLflow's job runner (GenAI scoring: about ten consumer processes that Tandem never uses).
+    env = {**{key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")},
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    process = spawn([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                     "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+                     "--artifacts-destination", str(home / "artifacts")], env, home / "server.log")
+    try:
+        wait_healthy(uri, process, home / "server.log")
+    except BaseException:
+        stop(process)
+        raise
+    return MlflowServer(uri, home), process

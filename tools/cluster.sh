@@ -10,13 +10,17 @@
 #   PostgreSQL   Prefect's database             127.0.0.1:$TANDEM_PG_PORT      (default 54320)
 #   Prefect      API + UI                       127.0.0.1:$TANDEM_PREFECT_PORT (default 4200)
 #   S3 (moto)    object store, bucket "tandem"  127.0.0.1:$TANDEM_S3_PORT      (default 9000)
+#   MLflow       tracking + model registry      127.0.0.1:$TANDEM_MLFLOW_PORT  (default 5000; its database on the same
+#                PostgreSQL, artifacts in s3://tandem/mlflow); the workers get MLFLOW_TRACKING_URI, so runs track to it
 #   workers      one per simulated node (pool tandem-nodes, queue node-<rank>) + one for the pipeline
 #                (pool tandem-pipeline); $TANDEM_NODES nodes (default 2)
 #
 # Bound beyond loopback (TANDEM_CLUSTER_HOST=10.0.0.5), the Prefect API, which starts code on the workers, requires
 # a password: Prefect's basic auth, PREFECT_SERVER_API_AUTH_STRING on the server and PREFECT_API_AUTH_STRING on every
 # client and worker. The string is yours (PREFECT_API_AUTH_STRING set when running `up`) or generated into
-# .tandem/cluster/prefect-auth, readable only by its owner. Prefect's events websocket is not covered by it.
+# .tandem/cluster/prefect-auth, readable only by its owner. Prefect's events websocket is not covered by it. MLflow
+# then runs its basic-auth app: user tandem, a password generated into .tandem/cluster/mlflow-password (mode 600),
+# given to the workers as MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD.
 #
 # State, pid files and logs live in .tandem/cluster/ ($TANDEM_CLUSTER_DIR; PostgreSQL's data survives a restart:
 # `down` keeps it, `make clean` removes it). Running `up` twice starts nothing twice. On a real cluster the same pieces run on
@@ -29,16 +33,19 @@ HOST=${TANDEM_CLUSTER_HOST:-127.0.0.1}
 PG_PORT=${TANDEM_PG_PORT:-54320}
 PREFECT_PORT=${TANDEM_PREFECT_PORT:-4200}
 S3_PORT=${TANDEM_S3_PORT:-9000}
+MLFLOW_PORT=${TANDEM_MLFLOW_PORT:-5000}
 NODES=${TANDEM_NODES:-2}
 PY=$ROOT/.venv/bin/python
 BUCKET=tandem
 API_URL=http://$HOST:$PREFECT_PORT/api
 S3_URL=http://$HOST:$S3_PORT
+MLFLOW_URL=http://$HOST:$MLFLOW_PORT
 
 # What every Prefect process of the cluster (server, workers, the flow runs they start) sees.
 export PREFECT_HOME=$STATE/prefect PREFECT_API_URL=$API_URL PREFECT_UI_API_URL=$API_URL
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_WORKER_QUERY_SECONDS=${PREFECT_WORKER_QUERY_SECONDS:-2}
 export TANDEM_ROOT=$ROOT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export MLFLOW_TRACKING_URI=$MLFLOW_URL  # every pipeline run of the cluster's workers tracks to its MLflow
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$ROOT/.tandem/torch_extensions}
 # The local S3 endpoint for every boto/s3fs client of the cluster; moto accepts any credentials.
 export AWS_ENDPOINT_URL=$S3_URL AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-tandem} \
@@ -156,9 +163,12 @@ postgres_up() {
             || die "PostgreSQL did not start; see .tandem/cluster/postgres.log"
         echo "cluster: postgres started ($HOST:$PG_PORT)"
     fi
-    as_pg "$bin/psql" -h "$STATE/pgsocket" -p "$PG_PORT" -U prefect -d postgres -tAc \
-        "SELECT 1 FROM pg_database WHERE datname = 'prefect'" | grep -q 1 \
-        || as_pg "$bin/createdb" -h "$STATE/pgsocket" -p "$PG_PORT" -U prefect prefect
+    local db
+    for db in prefect mlflow; do
+        as_pg "$bin/psql" -h "$STATE/pgsocket" -p "$PG_PORT" -U prefect -d postgres -tAc \
+            "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
+            || as_pg "$bin/createdb" -h "$STATE/pgsocket" -p "$PG_PORT" -U prefect "$db"
+    done
 }
 
 postgres_down() {
@@ -186,6 +196,46 @@ prefect_up() {
     wait_for server "$API_URL/health"
 }
 
+# MLflow's basic auth off loopback (see the top): its admin user, the password generated once, a config file for the
+# server (MLFLOW_AUTH_CONFIG_PATH; users in SQLite beside it). Exported for the server and every process started here.
+MLFLOW_PASSWORD_FILE=$STATE/mlflow-password
+mlflow_auth_setup() {
+    is_loopback "$HOST" && return 0
+    if [[ ! -s $MLFLOW_PASSWORD_FILE ]]; then
+        mkdir -p "$STATE"
+        (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$MLFLOW_PASSWORD_FILE")
+    fi
+    chmod 600 "$MLFLOW_PASSWORD_FILE"
+    export MLFLOW_TRACKING_USERNAME=tandem MLFLOW_TRACKING_PASSWORD
+    MLFLOW_TRACKING_PASSWORD=$(cat "$MLFLOW_PASSWORD_FILE")
+    (umask 077; cat >"$STATE/mlflow-auth.ini" <<INI
+[mlflow]
+default_permission = READ
+database_uri = sqlite:///$STATE/mlflow-auth.db
+admin_username = $MLFLOW_TRACKING_USERNAME
+admin_password = $MLFLOW_TRACKING_PASSWORD
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+INI
+    )
+}
+
+mlflow_up() {
+    local args=(--host "$HOST" --port "$MLFLOW_PORT" --workers 1
+        --backend-store-uri "postgresql://prefect:$(cat "$STATE/pg-password")@$HOST:$PG_PORT/mlflow"
+        --artifacts-destination "s3://$BUCKET/mlflow")
+    if ! is_loopback "$HOST"; then
+        # MLflow answers only the Host names it is told (DNS rebinding protection), loopback by default.
+        args+=(--app-name basic-auth --allowed-hosts "$HOST:$MLFLOW_PORT,$HOST,localhost:$MLFLOW_PORT,127.0.0.1:$MLFLOW_PORT")
+        # The basic-auth app's CSRF protection signs with this key; new at every start of the server.
+        export MLFLOW_FLASK_SERVER_SECRET_KEY
+        MLFLOW_FLASK_SERVER_SECRET_KEY=$(head -c 32 /dev/urandom | base64 | tr -d '/+=')
+    fi
+    # MLFLOW_SERVER_ENABLE_JOB_EXECUTION: without MLflow's job runner (GenAI scoring, a dozen processes Tandem never uses).
+    MLFLOW_AUTH_CONFIG_PATH=$STATE/mlflow-auth.ini MLFLOW_S3_ENDPOINT_URL=$S3_URL MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
+        spawn mlflow "$ROOT/.venv/bin/mlflow" server "${args[@]}"
+    wait_for mlflow "$MLFLOW_URL/health"
+}
+
 workers_up() {
     local rank
     "$PY" tools/deploy.py --nodes "$NODES" >"$STATE/deploy.log" 2>&1 || die "deploy failed; see .tandem/cluster/deploy.log"
@@ -203,6 +253,9 @@ usage() {
 Prefect UI     http://$HOST:$PREFECT_PORT  (Deployments > finetune/manual > Run > Custom run: the config form)
 API            export PREFECT_API_URL=$API_URL
 $(if [[ -n ${PREFECT_API_AUTH_STRING:-} ]]; then echo "API auth       $(auth_hint)   (user:password for the UI)"; fi)
+MLflow UI      $MLFLOW_URL  (experiment tandem; registered models mirror the registry)
+               export MLFLOW_TRACKING_URI=$MLFLOW_URL
+$(if ! is_loopback "$HOST"; then echo "MLflow auth    export MLFLOW_TRACKING_USERNAME=tandem MLFLOW_TRACKING_PASSWORD=\"\$(cat $MLFLOW_PASSWORD_FILE)\""; fi)
 S3 endpoint    export AWS_ENDPOINT_URL=$S3_URL AWS_ACCESS_KEY_ID=tandem AWS_SECRET_ACCESS_KEY=tandem AWS_DEFAULT_REGION=us-east-1
                bucket s3://$BUCKET
 Run the pipeline through finetune/manual, storing on the S3 endpoint and training through the node workers:
@@ -214,7 +267,7 @@ EOF
 
 status() {
     local name
-    for name in server s3 worker-pipeline $(cd "$STATE" 2>/dev/null && ls worker-node-*.pid 2>/dev/null | sed 's/\.pid$//'); do
+    for name in server s3 mlflow worker-pipeline $(cd "$STATE" 2>/dev/null && ls worker-node-*.pid 2>/dev/null | sed 's/\.pid$//'); do
         if alive "$name"; then echo "$name: running (pid $(cat "$STATE/$name.pid"))"; else echo "$name: stopped"; fi
     done
     local bin
@@ -231,25 +284,29 @@ case ${1:-} in
         [[ $NODES =~ ^[1-9][0-9]*$ ]] || die "TANDEM_NODES must be a positive integer, got '$NODES'"
         mkdir -p "$STATE"
         auth_setup
-        is_loopback "$HOST" || echo "cluster: bound to $HOST: the Prefect API requires its auth string; the S3" \
-            "endpoint (moto) accepts any credentials, so keep $HOST on a trusted network"
+        mlflow_auth_setup
+        is_loopback "$HOST" || echo "cluster: bound to $HOST: the Prefect API and MLflow require their passwords;" \
+            "the S3 endpoint (moto) accepts any credentials, so keep $HOST on a trusted network"
         postgres_up
         s3_up
         prefect_up
+        mlflow_up
         workers_up
         usage
         ;;
     down)
         for pidfile in "$STATE"/worker-*.pid; do [[ -e $pidfile ]] && stop "$(basename "$pidfile" .pid)"; done
         stop server
+        stop mlflow
         stop s3
         postgres_down
         ;;
     status) status ;;
     env)
         auth_setup
-        echo "export PREFECT_API_URL=$API_URL"
+        echo "export PREFECT_API_URL=$API_URL MLFLOW_TRACKING_URI=$MLFLOW_URL"
         auth_hint
+        is_loopback "$HOST" || echo "export MLFLOW_TRACKING_USERNAME=tandem MLFLOW_TRACKING_PASSWORD=\"\$(cat $MLFLOW_PASSWORD_FILE)\""
         ;;
     *) die "usage: bash tools/cluster.sh up|down|status|env" ;;
 esac

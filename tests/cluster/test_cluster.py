@@ -47,9 +47,14 @@ def off_loopback_address() -> str | None:
 
 
 def api_status(api: str, auth: str | None = None) -> int:
-    """The HTTP status of a read of the API, with or without basic auth."""
-    request = urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
+    """The HTTP status of a read of the Prefect API, with or without basic auth."""
+    return status_of(urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", method="POST",
+                                            headers={"Content-Type": "application/json"}), auth)
+
+
+def status_of(request: urllib.request.Request | str, auth: str | None = None) -> int:
+    """The HTTP status of a request (a URL: a GET), with or without basic auth ("user:password")."""
+    request = urllib.request.Request(request) if isinstance(request, str) else request
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
@@ -71,8 +76,9 @@ def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str
         pytest.skip("this machine has no address beyond loopback")
     state = ROOT / ".tandem" / f"test-cluster-{where}"  # not under /tmp: the postgres user must reach its data
     shutil.rmtree(state, ignore_errors=True)
-    ports = {"TANDEM_PREFECT_PORT": free_port(), "TANDEM_PG_PORT": free_port(), "TANDEM_S3_PORT": free_port()}
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))},
+    ports = {"TANDEM_PREFECT_PORT": free_port(), "TANDEM_PG_PORT": free_port(), "TANDEM_S3_PORT": free_port(),
+             "TANDEM_MLFLOW_PORT": free_port()}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_", "MLFLOW_"))},
            **{k: str(v) for k, v in ports.items()}, "TANDEM_CLUSTER_DIR": str(state), "TANDEM_CLUSTER_HOST": host}
     started: dict[str, int] = {}
     try:
@@ -81,16 +87,23 @@ def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str
         api = f"http://{host}:{ports['TANDEM_PREFECT_PORT']}/api"
         assert f"export PREFECT_API_URL={api}" in up.stdout
         started = pids(state)
-        assert set(started) == {"server", "s3", "worker-pipeline", "worker-node-0", "worker-node-1"}
+        assert set(started) == {"server", "s3", "mlflow", "worker-pipeline", "worker-node-0", "worker-node-1"}
         again = cluster("up", env)
         assert again.returncode == 0, again.stdout + again.stderr
         assert pids(state) == started and "already running" in again.stdout  # nothing started twice
 
         auth_file = state / "prefect-auth"
-        auth = {}
+        mlflow_uri = f"http://{host}:{ports['TANDEM_MLFLOW_PORT']}"
+        mlflow_api = f"{mlflow_uri}/api/2.0/mlflow/experiments/search?max_results=1"
+        auth, mlflow_auth = {}, {}
         if where == "loopback":
             assert not auth_file.exists() and api_status(api) == 200
+            assert status_of(mlflow_api) == 200
         else:
+            password = (state / "mlflow-password").read_text().strip()
+            assert stat.S_IMODE((state / "mlflow-password").stat().st_mode) == 0o600 and password not in up.stdout
+            assert (status_of(mlflow_api), status_of(mlflow_api, f"tandem:{password}")) == (401, 200)
+            mlflow_auth = {"MLFLOW_TRACKING_USERNAME": "tandem", "MLFLOW_TRACKING_PASSWORD": password}
             secret = auth_file.read_text().strip()
             assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
             assert f'export PREFECT_API_AUTH_STRING="$(cat {auth_file})"' in up.stdout and secret not in up.stdout
@@ -110,6 +123,14 @@ def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str
                                   "Bucket='tandem', Key='t/runs/cluster/eval.json')['Body'].read().decode())"],
                                  env=run_env, capture_output=True, text=True, timeout=60)
         assert '"tandem.eval/1"' in listing.stdout, listing.stderr
+        # The pipeline worker tracked the run in the cluster's MLflow (MLFLOW_TRACKING_URI) and mirrored the model.
+        mirrored = subprocess.run(
+            [sys.executable, "-c", "from mlflow import MlflowClient; import sys; c = MlflowClient(sys.argv[1]); "
+             "r = c.search_runs([c.get_experiment_by_name('tandem').experiment_id])[0]; "
+             "print(r.info.run_name, r.data.metrics['eval/loss'] > 0, "
+             "c.get_model_version_by_alias('tandem-tiny', 'champion').version)", mlflow_uri],
+            env={**run_env, **mlflow_auth}, capture_output=True, text=True, timeout=120)
+        assert mirrored.stdout.split() == ["cluster", "True", "1"], mirrored.stdout + mirrored.stderr
     finally:
         down = cluster("down", env)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -17,22 +17,29 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def reruns(pipeline):
-    """The e2e run again (same run.name: nothing left to train) with a failing gate, then a passing one
-    that evaluates the final checkpoint instead of final/; (registry before, rejected state, accepted state)."""
+def reruns(pipeline, mlflow_server):
+    """The e2e run again (same run.name: nothing left to train) with a failing gate (tracked in MLflow, experiment
+    e2e-rejected), then a passing one that evaluates the final checkpoint instead of final/; (registry before,
+    rejected state, accepted state)."""
     from flows.finetune import finetune
 
     storage, _ = pipeline
     registry = storage / "registry" / "tandem-tiny"
-    before = {p.name: p.read_bytes() for p in registry.iterdir()}
+    before = files_under(registry)
     base = [f"run.storage={storage}", "run.name=e2e"]
-    rejected = finetune(load_config(None, [*base, "register.gate={metric: loss, direction: min, threshold: 0.5}"]),
-                        return_state=True)
-    after_rejection = {p.name: p.read_bytes() for p in registry.iterdir()}
+    rejected = finetune(load_config(None, [*base, "register.gate={metric: loss, direction: min, threshold: 0.5}",
+                                           f"track.mlflow_uri={mlflow_server.uri}",
+                                           "track.mlflow_experiment=e2e-rejected"]), return_state=True)
+    after_rejection = files_under(registry)
     accepted = finetune(load_config(None, [*base, "eval.model=checkpoint",
                                            "register.gate={metric: loss, direction: min, threshold: 100}"]),
                         return_state=True)
     return before, rejected, after_rejection, accepted
+
+
+def files_under(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (the registry's entries, champion and MLflow mirror records) and its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def test_a_run_that_fails_the_gate_completes_and_leaves_the_registry_untouched(pipeline, reruns) -> None:
@@ -43,6 +50,18 @@ def test_a_run_that_fails_the_gate_completes_and_leaves_the_registry_untouched(p
     summary = rejected.result()
     assert summary["registered"] is False and summary["registry_url"] is None
     assert after_rejection == before  # no new version, no changed byte, champion alias as it was
+
+
+def test_a_run_that_fails_the_gate_registers_nothing_in_mlflow_either(pipeline, reruns, mlflow_server) -> None:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri)
+    assert [v.version for v in client.search_model_versions("name = 'tandem-tiny'")] == ["1"]  # the first run's
+    assert client.get_model_version_by_alias("tandem-tiny", "champion").version == "1"
+    experiment = client.get_experiment_by_name("e2e-rejected")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.data.tags["tandem.registered"] == reruns[1].message
+    assert run.info.status == "FINISHED"
 
 
 def test_the_summary_prints_why_it_was_not_registered(reruns, capsys) -> None:
@@ -74,12 +93,7 @@ def test_a_run_that_passes_the_gate_registers_the_next_version(pipeline, reruns)
 
 
 def test_registered_lora_model_loads_back_and_reproduces_its_eval_loss(pipeline) -> None:
-    import torch
-
-    from storage.spec import load_spec
     from storage.model_card import load_snippet
-    from trainer.data import load_split
-    from trainer.evaluate import local_sums
 
     storage, summary = pipeline
     entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
@@ -87,7 +101,18 @@ def test_registered_lora_model_loads_back_and_reproduces_its_eval_loss(pipeline)
     exec(load_snippet(entry), namespace)  # exactly what the model card and `flows.registry show` tell users
     model = namespace["model"].eval()
     assert type(model).__name__ == "PeftModelForCausalLM"
-    spec, _ = load_spec(str(Path(summary["run_url"]) / "spec.json"))
+    assert_reproduces_eval(model, summary["run_url"], entry)
+
+
+def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
+    """`model` evaluated in this process on the run's eval split gives the entry's counts and loss."""
+    import torch
+
+    from storage.spec import load_spec
+    from trainer.data import load_split
+    from trainer.evaluate import local_sums
+
+    spec, _ = load_spec(str(Path(run_url) / "spec.json"))
     loss_sum, targets, _, examples = local_sums(model, load_split(spec.dataset.url, "eval"), rank=0, world=1,
                                                 batch_size=3, pad_id=int(model.config.pad_token_id),
                                                 device=torch.device("cpu"))

@@ -101,3 +101,37 @@ def test_conflicting_explicit_batch_size_is_refused() -> None:
 def test_unresolvable_auto_names_the_key() -> None:
     with pytest.raises(UserError, match=r"cannot resolve \"auto\" for zero_optimization.stage"):
         resolve_from_runtime({"zero_optimization": {"stage": "auto"}}, bf16=False, hidden_size=8)
+
+
+@pytest.mark.parametrize(("setting", "environ", "expected"), [
+    (None, {}, None),  # unset, no variable: MLflow is off
+    (None, {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://mlflow:5000"),
+    ("http://other:5000", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://other:5000"),
+    ("off", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, None),  # off even when the variable is set
+])
+def test_track_mlflow_uri_falls_back_to_the_environment_unless_off(setting, environ, expected) -> None:
+    cfg = load_config(None, [f"track.mlflow_uri={setting}"] if setting else [])
+    assert cfg.track.mlflow_tracking_uri(environ) == expected
+
+
+def test_track_mlflow_uri_refuses_a_password() -> None:
+    with pytest.raises(UserError) as info:
+        load_config(None, ["track.mlflow_uri=https://me:hunter2hunter2@mlflow.example.com"])
+    assert "hunter2" not in str(info.value)
+    assert "track.mlflow_uri has a password in its URL: remove it and set MLFLOW_TRACKING_USERNAME" in str(info.value)
+
+
+def test_a_tracking_extra_that_is_not_installed_is_named_in_one_line(tmp_path) -> None:
+    """The pipeline's check before training, in a process where `import mlflow` fails as it does without the
+    extra (a None entry in sys.modules is how Python marks a module as not importable)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys; sys.modules['mlflow'] = None\n"
+            "from config.loader import load_config\nfrom tasks.tracking import check_tracking\n"
+            "check_tracking(load_config(None, ['track.mlflow_uri=http://127.0.0.1:1']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert ("config.errors.UserError: track.mlflow_uri: MLflow is not installed in this environment: "
+            "pip install 'tandem[mlflow]' (or set track.mlflow_uri=off)") in done.stderr

@@ -119,7 +119,8 @@ def test_dockerfiles_pass_hadolint() -> None:
 
 PUBLIC = DOCKER / "compose.public.yaml"
 PUBLIC_ENV = {"TANDEM_BIND": "10.0.0.5", "PREFECT_API_AUTH_STRING": "tandem:0123456789abcdef",
-              "MINIO_ROOT_PASSWORD": "minio-0123456789", "POSTGRES_PASSWORD": "pg-0123456789"}
+              "MINIO_ROOT_PASSWORD": "minio-0123456789", "POSTGRES_PASSWORD": "pg-0123456789",
+              "MLFLOW_TRACKING_PASSWORD": "mlflow-0123456789"}
 
 
 def compose_public(env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -147,6 +148,10 @@ def test_compose_beyond_loopback_requires_the_api_auth_string_everywhere() -> No
     for name in ("deploy", "worker-node-0", "worker-node-1", "pipeline"):  # every client of the API and of MinIO
         assert services[name]["environment"]["PREFECT_API_AUTH_STRING"] == PUBLIC_ENV["PREFECT_API_AUTH_STRING"]
         assert services[name]["environment"]["AWS_SECRET_ACCESS_KEY"] == PUBLIC_ENV["MINIO_ROOT_PASSWORD"]
+        assert services[name]["environment"]["MLFLOW_TRACKING_PASSWORD"] == PUBLIC_ENV["MLFLOW_TRACKING_PASSWORD"]
+    mlflow = services["mlflow"]
+    assert "--app-name basic-auth" in " ".join(mlflow["command"])  # MLflow requires the password beyond loopback
+    assert mlflow["environment"]["MLFLOW_TRACKING_PASSWORD"] == PUBLIC_ENV["MLFLOW_TRACKING_PASSWORD"]
     published = {(s, p["host_ip"]) for s, svc in services.items() for p in svc.get("ports", [])}
-    assert published == {("prefect-server", "10.0.0.5"), ("minio", "10.0.0.5")}
+    assert published == {("prefect-server", "10.0.0.5"), ("minio", "10.0.0.5"), ("mlflow", "10.0.0.5")}
     assert "tandem-minio-secret" not in done.stdout and "prefect:prefect@" not in done.stdout

@@ -1,0 +1,2 @@
+-- MLflow's database beside Prefect's (docker/compose.yaml); run once, when the volume is created.
+CREATE DATABASE mlflow;
