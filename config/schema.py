@@ -104,7 +104,7 @@ class DataConfig(Section):
     max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; longer ones are truncated.")
     eval_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="Share of records held out for evaluation.")
     digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
-    shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Examples per Parquet shard (bounds shard size).")
+    shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Rows per Parquet shard (bounds shard size).")
     num_proc: int = Field(
         0, ge=0, le=256, description="Tokenizer processes; 0: one per CPU core. Never changes the staged bytes."
     )
@@ -121,6 +121,12 @@ class DataConfig(Section):
         default_factory=dict,
         description="Extra fsspec options for reading data.source and data.eval_source (e.g. endpoint_url, anon); "
         "credentials come from the AWS environment or profile, never from here.",
+    )
+    packing: bool | None = Field(
+        None,
+        description="Pack several examples into each row of data.max_length tokens at prepare time (first-fit "
+        "decreasing; each example attends only to itself and its positions restart at 0). Unset: on for plain-text "
+        "data (format text), off for chat data. A global batch counts rows, packed or not.",
     )
 
     @field_validator("storage_options", mode="before")

@@ -51,7 +51,7 @@ def seed_everything(seed: int) -> None:
 
 def summed_loss(engine: Any, batch: Batch, device: torch.device) -> torch.Tensor:
     """Cross-entropy summed over the predicted positions of a micro-batch (labels shifted by one)."""
-    out = engine(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device))
+    out = engine(**batch.model_inputs(device))
     return cross_entropy(*shift(out.logits, batch.labels), reduction="sum")
 
 
