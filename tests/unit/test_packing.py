@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from config.schema import DataConfig
+from flows.prepare import summary_rows
 from storage.manifest import read_manifest
 from storage.shards import Row, examples_of, load_split
 from tasks.data.packing import first_fit_decreasing, packing_enabled
@@ -85,6 +86,11 @@ def test_packed_shards_hold_the_same_examples_in_fewer_rows(both) -> None:
     # A global batch counts rows: the reference a run's step count comes from carries the packed rows.
     assert packed.split_records == {"train": manifest["splits"]["train"]["rows"],
                                     "eval": manifest["splits"]["eval"]["rows"]}
+    splits = manifest["splits"]
+    assert dict(summary_rows(packed))["packing"] == (
+        f"train {splits['train']['records']} records in {splits['train']['rows']} rows, eval "
+        f"{splits['eval']['records']} records in {splits['eval']['rows']} rows of up to 512 tokens")
+    assert "packing" not in dict(summary_rows(unpacked))
 
 
 def test_packing_is_fixed_by_the_dataset_id(both, tmp_path, tiny_model) -> None:
