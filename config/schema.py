@@ -106,7 +106,8 @@ class DataConfig(Section):
     digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
     shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Rows per Parquet shard (bounds shard size).")
     num_proc: int = Field(
-        0, ge=0, le=256, description="Tokenizer processes; 0: one per CPU core. Never changes the staged bytes."
+        0, ge=0, le=256, description="Processes that parse, validate and digest (JSON Lines) and tokenize; 0: one per "
+        "CPU core. Never changes the staged bytes."
     )
     enable_thinking: bool = Field(
         True,

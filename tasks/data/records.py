@@ -61,19 +61,18 @@ def open_file(url: str, fmt: str, on_bytes: ByteCounter) -> DataFile:
             fmt, reason = detect_format(url, [value for _, value in head if not isinstance(value, Unparsable)])
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    normalize = NORMALIZERS[fmt]
+    items = (to_item(location, value, fmt) for location, value in itertools.chain(head, raw))
+    return DataFile(url, fmt, reason, items)
 
-    def items() -> Iterator[Record | Reject]:
-        for location, value in itertools.chain(head, raw):
-            if isinstance(value, Unparsable):
-                yield Reject(location, value.reason)
-                continue
-            try:
-                yield Record(location, normalize(value))
-            except InvalidRecord as exc:
-                yield Reject(location, str(exc))
 
-    return DataFile(url, fmt, reason, items())
+def to_item(location: str, value: object, fmt: str) -> Record | Reject:
+    """A parsed record normalized from format `fmt`, or rejected with the reason."""
+    if isinstance(value, Unparsable):
+        return Reject(location, value.reason)
+    try:
+        return Record(location, NORMALIZERS[fmt](value))
+    except InvalidRecord as exc:
+        return Reject(location, str(exc))
 
 
 def read_records(source: str, fmt: str) -> list[Record]:

@@ -6,19 +6,21 @@ spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at 
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import blake3
-import orjson
 
 from config.errors import UserError
 from config.schema import DataConfig
+from tasks.data import firstpass
 from tasks.data.identity import SourceFile, in_eval
 from tasks.data.progress import Reporter
-from tasks.data.records import Record, Reject, open_file
+from tasks.data.records import Reject, open_file
 from tasks.data.spool import Chunk, SpoolWriter
+from tasks.data.workers import pool_of, worker_count
 
 EVAL, TRAIN = 1, 0
 MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
@@ -40,37 +42,37 @@ class Scan:
         return len(self.splits)
 
 
-def canonical(record: Record) -> bytes:
-    """The bytes a record's digest is taken of: its normalized form as sorted-key JSON."""
-    return orjson.dumps(record.conversation, option=orjson.OPT_SORT_KEYS)
-
-
 def scan_sources(files: list[SourceFile], data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
-    """Read, validate, digest and spool every record of every file, in order."""
+    """Read, validate, digest and spool every record of every file, in order (the per-record work of JSON Lines
+    files in data.num_proc processes, tasks/data/firstpass.py)."""
     writer = SpoolWriter(spool)
     splits = bytearray()
     records_hash = blake3.blake3()
     rejects: list[Reject] = []
     sources: list[dict[str, Any]] = []
-    with reporter.phase("reading", sum(f.size for f in files), "B") as phase:
+    blocks = sum(-(-f.size // firstpass.BLOCK_BYTES) for f in files if firstpass.splittable(f.url))
+    processes = worker_count(data.num_proc, blocks)
+    reporter.info(f"reading {len(files)} file{'s' if len(files) > 1 else ''} in {processes} "
+                  f"process{'es' if processes > 1 else ''}")
+    with reporter.phase("reading", sum(f.size for f in files), "B") as phase, \
+            (pool_of(processes) if processes > 1 else contextlib.nullcontext()) as pool:
         for source in files:
-            data_file = open_file(source.url, data.format, phase.update)
+            # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
+            counter = (lambda _: None) if firstpass.splittable(source.url) else phase.update
+            data_file = open_file(source.url, data.format, counter)
             role = b"e" if source.key == "data.eval_source" else b"s"
             kept = rejected = 0
-            for item in data_file.items:
-                if isinstance(item, Reject):
-                    if data.on_invalid == "fail":
-                        raise item.error()
-                    rejects.append(item)
-                    rejected += 1
-                    continue
-                body = canonical(item)
-                digest = blake3.blake3(body).digest()
-                records_hash.update(role + digest)
-                splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
-                              else TRAIN)
-                writer.add(item.location, body)
-                kept += 1
+            for part in firstpass.digest_file(data_file, phase.update, pool, processes):
+                if part.rejects and data.on_invalid == "fail":
+                    raise part.rejects[0].error()
+                rejects += part.rejects
+                rejected += len(part.rejects)
+                for digest in part.digests:
+                    records_hash.update(role + digest)
+                    splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
+                                  else TRAIN)
+                writer.add_lines(part.lines, part.sizes)
+                kept += len(part.digests)
             if len(files) <= MAX_FILE_LINES:
                 reporter.info(f"{source.url}: {data_file.format} ({data_file.reason}), {kept} records"
                               + (f", {rejected} rejected" if rejected else ""))

@@ -1,7 +1,7 @@
 """Stage a dataset: validate, tokenize once, split, write Parquet shards, rejects and the manifest (last).
 
     sources --digest--> source key --by-source index--> already staged?  (no record parsed)
-            --read, validate, spool--> dataset id --manifest there?--> already staged
+            --read, validate, digest (num_proc), spool--> dataset id --manifest there?--> already staged
             --tokenize (num_proc)--> [pack (data.packing)] --> shards --> rejects.jsonl --> manifest.json --> index
 
 The dataset id names what determines the bytes (see tasks/data/identity.py), so unchanged input finds its
