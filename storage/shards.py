@@ -112,7 +112,8 @@ class SplitWriter:
         example_ends = np.cumsum(lengths, dtype=np.int64)
         row_ends = np.cumsum(sizes, dtype=np.int64)
         offsets = pa.array(np.concatenate(([0], example_ends[row_ends - 1])).astype(np.int32))
-        columns = [pa.ListArray.from_arrays(offsets, pa.array(ids)), pa.ListArray.from_arrays(offsets, pa.array(labels)),
+        columns = [pa.ListArray.from_arrays(offsets, pa.array(ids)),
+                   pa.ListArray.from_arrays(offsets, pa.array(labels)),
                    pa.array(np.diff(offsets.to_numpy()).astype(np.int32))]
         if self.packed:
             segment_offsets = pa.array(np.concatenate(([0], row_ends)).astype(np.int32))

@@ -4,8 +4,8 @@
     torchrun ... -m trainer.evaluate --spec {run}/spec.json --model {run}/checkpoints/step-00000030
 
 Row i of the shards (one example, or several packed) goes to rank i % world_size (each to exactly one rank,
-no padding duplicates); each rank sums loss, predicted target tokens and correct tokens; the sums are all-reduced and divided
-once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json
+no padding duplicates); each rank sums loss, predicted target tokens and correct tokens; the sums are
+all-reduced and divided once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json
 (and, with eval.generate_samples, samples.jsonl).
 """
 

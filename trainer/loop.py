@@ -142,8 +142,8 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
 def train(spec: Spec, dist: Dist) -> None:
     """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
     run, start = start_run(spec, dist)
-    log.info("training %d examples, steps %d..%d on %d ranks", len(run.examples), start + 1, spec.total_steps,
-             dist.world_size)
+    log.info("training %d rows (%d examples), steps %d..%d on %d ranks", len(run.examples),
+             sum(len(row.segments) for row in run.examples), start + 1, spec.total_steps, dist.world_size)
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
             run.checkpointer.cancelled(step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s,

@@ -16,13 +16,13 @@ import blake3
 from config.errors import UserError
 from config.schema import DataConfig
 from tasks.data import firstpass
-from tasks.data.identity import SourceFile, in_eval
+from tasks.data.firstpass import EVAL, Origin
+from tasks.data.identity import SourceFile
 from tasks.data.progress import Reporter
 from tasks.data.records import Reject, open_file
 from tasks.data.spool import Chunk, SpoolWriter
 from tasks.data.workers import pool_of, worker_count
 
-EVAL, TRAIN = 1, 0
 MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
 
 
@@ -60,19 +60,18 @@ def scan_sources(files: list[SourceFile], data: DataConfig, spool: Path, reporte
             # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
             counter = (lambda _: None) if firstpass.splittable(source.url) else phase.update
             data_file = open_file(source.url, data.format, counter)
-            role = b"e" if source.key == "data.eval_source" else b"s"
+            origin = Origin(b"e" if source.key == "data.eval_source" else b"s", data.eval_ratio,
+                            data.eval_source is not None)
             kept = rejected = 0
-            for part in firstpass.digest_file(data_file, phase.update, pool, processes):
+            for part in firstpass.digest_file(data_file, origin, phase.update, pool, processes):
                 if part.rejects and data.on_invalid == "fail":
                     raise part.rejects[0].error()
                 rejects += part.rejects
                 rejected += len(part.rejects)
-                for digest in part.digests:
-                    records_hash.update(role + digest)
-                    splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
-                                  else TRAIN)
+                records_hash.update(part.keys)
+                splits += part.splits
                 writer.add_lines(part.lines, part.sizes)
-                kept += len(part.digests)
+                kept += part.count
             if len(files) <= MAX_FILE_LINES:
                 reporter.info(f"{source.url}: {data_file.format} ({data_file.reason}), {kept} records"
                               + (f", {rejected} rejected" if rejected else ""))
