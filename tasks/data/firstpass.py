@@ -5,7 +5,7 @@ process writes.
 JSON Lines files are cut at line ends into blocks of about BLOCK_BYTES; this process only reads (large ranged
 reads, retried each) and counts each block's newlines, so a worker knows the number of its first line and
 locations stay `path:line`. A worker parses and checks its block and returns the spool lines of the records it
-kept, their digests and its rejects. JSON arrays and Parquet files (one document, row groups) are read here and
+kept, their digests (as the records hash takes them) and splits, and its rejects. JSON arrays and Parquet files (one document, row groups) are read here and
 their records digested in this process.
 """
 
@@ -29,8 +29,6 @@ from tasks.data.workers import in_order
 BLOCK_BYTES = 1024 * 1024  # a worker's unit of work
 READ_BYTES = 8 * 1024 * 1024  # one ranged read
 ITEMS_PER_BATCH = 4096  # records of a JSON array or Parquet file digested at a time
-
-
 EVAL, TRAIN = 1, 0
 
 
