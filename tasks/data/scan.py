@@ -7,6 +7,7 @@ one); what a cap or data.mix=interleave leaves unread is said per file and per s
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,15 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import blake3
-import orjson
 
 from config.errors import UserError
 from config.schema import DataConfig
+from tasks.data import firstpass
+from tasks.data.firstpass import Spooled
 from tasks.data.identity import Inputs, in_eval
 from tasks.data.progress import Reporter
-from tasks.data.records import DataFile, Record, Reject, open_file
+from tasks.data.records import DataFile, Reject, open_file
 from tasks.data.spool import Chunk, SpoolWriter
 from tasks.data.streams import Stream, capped, interleave, label
+from tasks.data.workers import pool_of, worker_count
 
 EVAL, TRAIN = 1, 0
 MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
@@ -45,13 +48,9 @@ class Scan:
         return len(self.splits)
 
 
-def canonical(record: Record) -> bytes:
-    """The bytes a record's digest is taken of: its normalized form as sorted-key JSON."""
-    return orjson.dumps(record.conversation, option=orjson.OPT_SORT_KEYS)
-
-
 def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
-    """Read, validate, digest and spool every record of every stream, mixed as data.mix says."""
+    """Read, validate, digest and spool every record of every stream, mixed as data.mix says (the per-record work
+    of plain JSON Lines files in data.num_proc processes, tasks/data/firstpass.py)."""
     writer = SpoolWriter(spool)
     splits = bytearray()
     records_hash = blake3.blake3()
@@ -59,13 +58,20 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
     files = inputs.files
     counts = [[0, 0] for _ in files]  # valid records, rejected, per file
     opened: dict[int, DataFile] = {}
-    with reporter.phase("reading", sum(f.size for f in files), "B") as phase:
-        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Record | Reject]]]:
+    blocks = sum(-(-f.size // firstpass.BLOCK_BYTES) for f in files if firstpass.splittable(f.url))
+    processes = worker_count(data.num_proc, blocks)
+    reporter.info(f"reading {len(files)} file{'s' if len(files) > 1 else ''} in {processes} "
+                  f"process{'es' if processes > 1 else ''}")
+    with reporter.phase("reading", sum(f.size for f in files), "B") as phase, \
+            (pool_of(processes) if processes > 1 else contextlib.nullcontext()) as pool:
+        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Spooled | Reject]]]:
             for index, source in enumerate(files):
                 if source.key == stream.key:
-                    opened[index] = open_file(source.url, stream.mapping, phase.update)
-                    for item in opened[index].items:
-                        yield isinstance(item, Record), (index, item)
+                    # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
+                    counter = (lambda _: None) if firstpass.splittable(source.url) else phase.update
+                    opened[index] = open_file(source.url, stream.mapping, counter)
+                    for item in firstpass.digest_file(opened[index], stream.mapping, phase.update, pool, processes):
+                        yield isinstance(item, Spooled), (index, item)
 
         train = [capped(items_of(s), s.max_records) for s in inputs.streams if not s.is_eval]
         mixed = interleave(train, [s.weight for s in inputs.streams if not s.is_eval]) \
@@ -79,12 +85,10 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
                 counts[index][1] += 1
                 continue
             role = b"e" if files[index].key == "data.eval_source" else b"s"
-            body = canonical(item)
-            digest = blake3.blake3(body).digest()
-            records_hash.update(role + digest)
-            splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
+            records_hash.update(role + item.digest)
+            splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(item.digest, data.eval_ratio))
                           else TRAIN)
-            writer.add(item.location, body)
+            writer.add_line(item.line)
             counts[index][0] += 1
     sources = [{"url": f.url, "size": f.size, "digest": f.digest, "key": f.key,
                 "format": opened[i].format if i in opened else None, "records": kept, "rejected": rejected}

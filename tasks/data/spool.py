@@ -27,6 +27,11 @@ class Chunk:
     count: int
 
 
+def spool_line(location: str, canonical: bytes) -> bytes:
+    """One record's line of the spool."""
+    return orjson.dumps(location) + b"\t" + canonical + b"\n"
+
+
 class SpoolWriter:
     """Appends records to a spool file and cuts it into chunks of about `chunk_bytes`."""
 
@@ -38,9 +43,8 @@ class SpoolWriter:
         self._offset = self._chunk_start = 0
         self._records = self._chunk_first = 0
 
-    def add(self, location: str, canonical: bytes) -> None:
-        """Append one record."""
-        line = orjson.dumps(location) + b"\t" + canonical + b"\n"
+    def add_line(self, line: bytes) -> None:
+        """Append one record already made into its spool line (spool_line)."""
         self._handle.write(line)
         self._offset += len(line)
         self._records += 1
