@@ -1,7 +1,9 @@
 """Pass one of staging: read every source file (the sources mixed as data.mix says), normalize and validate its
 records, digest each one, decide its split, and spool it for the tokenizer. Nothing is dropped silently: every
 record read is either spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at the first
-one); what a cap or data.mix=interleave leaves unread is said per file and per source.
+one); what a cap or data.mix=interleave leaves unread is said per file and per source. The per-record work of
+plain JSON Lines files runs in data.num_proc processes (tasks/data/firstpass.py), which give the records back in
+file order, so the mix, the caps, the spool and the rejects do not depend on the number of processes.
 """
 
 from __future__ import annotations
