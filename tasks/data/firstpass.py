@@ -33,40 +33,46 @@ ITEMS_PER_BATCH = 4096  # records of a file read in this process digested at a t
 DIGEST_BYTES = 32
 
 
-@dataclass(frozen=True)
-class Spooled:
-    """A record made ready for the spool: its spool line and the digest of its canonical form."""
-
-    line: bytes
-    digest: bytes
-
-
 @dataclass
 class Digested:
     """Records made ready for the spool, in order: their spool lines (one blob) and each line's size, their
     digests (one blob), and the rejects among them, each with the number of records kept before it. Blobs, so that
-    a worker's result crosses the process bound in a few large pieces."""
+    a worker's result crosses the process bound, and goes to the spool, in a few large pieces."""
 
     lines: bytes = b""
     sizes: list[int] = field(default_factory=list)
     digests: bytes = b""
     rejects: list[tuple[int, Reject]] = field(default_factory=list)
 
-    def items(self) -> Iterator[Spooled | Reject]:
-        """Every record and reject, in file order."""
-        rejects = iter(self.rejects)
-        pending = next(rejects, None)
-        offset = 0
-        for index, size in enumerate(self.sizes):
-            while pending is not None and pending[0] == index:
-                yield pending[1]
-                pending = next(rejects, None)
-            yield Spooled(self.lines[offset : offset + size],
-                          self.digests[index * DIGEST_BYTES : (index + 1) * DIGEST_BYTES])
-            offset += size
-        while pending is not None:
-            yield pending[1]
-            pending = next(rejects, None)
+    @property
+    def count(self) -> int:
+        """Records kept."""
+        return len(self.sizes)
+
+    def digest_list(self) -> list[bytes]:
+        """Each record's digest, in order."""
+        return [self.digests[i : i + DIGEST_BYTES] for i in range(0, len(self.digests), DIGEST_BYTES)]
+
+    def runs(self) -> Iterator[Digested | Reject]:
+        """The records in runs between the rejects, and the rejects, in file order."""
+        offsets = list(itertools.accumulate(self.sizes, initial=0))
+        first = 0
+        for position, reject in self.rejects:
+            if position > first:
+                yield self._part(offsets, first, position)
+            yield reject
+            first = position
+        if first < self.count:
+            yield self._part(offsets, first, self.count)
+
+    def singles(self) -> Iterator[Digested]:
+        """Each record alone (a run without rejects), for what counts records one by one (caps, interleave)."""
+        offsets = list(itertools.accumulate(self.sizes, initial=0))
+        return (self._part(offsets, index, index + 1) for index in range(self.count))
+
+    def _part(self, offsets: list[int], first: int, stop: int) -> Digested:
+        return Digested(self.lines[offsets[first] : offsets[stop]], self.sizes[first:stop],
+                        self.digests[first * DIGEST_BYTES : stop * DIGEST_BYTES])
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,10 @@ def splittable(url: str) -> bool:
 
 
 def digest_file(data_file: DataFile, mapping: Mapping, on_bytes: ByteCounter, pool: ProcessPoolExecutor | None,
-                workers: int) -> Iterator[Spooled | Reject]:
-    """A data file's records made ready for the spool, and its rejects, in order: JSON Lines block by block (by
-    the pool's workers when there is a pool), other files' records in batches in this process."""
+                workers: int) -> Iterator[Digested | Reject]:
+    """A data file's records made ready for the spool, in runs between its rejects, and the rejects, in order:
+    JSON Lines block by block (by the pool's workers when there is a pool), other files' records in batches in
+    this process."""
     if splittable(data_file.url) and data_file.reason != "empty file":
         calls = ((block,) for block in blocks(data_file.url, data_file.format, mapping, on_bytes))
         parts = in_order(pool, workers, scan_block, calls) if pool else (scan_block(*call) for call in calls)
@@ -147,4 +154,4 @@ def digest_file(data_file: DataFile, mapping: Mapping, on_bytes: ByteCounter, po
         items = iter(data_file.items)
         parts = (digest_items(batch) for batch in iter(lambda: list(itertools.islice(items, ITEMS_PER_BATCH)), []))
     for part in parts:
-        yield from part.items()
+        yield from part.runs()

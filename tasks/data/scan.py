@@ -21,7 +21,7 @@ import blake3
 from config.errors import UserError
 from config.schema import DataConfig
 from tasks.data import firstpass
-from tasks.data.firstpass import Spooled
+from tasks.data.firstpass import Digested
 from tasks.data.identity import Inputs, in_eval
 from tasks.data.progress import Reporter
 from tasks.data.records import DataFile, Reject, open_file
@@ -66,18 +66,25 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
                   f"process{'es' if processes > 1 else ''}")
     with reporter.phase("reading", sum(f.size for f in files), "B") as phase, \
             (pool_of(processes) if processes > 1 else contextlib.nullcontext()) as pool:
-        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Spooled | Reject]]]:
+        interleaving = data.mix == "interleave" and sum(not s.is_eval for s in inputs.streams) > 1
+
+        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Digested | Reject]]]:
+            # Runs of records as the files give them; one record at a time where a cap or interleave counts them.
+            one_by_one = stream.max_records is not None or (interleaving and not stream.is_eval)
             for index, source in enumerate(files):
                 if source.key == stream.key:
                     # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
                     counter = (lambda _: None) if firstpass.splittable(source.url) else phase.update
                     opened[index] = open_file(source.url, stream.mapping, counter)
                     for item in firstpass.digest_file(opened[index], stream.mapping, phase.update, pool, processes):
-                        yield isinstance(item, Spooled), (index, item)
+                        if isinstance(item, Reject):
+                            yield False, (index, item)
+                        else:
+                            yield from ((True, (index, run)) for run in (item.singles() if one_by_one else (item,)))
 
         train = [capped(items_of(s), s.max_records) for s in inputs.streams if not s.is_eval]
-        mixed = interleave(train, [s.weight for s in inputs.streams if not s.is_eval]) \
-            if data.mix == "interleave" and len(train) > 1 else itertools.chain(*train)
+        mixed = interleave(train, [s.weight for s in inputs.streams if not s.is_eval]) if interleaving \
+            else itertools.chain(*train)
         evals = [capped(items_of(s), s.max_records) for s in inputs.streams if s.is_eval]
         for _, (index, item) in itertools.chain(mixed, *evals):
             if isinstance(item, Reject):
@@ -87,11 +94,12 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
                 counts[index][1] += 1
                 continue
             role = b"e" if files[index].key == "data.eval_source" else b"s"
-            records_hash.update(role + item.digest)
-            splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(item.digest, data.eval_ratio))
-                          else TRAIN)
-            writer.add_line(item.line)
-            counts[index][0] += 1
+            digests = item.digest_list()
+            records_hash.update(b"".join(role + digest for digest in digests))
+            splits += bytes(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
+                            else TRAIN for digest in digests)
+            writer.add_lines(item.lines, item.sizes)
+            counts[index][0] += item.count
     sources = [{"url": f.url, "size": f.size, "digest": f.digest, "key": f.key,
                 "format": opened[i].format if i in opened else None, "records": kept, "rejected": rejected}
                for i, (f, (kept, rejected)) in enumerate(zip(files, counts, strict=True))]

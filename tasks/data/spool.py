@@ -43,13 +43,15 @@ class SpoolWriter:
         self._offset = self._chunk_start = 0
         self._records = self._chunk_first = 0
 
-    def add_line(self, line: bytes) -> None:
-        """Append one record already made into its spool line (spool_line)."""
-        self._handle.write(line)
-        self._offset += len(line)
-        self._records += 1
-        if self._offset - self._chunk_start >= self.chunk_bytes:
-            self._cut()
+    def add_lines(self, lines: bytes, sizes: list[int]) -> None:
+        """Append records already made into spool lines (spool_line; `sizes`: each one's bytes), cut into the same
+        chunks as one by one."""
+        self._handle.write(lines)
+        for size in sizes:
+            self._offset += size
+            self._records += 1
+            if self._offset - self._chunk_start >= self.chunk_bytes:
+                self._cut()
 
     def _cut(self) -> None:
         if self._records > self._chunk_first:
