@@ -157,9 +157,10 @@ class DataConfig(Section):
     max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; see data.excess_length.")
     eval_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="Share of records held out for evaluation.")
     digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
-    shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Examples per Parquet shard (bounds shard size).")
+    shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Rows per Parquet shard (bounds shard size).")
     num_proc: int = Field(
-        0, ge=0, le=256, description="Tokenizer processes; 0: one per CPU core. Never changes the staged bytes."
+        0, ge=0, le=256, description="Processes that parse, validate and digest (JSON Lines) and tokenize; 0: one per "
+        "CPU core. Never changes the staged bytes."
     )
     enable_thinking: bool = Field(
         True,
@@ -203,6 +204,13 @@ class DataConfig(Section):
         "concat",
         description="How data.sources are mixed: concat (one after the other, in order) or interleave (records "
         "taken in turn by weight, stopping when the first source runs out, like LLaMA-Factory's interleave_under).",
+    )
+    packing: bool | None = Field(
+        None,
+        description="Pack several examples into each row of data.max_length tokens at prepare time (first-fit "
+        "decreasing; each example attends only to itself and its positions restart at 0). Unset: on when every input "
+        "is plain text (format text, from data.format, data.sources, a dataset_info.json entry or detected), off for "
+        "chat data. A global batch counts rows, packed or not.",
     )
 
     @field_validator("sources", mode="before")

@@ -70,6 +70,10 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
     see = f" (see {join(dataset.url, manifest['rejects'])})" if manifest["rejects"] else ""
     rows.append(("records", f"{records['read']} read, {records['staged']} staged, {records['rejected']} rejected, "
                             f"{records['dropped']} dropped{see}"))
+    if manifest.get("packing"):  # absent from manifests written before packing existed
+        splits = manifest["splits"]
+        rows.append(("packing", ", ".join(f"{split} {splits[split]['records']} records in {splits[split]['rows']} rows"
+                                          for split in layout.SPLITS) + f" of up to {manifest['max_length']} tokens"))
     return rows
 
 

@@ -2,8 +2,10 @@
 from the bytes written) and the reader (`load_split`).
 
 Columns: `input_ids` and `labels` (list<int32>, same length, -100 where a token is not a target) and
-`length` (int32, for length-grouped batching). A shard is encoded in memory, digested, and written under
-its final name atomically; the manifest that lists it is written after every shard (by the caller).
+`length` (int32, for length-grouped batching). A packed dataset (`data.packing`) holds several examples per row,
+one after the other, and adds `segments` (list<int32>: the lengths of the row's examples, in order; they sum to
+`length`), so that readers can keep every example to itself. A shard is encoded in memory, digested, and written
+under its final name atomically; the manifest that lists it is written after every shard (by the caller).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -23,36 +25,61 @@ from storage.fs import join, read_bytes, write_bytes_atomic
 from storage.manifest import read_manifest
 
 IGNORE_INDEX = -100  # a label that is not a target (Hugging Face's convention)
-Example = tuple[list[int], list[int]]
-
 SHARD_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
                           ("length", pa.int32())])
+PACKED_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("segments", pa.list_(pa.int32())))
 FileEntry = dict[str, Any]
 
 
+class Row(NamedTuple):
+    """One row of a shard: its tokens, their labels, and the lengths of the examples in it (one, unpacked)."""
+
+    input_ids: list[int]
+    labels: list[int]
+    segments: list[int]
+
+
+def row(input_ids: list[int], labels: list[int]) -> Row:
+    """A row holding one example."""
+    return Row(input_ids, labels, [len(input_ids)])
+
+
+def split_rows(counts: dict[str, int]) -> int:
+    """Rows of a split from its manifest counts; manifests written before packing have one record per row."""
+    return counts["rows"] if "rows" in counts else counts["records"]
+
+
 class SplitWriter:
-    """Collects one split's examples and writes them as shards, counting records, tokens and targets."""
+    """Collects one split's rows and writes them as shards, counting records, rows, tokens and targets."""
 
     def __init__(self, base: str, split: str, shard_rows: int, algorithm: str,
-                 on_write: Callable[[FileEntry], None]) -> None:
+                 on_write: Callable[[FileEntry], None], packed: bool = False) -> None:
         self.base, self.split, self.shard_rows, self.algorithm = base, split, shard_rows, algorithm
-        self.on_write = on_write
+        self.on_write, self.packed = on_write, packed
         self.files: list[FileEntry] = []
-        self.counts = {"records": 0, "tokens": 0, "target_tokens": 0, "truncated": 0}
+        self.counts = {"records": 0, "rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0}
         self._ids: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []
-        self._lengths: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []  # per example
+        self._sizes: list[np.ndarray] = []  # examples per row
         self._rows = 0
         self.seconds = 0.0  # spent encoding, digesting and writing shards
 
-    def add(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, truncated: np.ndarray) -> None:
-        """Append examples (flat ids and labels, one length per example)."""
+    def add(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, truncated: np.ndarray,
+            sizes: np.ndarray | None = None) -> None:
+        """Append rows: flat ids and labels, one length per example, and how many consecutive examples make
+        each row (`sizes`; None: one each, the only choice for an unpacked writer)."""
         if not len(lengths):
             return
+        if sizes is None:
+            sizes = np.ones(len(lengths), dtype=np.int64)
+        assert self.packed or bool((sizes == 1).all()), "an unpacked split holds one example per row"
         self._ids.append(ids)
         self._labels.append(labels)
         self._lengths.append(lengths)
-        self._rows += len(lengths)
+        self._sizes.append(sizes)
+        self._rows += len(sizes)
+        self.counts["rows"] += len(sizes)
         starts = np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.int64)))
         targets = labels != IGNORE_INDEX
         # Predicted positions: labels after the shift, so an example's first label never counts.
@@ -70,22 +97,28 @@ class SplitWriter:
         return self.files
 
     def _flush(self, rows: int) -> None:
-        ids, labels, lengths = (np.concatenate(parts) for parts in (self._ids, self._labels, self._lengths))
-        tokens = int(lengths[:rows].sum())
-        self._write(ids[:tokens], labels[:tokens], lengths[:rows])
-        rest = rows < len(lengths)
-        self._ids, self._labels, self._lengths = ([ids[tokens:]], [labels[tokens:]], [lengths[rows:]]) if rest \
-            else ([], [], [])
-        self._rows = len(lengths) - rows
+        ids, labels, lengths, sizes = (np.concatenate(parts)
+                                       for parts in (self._ids, self._labels, self._lengths, self._sizes))
+        examples = int(sizes[:rows].sum())
+        tokens = int(lengths[:examples].sum())
+        self._write(ids[:tokens], labels[:tokens], lengths[:examples], sizes[:rows])
+        rest = rows < len(sizes)
+        self._ids, self._labels, self._lengths, self._sizes = (
+            [ids[tokens:]], [labels[tokens:]], [lengths[examples:]], [sizes[rows:]]) if rest else ([], [], [], [])
+        self._rows = len(sizes) - rows
 
-    def _write(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray) -> None:
+    def _write(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, sizes: np.ndarray) -> None:
         started = time.monotonic()
-        offsets = pa.array(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))).astype(np.int32))
-        table = pa.Table.from_arrays(
-            [pa.ListArray.from_arrays(offsets, pa.array(ids)), pa.ListArray.from_arrays(offsets, pa.array(labels)),
-             pa.array(lengths)],
-            schema=SHARD_SCHEMA,
-        )
+        example_ends = np.cumsum(lengths, dtype=np.int64)
+        row_ends = np.cumsum(sizes, dtype=np.int64)
+        offsets = pa.array(np.concatenate(([0], example_ends[row_ends - 1])).astype(np.int32))
+        columns = [pa.ListArray.from_arrays(offsets, pa.array(ids)),
+                   pa.ListArray.from_arrays(offsets, pa.array(labels)),
+                   pa.array(np.diff(offsets.to_numpy()).astype(np.int32))]
+        if self.packed:
+            segment_offsets = pa.array(np.concatenate(([0], row_ends)).astype(np.int32))
+            columns.append(pa.ListArray.from_arrays(segment_offsets, pa.array(lengths.astype(np.int32))))
+        table = pa.Table.from_arrays(columns, schema=PACKED_SHARD_SCHEMA if self.packed else SHARD_SCHEMA)
         buffer = io.BytesIO()
         pq.write_table(table, buffer, compression="zstd")
         data = buffer.getvalue()
@@ -97,13 +130,27 @@ class SplitWriter:
         self.on_write(entry)
 
 
-def load_split(dataset_url: str, split: str) -> list[Example]:
-    """Every (input_ids, labels) example of a split, in manifest order."""
+def load_split(dataset_url: str, split: str) -> list[Row]:
+    """Every row of a split, in manifest order."""
     manifest, _ = read_manifest(dataset_url, layout.DATASET_SCHEMA)
-    examples: list[Example] = []
+    rows: list[Row] = []
     for entry in manifest["files"]:
         if not entry["path"].startswith(f"{split}/"):
             continue
         table = pq.read_table(pa.BufferReader(read_bytes(join(dataset_url, entry["path"]))))
-        examples.extend(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True))
-    return examples
+        ids, labels = table.column("input_ids").to_pylist(), table.column("labels").to_pylist()
+        segments = (table.column("segments").to_pylist() if "segments" in table.column_names
+                    else [[len(i)] for i in ids])
+        rows.extend(Row(*fields) for fields in zip(ids, labels, segments, strict=True))
+    return rows
+
+
+def examples_of(rows: list[Row]) -> list[Row]:
+    """Each example of the rows as a row of its own, in order (a packed row cut at its boundaries)."""
+    out: list[Row] = []
+    for ids, labels, segments in rows:
+        start = 0
+        for length in segments:
+            out.append(row(ids[start : start + length], labels[start : start + length]))
+            start += length
+    return out

@@ -23,12 +23,12 @@ class DatasetRef(Section):
     dataset_id: str
     url: str = Field(description="{storage}/datasets/{dataset_id}")
     manifest_digest: str
-    # The records of each split, as staging counted them; not written to spec.json (its format is unchanged),
-    # empty when the reference was read back from one.
+    # The rows of each split (its records, unless packed), as staging counted them: what a global batch counts.
+    # Not written to spec.json (its format is unchanged); empty when the reference was read back from one.
     split_records: dict[str, int] = Field(default_factory=dict, exclude=True)
 
     def records(self, split: str) -> int | None:
-        """Records of a split when this reference carries the counts, else None."""
+        """Rows of a split when this reference carries the counts, else None."""
         return self.split_records.get(split)
 
 

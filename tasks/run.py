@@ -12,6 +12,7 @@ from config.chat_template import resolve_chat_template
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.schema import FinetuneConfig
 from storage.manifest import read_manifest
+from storage.shards import split_rows
 from storage.spec import DatasetRef, Spec, WrittenSpec, publish_spec, total_steps
 from config.version import code_version
 
@@ -28,7 +29,7 @@ def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: Datas
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     train_records = dataset.records("train")
     if train_records is None:  # a reference read back from spec.json carries no counts
-        train_records = read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"]["records"]
+        train_records = split_rows(read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"])
     steps = total_steps(cfg.train, train_records, cfg.world_size)
     return Spec(
         run_id=run_id,

@@ -95,15 +95,16 @@ def train_with_retries(spec: Spec) -> Any:
 
 def progress_reporter(total: int, info: Callable[[str], None],
                       tracker: Tracker | None = None) -> Callable[[dict[str, Any]], None]:
-    """A callback that logs step/total, loss, tokens/s and ETA, keeps a Prefect progress artifact, and hands each
-    step to the run's tracker (which only queues it: the tracking systems are fed in the background)."""
+    """A callback that logs step/total, loss, tokens, tokens/s and ETA, keeps a Prefect progress artifact, and hands
+    each step to the run's tracker (which only queues it: the tracking systems are fed in the background)."""
     artifact = create_progress_artifact(progress=0.0, key="training-progress", description="training steps done")
     started = time.monotonic()
 
     def report(record: dict[str, Any]) -> None:
         step = record["step"]
         eta = (time.monotonic() - started) / step * (total - step)
-        info(f"step {step}/{total} loss {record['loss']:.4f} tokens/s {record['tokens_per_s']:.0f} ETA {eta:.0f} s")
+        info(f"step {step}/{total} loss {record['loss']:.4f} tokens {record['tokens']} tokens/s "
+             f"{record['tokens_per_s']:.0f} ETA {eta:.0f} s")
         update_progress_artifact(artifact_id=artifact, progress=100.0 * step / total)
         if tracker is not None:
             tracker.steps([record])

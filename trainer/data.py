@@ -5,14 +5,18 @@ Every rank computes the same global order; a step takes the next
 sees depends only on the step, which makes "resume at step N" exact and node layouts (2 nodes x 1
 rank vs 1 node x 2 ranks) equivalent.
 
-Within a step, examples are grouped by length (length grouping, not packing): the step's examples are
-sorted by length, cut into micro-batches, and the micro-batches are dealt to ranks so that padded
-token counts balance (longest first, to the least-loaded rank). Packing would remove padding
-entirely, but exact packing needs per-document attention masks (flash-attention varlen kernels,
-GPU only); without them packed documents attend to each other and the loss changes. Grouping keeps
-every example independent, so the loss equals the unpadded one, and ranks get similar work. The
-loss is normalized by the step's global target-token count, so how examples are dealt to ranks and
-micro-batches does not change the gradient.
+A unit of the order is a row of the shards: one example, or several packed into one row at prepare time
+(`data.packing`); a global batch counts rows either way. Within a step, rows are grouped by length: the
+step's rows are sorted by length, cut into micro-batches, and the micro-batches are dealt to ranks so that
+padded token counts balance (longest first, to the least-loaded rank). The loss is normalized by the step's
+global target-token count, so how rows are dealt to ranks and micro-batches does not change the gradient.
+
+A packed row keeps every example to itself: positions restart at 0 at each boundary and the model is given
+those position ids instead of an attention mask, from which Hugging Face's mask builder (transformers'
+`masking_utils`, the padding-free format) makes a block-diagonal causal mask, on CPU and GPU alike, with
+every attention implementation (flash-attention reads the same position ids as variable-length sequences).
+The first label of each example after the first is not a target: it would be predicted from the end of the
+previous example. So a packed row's loss is the sum of its examples' losses, as if each ran alone.
 """
 
 from __future__ import annotations
@@ -20,21 +24,31 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from storage.shards import IGNORE_INDEX, Example, load_split
+from storage.shards import IGNORE_INDEX, Row, load_split
 
-__all__ = ["IGNORE_INDEX", "Batch", "Example", "collate", "load_split", "rank_micro_batches"]
+__all__ = ["IGNORE_INDEX", "Batch", "Row", "collate", "load_split", "rank_micro_batches"]
 
 
 @dataclass(frozen=True)
 class Batch:
-    """A padded micro-batch."""
+    """A padded micro-batch; `position_ids` restart at every example's start when a row holds several."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
+    position_ids: torch.Tensor | None = None
+
+    def model_inputs(self, device: torch.device) -> dict[str, Any]:
+        """The forward pass's arguments: the padding mask, or for packed rows the restarting positions alone
+        (transformers builds the block-diagonal mask from them only without a mask and without a cache)."""
+        if self.position_ids is None:
+            return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
+        return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device),
+                "use_cache": False}
 
     @property
     def target_tokens(self) -> int:
@@ -47,18 +61,28 @@ class Batch:
         return int((self.attention_mask == 0).sum()), self.attention_mask.numel()
 
 
-def collate(examples: list[Example], pad_id: int) -> Batch:
-    """Right-pad to the longest example: pad id for inputs, -100 for labels, 0 in the mask."""
-    width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, (example_ids, example_labels) in enumerate(examples):
-        n = len(example_ids)
-        ids[row, :n] = torch.tensor(example_ids)
-        labels[row, :n] = torch.tensor(example_labels)
-        mask[row, :n] = 1
-    return Batch(ids, mask, labels)
+def collate(rows: list[Row], pad_id: int) -> Batch:
+    """Right-pad to the longest row: pad id for inputs, -100 for labels, 0 in the mask; with packed rows,
+    positions restarting at each example (padding: position 0 each, so no token attends to padding)."""
+    width = max(len(row.input_ids) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    packed = any(len(row.segments) > 1 for row in rows)
+    positions = torch.zeros((len(rows), width), dtype=torch.long) if packed else None
+    for index, (row_ids, row_labels, segments) in enumerate(rows):
+        n = len(row_ids)
+        ids[index, :n] = torch.tensor(row_ids)
+        labels[index, :n] = torch.tensor(row_labels)
+        mask[index, :n] = 1
+        if positions is not None:
+            start = 0
+            for length in segments:
+                positions[index, start : start + length] = torch.arange(length)
+                if start:
+                    labels[index, start] = IGNORE_INDEX  # predicted from the previous example's last token
+                start += length
+    return Batch(ids, mask, labels, positions)
 
 
 def global_order(n_examples: int, seed: int, epoch: int) -> list[int]:
@@ -100,7 +124,7 @@ def deal_by_length(indices: list[int], lengths: dict[int, int], micro: int, accu
 
 
 def rank_micro_batches(
-    examples: list[Example], *, seed: int, step: int, micro: int, accum: int, rank: int, world: int, pad_id: int,
+    examples: list[Row], *, seed: int, step: int, micro: int, accum: int, rank: int, world: int, pad_id: int,
     group_by_length: bool = True,
 ) -> Iterator[Batch]:
     """This rank's `accum` micro-batches for optimizer step `step`."""

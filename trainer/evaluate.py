@@ -3,9 +3,9 @@
     torchrun ... -m trainer.evaluate --spec {run}/spec.json --model {run}/final
     torchrun ... -m trainer.evaluate --spec {run}/spec.json --model {run}/checkpoints/step-00000030
 
-Example i goes to rank i % world_size (each example to exactly one rank, no padding duplicates); each
-rank sums loss, predicted target tokens and correct tokens; the sums are all-reduced and divided
-once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json
+Row i of the shards (one example, or several packed) goes to rank i % world_size (each to exactly one rank,
+no padding duplicates); each rank sums loss, predicted target tokens and correct tokens; the sums are
+all-reduced and divided once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json
 (and, with eval.generate_samples, samples.jsonl).
 """
 
@@ -22,7 +22,8 @@ from config.errors import UserError
 from storage import layout
 from storage.fs import join, write_json_atomic
 from storage.spec import Spec
-from trainer.data import IGNORE_INDEX, collate, load_split
+from storage.shards import examples_of
+from trainer.data import IGNORE_INDEX, Row, collate, load_split
 from trainer.distributed import Dist, dist_sum
 from trainer.eval_model import is_checkpoint, load_for_eval
 from trainer.loss import cross_entropy, shift
@@ -33,12 +34,13 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size: int, pad_id: int,
+def local_sums(model: Any, examples: list[Row], *, rank: int, world: int, batch_size: int, pad_id: int,
                device: torch.device, lockstep: bool = False) -> tuple[float, int, int, int]:
-    """(summed loss, target tokens, correct tokens, examples) over this rank's examples.
+    """(summed loss, target tokens, correct tokens, examples) over this rank's rows (`examples`: the split's rows;
+    a packed row counts each of its examples).
 
     With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
-    forward passes: ranks with fewer examples run throw-away passes so nobody waits forever.
+    forward passes: ranks with fewer rows run throw-away passes so nobody waits forever.
     """
     mine = examples[rank::world]
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
@@ -46,7 +48,7 @@ def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size:
     loss_sum, targets, correct = 0.0, 0, 0
     for index in range(passes):
         batch = collate(batches[index] if index < len(batches) else examples[:1], pad_id)
-        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+        logits = model(**batch.model_inputs(device)).logits
         if index >= len(batches):
             continue
         logits, labels = shift(logits, batch.labels)
@@ -55,7 +57,7 @@ def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size:
         loss_sum += cross_entropy(logits, labels, reduction="none").double().sum().item()
         targets += int(mask.sum())
         correct += int(((logits.argmax(-1) == labels) & mask).sum())
-    return loss_sum, targets, correct, len(mine)
+    return loss_sum, targets, correct, sum(len(row.segments) for row in mine)
 
 
 def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
     if spec.config.eval.generate_samples:
         from trainer.samples import write_samples
 
-        result["samples_url"] = write_samples(model, examples, spec, dist, pad_id)
+        result["samples_url"] = write_samples(model, examples_of(examples), spec, dist, pad_id)
     if dist.is_main:
         write_json_atomic(join(spec.run_url, layout.EVAL), result)
         log.info("eval loss %.4f perplexity %.2f token accuracy %.4f over %d target tokens",

@@ -51,7 +51,7 @@ def seed_everything(seed: int) -> None:
 
 def summed_loss(engine: Any, batch: Batch, device: torch.device) -> torch.Tensor:
     """Cross-entropy summed over the predicted positions of a micro-batch (labels shifted by one)."""
-    out = engine(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device))
+    out = engine(**batch.model_inputs(device))
     return cross_entropy(*shift(out.logits, batch.labels), reduction="sum")
 
 
@@ -142,8 +142,8 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
 def train(spec: Spec, dist: Dist) -> None:
     """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
     run, start = start_run(spec, dist)
-    log.info("training %d examples, steps %d..%d on %d ranks", len(run.examples), start + 1, spec.total_steps,
-             dist.world_size)
+    log.info("training %d rows (%d examples), steps %d..%d on %d ranks", len(run.examples),
+             sum(len(row.segments) for row in run.examples), start + 1, spec.total_steps, dist.world_size)
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
             run.checkpointer.cancelled(step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s,

@@ -37,8 +37,9 @@ class MetricsWriter:
             return
         self._append(line)
         log.info(
-            "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f",
-            record["step"], record["max_steps"], record["loss"], record["lr"], record["grad_norm"], record["tokens_per_s"],
+            "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens %d (padding %.1f%%) tokens/s %.0f",
+            record["step"], record["max_steps"], record["loss"], record["lr"], record["grad_norm"], record["tokens"],
+            100 * record["padding_fraction"], record["tokens_per_s"],
         )
 
     def _append(self, line: str) -> None:

@@ -15,14 +15,14 @@ import torch
 from storage import layout
 from storage.spec import Spec
 from storage.fs import join, write_bytes_atomic
-from trainer.data import IGNORE_INDEX, Example
+from trainer.data import IGNORE_INDEX, Row
 from trainer.distributed import Dist, gather_objects
 
 
-def split_prompt(example: Example) -> tuple[list[int], list[int]]:
+def split_prompt(example: Row) -> tuple[list[int], list[int]]:
     """(prompt ids, reference ids): the ids before the first target label, and that first answer's ids. Plain
     text (data.format text) is a target from its first token: its first half is the prompt."""
-    ids, labels = example
+    ids, labels, _ = example
     first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
     if first == 0:
         first = max(1, len(ids) // 2)
@@ -39,7 +39,7 @@ def greedy(model: Any, prompt: list[int], max_new_tokens: int, pad_id: int, devi
     return out[0, len(prompt):].tolist()
 
 
-def write_samples(model: Any, examples: list[Example], spec: Spec, dist: Dist, pad_id: int) -> str | None:
+def write_samples(model: Any, examples: list[Row], spec: Spec, dist: Dist, pad_id: int) -> str | None:
     """Generate eval.generate_samples completions across ranks; rank 0 writes them. Returns the URL."""
     from transformers import AutoTokenizer
 

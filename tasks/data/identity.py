@@ -2,7 +2,8 @@
 
 - The dataset id digests what determines the staged bytes: the normalized records in order, the tokenizer
   (its files, the chat template among them), max_length and excess_length, the split settings, the shard size,
-  the digest algorithm, and the rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
+  the digest algorithm, whether the examples are packed (data.packing as resolved for the formats found), and the
+  rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
   changing data.num_proc, changes none of these, so it names the same dataset.
 - The source key digests the inputs instead: the source files' digests and URLs, how each source is read (format,
   columns, tags, weight, cap, the dataset_info.json entry it came from) and mixed, plus the same settings.
@@ -88,6 +89,7 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
         "streams": [stream.describe() for stream in streams],
         "mix": data.mix,
         "on_invalid": data.on_invalid,
+        "packing": data.packing,
         "shaping": shaping(data),
         "tokenizer": fingerprint,
     }
@@ -99,9 +101,11 @@ def in_eval(record_digest: bytes, eval_ratio: float) -> bool:
     return int.from_bytes(record_digest[:4], "big") / 0x1_0000_0000 < eval_ratio
 
 
-def dataset_id(records_digest: str, rejects_digest: str | None, fingerprint: dict[str, Any], data: DataConfig) -> str:
+def dataset_id(records_digest: str, rejects_digest: str | None, fingerprint: dict[str, Any], data: DataConfig,
+               packed: bool) -> str:
     """`ds-<16 hex>` over what determines the staged bytes."""
     identity = {
+        "packing": packed,
         "schema": layout.DATASET_SCHEMA,
         "pipeline": PIPELINE_VERSION,
         "records": records_digest,

@@ -63,19 +63,19 @@ def open_file(url: str, mapping: Mapping, on_bytes: ByteCounter) -> DataFile:
             fmt, reason = detect_format(url, [value for _, value in head if not isinstance(value, Unparsable)])
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    normalize = NORMALIZERS[fmt]
+    items = (to_item(location, value, fmt, mapping) for location, value in itertools.chain(head, raw))
+    return DataFile(url, fmt, reason, items)
 
-    def items() -> Iterator[Record | Reject]:
-        for location, value in itertools.chain(head, raw):
-            if isinstance(value, Unparsable):
-                yield Reject(location, value.reason)
-                continue
-            try:
-                yield Record(location, normalize(mapping.apply(value)))
-            except InvalidRecord as exc:
-                yield Reject(location, mapping.explain(str(exc)))
 
-    return DataFile(url, fmt, reason, items())
+def to_item(location: str, value: object, fmt: str, mapping: Mapping) -> Record | Reject:
+    """A parsed record renamed by the mapping's columns and tags and normalized from format `fmt`, or rejected with
+    the reason (in the user's keys)."""
+    if isinstance(value, Unparsable):
+        return Reject(location, value.reason)
+    try:
+        return Record(location, NORMALIZERS[fmt](mapping.apply(value)))
+    except InvalidRecord as exc:
+        return Reject(location, mapping.explain(str(exc)))
 
 
 def read_records(source: str, fmt: str, mapping: Mapping | None = None) -> list[Record]:

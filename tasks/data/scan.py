@@ -1,12 +1,15 @@
 """Pass one of staging: read every source file (the sources mixed as data.mix says), normalize and validate its
 records, digest each one, decide its split, and spool it for the tokenizer. Nothing is dropped silently: every
 record read is either spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at the first
-one); what a cap or data.mix=interleave leaves unread is said per file and per source.
+one); what a cap or data.mix=interleave leaves unread is said per file and per source. The per-record work of
+plain JSON Lines files runs in data.num_proc processes (tasks/data/firstpass.py), which give the records back in
+file order, so the mix, the caps, the spool and the rejects do not depend on the number of processes.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,15 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import blake3
-import orjson
 
 from config.errors import UserError
 from config.schema import DataConfig
+from tasks.data import firstpass
+from tasks.data.firstpass import Digested
 from tasks.data.identity import Inputs, in_eval
 from tasks.data.progress import Reporter
-from tasks.data.records import DataFile, Record, Reject, open_file
+from tasks.data.records import DataFile, Reject, open_file
 from tasks.data.spool import Chunk, SpoolWriter
 from tasks.data.streams import Stream, capped, interleave, label
+from tasks.data.workers import pool_of, worker_count
 
 EVAL, TRAIN = 1, 0
 MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
@@ -45,13 +50,9 @@ class Scan:
         return len(self.splits)
 
 
-def canonical(record: Record) -> bytes:
-    """The bytes a record's digest is taken of: its normalized form as sorted-key JSON."""
-    return orjson.dumps(record.conversation, option=orjson.OPT_SORT_KEYS)
-
-
 def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
-    """Read, validate, digest and spool every record of every stream, mixed as data.mix says."""
+    """Read, validate, digest and spool every record of every stream, mixed as data.mix says (the per-record work
+    of plain JSON Lines files in data.num_proc processes, tasks/data/firstpass.py)."""
     writer = SpoolWriter(spool)
     splits = bytearray()
     records_hash = blake3.blake3()
@@ -59,17 +60,31 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
     files = inputs.files
     counts = [[0, 0] for _ in files]  # valid records, rejected, per file
     opened: dict[int, DataFile] = {}
-    with reporter.phase("reading", sum(f.size for f in files), "B") as phase:
-        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Record | Reject]]]:
+    blocks = sum(-(-f.size // firstpass.BLOCK_BYTES) for f in files if firstpass.splittable(f.url))
+    processes = worker_count(data.num_proc, blocks)
+    reporter.info(f"reading {len(files)} file{'s' if len(files) > 1 else ''} in {processes} "
+                  f"process{'es' if processes > 1 else ''}")
+    with reporter.phase("reading", sum(f.size for f in files), "B") as phase, \
+            (pool_of(processes) if processes > 1 else contextlib.nullcontext()) as pool:
+        interleaving = data.mix == "interleave" and sum(not s.is_eval for s in inputs.streams) > 1
+
+        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Digested | Reject]]]:
+            # Runs of records as the files give them; one record at a time where a cap or interleave counts them.
+            one_by_one = stream.max_records is not None or (interleaving and not stream.is_eval)
             for index, source in enumerate(files):
                 if source.key == stream.key:
-                    opened[index] = open_file(source.url, stream.mapping, phase.update)
-                    for item in opened[index].items:
-                        yield isinstance(item, Record), (index, item)
+                    # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
+                    counter = (lambda _: None) if firstpass.splittable(source.url) else phase.update
+                    opened[index] = open_file(source.url, stream.mapping, counter)
+                    for item in firstpass.digest_file(opened[index], stream.mapping, phase.update, pool, processes):
+                        if isinstance(item, Reject):
+                            yield False, (index, item)
+                        else:
+                            yield from ((True, (index, run)) for run in (item.singles() if one_by_one else (item,)))
 
         train = [capped(items_of(s), s.max_records) for s in inputs.streams if not s.is_eval]
-        mixed = interleave(train, [s.weight for s in inputs.streams if not s.is_eval]) \
-            if data.mix == "interleave" and len(train) > 1 else itertools.chain(*train)
+        mixed = interleave(train, [s.weight for s in inputs.streams if not s.is_eval]) if interleaving \
+            else itertools.chain(*train)
         evals = [capped(items_of(s), s.max_records) for s in inputs.streams if s.is_eval]
         for _, (index, item) in itertools.chain(mixed, *evals):
             if isinstance(item, Reject):
@@ -79,13 +94,12 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
                 counts[index][1] += 1
                 continue
             role = b"e" if files[index].key == "data.eval_source" else b"s"
-            body = canonical(item)
-            digest = blake3.blake3(body).digest()
-            records_hash.update(role + digest)
-            splits.append(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
-                          else TRAIN)
-            writer.add(item.location, body)
-            counts[index][0] += 1
+            digests = item.digest_list()
+            records_hash.update(b"".join(role + digest for digest in digests))
+            splits += bytes(EVAL if role == b"e" or (not data.eval_source and in_eval(digest, data.eval_ratio))
+                            else TRAIN for digest in digests)
+            writer.add_lines(item.lines, item.sizes)
+            counts[index][0] += item.count
     sources = [{"url": f.url, "size": f.size, "digest": f.digest, "key": f.key,
                 "format": opened[i].format if i in opened else None, "records": kept, "rejected": rejected}
                for i, (f, (kept, rejected)) in enumerate(zip(files, counts, strict=True))]

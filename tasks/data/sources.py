@@ -192,20 +192,28 @@ def _lines(url: str, on_bytes: ByteCounter) -> Iterator[bytes]:
         yield rest
 
 
+def parse_line(url: str, lineno: int, line: bytes) -> tuple[str, object] | None:
+    """(location, parsed record or Unparsable) of one line of a JSON Lines file; None for a blank line."""
+    if lineno == 1:
+        line = line.removeprefix(BOM)
+    if not line.strip():
+        return None
+    try:
+        return f"{url}:{lineno}", orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return f"{url}:{lineno}", Unparsable(f"malformed JSON ({exc.msg}, column {exc.colno})")
+
+
 def _read_jsonl(url: str, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
     parsed_any = False
     for lineno, line in enumerate(_lines(url, on_bytes), start=1):
-        if lineno == 1:
-            line = line.removeprefix(BOM)
-        if not line.strip():
+        item = parse_line(url, lineno, line)
+        if item is None:
             continue
-        try:
-            yield f"{url}:{lineno}", orjson.loads(line)
-            parsed_any = True
-        except orjson.JSONDecodeError as exc:
-            if not parsed_any:
-                _refuse_single_document(url)
-            yield f"{url}:{lineno}", Unparsable(f"malformed JSON ({exc.msg}, column {exc.colno})")
+        if isinstance(item[1], Unparsable) and not parsed_any:
+            _refuse_single_document(url)
+        parsed_any = parsed_any or not isinstance(item[1], Unparsable)
+        yield item
 
 
 def _refuse_single_document(url: str) -> None:

@@ -27,6 +27,11 @@ class Chunk:
     count: int
 
 
+def spool_line(location: str, canonical: bytes) -> bytes:
+    """One record's line of the spool."""
+    return orjson.dumps(location) + b"\t" + canonical + b"\n"
+
+
 class SpoolWriter:
     """Appends records to a spool file and cuts it into chunks of about `chunk_bytes`."""
 
@@ -38,14 +43,15 @@ class SpoolWriter:
         self._offset = self._chunk_start = 0
         self._records = self._chunk_first = 0
 
-    def add(self, location: str, canonical: bytes) -> None:
-        """Append one record."""
-        line = orjson.dumps(location) + b"\t" + canonical + b"\n"
-        self._handle.write(line)
-        self._offset += len(line)
-        self._records += 1
-        if self._offset - self._chunk_start >= self.chunk_bytes:
-            self._cut()
+    def add_lines(self, lines: bytes, sizes: list[int]) -> None:
+        """Append records already made into spool lines (spool_line; `sizes`: each one's bytes), cut into the same
+        chunks as one by one."""
+        self._handle.write(lines)
+        for size in sizes:
+            self._offset += size
+            self._records += 1
+            if self._offset - self._chunk_start >= self.chunk_bytes:
+                self._cut()
 
     def _cut(self) -> None:
         if self._records > self._chunk_first:

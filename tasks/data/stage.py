@@ -1,8 +1,8 @@
 """Stage a dataset: validate, tokenize once, split, write Parquet shards, rejects and the manifest (last).
 
     sources --digest--> source key --by-source index--> already staged?  (no record parsed)
-            --read, validate, spool--> dataset id --manifest there?--> already staged
-            --tokenize (num_proc)--> shards --> rejects.jsonl --> manifest.json --> index
+            --read, validate, digest (num_proc), spool--> dataset id --manifest there?--> already staged
+            --tokenize (num_proc)--> [pack (data.packing)] --> shards --> rejects.jsonl --> manifest.json --> index
 
 The dataset id names what determines the bytes (see tasks/data/identity.py), so unchanged input finds its
 complete copy and any change makes a new dataset. A directory without manifest.json is an interrupted
@@ -32,10 +32,11 @@ from storage.spec import DatasetRef
 from storage.fs import (exists, filesystem, find_sizes, is_local, join, read_bytes, read_json, remove,
                             set_storage_options, write_bytes_atomic, write_json_atomic)
 from tasks.data.identity import Inputs, dataset_id, survey
+from tasks.data.packing import PackingWriter, packing_enabled
 from tasks.data.progress import Reporter
 from tasks.data.records import RecordError, Reject
 from tasks.data.scan import EVAL, Scan, scan_sources
-from storage.shards import FileEntry, SplitWriter
+from storage.shards import FileEntry, SplitWriter, split_rows
 from tasks.data.catalog import is_reference
 from tasks.data.sources import source_root
 from tasks.data.streams import label
@@ -72,7 +73,8 @@ def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Cal
         spool = Path(tmp) / "records.spool"
         scan = scan_sources(inputs, data, spool, reporter)
         rejects_digest = digest_bytes(rejects_jsonl(scan.rejects), "blake3") if scan.rejects else None
-        name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data)
+        packed = packing_enabled(data, (source["format"] for source in scan.sources if source["records"]))
+        name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data, packed)
         base = layout.dataset_dir(storage, name)
         ref = reuse(base, name, reporter)
         if ref is None:
@@ -80,7 +82,7 @@ def stage_dataset(data: DataConfig, storage: str, model_path: str, progress: Cal
             try:
                 settings = EncoderSettings(model_path, data.max_length, chat_template, data.enable_thinking,
                                            data.mask_history, data.excess_length)
-                ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter)
+                ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter, packed)
             except Exception:
                 clear(base)  # it failed on its own data: no later run completes this directory
                 raise
@@ -112,7 +114,7 @@ def reuse(base: str, name: str, reporter: Reporter) -> DatasetRef | None:
         return None
     reporter.info(f"dataset {name} already staged at {base}")
     return DatasetRef(dataset_id=name, url=base, manifest_digest=manifest_digest,
-                      split_records={split: c["records"] for split, c in manifest["splits"].items()})
+                      split_records={split: split_rows(c) for split, c in manifest["splits"].items()})
 
 
 def clear(base: str) -> None:
@@ -128,7 +130,7 @@ def rejects_jsonl(rejects: list[Reject]) -> bytes:
     return b"".join(orjson.dumps({"location": r.location, "reason": r.reason}) + b"\n" for r in rejects)
 
 
-def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWriter]) -> None:
+def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWriter | PackingWriter]) -> None:
     """Send a tokenized chunk's examples to the writer of their split, in record order."""
     batch = result.batch
     if not len(batch.kept):
@@ -140,8 +142,9 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
 
 
 def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataConfig, settings: EncoderSettings,
-                  spool: Path, reporter: Reporter) -> DatasetRef:
-    """Tokenize the spool into shards, then write rejects.jsonl and, last, the manifest."""
+                  spool: Path, reporter: Reporter, packed: bool) -> DatasetRef:
+    """Tokenize the spool into shards (packed into rows when `packed`), then write rejects.jsonl and, last, the
+    manifest."""
     verb = "written" if is_local(base) else "uploaded"
     written: list[FileEntry] = []
     rejects = list(scan.rejects)
@@ -156,8 +159,7 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
             phase.annotate(f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb} "
                            f"in {seconds:.1f} s")
 
-        writers = {split: SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
-                   for split in layout.SPLITS}
+        writers = {split: split_writer(base, split, data, on_write, packed, spool.parent) for split in layout.SPLITS}
         dropped = dict.fromkeys(layout.SPLITS, 0)
         for result in results:
             for reject in result.rejects:
@@ -180,12 +182,20 @@ def write_dataset(base: str, name: str, scan: Scan, inputs: Inputs, data: DataCo
         write_bytes_atomic(join(base, layout.REJECTS), body)
         files.append({"path": layout.REJECTS, "size": len(body), "digest": digest_bytes(body, data.digest_algorithm)})
         reporter.info(f"{len(rejects)} records rejected or dropped; see {join(base, layout.REJECTS)}")
-    manifest = build_manifest(name, files, counts, scan, inputs, data, rejects)
+    manifest = build_manifest(name, files, counts, scan, inputs, data, rejects, packed)
     raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
     reporter.info(f"staged dataset {name} at {base}: " + ", ".join(
-        f"{split} {c['records']} records / {c['tokens']} tokens" for split, c in counts.items()))
+        f"{split} {c['records']} records" + (f" packed into {c['rows']} rows" if packed else "")
+        + f" / {c['tokens']} tokens" for split, c in counts.items()))
     return DatasetRef(dataset_id=name, url=base, manifest_digest=digest_bytes(raw, data.digest_algorithm),
-                      split_records={split: c["records"] for split, c in counts.items()})
+                      split_records={split: c["rows"] for split, c in counts.items()})
+
+
+def split_writer(base: str, split: str, data: DataConfig, on_write: Callable[[FileEntry], None], packed: bool,
+                 workdir: Path) -> SplitWriter | PackingWriter:
+    """The writer of one split's shards: examples row by row, or spooled and packed into rows of max_length."""
+    writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed)
+    return PackingWriter(writer, data.max_length, workdir) if packed else writer
 
 
 def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
@@ -201,7 +211,7 @@ def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
 
 
 def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str, int]], scan: Scan,
-                   inputs: Inputs, data: DataConfig, rejects: list[Reject]) -> dict[str, Any]:
+                   inputs: Inputs, data: DataConfig, rejects: list[Reject], packed: bool) -> dict[str, Any]:
     """The dataset manifest (docs/architecture.md), with the record accounting: read = staged + rejected +
     dropped."""
     staged = sum(c["records"] for c in counts.values())
@@ -219,6 +229,7 @@ def build_manifest(name: str, files: list[FileEntry], counts: dict[str, dict[str
         "mix": {"strategy": data.mix, "sources": scan.streams},
         "tokenizer": inputs.fingerprint,
         "max_length": data.max_length,
+        "packing": packed,
         "split": {"eval_source": data.eval_source} if data.eval_source else {"eval_ratio": data.eval_ratio},
         "shard_rows": data.shard_rows,
         "source_key": inputs.source_key,

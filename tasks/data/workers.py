@@ -12,10 +12,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tasks.data.records import Reject
 from tasks.data.spool import Chunk, read_chunk
@@ -25,6 +26,7 @@ MIN_CHUNKS_PER_WORKER = 4
 PRELOAD = ["tasks.data.workers", "transformers", "transformers.tokenization_utils_tokenizers",
            "transformers.models.auto.tokenization_auto"]
 _ENCODER: ChatEncoder | None = None
+R = TypeVar("R")
 
 
 @dataclass
@@ -77,20 +79,30 @@ def encode_chunks(spool: Path, chunks: list[Chunk], settings: EncoderSettings,
 
 def _encode_in_pool(spool: Path, chunks: list[Chunk], settings: EncoderSettings,
                     workers: int) -> Iterator[ChunkResult]:
+    with pool_of(workers, initializer=_init_worker, initargs=(settings,)) as pool:
+        yield from in_order(pool, workers, _encode_in_worker, ((spool, chunk) for chunk in chunks))
+
+
+def pool_of(workers: int, initializer: Callable[..., None] | None = None,
+            initargs: tuple[Any, ...] = ()) -> ProcessPoolExecutor:
+    """`workers` processes started from the fork server (see above)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(settings,)) as pool:
-        pending: deque[Future[ChunkResult]] = deque()
-        upcoming = iter(chunks)
-        try:
-            # A bounded window keeps memory flat: at most a few finished chunks wait to be written.
-            for chunk in upcoming:
-                pending.append(pool.submit(_encode_in_worker, spool, chunk))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().result()
-            while pending:
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=initializer, initargs=initargs)
+
+
+def in_order(pool: ProcessPoolExecutor, workers: int, fn: Callable[..., R], calls: Iterable[tuple[Any, ...]]
+             ) -> Iterator[R]:
+    """fn(*args) for every args of `calls`, run by the pool, yielded in the order of `calls`."""
+    pending: deque[Future[R]] = deque()
+    try:
+        # A bounded window keeps memory flat: at most a few finished results wait to be consumed.
+        for args in calls:
+            pending.append(pool.submit(fn, *args))
+            if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()

@@ -2,17 +2,23 @@
 
     .venv/bin/python -m pytest tests/benchmarks/bench_prepare.py -s          # BENCH_GB, BENCH_REPEATS env
     .venv/bin/python tests/benchmarks/bench_prepare.py --gb 1.0 --repeats 3
+    .venv/bin/python tests/benchmarks/bench_prepare.py --gb 0.02 --repeats 3  # a quick look on a busy machine
 
 It generates a JSONL of about --gb gigabytes (Qwen `conversations`, the sample's vocabulary, 1-3 exchanges
 per record) in a temporary folder and prints medians of --repeats runs and their ratios, all measured in
-this run on this machine:
+this run on this machine, with --num-proc processes on both sides:
 
-(a) staging + digesting the file to a local folder (everything `stage_dataset` does: digest the source,
-    read and validate, tokenize, write and digest the shards, manifest) vs `cp` then `sha256sum` of the
-    same file; also the same staging without its tokenization (digest + read/validate + shard writing);
-(b) staging the unchanged input again vs the first staging (and again without the by-source index);
-(c) tokenization throughput (records/s, labels included) vs a plain `datasets.map` applying the chat
-    template with the same tokenizer and num_proc, on the first --tokenize-mb megabytes of the file.
+(a) staging the file to a local folder (everything `stage_dataset` does: digest the source, read and validate,
+    tokenize with the chat template, write and digest the shards, manifest) vs the workflow it replaces: `cp`
+    then `sha256sum` of the file, then `datasets` loading the copy, applying the same chat template with the
+    same tokenizer and num_proc (`map`, token ids only, no labels) and writing Parquet;
+(b) the staging's I/O and digest path alone (digest the source + read/validate/spool + write and digest the
+    shards; its tokenizing excluded, timed from its own log) vs `cp` + `sha256sum`;
+(c) staging the unchanged input again vs the first staging (and again without the by-source index);
+(e) tokenization throughput (records/s, labels included) vs that `datasets.map`, on the first --tokenize-mb
+    megabytes of the file;
+(f) the first pass alone (read, validate, digest, spool: `scan_sources`) in --num-proc processes vs in one.
+(d), training tokens/s packed vs length-grouped, is `tests/benchmarks/bench_train.py --parts packing`.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,16 +89,50 @@ def phase_seconds(messages: list[str]) -> dict[str, float]:
     return out
 
 
-def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repeats: int) -> dict[str, float]:
-    """(a) and (b)."""
-    baseline = []
+def replaced_workflow(source: Path, target: Path, model: str, num_proc: int) -> float:
+    """Seconds of what staging replaces: cp + sha256sum, then datasets loads the copy, applies the chat template
+    (token ids) in num_proc processes and writes Parquet."""
+    from datasets import Dataset, disable_progress_bars
+
+    from tasks.data.tokenize import load_tokenizer
+
+    disable_progress_bars()
+    tokenizer = load_tokenizer(model)
+    roles = {"system": "system", "user": "user", "assistant": "assistant"}
+
+    def template(batch: dict) -> dict:
+        messages = [[{"role": roles[t["from"]], "content": t["value"]} for t in turns]
+                    for turns in batch["conversations"]]
+        return {"input_ids": tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)}
+
+    def workflow() -> None:
+        copy = target / source.name
+        subprocess.run(f"cp '{source}' '{target}/' && sha256sum '{copy}' > /dev/null", shell=True, check=True)
+        dataset = Dataset.from_json(str(copy), cache_dir=str(target / "hf-cache"))
+        dataset = dataset.map(template, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
+                              load_from_cache_file=False)
+        dataset.to_parquet(str(target / "tokenized.parquet"))
+
+    target.mkdir()
+    try:
+        return timed(workflow)
+    finally:
+        shutil.rmtree(target)
+
+
+def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repeats: int,
+                  num_proc: int) -> dict[str, float]:
+    """(a), (b) and (c)."""
+    baseline, replaced = [], []
     for i in range(repeats):
         target = work / f"copy-{i}"
         target.mkdir()
         baseline.append(timed(lambda: subprocess.run(
             f"cp '{source}' '{target}/' && sha256sum '{target / source.name}' > /dev/null", shell=True, check=True)))
         shutil.rmtree(target)
-    data = DataConfig(source=str(source), max_length=4096)
+    for i in range(stage_repeats):
+        replaced.append(replaced_workflow(source, work / f"workflow-{i}", model, num_proc))
+    data = DataConfig(source=str(source), max_length=4096, num_proc=num_proc)
     first, phases = [], []
     for i in range(stage_repeats):
         storage = work / f"storage-{i}"
@@ -107,9 +148,11 @@ def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repe
         no_index.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
     shutil.rmtree(storage)
     io_only = [p["digesting sources"] + p["reading"] + p["writing"] for p in phases]
-    return {"cp_sha256sum_s": median(baseline), "stage_first_s": median(first), "stage_io_only_s": median(io_only),
+    return {"cp_sha256sum_s": median(baseline), "replaced_workflow_s": median(replaced),
+            "stage_first_s": median(first), "stage_io_only_s": median(io_only),
             "tokenizing_s": median([p["tokenizing"] for p in phases]), "stage_again_s": median(again),
-            "stage_again_without_index_s": median(no_index), "stage_repeats": stage_repeats, "repeats": repeats}
+            "stage_again_without_index_s": median(no_index), "stage_repeats": stage_repeats, "repeats": repeats,
+            "num_proc": num_proc}
 
 
 def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_proc: int,
@@ -117,7 +160,6 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
     """(c): records per second, ours (ids and labels) vs datasets.map (ids only)."""
     from datasets import Dataset, disable_progress_bars
 
-    from tasks.data.identity import SourceFile
     from tasks.data.progress import Reporter
     from tasks.data.scan import scan_sources
     from tasks.data.spool import read_chunk
@@ -132,8 +174,7 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
             dst.write(line)
     data = DataConfig(source=str(subset), max_length=4096, eval_ratio=0.0)
     spool = work / "records.spool"
-    scan = scan_sources([SourceFile("data.source", str(subset), subset.stat().st_size, "-")], data, spool,
-                        Reporter(lambda _: None, bars=False))
+    scan = scan_sources(first_pass_inputs(subset, data), data, spool, Reporter(lambda _: None, bars=False))
     conversations = [conv for chunk in scan.chunks for _, conv in read_chunk(spool, chunk)]
     workers = worker_count(num_proc, len(scan.chunks))
     disable_progress_bars()
@@ -153,21 +194,48 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
             "ours_records_per_s": n / median(ours), "datasets_map_records_per_s": n / median(theirs)}
 
 
+def first_pass_inputs(path: Path, data: DataConfig) -> Any:
+    """What pass one reads for data.source = one local file (its digest and the source key left out)."""
+    from tasks.data.identity import Inputs, SourceFile
+    from tasks.data.streams import resolve
+
+    return Inputs([SourceFile("data.source", str(path), path.stat().st_size, "-")], {}, "-", resolve(data))
+
+
+def bench_first_pass(source: Path, work: Path, num_proc: int, repeats: int) -> dict[str, float]:
+    """(f): seconds of pass one over the whole file, in one process and in num_proc (interleaved)."""
+    from tasks.data.progress import Reporter
+    from tasks.data.scan import scan_sources
+
+    seconds: dict[int, list[float]] = {1: [], num_proc: []}
+    for _ in range(repeats):
+        for processes in seconds:
+            data = DataConfig(source=str(source), num_proc=processes)
+            inputs = first_pass_inputs(source, data)
+            seconds[processes].append(timed(lambda: scan_sources(inputs, data, work / "pass.spool",
+                                                                 Reporter(lambda _: None, bars=False))))
+    return {"mb": source.stat().st_size / 1e6, "num_proc": num_proc, "repeats": repeats,
+            "one_s": median(seconds[1]), "many_s": median(seconds[num_proc])}
+
+
 def report(size: int, records: int, staging: dict[str, float] | None,
-           tokenize: dict[str, float] | None) -> str:
+           tokenize: dict[str, float] | None, first_pass: dict[str, float] | None = None) -> str:
     lines = [f"input: {size / 1e9:.2f} GB JSONL, {records:,} records; {os.cpu_count()} cores"]
     if staging:
         s = staging
         lines += [
-            f"medians of {s['repeats']} runs ({s['stage_repeats']} for a first staging)",
-            "(a) staging + digesting vs cp + sha256sum (goal: >= 1.5x faster)",
-            f"    cp + sha256sum            {s['cp_sha256sum_s']:8.1f} s",
+            f"medians of {s['repeats']} runs ({s['stage_repeats']} for a first staging and the workflow), "
+            f"num_proc={s['num_proc']}",
+            "(a) staging vs cp + sha256sum + datasets.map (chat template) + to_parquet (goal: >= 1.5x faster)",
+            f"    cp + sha256sum + datasets {s['replaced_workflow_s']:8.1f} s",
             f"    stage (all of it)         {s['stage_first_s']:8.1f} s   speed-up "
-            f"{s['cp_sha256sum_s'] / s['stage_first_s']:.2f}x",
+            f"{s['replaced_workflow_s'] / s['stage_first_s']:.2f}x",
             f"      of which tokenizing     {s['tokenizing_s']:8.1f} s",
+            "(b) the I/O and digest path alone vs cp + sha256sum (goal: >= 1.5x faster)",
+            f"    cp + sha256sum            {s['cp_sha256sum_s']:8.1f} s",
             f"    stage without tokenizing  {s['stage_io_only_s']:8.1f} s   speed-up "
             f"{s['cp_sha256sum_s'] / s['stage_io_only_s']:.2f}x   (digest + read/validate/spool + write/digest shards)",
-            "(b) re-staging unchanged input vs first staging (goal: < 5%)",
+            "(c) re-staging unchanged input vs first staging (goal: < 5%)",
             f"    again                     {s['stage_again_s']:8.2f} s   = "
             f"{100 * s['stage_again_s'] / s['stage_first_s']:.2f}%",
             f"    again, no by-source index {s['stage_again_without_index_s']:8.2f} s   = "
@@ -176,37 +244,48 @@ def report(size: int, records: int, staging: dict[str, float] | None,
     if tokenize:
         t = tokenize
         lines += [
-            f"(c) tokenization throughput vs datasets.map, {t['records']:,} records ({t['mb']:.0f} MB), "
+            f"(e) tokenization throughput vs datasets.map, {t['records']:,} records ({t['mb']:.0f} MB), "
             f"num_proc={t['workers']}, medians of {t['repeats']} interleaved runs (goal: >= 1.0x)",
             f"    ours (ids + labels)       {t['ours_records_per_s']:8.0f} records/s",
             f"    datasets.map (ids)        {t['datasets_map_records_per_s']:8.0f} records/s   ratio "
             f"{t['ours_records_per_s'] / t['datasets_map_records_per_s']:.2f}x",
         ]
+    if first_pass:
+        f = first_pass
+        lines += [
+            f"(f) the first pass (read, validate, digest, spool), {f['mb']:.0f} MB, medians of {f['repeats']} "
+            "interleaved runs",
+            f"    1 process                 {f['one_s']:8.2f} s   {f['mb'] / f['one_s']:6.1f} MB/s",
+            f"    {f['num_proc']} processes               {f['many_s']:8.2f} s   {f['mb'] / f['many_s']:6.1f} MB/s   "
+            f"speed-up {f['one_s'] / f['many_s']:.2f}x",
+        ]
     return "\n".join(lines)
 
 
 def run(gb: float, repeats: int, stage_repeats: int, tokenize_mb: int, num_proc: int, model: str | None,
-        tmp: Path, parts: str = "abc") -> str:
-    """Generate the input, run (a), (b), (c); returns the printed report."""
+        tmp: Path, parts: str = "abcef") -> str:
+    """Generate the input, run (a), (b), (c) (they share the staging runs), (e) and (f); returns the printed
+    report."""
     if model is None:
         model = str(tmp / "tiny")
         subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", model, "--corpus", str(SAMPLE)], cwd=ROOT,
                        check=True, capture_output=True)
     source = tmp / "input.jsonl"
-    records = generate(source, int(gb * 1e9) if "ab" in parts else tokenize_mb * 10**6 * 11 // 10)
-    staging = bench_staging(source, tmp, model, repeats, stage_repeats) if "ab" in parts else None
-    tokenize = bench_tokenize(source, tmp, model, tokenize_mb, num_proc, repeats) if "c" in parts else None
-    text = report(source.stat().st_size, records, staging, tokenize)
+    records = generate(source, int(gb * 1e9) if parts != "e" else tokenize_mb * 10**6 * 11 // 10)
+    staging = bench_staging(source, tmp, model, repeats, stage_repeats, num_proc) if "a" in parts else None
+    tokenize = bench_tokenize(source, tmp, model, tokenize_mb, num_proc, repeats) if "e" in parts else None
+    first_pass = bench_first_pass(source, tmp, num_proc, repeats) if "f" in parts else None
+    text = report(source.stat().st_size, records, staging, tokenize, first_pass)
     print(f"\n{text}\n", flush=True)
     return text
 
 
 def test_bench_prepare(tiny_model: str, tmp_path: Path) -> None:
     """The benchmark under pytest (`-s` shows the report); BENCH_GB, BENCH_REPEATS, BENCH_STAGE_REPEATS,
-    BENCH_TOKENIZE_MB and BENCH_PARTS (abc, ab or c) set what the script's options set."""
+    BENCH_TOKENIZE_MB and BENCH_PARTS (abcef, abc, e or f) set what the script's options set."""
     repeats = int(os.environ.get("BENCH_REPEATS", "3"))
     run(float(os.environ.get("BENCH_GB", "1.0")), repeats, int(os.environ.get("BENCH_STAGE_REPEATS", repeats)),
-        int(os.environ.get("BENCH_TOKENIZE_MB", "50")), 2, tiny_model, tmp_path, os.environ.get("BENCH_PARTS", "abc"))
+        int(os.environ.get("BENCH_TOKENIZE_MB", "50")), 2, tiny_model, tmp_path, os.environ.get("BENCH_PARTS", "abcef"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,11 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gb", type=float, default=1.0, help="size of the generated JSONL (default 1.0)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are printed")
     parser.add_argument("--stage-repeats", type=int, default=None,
-                        help="first stagings for (a)/(b) (default: --repeats; each takes minutes per GB on 2 cores)")
+                        help="first stagings and replaced workflows for (a)/(b) (default: --repeats; each takes "
+                        "minutes per GB on 2 cores)")
     parser.add_argument("--tokenize-mb", type=int, default=50, help="input size for (c) (default 50)")
-    parser.add_argument("--num-proc", type=int, default=2, help="processes for (c), both sides (default 2)")
-    parser.add_argument("--parts", choices=("abc", "ab", "c"), default="abc",
-                        help="which measurements: (a)+(b) share the staging runs, (c) is separate")
+    parser.add_argument("--num-proc", type=int, default=2, help="processes, both sides (default 2)")
+    parser.add_argument("--parts", choices=("abcef", "abc", "e", "f"), default="abcef",
+                        help="which measurements: (a), (b), (c) share the staging runs; (e) and (f) are separate")
     parser.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new one in $TMPDIR)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-", dir=args.tmp) as tmp:

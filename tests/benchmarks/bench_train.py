@@ -2,13 +2,16 @@
 
     .venv/bin/python -m pytest tests/benchmarks/bench_train.py -s        (or: make bench)
     .venv/bin/python tests/benchmarks/bench_train.py --repeats 3 --steps 24
+    .venv/bin/python tests/benchmarks/bench_train.py --parts packing --repeats 3 --steps 12 --records 600
 
 Both train a random Qwen2-shaped model (hidden 256, 4 layers) with LoRA under ZeRO-2 on 2 torchrun
 "nodes" (1 rank each, gloo, CPU), on generated conversations whose lengths vary as real SFT data does
 (log-normal), micro-batch 4 x accumulation 2, max length 512. Throughput is real (non-pad) tokens
 per second of step time, skipping warm-up steps; medians of the repeats, run alternately in one
-session, and their ratio are printed. A full-parameter run measures checkpoint save time per GB.
-Nothing here asserts a time: it prints.
+session, and their ratio are printed. A full-parameter run measures checkpoint save time per GB. The packing
+part trains the same records staged packed (data.packing, rows of 512 tokens) and length-grouped (one example per
+row), alternately, and prints the ratio of their tokens/s and the padding fraction of each (a step is 16 rows
+either way, so a packed step holds several times the tokens). Nothing here asserts a time: it prints.
 """
 
 from __future__ import annotations
@@ -69,8 +72,9 @@ Qwen2ForCausalLM(cfg).save_pretrained({str(out)!r}); tok.save_pretrained({str(ou
     return str(out)
 
 
-def setup(work: Path, records: int) -> tuple[str, object, list[str]]:
-    """(model path, staged dataset, base overrides)."""
+def setup(work: Path, records: int, packing: bool = False) -> tuple[str, object, list[str]]:
+    """(model path, staged dataset, base overrides); with `packing` the same records are also staged packed and the
+    dataset is a pair (length-grouped, packed)."""
     data = work / "bench.jsonl"
     make_data(data, records)
     base = [f"run.storage={work / 'storage'}", f"data.source={data}", "data.max_length=512", "data.eval_ratio=0.02",
@@ -79,6 +83,8 @@ def setup(work: Path, records: int) -> tuple[str, object, list[str]]:
     cfg = load_config(None, base)
     model = make_model(resolve_model(cfg), work / "model")
     dataset = stage_dataset(cfg.data, cfg.run.storage, model)
+    if packing:
+        dataset = (dataset, stage_dataset(cfg.data.model_copy(update={"packing": True}), cfg.run.storage, model))
     return model, dataset, base
 
 
@@ -91,11 +97,18 @@ def spec_for(model: str, dataset: object, base: list[str], name: str, extra: lis
 
 def ours(model: str, dataset: object, base: list[str], name: str, steps: int) -> float:
     """Tandem's tokens/s (real tokens over step time, warm-up skipped)."""
+    return ours_with_padding(model, dataset, base, name, steps)[0]
+
+
+def ours_with_padding(model: str, dataset: object, base: list[str], name: str, steps: int) -> tuple[float, float]:
+    """Tandem's (tokens/s, padding fraction over those steps' positions), warm-up skipped."""
     cfg, spec, url = spec_for(model, dataset, base, name, [f"train.max_steps={steps}", f"train.save_steps={steps}"])
     run_local_nodes(spec.run_url, cfg.launch, "trainer", ["--spec", url], "train", lambda _: None)
     rows = [json.loads(line) for line in (Path(spec.run_url) / layout.METRICS).read_text().splitlines()]
     steps_ = [r for r in rows if "event" not in r and r["step"] > WARMUP_STEPS]
-    return sum(r["tokens"] for r in steps_) / sum(r["step_time_s"] for r in steps_)
+    tokens = sum(r["tokens"] for r in steps_)
+    positions = sum(r["tokens"] / (1 - r["padding_fraction"]) for r in steps_)
+    return tokens / sum(r["step_time_s"] for r in steps_), 1 - tokens / positions
 
 
 def huggingface(model: str, dataset: object, base: list[str], name: str, steps: int, work: Path) -> float:
@@ -130,6 +143,29 @@ def checkpoint_seconds_per_gb(model: str, dataset: object, base: list[str]) -> f
     return statistics.median(r["seconds"] / (r["bytes"] / 1e9) for r in saves), saves[0]["bytes"]
 
 
+def packing(repeats: int, steps: int, records: int) -> dict[str, float]:
+    """(d) of the prepare benchmark: tokens/s packed vs length-grouped, alternately; prints medians, the ratio and
+    the padding fraction of each."""
+    work = Path(tempfile.mkdtemp(prefix="tandem-bench-pack-"))
+    try:
+        model, (grouped, packed), base = setup(work, records, packing=True)
+        results: dict[str, list[tuple[float, float]]] = {"grouped": [], "packed": []}
+        for i in range(repeats):
+            for name, dataset in (("grouped", grouped), ("packed", packed)):
+                results[name].append(ours_with_padding(model, dataset, base, f"{name}-{i}", steps))
+            print(f"repeat {i + 1}: " + ", ".join(f"{name} {r[-1][0]:.0f} tokens/s (padding {100 * r[-1][1]:.1f}%)"
+                                                  for name, r in results.items()), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = {f"{name}_{key}": statistics.median(r[k] for r in runs)
+           for name, runs in results.items() for k, key in ((0, "tokens_per_s"), (1, "padding"))}
+    out["ratio"] = out["packed_tokens_per_s"] / out["grouped_tokens_per_s"]
+    print(f"\n(d) median of {repeats}: packed {out['packed_tokens_per_s']:.0f} tokens/s (padding "
+          f"{100 * out['packed_padding']:.1f}%), length-grouped {out['grouped_tokens_per_s']:.0f} tokens/s (padding "
+          f"{100 * out['grouped_padding']:.1f}%), ratio {out['ratio']:.2f}x")
+    return out
+
+
 def run(repeats: int, steps: int, records: int) -> dict[str, float]:
     """Alternate ours / HF `repeats` times; print and return the medians and the ratio."""
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-train-"))
@@ -158,10 +194,19 @@ def test_train_throughput_vs_hf_trainer() -> None:
     assert result["tandem_tokens_per_s"] > 0 and result["hf_tokens_per_s"] > 0
 
 
+def test_packed_vs_length_grouped_throughput() -> None:
+    """On demand: prints (d), tokens/s packed vs length-grouped and the padding of each; asserts only that packing
+    left less padding."""
+    result = packing(repeats=3, steps=12, records=600)
+    assert result["packed_padding"] < result["grouped_padding"]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--records", type=int, default=1500)
+    parser.add_argument("--parts", choices=("hf", "packing"), default="hf",
+                        help="hf: ours vs the HF Trainer and checkpoint saves; packing: packed vs length-grouped")
     options = parser.parse_args()
-    run(options.repeats, options.steps, options.records)
+    (packing if options.parts == "packing" else run)(options.repeats, options.steps, options.records)

@@ -25,6 +25,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
 from storage.spec import load_spec
+from storage.shards import row
 from trainer.data import collate, load_split
 from trainer.model import load_base, make_trainable
 
@@ -69,7 +70,7 @@ def main() -> None:
 
     def collator(features: list[dict]) -> dict[str, torch.Tensor]:
         """Pad to the longest example, as ours does, and count the real tokens."""
-        batch = collate([(f["input_ids"], f["labels"]) for f in features], pad_id)
+        batch = collate([row(f["input_ids"], f["labels"]) for f in features], pad_id)
         COUNTER["tokens"] += int(batch.attention_mask.sum())
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "labels": batch.labels}
 

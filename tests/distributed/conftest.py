@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.distributed.harness import TOOL_CALL_LENGTH, Run, Staged, stage, tool_call_conversations, train
+from tests.distributed.harness import TOOL_CALL_DATA, Run, Staged, stage, tool_call_conversations, train
 from tests.qwen_configs import QWEN_ZERO3
 
 
@@ -33,8 +33,9 @@ def zero3(staged: Staged, tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="session")
 def tool_calls(staged: Staged, tmp_path_factory) -> Staged:
-    """41 tool-calling conversations staged for the session's tiny model beside the sample data (train it with
-    TOOL_CALL_LENGTH)."""
+    """41 tool-calling conversations staged for the session's tiny model beside the sample data, packed (train it
+    with TOOL_CALL_DATA): the run that trains on them takes packed shards through the real trainer, its in-memory
+    evaluation and the exported model's."""
     source = tmp_path_factory.mktemp("tool-calls") / "glaive.json"
     source.write_text(json.dumps(tool_call_conversations(41)))
-    return stage(staged.storage, staged.model_path, [f"data.source={source}", *TOOL_CALL_LENGTH])
+    return stage(staged.storage, staged.model_path, [f"data.source={source}", *TOOL_CALL_DATA])

@@ -114,7 +114,8 @@ def eval_exported(run: Run) -> float:
     return sums[0] / sums[1]
 
 
-TOOL_CALL_LENGTH = ["data.max_length=512"]  # the tools block of the system turn alone is ~220 tiny tokens
+# A conversation is about 294 tiny tokens (the tools block of the system turn alone ~220): packed, two to a row.
+TOOL_CALL_DATA = ["data.max_length=600", "data.packing=true"]
 
 
 def tool_call_conversations(n: int) -> list[dict]:

@@ -14,7 +14,7 @@ import pytest
 from torch.testing import assert_close
 
 from config.errors import RetryableError, UserError
-from tests.distributed.harness import TOOL_CALL_LENGTH, Run, Staged, eval_exported, train
+from tests.distributed.harness import TOOL_CALL_DATA, Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2
 
 def qwen_json(tmp_path: Path, content: dict) -> str:
@@ -162,12 +162,17 @@ def test_qlora_trains_on_cpu_and_exports_merged_weights(staged: Staged) -> None:
 
 
 def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged) -> None:
-    """On tool-calling data (ShareGPT with function_call/observation turns and tools), with the default model."""
+    """On tool-calling data (ShareGPT with function_call/observation turns and tools), packed two to a row, with
+    the default model."""
     manifest = json.loads((Path(tool_calls.dataset.url) / "manifest.json").read_text())
     assert manifest["records"]["rejected"] == 0 and manifest["records"]["staged"] == 41
+    train_split = manifest["splits"]["train"]
+    assert manifest["packing"] and train_split["rows"] == (train_split["records"] + 1) // 2
     run = train(tool_calls, "full-zero3", ["launch.nnodes=2", "train.method=full", "train.learning_rate=0.001",
-                                           "deepspeed.config=config/deepspeed/zero3.json", *TOOL_CALL_LENGTH])
+                                           "deepspeed.config=config/deepspeed/zero3.json", *TOOL_CALL_DATA])
     assert run.losses()[-1] < run.losses()[0] - 0.2
+    # A step is 8 rows (2 x 2 x 2 ranks), a row two conversations but the epoch's odd one out: tokens count them all.
+    assert all(r["tokens"] > 15 * 290 for r in run.metrics() if "event" not in r)
     assert (run.run_dir / "final" / "model.safetensors").stat().st_size > 0
     assert_close(eval_exported(run), final_eval(run)["loss"], rtol=1e-5, atol=1e-5)
 

@@ -47,7 +47,7 @@ def test_stage_from_s3_to_s3_and_verify_by_reading_back(s3_bucket, tiny_model, t
     from trainer.data import load_split  # what every rank does with the staged URL
 
     train = load_split(ref.url, "train")
-    assert len(train) == manifest["splits"]["train"]["records"] and all(len(i) == len(la) for i, la in train)
+    assert len(train) == manifest["splits"]["train"]["records"] and all(len(i) == len(la) for i, la, _ in train)
 
     messages.clear()
     assert stage_dataset(data, storage, tiny_model, progress=messages.append, bars=False) == ref

@@ -8,16 +8,17 @@ import statistics
 import pytest
 
 from config.schema import TrainConfig
+from storage.shards import Row, row
 from storage.spec import total_steps
 from trainer.data import deal_by_length, rank_micro_batches, step_indices
 
 
-def examples(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+def examples(n: int, seed: int = 0) -> list[Row]:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         length = min(512, max(4, int(rng.lognormvariate(4.0, 0.8))))
-        out.append(([1] * length, [-100] + [1] * (length - 1)))
+        out.append(row([1] * length, [-100] + [1] * (length - 1)))
     return out
 
 
