@@ -22,10 +22,10 @@ from config.errors import UserError
 from storage import layout
 from storage.fs import join, write_json_atomic
 from storage.spec import Spec
-from trainer.data import IGNORE_INDEX, collate, load_split
+from trainer.chunked_loss import LossHead
+from trainer.data import collate, load_split
 from trainer.distributed import Dist, dist_sum
 from trainer.eval_model import is_checkpoint, load_for_eval
-from trainer.loss import cross_entropy, shift
 
 __all__ = ["evaluate", "load_for_eval", "local_sums", "reduced_metrics"]
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size: int, pad_id: int,
-               device: torch.device, lockstep: bool = False) -> tuple[float, int, int, int]:
+               device: torch.device, loss_chunk_tokens: int, lockstep: bool = False) -> tuple[float, int, int, int]:
     """(summed loss, target tokens, correct tokens, examples) over this rank's examples.
 
     With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
@@ -44,17 +44,15 @@ def local_sums(model: Any, examples: list, *, rank: int, world: int, batch_size:
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
     passes = math.ceil(math.ceil(len(examples) / world) / batch_size) if lockstep else len(batches)
     loss_sum, targets, correct = 0.0, 0, 0
+    loss = LossHead.of(model, loss_chunk_tokens)
     for index in range(passes):
         batch = collate(batches[index] if index < len(batches) else examples[:1], pad_id)
-        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+        out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                    **loss.forward_kwargs(device))
         if index >= len(batches):
             continue
-        logits, labels = shift(logits, batch.labels)
-        mask = labels != IGNORE_INDEX
-        # Per-token losses summed in float64: the total then hardly depends on how examples were batched.
-        loss_sum += cross_entropy(logits, labels, reduction="none").double().sum().item()
-        targets += int(mask.sum())
-        correct += int(((logits.argmax(-1) == labels) & mask).sum())
+        sums = loss.eval_sums(out, batch.labels)
+        loss_sum, targets, correct = loss_sum + sums[0], targets + sums[1], correct + sums[2]
     return loss_sum, targets, correct, len(mine)
 
 
@@ -77,7 +75,7 @@ def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
     model = load_for_eval(model_url, spec, dist.device, dist)
     pad_id = int(model.config.pad_token_id)
     sums = local_sums(model, examples, rank=dist.rank, world=dist.world_size, batch_size=spec.config.eval.batch_size,
-                      pad_id=pad_id, device=dist.device)
+                      pad_id=pad_id, device=dist.device, loss_chunk_tokens=spec.config.train.loss_chunk_tokens)
     result = {
         "schema": layout.EVAL_SCHEMA,
         **reduced_metrics(sums, dist),

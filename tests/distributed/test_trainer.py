@@ -125,10 +125,12 @@ def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, referen
 def qwen_zero2_slow_rank(staged: Staged, tmp_path_factory) -> Run:
     """Qwen's ZeRO-2 JSON as it is, with rank 1 sleeping 0.1 s per micro-batch and a straggler check every 2
     steps, and reaching the final export 3 s after rank 0: a slow rank changes the timing, never the trajectory,
-    so one run serves the three tests below."""
+    so one run serves the three tests below. Its loss takes the full logits (train.loss_chunk_tokens=0), the
+    reference's and the ZeRO-3 run's the chunked loss: the same trajectory is also the chunked loss training as the
+    unfused one does."""
     ds_config = qwen_json(tmp_path_factory.mktemp("qwen-zero2"), QWEN_ZERO2)
     return train(staged, "qwen-zero2", ["launch.nnodes=2", f"deepspeed.config={ds_config}",
-                                        "train.straggler_check_steps=2"],
+                                        "train.straggler_check_steps=2", "train.loss_chunk_tokens=0"],
                  env={"TANDEM_TEST_SLOW_RANK": "1:0.1", "TANDEM_TEST_LATE_EXPORT": "1:3"})
 
 
