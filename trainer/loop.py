@@ -24,7 +24,7 @@ from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics
 from trainer.heartbeat import Heartbeat
 from trainer.lean_imports import import_muon_uncompiled_unless_configured
-from trainer.metrics import MetricsWriter
+from trainer.metrics import MetricsWriter, peak_device_memory
 from trainer.model import load_base, make_trainable
 from trainer.straggler import StragglerWatch
 
@@ -189,7 +189,7 @@ def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: f
         "lr": engine.get_lr()[0], "grad_norm": float(engine.get_global_grad_norm() or 0.0),
         "target_tokens": stats.target_tokens, "tokens": stats.tokens,
         "tokens_per_s": stats.tokens / elapsed, "step_time_s": elapsed,
-        "padding_fraction": stats.padding_fraction,
+        "padding_fraction": stats.padding_fraction, **peak_device_memory(),
     }
 
 
