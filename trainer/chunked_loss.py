@@ -46,13 +46,16 @@ class LossHead:
         """The fused loss for `model` (a DeepSpeed engine, a PEFT model or a plain causal LM) when `chunk_tokens` > 0
         and its model type's logits are the output layer's alone; otherwise the unfused one."""
         if chunk_tokens <= 0:
+            log.info("loss: from full logits (train.loss_chunk_tokens=0)")
             return cls(None, 0)
-        model_type = getattr(model.config, "model_type", "")
+        inner = getattr(model, "module", model)  # a DeepSpeed engine's own .config is DeepSpeed's, not the model's
+        model_type = getattr(inner.config, "model_type", "")
         if model_type not in PLAIN_HEAD_MODEL_TYPES:
-            log.info("train.loss_chunk_tokens: %s models are not in %s; the loss uses full logits", model_type,
+            log.info("loss: from full logits (train.loss_chunk_tokens: %r models are not in %s)", model_type,
                      sorted(PLAIN_HEAD_MODEL_TYPES))
             return cls(None, 0)
-        return cls(model.get_output_embeddings(), chunk_tokens)
+        log.info("loss: chunks of %d target tokens (train.loss_chunk_tokens)", chunk_tokens)
+        return cls(inner.get_output_embeddings(), chunk_tokens)
 
     def forward_kwargs(self, device: torch.device) -> dict[str, Any]:
         """Extra arguments of the model's forward: for the fused loss, no logits and the last hidden states."""

@@ -14,6 +14,7 @@ import pytest
 from torch.testing import assert_close
 
 from config.errors import RetryableError, UserError
+from config.schema import TrainConfig
 from tests.distributed.harness import TOOL_CALL_LENGTH, Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2
 
@@ -111,6 +112,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
 
 
 def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, reference: Run) -> None:
+    assert "loss: chunks of 32 target tokens" in (zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(zero3.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
     from safetensors.torch import load_file
 
@@ -135,6 +137,10 @@ def qwen_zero2_slow_rank(staged: Staged, tmp_path_factory) -> Run:
 
 
 def test_qwen_zero2_json_loads_unchanged(qwen_zero2_slow_rank: Run, reference: Run) -> None:
+    # The reference's loss is the chunked one, this run's the full-logits one (see the fixture).
+    chunk = TrainConfig.model_fields["loss_chunk_tokens"].default
+    assert f"loss: chunks of {chunk} target tokens" in (reference.run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert "loss: from full logits" in (qwen_zero2_slow_rank.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(qwen_zero2_slow_rank.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
 
 
