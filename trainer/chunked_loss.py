@@ -8,9 +8,10 @@ in float32 only for that chunk, inside a non-reentrant `torch.utils.checkpoint`,
 chunk's logits instead of keeping them. Positions whose label is IGNORE_INDEX (prompts, padding) get no logits at
 all: their loss is zero either way.
 
-The output layer is called as a module, never read through its `.weight`: PEFT's LoRA on it and ZeRO-3's gathering of
-its partitioned weight then work as in the model's own forward. The hidden states come out of the model's output,
-not from a hook: DeepSpeed starts its backward bookkeeping from hooks on the tensors its engine's forward returns.
+The output layer is called as a module, never read through its `.weight`, so PEFT's LoRA on it works as in the
+model's own forward. Under ZeRO-3 (the layer's weight partitioned) the loss stays on full logits for now: see
+`LossHead.of`. The hidden states come out of the model's output, not from a hook: DeepSpeed starts its backward
+bookkeeping from hooks on the tensors its engine's forward returns.
 """
 
 from __future__ import annotations
@@ -54,8 +55,15 @@ class LossHead:
             log.info("loss: from full logits (train.loss_chunk_tokens: %r models are not in %s)", model_type,
                      sorted(PLAIN_HEAD_MODEL_TYPES))
             return cls(None, 0)
+        head = inner.get_output_embeddings()
+        if any(hasattr(p, "ds_id") for p in head.parameters()):
+            # ZeRO-3 releases the output layer's gathered weight after each call; the checkpoint's recomputation in
+            # the backward pass then finds the partitioned (empty) weight and stops the run. Until the recomputation
+            # gathers it, ZeRO-3 keeps the full logits.
+            log.info("loss: from full logits (train.loss_chunk_tokens: not yet under ZeRO-3)")
+            return cls(None, 0)
         log.info("loss: chunks of %d target tokens (train.loss_chunk_tokens)", chunk_tokens)
-        return cls(inner.get_output_embeddings(), chunk_tokens)
+        return cls(head, chunk_tokens)
 
     def forward_kwargs(self, device: torch.device) -> dict[str, Any]:
         """Extra arguments of the model's forward: for the fused loss, no logits and the last hidden states."""

@@ -25,12 +25,10 @@ def reference(staged: Staged) -> Run:
 @pytest.fixture(scope="session")
 def zero3(staged: Staged, tmp_path_factory) -> Run:
     """The reference run under Qwen's ZeRO-3 JSON as it is: LoRA weights partitioned across the 2 ranks, gathered to
-    export (tests/distributed/test_trainer.py compares it with the reference, test_evaluate.py evaluates it). Its loss
-    takes chunks of 32 target tokens (several per micro-batch, where the reference's default makes one), so the
-    partitioned output layer is gathered for every chunk, forward and recomputed in backward."""
+    export (tests/distributed/test_trainer.py compares it with the reference, test_evaluate.py evaluates it)."""
     ds_config = tmp_path_factory.mktemp("qwen-zero3") / "ds_config.json"
     ds_config.write_text(json.dumps(QWEN_ZERO3))
-    return train(staged, "zero3", ["launch.nnodes=2", f"deepspeed.config={ds_config}", "train.loss_chunk_tokens=32"])
+    return train(staged, "zero3", ["launch.nnodes=2", f"deepspeed.config={ds_config}"])
 
 
 @pytest.fixture(scope="session")

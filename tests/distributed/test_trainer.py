@@ -112,7 +112,9 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
 
 
 def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, reference: Run) -> None:
-    assert "loss: chunks of 32 target tokens" in (zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
+    # The chunked loss's recomputation does not yet gather ZeRO-3's partitioned output layer: full logits here.
+    assert "loss: from full logits (train.loss_chunk_tokens: not yet under ZeRO-3)" in (
+        zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(zero3.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
     from safetensors.torch import load_file
 
