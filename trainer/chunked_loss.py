@@ -57,9 +57,12 @@ class LossHead:
             return cls(None, 0)
         head = inner.get_output_embeddings()
         if any(hasattr(p, "ds_id") for p in head.parameters()):
-            # ZeRO-3 releases the output layer's gathered weight after each call; the checkpoint's recomputation in
-            # the backward pass then finds the partitioned (empty) weight and stops the run. Until the recomputation
-            # gathers it, ZeRO-3 keeps the full logits.
+            # Not yet under ZeRO-3, for two reasons seen on the CPU runs: every call of the partitioned layer is a
+            # collective (an all-gather), and the number of chunks follows each rank's own target count, so ranks
+            # that differ call it a different number of times and the job hangs or aborts; and ZeRO-3 releases the
+            # gathered weight after each call, so a non-reentrant checkpoint's recomputation reads an empty weight
+            # (CheckpointError). A reentrant checkpoint with the chunk count agreed across ranks (padding with
+            # empty chunks, as evaluation's lockstep does) is the way in; until then, full logits.
             log.info("loss: from full logits (train.loss_chunk_tokens: not yet under ZeRO-3)")
             return cls(None, 0)
         log.info("loss: chunks of %d target tokens (train.loss_chunk_tokens)", chunk_tokens)
