@@ -328,6 +328,12 @@ class TrainConfig(Section):
     seed: int = Field(42, ge=0, description="Base seed; rank r uses seed + r.")
     log_steps: int = Field(1, gt=0, description="Append to metrics.jsonl every N steps.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations to save memory.")
+    loss_chunk_tokens: int = Field(
+        1024, ge=0, description="The loss (training and evaluation) applies the output layer to this many target "
+        "tokens at a time and recomputes them in backward, so the full-vocabulary logits never exist at once "
+        "(trainer/chunked_loss.py); 0: the model's full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only, and "
+        "not yet under ZeRO-3: those use full logits."
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 

@@ -12,9 +12,14 @@ from pydantic import Field, ValidationError
 
 from storage import layout
 from storage.digest import digest_bytes
+from config.chat_template import resolve_chat_template
+from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.errors import UserError
 from config.schema import FinetuneConfig, Section, TrainConfig
+from config.version import code_version
 from storage.fs import read_bytes, write_json_atomic
+from storage.manifest import read_manifest
+from storage.shards import split_rows
 
 
 class DatasetRef(Section):
@@ -77,6 +82,28 @@ def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
     # With train.global_batch_size the rows per step, hence the step count and the schedule, ignore the world size.
     per_step = train.global_batch_size or train.micro_batch_size * train.gradient_accumulation_steps * world_size
     return max(1, math.ceil(train.epochs * train_records / per_step))
+
+
+def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
+    """Resolve the config once: world size, DeepSpeed "auto" values, absolute locations. Here, not in tasks/, so
+    that what builds a spec without Prefect (the GPU benchmark on a machine without it) can."""
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    train_records = dataset.records("train")
+    if train_records is None:  # a reference read back from spec.json carries no counts
+        train_records = split_rows(read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"])
+    steps = total_steps(cfg.train, train_records, cfg.world_size)
+    return Spec(
+        run_id=run_id,
+        run_url=layout.run_dir(cfg.run.storage, run_id),
+        config=cfg,
+        deepspeed=ds,
+        world_size=cfg.world_size,
+        total_steps=steps,
+        model_path=model_path,
+        dataset=dataset,
+        code_version=code_version(),
+        chat_template=resolve_chat_template(cfg.model.chat_template),
+    )
 
 
 def write_spec(spec: Spec) -> str:

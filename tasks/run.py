@@ -7,14 +7,10 @@ from datetime import UTC, datetime
 
 from prefect import get_run_logger, task
 
-from storage import layout
-from config.chat_template import resolve_chat_template
-from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.schema import FinetuneConfig
-from storage.manifest import read_manifest
-from storage.shards import split_rows
-from storage.spec import DatasetRef, Spec, WrittenSpec, publish_spec, total_steps
-from config.version import code_version
+from storage.spec import DatasetRef, WrittenSpec, build_spec, publish_spec
+
+__all__ = ["build_spec", "new_run_id", "write_run_spec"]
 
 
 def new_run_id(cfg: FinetuneConfig) -> str:
@@ -22,27 +18,6 @@ def new_run_id(cfg: FinetuneConfig) -> str:
     if cfg.run.name:
         return cfg.run.name
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-
-
-def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
-    """Resolve the config once: world size, DeepSpeed "auto" values, absolute locations."""
-    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
-    train_records = dataset.records("train")
-    if train_records is None:  # a reference read back from spec.json carries no counts
-        train_records = split_rows(read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"])
-    steps = total_steps(cfg.train, train_records, cfg.world_size)
-    return Spec(
-        run_id=run_id,
-        run_url=layout.run_dir(cfg.run.storage, run_id),
-        config=cfg,
-        deepspeed=ds,
-        world_size=cfg.world_size,
-        total_steps=steps,
-        model_path=model_path,
-        dataset=dataset,
-        code_version=code_version(),
-        chat_template=resolve_chat_template(cfg.model.chat_template),
-    )
 
 
 @task(name="write-spec")

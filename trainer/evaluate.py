@@ -23,10 +23,10 @@ from storage import layout
 from storage.fs import join, write_json_atomic
 from storage.spec import Spec
 from storage.shards import examples_of
-from trainer.data import IGNORE_INDEX, Row, collate, load_split
+from trainer.chunked_loss import LossHead
+from trainer.data import Row, collate, load_split
 from trainer.distributed import Dist, dist_sum
 from trainer.eval_model import is_checkpoint, load_for_eval
-from trainer.loss import cross_entropy, shift
 
 __all__ = ["evaluate", "load_for_eval", "local_sums", "reduced_metrics"]
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def local_sums(model: Any, examples: list[Row], *, rank: int, world: int, batch_size: int, pad_id: int,
-               device: torch.device, lockstep: bool = False) -> tuple[float, int, int, int]:
+               device: torch.device, loss_chunk_tokens: int, lockstep: bool = False) -> tuple[float, int, int, int]:
     """(summed loss, target tokens, correct tokens, examples) over this rank's rows (`examples`: the split's rows;
     a packed row counts each of its examples).
 
@@ -46,17 +46,14 @@ def local_sums(model: Any, examples: list[Row], *, rank: int, world: int, batch_
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
     passes = math.ceil(math.ceil(len(examples) / world) / batch_size) if lockstep else len(batches)
     loss_sum, targets, correct = 0.0, 0, 0
+    loss = LossHead.of(model, loss_chunk_tokens)
     for index in range(passes):
         batch = collate(batches[index] if index < len(batches) else examples[:1], pad_id)
-        logits = model(**batch.model_inputs(device)).logits
+        out = model(**batch.model_inputs(device), **loss.forward_kwargs(device))
         if index >= len(batches):
             continue
-        logits, labels = shift(logits, batch.labels)
-        mask = labels != IGNORE_INDEX
-        # Per-token losses summed in float64: the total then hardly depends on how examples were batched.
-        loss_sum += cross_entropy(logits, labels, reduction="none").double().sum().item()
-        targets += int(mask.sum())
-        correct += int(((logits.argmax(-1) == labels) & mask).sum())
+        sums = loss.eval_sums(out, batch.labels)
+        loss_sum, targets, correct = loss_sum + sums[0], targets + sums[1], correct + sums[2]
     return loss_sum, targets, correct, sum(len(row.segments) for row in mine)
 
 
@@ -79,7 +76,7 @@ def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
     model = load_for_eval(model_url, spec, dist.device, dist)
     pad_id = int(model.config.pad_token_id)
     sums = local_sums(model, examples, rank=dist.rank, world=dist.world_size, batch_size=spec.config.eval.batch_size,
-                      pad_id=pad_id, device=dist.device)
+                      pad_id=pad_id, device=dist.device, loss_chunk_tokens=spec.config.train.loss_chunk_tokens)
     result = {
         "schema": layout.EVAL_SCHEMA,
         **reduced_metrics(sums, dist),

@@ -17,14 +17,14 @@ from config.deepspeed import resolve_from_runtime, zero_stage
 from storage.spec import Spec
 from trainer import faults, guards
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
+from trainer.chunked_loss import LossHead
 from trainer.checkpointer import Checkpointer, DeepSpeedIO, Policy
 from trainer.data import Batch, load_split, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics
 from trainer.heartbeat import Heartbeat
 from trainer.lean_imports import import_muon_uncompiled_unless_configured
-from trainer.loss import cross_entropy, shift
-from trainer.metrics import MetricsWriter
+from trainer.metrics import MetricsWriter, peak_device_memory
 from trainer.model import load_base, make_trainable
 from trainer.straggler import StragglerWatch
 
@@ -49,13 +49,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def summed_loss(engine: Any, batch: Batch, device: torch.device) -> torch.Tensor:
+def summed_loss(engine: Any, batch: Batch, device: torch.device, loss: LossHead) -> torch.Tensor:
     """Cross-entropy summed over the predicted positions of a micro-batch (labels shifted by one)."""
-    out = engine(**batch.model_inputs(device))
-    return cross_entropy(*shift(out.logits, batch.labels), reduction="sum")
+    out = engine(**batch.model_inputs(device), **loss.forward_kwargs(device))
+    return loss.summed(out, batch.labels)
 
 
-def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbeat, step: int) -> StepStats:
+def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbeat, step: int,
+               loss_head: LossHead) -> StepStats:
     """Forward/backward every micro-batch so that the gradient is d(total loss / global target tokens)."""
     local_targets = sum(b.target_tokens for b in batches)
     heartbeat.beat(step)  # beats mark arrival at a collective: a stuck rank's beat is the oldest
@@ -68,7 +69,7 @@ def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbe
         started = time.perf_counter()
         faults.maybe_slow(dist.rank)
         faults.maybe_stall(dist.rank, step)
-        loss = faults.maybe_poison(summed_loss(engine, batch, dist.device), dist.rank, step)
+        loss = faults.maybe_poison(summed_loss(engine, batch, dist.device, loss_head), dist.rank, step)
         heartbeat.beat(step)
         # Only the forward pass is timed for straggler detection: DeepSpeed's backward reduces
         # gradients across ranks, so it would include waiting for the slowest rank.
@@ -144,6 +145,7 @@ def train(spec: Spec, dist: Dist) -> None:
     run, start = start_run(spec, dist)
     log.info("training %d rows (%d examples), steps %d..%d on %d ranks", len(run.examples),
              sum(len(row.segments) for row in run.examples), start + 1, spec.total_steps, dist.world_size)
+    loss_head = LossHead.of(run.engine, spec.config.train.loss_chunk_tokens)
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
             run.checkpointer.cancelled(step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s,
@@ -153,7 +155,7 @@ def train(spec: Spec, dist: Dist) -> None:
         started = time.perf_counter()
         batches = step_batches(run, spec, dist, step)
         with guards.out_of_memory_named(dist, step + 1):
-            stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1)
+            stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1, loss_head)
         elapsed, done = time.perf_counter() - started, step + 1
         guards.check_loss(stats.loss, done)
         run.straggler.observe(stats.compute_s)
@@ -186,7 +188,7 @@ def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: f
         "lr": engine.get_lr()[0], "grad_norm": float(engine.get_global_grad_norm() or 0.0),
         "target_tokens": stats.target_tokens, "tokens": stats.tokens,
         "tokens_per_s": stats.tokens / elapsed, "step_time_s": elapsed,
-        "padding_fraction": stats.padding_fraction,
+        "padding_fraction": stats.padding_fraction, **peak_device_memory(),
     }
 
 
@@ -195,6 +197,7 @@ def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, An
     engine.eval()
     sums = local_sums(engine, load_split(spec.dataset.url, "eval"), rank=dist.rank, world=dist.world_size,
                       batch_size=spec.config.eval.batch_size, pad_id=pad_id, device=dist.device,
-                      lockstep=zero_stage(spec.deepspeed) == 3)
+                      lockstep=zero_stage(spec.deepspeed) == 3,
+                      loss_chunk_tokens=spec.config.train.loss_chunk_tokens)
     engine.train()
     return reduced_metrics(sums, dist)

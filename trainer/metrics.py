@@ -51,3 +51,15 @@ class MetricsWriter:
         else:
             self._lines.append(line)
             write_bytes_atomic(self.url, ("\n".join(self._lines) + "\n").encode())
+
+
+def peak_device_memory() -> dict[str, float]:
+    """{"peak_memory_gb": the most GPU memory this rank's tensors held since the last call}, then starts over;
+    nothing on a CPU (a process's tensors there are not counted apart from the rest of its memory)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return {"peak_memory_gb": round(peak, 3)}

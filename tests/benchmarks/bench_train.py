@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import statistics
@@ -36,37 +37,43 @@ from tasks.data.stage import stage_dataset  # noqa: E402
 from launch.command import free_port, rank_environment, torchrun_command  # noqa: E402
 from launch.local_nodes import run_local_nodes  # noqa: E402
 from launch.preflight import NodePlan  # noqa: E402
-from tasks.prepare import resolve_model  # noqa: E402
-from tasks.run import build_spec  # noqa: E402
+from storage.spec import build_spec  # noqa: E402
 
 WORDS = ("alpha beta gamma delta model token node rank shard checkpoint river copper signal orbit "
          "lantern meadow harbor glacier falcon ember quartz thistle walnut timber canyon").split()
 WARMUP_STEPS = 3
 
 
-def make_data(path: Path, records: int, seed: int = 0) -> None:
-    """Conversations with log-normal answer lengths (median ~60 words, long tail to ~400)."""
+def make_data(path: Path, records: int, seed: int = 0, median_words: int = 60, max_words: int = 400) -> None:
+    """Conversations with log-normal answer lengths (by default median ~60 words, long tail to ~400)."""
     rng = random.Random(seed)
     with path.open("w") as handle:
         for i in range(records):
             q = " ".join(rng.choices(WORDS, k=rng.randint(5, 20)))
-            n = min(400, max(3, int(rng.lognormvariate(4.1, 0.8))))
+            n = min(max_words, max(3, int(rng.lognormvariate(math.log(median_words), 0.8))))
             a = " ".join(rng.choices(WORDS, k=n))
             handle.write(json.dumps({"id": i, "conversations": [{"from": "user", "value": q},
                                                                {"from": "assistant", "value": a}]}) + "\n")
 
 
-def make_model(tiny_path: str, out: Path) -> str:
-    """A bigger random Qwen2 (so compute, not start-up, dominates) with the tiny model's tokenizer."""
+# A bigger random Qwen2 than the tiny model, so compute, not start-up, dominates on a CPU.
+CPU_SHAPE = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "num_attention_heads": 8,
+             "num_key_value_heads": 4, "max_position_embeddings": 1024, "tie_word_embeddings": False}
+
+
+def make_model(tiny_path: str, out: Path, shape: dict | None = None, dtype: str = "float32") -> str:
+    """A random Qwen2 of `shape` (Qwen2Config values; the vocabulary is the tokenizer's unless given) with the tiny
+    model's tokenizer, saved in `dtype`; built in a subprocess so this process holds none of it."""
+    shape = {"vocab_size": None, **(shape or CPU_SHAPE)}
     code = f"""
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 tok = AutoTokenizer.from_pretrained({tiny_path!r})
 torch.manual_seed(0)
-cfg = Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
-                  tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-Qwen2ForCausalLM(cfg).save_pretrained({str(out)!r}); tok.save_pretrained({str(out)!r})
+shape = {shape!r}
+cfg = Qwen2Config(**{{**shape, "vocab_size": shape["vocab_size"] or len(tok)}}, pad_token_id=tok.pad_token_id,
+                  eos_token_id=tok.eos_token_id)
+Qwen2ForCausalLM(cfg).to(getattr(torch, {dtype!r})).save_pretrained({str(out)!r}); tok.save_pretrained({str(out)!r})
 """
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     return str(out)
@@ -81,6 +88,8 @@ def setup(work: Path, records: int, packing: bool = False) -> tuple[str, object,
             "launch.nnodes=2", "launch.nproc_per_node=1", "train.micro_batch_size=4",
             "train.gradient_accumulation_steps=2", "train.lora.dropout=0"]
     cfg = load_config(None, base)
+    from tasks.prepare import resolve_model  # Prefect: imported here so bench_gpu.py can import this module without it
+
     model = make_model(resolve_model(cfg), work / "model")
     dataset = stage_dataset(cfg.data, cfg.run.storage, model)
     if packing:
@@ -97,22 +106,40 @@ def spec_for(model: str, dataset: object, base: list[str], name: str, extra: lis
 
 def ours(model: str, dataset: object, base: list[str], name: str, steps: int) -> float:
     """Tandem's tokens/s (real tokens over step time, warm-up skipped)."""
-    return ours_with_padding(model, dataset, base, name, steps)[0]
+    return tokens_per_s(ours_steps(model, dataset, base, name, steps))
 
 
 def ours_with_padding(model: str, dataset: object, base: list[str], name: str, steps: int) -> tuple[float, float]:
     """Tandem's (tokens/s, padding fraction over those steps' positions), warm-up skipped."""
-    cfg, spec, url = spec_for(model, dataset, base, name, [f"train.max_steps={steps}", f"train.save_steps={steps}"])
+    steps_ = ours_steps(model, dataset, base, name, steps)
+    positions = sum(r["tokens"] / (1 - r["padding_fraction"]) for r in steps_)
+    return tokens_per_s(steps_), 1 - sum(r["tokens"] for r in steps_) / positions
+
+
+def ours_steps(model: str, dataset: object, base: list[str], name: str, steps: int,
+               extra: list[str] = ()) -> list[dict]:
+    """Train with Tandem's trainer on every node of `base`; its metrics.jsonl step rows after the warm-up."""
+    cfg, spec, url = spec_for(model, dataset, base, name, [f"train.max_steps={steps}", f"train.save_steps={steps}",
+                                                           *extra])
     run_local_nodes(spec.run_url, cfg.launch, "trainer", ["--spec", url], "train", lambda _: None)
     rows = [json.loads(line) for line in (Path(spec.run_url) / layout.METRICS).read_text().splitlines()]
-    steps_ = [r for r in rows if "event" not in r and r["step"] > WARMUP_STEPS]
-    tokens = sum(r["tokens"] for r in steps_)
-    positions = sum(r["tokens"] / (1 - r["padding_fraction"]) for r in steps_)
-    return tokens / sum(r["step_time_s"] for r in steps_), 1 - tokens / positions
+    return [r for r in rows if "event" not in r and r["step"] > WARMUP_STEPS]
+
+
+def tokens_per_s(steps: list[dict]) -> float:
+    """Real tokens over step time of Tandem's step rows."""
+    return sum(r["tokens"] for r in steps) / sum(r["step_time_s"] for r in steps)
 
 
 def huggingface(model: str, dataset: object, base: list[str], name: str, steps: int, work: Path) -> float:
     """The HF Trainer's tokens/s on the same spec, measured the same way."""
+    result = huggingface_result(model, dataset, base, name, steps, work)
+    return result["tokens"] / result["seconds"]
+
+
+def huggingface_result(model: str, dataset: object, base: list[str], name: str, steps: int, work: Path) -> dict:
+    """hf_trainer_baseline.py's measurement on the same spec: tokens and seconds after the warm-up (and on a GPU
+    the peak memory)."""
     cfg, spec, url = spec_for(model, dataset, base, name, [f"train.max_steps={steps}"])
     out = work / f"{name}.json"
     port = free_port()
@@ -129,8 +156,7 @@ def huggingface(model: str, dataset: object, base: list[str], name: str, steps: 
         _, err = proc.communicate(timeout=1800)
         if proc.returncode:
             raise RuntimeError(f"HF baseline failed:\n{err[-3000:]}")
-    result = json.loads(out.read_text())
-    return result["tokens"] / result["seconds"]
+    return json.loads(out.read_text())
 
 
 def checkpoint_seconds_per_gb(model: str, dataset: object, base: list[str]) -> float:

@@ -4,10 +4,11 @@ config, data and world size as a Tandem spec. Run on every rank under torchrun:
     torchrun --nnodes 2 --nproc-per-node 1 ... tests/benchmarks/hf_trainer_baseline.py --spec SPEC --out FILE
 
 It uses the HF Trainer as users of Qwen's finetune.py do (padding to the longest example of each
-micro-batch, no length grouping). On CPU the Trainer needs accelerate's state configured first, or
-every rank believes it is alone (a known limitation of the HF Trainer with DeepSpeed on CPU): PartialState(cpu=True, backend="gloo") + DEEPSPEED.
-Rank 0 writes {"tokens": non-pad tokens seen, "seconds": summed step times, "steps": n} to --out,
-skipping the first `--warmup` steps.
+micro-batch, no length grouping, the model's own loss over full logits). On CPU the Trainer needs accelerate's state
+configured first, or every rank believes it is alone (a known limitation of the HF Trainer with DeepSpeed on CPU):
+PartialState(cpu=True, backend="gloo") + DEEPSPEED. On a GPU it runs as users run it, in bf16 as Tandem's trainer does.
+Rank 0 writes {"tokens": non-pad tokens seen, "seconds": summed step times, "steps": n} (and on a GPU
+"peak_memory_gb", the most its tensors held) to --out, skipping the first `--warmup` steps.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import time
 import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType
-from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
@@ -60,12 +60,16 @@ def main() -> None:
     args = parser.parse_args()
     spec, _ = load_spec(args.spec)
     train = spec.config.train
-    state = PartialState(cpu=True, backend="gloo")
-    state.distributed_type = DistributedType.DEEPSPEED
-    model = make_trainable(load_base(spec.model_path, method=train.method, bf16=False), train)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        state = PartialState(cpu=True, backend="gloo")
+        state.distributed_type = DistributedType.DEEPSPEED
+    model = make_trainable(load_base(spec.model_path, method=train.method, bf16=cuda), train)
     ds = read_deepspeed_json(spec.config.deepspeed.config)  # "auto" values: HF fills them from its arguments
     examples = load_split(spec.dataset.url, "train")
-    dataset = Dataset.from_dict({"input_ids": [e[0] for e in examples], "labels": [e[1] for e in examples]})
+    # A list of rows is a map-style dataset for the Trainer: the `datasets` package is not needed (a GPU machine
+    # may lack it).
+    dataset = [{"input_ids": ids, "labels": labels} for ids, labels in examples]
     pad_id = int(model.config.pad_token_id)
 
     def collator(features: list[dict]) -> dict[str, torch.Tensor]:
@@ -82,15 +86,20 @@ def main() -> None:
         warmup_steps=math.ceil(train.warmup_ratio * spec.total_steps), weight_decay=train.weight_decay,
         max_grad_norm=train.max_grad_norm, seed=train.seed, adam_beta1=train.adam_beta1,
         adam_beta2=train.adam_beta2, adam_epsilon=train.adam_epsilon, deepspeed=ds, report_to=[], save_strategy="no",
-        logging_steps=1000, dataloader_num_workers=0, remove_unused_columns=False,
-        accelerator_config={"use_configured_state": True},
+        logging_steps=1000, dataloader_num_workers=0, remove_unused_columns=False, bf16=cuda,
+        accelerator_config={"use_configured_state": not cuda},
     )
-    Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=collator, callbacks=[clock]).train()
-    tokens = torch.tensor([COUNTER["tokens"] - clock.tokens_at_warmup], dtype=torch.float64)
+    trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=collator, callbacks=[clock])
+    trainer.train()
+    tokens = torch.tensor([COUNTER["tokens"] - clock.tokens_at_warmup], dtype=torch.float64,
+                          device="cuda" if cuda else "cpu")
     torch.distributed.all_reduce(tokens)
-    if state.is_main_process:
+    if trainer.is_world_process_zero():
+        result = {"tokens": tokens.item(), "seconds": clock.seconds, "steps": clock.steps}
+        if cuda:
+            result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
         with open(args.out, "w") as handle:
-            json.dump({"tokens": tokens.item(), "seconds": clock.seconds, "steps": clock.steps}, handle)
+            json.dump(result, handle)
 
 
 if __name__ == "__main__":

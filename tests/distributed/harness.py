@@ -102,7 +102,8 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
 
 def eval_exported(run: Run) -> float:
     """The exported final/ model's eval loss (local or on S3), computed in this process through the real loading
-    path."""
+    path, from full logits: the trainer's final evaluation takes the chunked loss (train.loss_chunk_tokens), so the
+    two agreeing is also the chunked evaluation agreeing with the unfused one."""
     import torch
 
     from trainer.data import load_split
@@ -110,7 +111,7 @@ def eval_exported(run: Run) -> float:
 
     model = load_for_eval(layout.final_dir(run.spec.run_url), run.spec, torch.device("cpu"))
     sums = local_sums(model, load_split(run.spec.dataset.url, "eval"), rank=0, world=1, batch_size=8,
-                      pad_id=int(model.config.pad_token_id), device=torch.device("cpu"))
+                      pad_id=int(model.config.pad_token_id), device=torch.device("cpu"), loss_chunk_tokens=0)
     return sums[0] / sums[1]
 
 

@@ -14,6 +14,7 @@ import pytest
 from torch.testing import assert_close
 
 from config.errors import RetryableError, UserError
+from config.schema import TrainConfig
 from tests.distributed.harness import TOOL_CALL_DATA, Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2
 
@@ -111,6 +112,9 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
 
 
 def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, reference: Run) -> None:
+    # The chunked loss's recomputation does not yet gather ZeRO-3's partitioned output layer: full logits here.
+    assert "loss: from full logits (train.loss_chunk_tokens: not yet under ZeRO-3)" in (
+        zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(zero3.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
     from safetensors.torch import load_file
 
@@ -125,14 +129,20 @@ def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, referen
 def qwen_zero2_slow_rank(staged: Staged, tmp_path_factory) -> Run:
     """Qwen's ZeRO-2 JSON as it is, with rank 1 sleeping 0.1 s per micro-batch and a straggler check every 2
     steps, and reaching the final export 3 s after rank 0: a slow rank changes the timing, never the trajectory,
-    so one run serves the three tests below."""
+    so one run serves the three tests below. Its loss takes the full logits (train.loss_chunk_tokens=0), the
+    reference's and the ZeRO-3 run's the chunked loss: the same trajectory is also the chunked loss training as the
+    unfused one does."""
     ds_config = qwen_json(tmp_path_factory.mktemp("qwen-zero2"), QWEN_ZERO2)
     return train(staged, "qwen-zero2", ["launch.nnodes=2", f"deepspeed.config={ds_config}",
-                                        "train.straggler_check_steps=2"],
+                                        "train.straggler_check_steps=2", "train.loss_chunk_tokens=0"],
                  env={"TANDEM_TEST_SLOW_RANK": "1:0.1", "TANDEM_TEST_LATE_EXPORT": "1:3"})
 
 
 def test_qwen_zero2_json_loads_unchanged(qwen_zero2_slow_rank: Run, reference: Run) -> None:
+    # The reference's loss is the chunked one, this run's the full-logits one (see the fixture).
+    chunk = TrainConfig.model_fields["loss_chunk_tokens"].default
+    assert f"loss: chunks of {chunk} target tokens" in (reference.run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert "loss: from full logits" in (qwen_zero2_slow_rank.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(qwen_zero2_slow_rank.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
 
 

@@ -115,7 +115,8 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     spec, _ = load_spec(str(Path(run_url) / "spec.json"))
     loss_sum, targets, _, examples = local_sums(model, load_split(spec.dataset.url, "eval"), rank=0, world=1,
                                                 batch_size=3, pad_id=int(model.config.pad_token_id),
-                                                device=torch.device("cpu"))
+                                                device=torch.device("cpu"), loss_chunk_tokens=0)
+    # Full logits here, the chunked loss (train.loss_chunk_tokens) in the pipeline's evaluation: the same figure.
     assert (targets, examples) == (entry["metrics"]["target_tokens"], entry["metrics"]["examples"])
     assert_close(loss_sum / targets, entry["metrics"]["loss"], rtol=1e-7, atol=0)
 

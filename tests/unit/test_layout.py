@@ -52,3 +52,24 @@ def test_tasks_are_thin() -> None:
     plain = [path.name for path in (ROOT / "tasks").glob("*.py")
              if path.name != "__init__.py" and not re.search(r"^\s*@(task|materialize)\b", path.read_text(), re.M)]
     assert not plain, f"tasks/ holds only @task modules; move these to the package they belong to: {plain}"
+
+
+def test_the_trainer_and_the_gpu_benchmark_import_without_prefect() -> None:
+    """A GPU machine without Prefect runs the trainer and tests/benchmarks/bench_gpu.py from a checkout
+    (tests/benchmarks/GPU.md): their modules import with Prefect made unimportable, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib, sys
+class NoPrefect:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "prefect":
+            raise ImportError("Prefect is not installed on this machine")
+sys.meta_path.insert(0, NoPrefect())
+for module in ("trainer.__main__", "trainer.loop", "trainer.evaluate", "trainer.samples", "trainer.tiny",
+               "tests.benchmarks.bench_gpu", "tests.benchmarks.bench_train", "tasks.data.stage", "config.loader"):
+    importlib.import_module(module)
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

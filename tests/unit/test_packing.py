@@ -21,6 +21,7 @@ from tasks.data.packing import first_fit_decreasing, packing_enabled
 from tasks.data.stage import stage_dataset
 from tests.distributed.harness import tool_call_conversations
 from trainer.data import collate
+from trainer.chunked_loss import LossHead
 from trainer.evaluate import local_sums
 from trainer.loop import summed_loss
 
@@ -136,11 +137,13 @@ def model(tiny_model):
     return load_base(tiny_model, method="full", bf16=False).eval()
 
 
-def test_a_packed_rows_training_loss_is_the_sum_of_its_examples_alone(both, model) -> None:
+@pytest.mark.parametrize("chunk_tokens", [0, 64])  # full logits, and the chunked loss (train.loss_chunk_tokens)
+def test_a_packed_rows_training_loss_is_the_sum_of_its_examples_alone(both, model, chunk_tokens: int) -> None:
     rows = [row for row in load_split(both[True].url, "train") if len(row.segments) > 1]
     tool_rows = [row for row in rows if any(len(ids) > 200 for ids, _, _ in examples_of([row]))]
     assert tool_rows, "no packed row holds a tool-calling conversation"
     pad_id = int(model.config.pad_token_id)
+    head = LossHead.of(model, chunk_tokens)
     # Plain text's labels (every token a target): an example's first token must not be predicted from the end of
     # the one before it.
     first, second = examples_of(rows[:1])[:2]
@@ -153,19 +156,22 @@ def test_a_packed_rows_training_loss_is_the_sum_of_its_examples_alone(both, mode
         alone = [collate([example], pad_id) for example in examples_of(batch_rows)]
         assert packed.target_tokens == sum(batch.target_tokens for batch in alone)
         weight = model.model.layers[0].self_attn.q_proj.weight
-        loss = summed_loss(model, packed, CPU)
+        loss = summed_loss(model, packed, CPU, head)
         (grad,) = torch.autograd.grad(loss, weight)
-        separate = [summed_loss(model, batch, CPU) for batch in alone]
+        separate = [summed_loss(model, batch, CPU, head) for batch in alone]
         (separate_grad,) = torch.autograd.grad(sum(separate), weight)
         torch.testing.assert_close(loss, sum(separate), rtol=1e-5, atol=0)
         torch.testing.assert_close(grad, separate_grad, rtol=1e-4, atol=1e-6)
 
 
-def test_packed_and_unpacked_eval_give_the_same_metrics(both, model) -> None:
+@pytest.mark.parametrize("chunk_tokens", [0, 64])
+def test_packed_and_unpacked_eval_give_the_same_metrics(both, model, chunk_tokens: int) -> None:
     pad_id = int(model.config.pad_token_id)
     packed_rows, plain_rows = load_split(both[True].url, "eval"), load_split(both[False].url, "eval")
     assert len(packed_rows) < len(plain_rows)
-    packed = local_sums(model, packed_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU)
-    plain = local_sums(model, plain_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU)
+    packed = local_sums(model, packed_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU,
+                        loss_chunk_tokens=chunk_tokens)
+    plain = local_sums(model, plain_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU,
+                       loss_chunk_tokens=chunk_tokens)
     assert packed[0] == pytest.approx(plain[0], rel=1e-5)
     assert packed[1:] == plain[1:]  # target tokens, correct tokens, examples

@@ -1,0 +1,266 @@
+"""Training on one GPU: Tandem's trainer vs the Hugging Face Trainer on Qwen2.5-shaped models (tokens/s, MFU, memory).
+
+    python tests/benchmarks/bench_gpu.py                                  # every case, in the order below
+    python tests/benchmarks/bench_gpu.py --cases lora-1.5b-2048,full-1.5b-2048 --repeats 3
+    python tests/benchmarks/bench_gpu.py --cases lora-1.5b-2048 --loss-chunk-tokens 1024,0 --no-hf
+    python tests/benchmarks/bench_gpu.py --dry-run-cpu                    # checks this script only (toy shape, CPU)
+
+The models have random weights (they run at the speed of trained ones) in the shapes of Qwen2.5-0.5B and -1.5B from
+their published configurations, with the built-in tiny model's tokenizer (a vocabulary of 151,936 rows all the
+same, the rows past the tokenizer being padding, as in Qwen). The data are generated chat conversations whose answer
+lengths are log-normal (median a sixth of the sequence length in words, truncated at it), staged as the pipeline
+stages them. Both trainers run the same model, data, DeepSpeed JSON (config/deepspeed/zero2.json) and precision (bf16)
+on one GPU under torchrun, alternating, `--repeats` times; the medians are reported. The cases run in this order
+(the order to keep when GPU time is short): LoRA 1.5B at 2,048 tokens, full fine-tuning 1.5B at 2,048, then the rest.
+
+Measured: real (non-padding) tokens per second of step time after the warm-up steps; peak GPU memory (the most the
+trainer's tensors held: Tandem's metrics.jsonl `peak_memory_gb`, torch.cuda.max_memory_allocated for the HF
+Trainer); MFU = tokens/s x FLOPs per token / the GPU's peak dense bf16 FLOP/s, FLOPs counted as torchtitan counts
+them (printed with the table). `--loss-chunk-tokens` lists Tandem variants (train.loss_chunk_tokens; 0 = the loss
+over full logits), each measured in the same alternation. The table is printed and written as JSON (`--out`).
+On a machine without CUDA it prints one line and exits (status 1); `--dry-run-cpu` runs a toy shape on the CPU
+instead, to check the script end to end before spending GPU time, and its figures mean nothing.
+tests/benchmarks/GPU.md says how to run it from a checkout on a machine without the project's pinned environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+# Published configuration values (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B).
+QWEN25 = {
+    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2},
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2},
+}
+QWEN25_COMMON = {"vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+                 "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
+# Only for --dry-run-cpu: small enough for a CPU.
+TOY = {"vocab_size": 2048, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024, "tie_word_embeddings": True}
+# Examples per micro-batch by sequence length (about 4k-8k tokens a micro-batch); gradient accumulation 2.
+MICRO_BATCH = {128: 2, 512: 8, 2048: 2, 8192: 1}
+ACCUMULATION = 2
+LORA = ["train.lora.r=16", "train.lora.alpha=32", "train.lora.dropout=0"]  # every linear layer: Tandem's default
+# Dense bf16 peak FLOP/s by device name (NVIDIA's data sheets); --peak-tflops for any other.
+PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.0}
+FLOPS_FORMULA = ("FLOPs per token (torchtitan's count): full fine-tuning 6*N + 12*L*H*D*T; LoRA 4*N + 6*N_lora + "
+                 "12*L*H*D*T (the frozen base has no weight-gradient FLOPs); N = parameters without the input "
+                 "embedding, the LM head counted (tied or not), N_lora = the adapters', L layers, H heads, D head "
+                 "dim, T = data.max_length. Recomputation (the chunked loss's) is not counted.")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark configuration."""
+
+    method: str  # "lora" or "full"
+    size: str  # a QWEN25 key, or "toy"
+    seq: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-{self.size}-{self.seq}"
+
+
+RANKED = [Case("lora", "1.5b", 2048), Case("full", "1.5b", 2048), Case("lora", "0.5b", 2048),
+          Case("full", "0.5b", 2048), Case("lora", "1.5b", 512), Case("full", "1.5b", 512),
+          Case("lora", "0.5b", 512), Case("full", "0.5b", 512), Case("lora", "1.5b", 8192),
+          Case("lora", "0.5b", 8192)]
+
+
+def shape_of(size: str) -> dict:
+    """Qwen2Config values of a case's model."""
+    return TOY if size == "toy" else {**QWEN25[size], **QWEN25_COMMON}
+
+
+def flops_per_token(shape: dict, method: str, seq: int, lora_r: int = 16) -> float:
+    """The torchtitan count of FLOPS_FORMULA, from the model built on the meta device (no memory)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape))
+    every = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))  # a tied head counted
+    n = every - model.get_input_embeddings().weight.numel()
+    layers, heads = shape["num_hidden_layers"], shape["num_attention_heads"]
+    attention = 12 * layers * heads * (shape["hidden_size"] // heads) * seq
+    if method == "full":
+        return 6 * n + attention
+    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"]
+    n_lora = sum(lora_r * (m.in_features + m.out_features) for m in linears)
+    return 4 * n + 6 * n_lora + attention
+
+
+def peak_flops(override: float | None) -> tuple[float | None, str]:
+    """(the GPU's dense bf16 peak FLOP/s or None, its name)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return override * 1e12 if override else None, "cpu"
+    name = torch.cuda.get_device_name()
+    if override:
+        return override * 1e12, name
+    for key, tflops in PEAK_TFLOPS.items():  # the more specific names come first
+        if key in name:
+            return tflops * 1e12, name
+    return None, name
+
+
+def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, object, list[str]]:
+    """(model path, staged dataset, base overrides) of a case: the model saved in bf16, the data staged."""
+    from config.deepspeed import read_deepspeed_json
+    from config.loader import load_config
+    from tasks.data.stage import stage_dataset
+    from tests.benchmarks.bench_train import make_data, make_model
+    from trainer import tiny
+
+    tokenizer_dir = work / "tiny"
+    tiny.materialize(tokenizer_dir, ROOT / "data" / "sample" / "conversations.json")
+    data = work / f"chat-{case.seq}.jsonl"
+    make_data(data, options.records, median_words=max(case.seq // 6, 10), max_words=case.seq)
+    base = [f"run.storage={work / 'storage'}", f"data.source={data}", f"data.max_length={case.seq}",
+            "data.eval_ratio=0.02", "launch.nnodes=1", "launch.nproc_per_node=1",
+            f"train.micro_batch_size={MICRO_BATCH[case.seq]}", f"train.gradient_accumulation_steps={ACCUMULATION}",
+            f"train.method={case.method}", "train.learning_rate=1e-5", *LORA]
+    if options.torch_adam:
+        # DeepSpeed's fused Adam is a CUDA extension compiled at first use (nvcc and ninja); without them, PyTorch's
+        # AdamW, for both trainers alike.
+        ds = read_deepspeed_json(str(ROOT / "config" / "deepspeed" / "zero2.json"))
+        ds["optimizer"]["params"]["torch_adam"] = True
+        (work / "zero2-torch-adam.json").write_text(json.dumps(ds))
+        base.append(f"deepspeed.config={work / 'zero2-torch-adam.json'}")
+    model_dir = work / f"model-{case.size}"
+    if not model_dir.exists():
+        make_model(str(tokenizer_dir), model_dir, shape_of(case.size),
+                   dtype="float32" if options.dry_run_cpu else "bfloat16")
+    cfg = load_config(None, base)
+    return str(model_dir), stage_dataset(cfg.data, cfg.run.storage, str(model_dir)), base
+
+
+def measure(case: Case, options: argparse.Namespace, work: Path) -> dict:
+    """Alternate Tandem (each --loss-chunk-tokens variant) and the HF Trainer; medians and per-repeat figures."""
+    from tests.benchmarks.bench_train import huggingface_result, ours_steps, tokens_per_s
+
+    model, dataset, base = prepare(work, case, options)
+    runs: dict[str, list[dict]] = {}
+    for repeat in range(options.repeats):
+        for chunk in options.loss_chunk_tokens:
+            steps = ours_steps(model, dataset, base, f"{case.name}-tandem{chunk}-{repeat}", options.steps,
+                               [f"train.loss_chunk_tokens={chunk}"])
+            runs.setdefault(f"tandem (loss_chunk_tokens={chunk})", []).append({
+                "tokens_per_s": tokens_per_s(steps),
+                "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in steps), default=0.0) or None})
+        if options.hf:
+            result = huggingface_result(model, dataset, base, f"{case.name}-hf-{repeat}", options.steps, work)
+            runs.setdefault("HF Trainer", []).append({"tokens_per_s": result["tokens"] / result["seconds"],
+                                                      "peak_memory_gb": result.get("peak_memory_gb")})
+        print(f"{case.name} repeat {repeat + 1}: " + ", ".join(
+            f"{name} {rows[-1]['tokens_per_s']:.0f} tokens/s" for name, rows in runs.items()), flush=True)
+    return {name: summary(rows) for name, rows in runs.items()}
+
+
+def summary(rows: list[dict]) -> dict:
+    """Medians over the repeats, and every repeat's figures."""
+    memory = [r["peak_memory_gb"] for r in rows if r["peak_memory_gb"] is not None]
+    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+            "peak_memory_gb": statistics.median(memory) if memory else None, "repeats": rows}
+
+
+def table(results: list[dict]) -> str:
+    """The printed table: one line per case and trainer, with the ratios to the HF Trainer."""
+    lines = [f"{'case':<16} {'trainer':<34} {'tokens/s':>10} {'MFU':>6} {'peak GB':>8} {'vs HF tok/s':>11} "
+             f"{'vs HF mem':>9}"]
+    for result in results:
+        hf = result["trainers"].get("HF Trainer")
+        for name, row in result["trainers"].items():
+            mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a"
+            memory = f"{row['peak_memory_gb']:.2f}" if row["peak_memory_gb"] is not None else "n/a"
+            speed = f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf and name != "HF Trainer" else ""
+            saved = (f"{row['peak_memory_gb'] / hf['peak_memory_gb']:.2f}x" if hf and name != "HF Trainer"
+                     and row["peak_memory_gb"] and hf["peak_memory_gb"] else "")
+            lines.append(f"{result['case']:<16} {name:<34} {row['tokens_per_s']:>10.0f} {mfu:>6} {memory:>8} "
+                         f"{speed:>11} {saved:>9}")
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=",".join(c.name for c in RANKED),
+                        help="comma-separated METHOD-SIZE-SEQ names, run in the order given (default: all, ranked)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first 3 are warm-up)")
+    parser.add_argument("--records", type=int, default=400, help="generated conversations per case")
+    parser.add_argument("--loss-chunk-tokens", default="1024",
+                        help="Tandem variants: comma-separated train.loss_chunk_tokens values (0: full logits)")
+    parser.add_argument("--no-hf", dest="hf", action="store_false", help="Tandem only (e.g. to compare variants)")
+    parser.add_argument("--torch-adam", action="store_true",
+                        help="PyTorch's AdamW in DeepSpeed (torch_adam), where its fused Adam cannot be compiled")
+    parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, when its name is not known")
+    parser.add_argument("--out", type=Path, default=Path("bench_gpu.json"), help="where the JSON goes")
+    parser.add_argument("--dry-run-cpu", action="store_true",
+                        help="check this script only: a toy shape at 128 tokens, LoRA and full, 1 repeat, on the CPU")
+    options = parser.parse_args(argv)
+    options.loss_chunk_tokens = [int(v) for v in options.loss_chunk_tokens.split(",")]
+    if options.dry_run_cpu:
+        options.cases, options.repeats, options.steps, options.records = "lora-toy-128,full-toy-128", 1, 5, 60
+    by_name = {c.name: c for c in [*RANKED, Case("lora", "toy", 128), Case("full", "toy", 128)]}
+    unknown = [n for n in options.cases.split(",") if n not in by_name]
+    if unknown:
+        parser.error(f"--cases: unknown {unknown}; known: {sorted(by_name)}")
+    options.cases = [by_name[n] for n in options.cases.split(",")]
+    return options
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the cases; print the table and write the JSON."""
+    options = parse(argv)
+    import torch
+
+    if not options.dry_run_cpu and not torch.cuda.is_available():
+        print("bench_gpu: no CUDA device here; this benchmark needs one GPU (--dry-run-cpu checks the script on a CPU)")
+        return 1
+    peak, device = peak_flops(options.peak_tflops)
+    results = []
+    work = Path(tempfile.mkdtemp(prefix="tandem-bench-gpu-"))
+    try:
+        for case in options.cases:
+            trainers = measure(case, options, work)
+            flops = flops_per_token(shape_of(case.size), case.method, case.seq)
+            for row in trainers.values():
+                row["mfu"] = row["tokens_per_s"] * flops / peak if peak else None
+            results.append({"case": case.name, "method": case.method, "model": "toy" if case.size == "toy" else f"Qwen2.5-{case.size} shape",
+                            "seq": case.seq, "micro_batch": MICRO_BATCH[case.seq], "accumulation": ACCUMULATION,
+                            "flops_per_token": flops, "trainers": trainers})
+            write(options, device, peak, results)  # after every case: a cut-off session keeps what it measured
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\ndevice: {device}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s; medians of {options.repeats}")
+    print(FLOPS_FORMULA)
+    print(table(results))
+    print(f"written: {options.out}")
+    return 0
+
+
+def write(options: argparse.Namespace, device: str, peak: float | None, results: list[dict]) -> None:
+    import torch
+
+    document = {"device": device, "peak_flops": peak, "torch": torch.__version__, "repeats": options.repeats,
+                "steps": options.steps, "dry_run_cpu": options.dry_run_cpu, "flops_formula": FLOPS_FORMULA,
+                "command": " ".join(sys.argv), "results": results}
+    options.out.write_text(json.dumps(document, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Peak memory of the loss alone at Qwen2.5's vocabulary: full logits vs chunks of train.loss_chunk_tokens.
+
+    python tests/benchmarks/bench_loss_memory.py                        # 1 x 2,048 tokens, chunks 0 (full) and 1024
+    python tests/benchmarks/bench_loss_memory.py --rows 2 --seq 2048 --chunks 0,4096,1024,256
+
+One forward and backward of a one-layer Qwen2 (hidden 256) with a 151,936-row output layer, every position but the
+first a target, through trainer/chunked_loss.py's LossHead, each variant in a fresh process. Reported: the peak
+memory the step added, on a GPU torch.cuda.max_memory_allocated above what was allocated before the forward, on a
+CPU the process's peak resident memory above its resident memory before the forward (a lower bound when importing
+peaked higher). Nothing here asserts: it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+VOCAB = 151936
+HIDDEN = 256
+
+
+def resident_gb() -> float:
+    """This process's resident memory now."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize() / 2**30
+
+
+def one(chunk: int, rows: int, seq: int) -> dict:
+    """Measure one variant in this process."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trainer.chunked_loss import LossHead
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=512, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+    ids = torch.randint(0, VOCAB, (rows, seq), device=device)
+    head = LossHead.of(model, chunk)
+    if cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        before = resident_gb()
+    loss = head.summed(model(input_ids=ids, **head.forward_kwargs(device)), ids)
+    loss.backward()
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return {"loss_chunk_tokens": chunk, "rows": rows, "seq": seq, "device": str(device),
+            "peak_added_gb": round(peak - before, 3), "loss": float(loss)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--chunks", default="0,1024", help="train.loss_chunk_tokens values (0: full logits)")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process of one variant
+    options = parser.parse_args()
+    if options.one is not None:
+        print(json.dumps(one(options.one, options.rows, options.seq)))
+        return
+    for chunk in (int(c) for c in options.chunks.split(",")):
+        out = subprocess.run([sys.executable, __file__, "--one", str(chunk), "--rows", str(options.rows),
+                              "--seq", str(options.seq)], check=True, capture_output=True, text=True, cwd=ROOT)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"loss_chunk_tokens={chunk:<6} {row['rows']} x {row['seq']} tokens on {row['device']}: "
+              f"peak added {row['peak_added_gb']:.2f} GB (loss {row['loss']:.4f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
