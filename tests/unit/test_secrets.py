@@ -192,11 +192,16 @@ def test_the_local_cluster_off_loopback_gets_a_private_auth_string(tmp_path) -> 
     assert done.returncode == 0, done.stderr
     secret = auth.read_text().strip()
     assert stat.S_IMODE(auth.stat().st_mode) == 0o600 and re.fullmatch(r"tandem:[A-Za-z0-9]{24,}", secret)
-    assert done.stdout.splitlines() == ["export PREFECT_API_URL=http://192.0.2.10:4200/api",
-                                        f'export PREFECT_API_AUTH_STRING="$(cat {auth})"']
+    # MLflow's password file is made by `up` (with the server); `env` names it, never its content.
+    assert done.stdout.splitlines() == [
+        "export PREFECT_API_URL=http://192.0.2.10:4200/api MLFLOW_TRACKING_URI=http://192.0.2.10:5000",
+        f'export PREFECT_API_AUTH_STRING="$(cat {auth})"',
+        f'export MLFLOW_TRACKING_USERNAME=tandem MLFLOW_TRACKING_PASSWORD="$(cat {auth.parent / "mlflow-password"})"']
     again, _ = cluster_env(tmp_path, "192.0.2.10")
     assert auth.read_text().strip() == secret and secret not in again.stdout  # kept, never printed
     loopback, none = cluster_env(tmp_path, "127.0.0.1")
-    assert loopback.stdout.splitlines() == ["export PREFECT_API_URL=http://127.0.0.1:4200/api"] and not none.exists()
+    assert loopback.stdout.splitlines() == [
+        "export PREFECT_API_URL=http://127.0.0.1:4200/api MLFLOW_TRACKING_URI=http://127.0.0.1:5000"]
+    assert not none.exists()
     own, unused = cluster_env(tmp_path, "192.0.2.11", PREFECT_API_AUTH_STRING="me:mine-0123456789")
     assert not unused.exists() and "mine-0123456789" not in own.stdout
