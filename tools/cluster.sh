@@ -223,7 +223,11 @@ mlflow_up() {
     local args=(--host "$HOST" --port "$MLFLOW_PORT" --workers 1
         --backend-store-uri "postgresql://prefect:$(cat "$STATE/pg-password")@$HOST:$PG_PORT/mlflow"
         --artifacts-destination "s3://$BUCKET/mlflow")
+    # MLflow reads MLFLOW_AUTH_CONFIG_PATH even without its auth app (search_runs filters by permission whenever
+    # Flask-WTF is installed): pointing it at no file answers every run search with a 500, so only off loopback.
+    local auth_env=()
     if ! is_loopback "$HOST"; then
+        auth_env=(MLFLOW_AUTH_CONFIG_PATH="$STATE/mlflow-auth.ini")
         # MLflow answers only the Host names it is told (DNS rebinding protection), loopback by default.
         args+=(--app-name basic-auth --allowed-hosts "$HOST:$MLFLOW_PORT,$HOST,localhost:$MLFLOW_PORT,127.0.0.1:$MLFLOW_PORT")
         # The basic-auth app's CSRF protection signs with this key; new at every start of the server.
@@ -231,8 +235,8 @@ mlflow_up() {
         MLFLOW_FLASK_SERVER_SECRET_KEY=$(head -c 32 /dev/urandom | base64 | tr -d '/+=')
     fi
     # MLFLOW_SERVER_ENABLE_JOB_EXECUTION: without MLflow's job runner (GenAI scoring, a dozen processes Tandem never uses).
-    MLFLOW_AUTH_CONFIG_PATH=$STATE/mlflow-auth.ini MLFLOW_S3_ENDPOINT_URL=$S3_URL MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
-        spawn mlflow "$ROOT/.venv/bin/mlflow" server "${args[@]}"
+    spawn mlflow env "${auth_env[@]}" MLFLOW_S3_ENDPOINT_URL="$S3_URL" MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
+        "$ROOT/.venv/bin/mlflow" server "${args[@]}"
     wait_for mlflow "$MLFLOW_URL/health"
 }
 
