@@ -85,18 +85,28 @@ def test_masked_positions_are_exactly_the_non_assistant_tokens(builtin_tokenizer
                       add_special_tokens=False)["input_ids"]
 
 
-def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer) -> None:
+@pytest.mark.parametrize("byte_offsets", [True, False], ids=["summed-byte-offsets", "tracked-offsets"])
+def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer, byte_offsets: bool) -> None:
+    """Both ways of finding token starts (tasks/data/offsets.py) against the oracle; the texts include characters
+    split across byte-level tokens and text an NFC normalizer changes (e + combining accent, the Angstrom sign,
+    Devanagari qa), which the summed byte offsets hand back to the tracked ones."""
     tok = load_tokenizer(builtin_tokenizer)
     conversations = [r.conversation for r in read_records(str(SAMPLE), "auto")]
     conversations += [
         chat(("user", "Ünïcödé: 你好, мир — ok?"), ("assistant", "  leading spaces and émojis 🙂\n\n")),
+        chat(("user", "Cafe\u0301 \u212b?"), ("assistant", "\u212bngstr\u00f6m, cafe\u0301 👨‍👩‍👧 日本語")),
+        chat(("user", "日本語のテキスト"), ("assistant", "🎉🎉 done")),
+        # NFC grows U+0958 by 3 bytes and shrinks each Angstrom sign by 1: the byte totals agree, the starts do not.
+        chat(("user", "\u0958 qa"), ("assistant", "\u212b\u212b\u212b three")),
         chat(("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"), ("user", "e"), ("assistant", "f")),
         chat(("user", "What is\n\n7?"), ("assistant", "\nSeven.\n")),
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hey", "weight": 0},
                       {"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]},
     ]
     for max_length, policy in ((512, "truncate"), (32, "drop")):
-        batch = ChatEncoder(tok, max_length, excess_length=policy).encode(conversations)
+        encoder = ChatEncoder(tok, max_length, excess_length=policy, byte_offsets=byte_offsets)
+        assert (encoder.offsets is not None) == byte_offsets  # both built-in tokenizers are byte-level BPE
+        batch = encoder.encode(conversations)
         assert not batch.rejects
         dropped = {index for index, _ in batch.dropped}
         assert (len(dropped) > 0) == (max_length == 32)  # the short limit drops the longer conversations
@@ -257,3 +267,19 @@ def test_a_tokenizer_without_chat_template_is_named(tiny_model, tmp_path) -> Non
         shutil.copy(Path(tiny_model) / name, bare / name)
     with pytest.raises(UserError, match=rf"^model.name_or_path {bare}: the tokenizer has no chat template; add "):
         load_tokenizer(str(bare))
+
+
+def test_summed_byte_offsets_are_used_only_where_tokens_are_the_texts_bytes(tiny_model) -> None:
+    """A post-processor that trims offsets (or adds a prefix space) or a normalizer that rewrites text makes token
+    starts differ from summed byte lengths: such tokenizers keep the tracked offsets."""
+    from tokenizers import Tokenizer, normalizers, processors
+
+    from tasks.data.offsets import ByteOffsets
+
+    backend = Tokenizer.from_file(str(Path(tiny_model) / "tokenizer.json"))
+    assert ByteOffsets.of(backend) is not None
+    backend.post_processor = processors.ByteLevel(trim_offsets=True)
+    assert ByteOffsets.of(backend) is None
+    backend.post_processor = None
+    backend.normalizer = normalizers.Lowercase()
+    assert ByteOffsets.of(backend) is None
