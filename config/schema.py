@@ -331,8 +331,8 @@ class TrainConfig(Section):
     loss_chunk_tokens: int = Field(
         1024, ge=0, description="The loss (training and evaluation) applies the output layer to this many target "
         "tokens at a time and recomputes them in backward, so the full-vocabulary logits never exist at once "
-        "(trainer/chunked_loss.py); 0: the model's full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only, and "
-        "not yet under ZeRO-3: those use full logits."
+        "(trainer/chunked_loss.py); 0: the model's full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only "
+        "(others use full logits); under ZeRO-2 and ZeRO-3 alike."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 

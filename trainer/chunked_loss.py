@@ -4,14 +4,26 @@ The unfused loss takes the model's full logits, batch x sequence x vocabulary, a
 Qwen2.5's 151,936-token vocabulary at micro-batch 2 x 2,048 tokens that is 2.5 GB in one tensor, and its gradient
 as much again. Here the model stops short of its output layer (`logits_to_keep` selects no position) and hands back
 its last hidden states; the output layer is applied to at most `train.loss_chunk_tokens` target positions at a time,
-in float32 only for that chunk, inside a non-reentrant `torch.utils.checkpoint`, so the backward pass recomputes a
-chunk's logits instead of keeping them. Positions whose label is IGNORE_INDEX (prompts, padding) get no logits at
-all: their loss is zero either way.
+in float32 only for that chunk, and the backward pass recomputes a chunk's logits instead of keeping them. Positions
+whose label is IGNORE_INDEX (prompts, padding) get no logits at all: their loss is zero either way.
 
 The output layer is called as a module, never read through its `.weight`, so PEFT's LoRA on it works as in the
-model's own forward. Under ZeRO-3 (the layer's weight partitioned) the loss stays on full logits for now: see
-`LossHead.of`. The hidden states come out of the model's output, not from a hook: DeepSpeed starts its backward
-bookkeeping from hooks on the tensors its engine's forward returns.
+model's own forward, and under ZeRO-3 DeepSpeed's module hooks gather its partitioned weight for each call. Where
+the weight stays whole (no DeepSpeed, ZeRO-2) each chunk is a non-reentrant `torch.utils.checkpoint`. Under ZeRO-3
+(`LossHead.partitioned`) three things differ:
+
+- every call of the layer is a collective (an all-gather of its weight), in the forward pass and again in the
+  backward pass's recomputation, so every rank must call it equally often: the number of chunks is the largest of
+  any rank's (an all-reduce MAX, paid under ZeRO-3 only), and a rank with fewer targets runs empty chunks (loss 0);
+- ZeRO-3 releases the gathered weight after each call, so a non-reentrant checkpoint's recomputation reads an
+  empty weight (CheckpointError): the recomputation has to run the layer's forward again, through the hooks that
+  gather it, as a reentrant checkpoint does;
+- ZeRO-3 hands a parameter's gradient to its reduction each time one arrives, and refuses the same parameter twice
+  in one bucket, which a reentrant checkpoint per chunk gives it: one autograd function (`PartitionedChunks`)
+  recomputes every chunk in its backward, and lets each parameter's gradient through once, summed over the chunks.
+
+The hidden states come out of the model's output, not from a hook: DeepSpeed starts its backward bookkeeping from
+hooks on the tensors its engine's forward returns.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
@@ -37,10 +50,11 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen2_moe", "qwen3_moe", 
 @dataclass(frozen=True)
 class LossHead:
     """How a model's summed loss is taken: from chunks of its last hidden states through `head`, or (head None)
-    from its full logits."""
+    from its full logits. `partitioned`: the head's weight is partitioned by ZeRO-3 (see the module's docstring)."""
 
     head: torch.nn.Module | None
     chunk_tokens: int
+    partitioned: bool = False
 
     @classmethod
     def of(cls, model: Any, chunk_tokens: int) -> LossHead:
@@ -56,17 +70,11 @@ class LossHead:
                      sorted(PLAIN_HEAD_MODEL_TYPES))
             return cls(None, 0)
         head = inner.get_output_embeddings()
-        if any(hasattr(p, "ds_id") for p in head.parameters()):
-            # Not yet under ZeRO-3, for two reasons seen on the CPU runs: every call of the partitioned layer is a
-            # collective (an all-gather), and the number of chunks follows each rank's own target count, so ranks
-            # that differ call it a different number of times and the job hangs or aborts; and ZeRO-3 releases the
-            # gathered weight after each call, so a non-reentrant checkpoint's recomputation reads an empty weight
-            # (CheckpointError). A reentrant checkpoint with the chunk count agreed across ranks (padding with
-            # empty chunks, as evaluation's lockstep does) is the way in; until then, full logits.
-            log.info("loss: from full logits (train.loss_chunk_tokens: not yet under ZeRO-3)")
-            return cls(None, 0)
-        log.info("loss: chunks of %d target tokens (train.loss_chunk_tokens)", chunk_tokens)
-        return cls(head, chunk_tokens)
+        # DeepSpeed marks the parameters ZeRO-3 partitions with a ds_id; ZeRO-2 leaves the weights whole.
+        partitioned = any(hasattr(p, "ds_id") for p in head.parameters())
+        log.info("loss: chunks of %d target tokens (train.loss_chunk_tokens)%s", chunk_tokens,
+                 ", their count agreed across ranks (ZeRO-3)" if partitioned else "")
+        return cls(head, chunk_tokens, partitioned)
 
     def forward_kwargs(self, device: torch.device) -> dict[str, Any]:
         """Extra arguments of the model's forward: for the fused loss, no logits and the last hidden states."""
@@ -81,14 +89,31 @@ class LossHead:
         if self.head is None:
             return cross_entropy(*shift(out.logits, labels), reduction="sum")
         hidden, targets = target_positions(out.hidden_states[-1], labels)
+        # At least one (empty) chunk when nothing is a target, so the loss still reaches the output layer and the
+        # model's output: DeepSpeed's backward needs both. Chunks past this rank's targets are empty (loss 0).
+        starts = self.chunk_starts(len(targets), hidden.device, at_least_one=True)
+        if self.partitioned:
+            if not hidden.requires_grad:
+                # The function's backward runs only if an input asks for a gradient: when nothing before the
+                # output layer trains (LoRA on it alone), a stand-in does; the gradient it gets goes nowhere.
+                hidden = hidden.detach().requires_grad_()
+            return PartitionedChunks.apply(hidden, targets, self.head, starts, self.chunk_tokens)
         total = None
-        # One (empty) chunk when nothing is a target, so the loss still reaches the output layer and the model's
-        # output: DeepSpeed's backward needs both.
-        for start in range(0, max(len(targets), 1), self.chunk_tokens):
+        for start in starts:
             end = start + self.chunk_tokens
+            # Non-reentrant: it saves nothing the chunk's inputs do not hold already.
             part = checkpoint(chunk_loss, self.head, hidden[start:end], targets[start:end], use_reentrant=False)
             total = part if total is None else total + part
         return total
+
+    def chunk_starts(self, count: int, device: torch.device, *, at_least_one: bool = False) -> range:
+        """Where the chunks of `count` target positions start; under ZeRO-3 as many as on the rank with the most."""
+        chunks = -(-count // self.chunk_tokens)
+        if at_least_one:
+            chunks = max(chunks, 1)
+        if self.partitioned:
+            chunks = agreed_chunk_count(chunks, device)
+        return range(0, chunks * self.chunk_tokens, self.chunk_tokens)
 
     @torch.no_grad()
     def eval_sums(self, out: Any, labels: torch.Tensor) -> tuple[float, int, int]:
@@ -102,7 +127,8 @@ class LossHead:
         hidden, targets = target_positions(out.hidden_states[-1], labels)
         loss = torch.zeros((), dtype=torch.float64, device=hidden.device)
         correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-        for start in range(0, len(targets), self.chunk_tokens):
+        # Under ZeRO-3 every rank calls this as often (evaluate.local_sums' lockstep) and here runs as many chunks.
+        for start in self.chunk_starts(len(targets), hidden.device):
             logits = self.head(hidden[start : start + self.chunk_tokens]).float()
             chunk_targets = targets[start : start + self.chunk_tokens]
             loss += F.cross_entropy(logits, chunk_targets, reduction="none").double().sum()
@@ -110,11 +136,58 @@ class LossHead:
         return loss.item(), len(targets), int(correct)
 
 
+class PartitionedChunks(torch.autograd.Function):
+    """The summed loss of every chunk through a ZeRO-3-partitioned output layer: one checkpoint over all the chunks
+    (see the module's docstring). Its backward runs the chunks again one after the other, through the layer's
+    forward (DeepSpeed's hooks gather the weight for each), the gradients of the layer's parameters adding up in
+    their .grad; the parameters are flagged ready (`ds_grad_is_ready`, as DeepSpeed's own tiled loss does) for the
+    last chunk only, so each reaches ZeRO-3's reduce bucket once, whole."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, starts: range,
+                chunk_tokens: int) -> torch.Tensor:
+        ctx.head, ctx.starts, ctx.chunk_tokens = head, starts, chunk_tokens
+        ctx.save_for_backward(hidden, targets)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in starts:  # autograd is off here: each chunk's logits go as soon as its loss is taken
+            total += chunk_loss(head, hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens])
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+        hidden, targets = ctx.saved_tensors
+        hidden = hidden.detach().requires_grad_()
+        params = [p for p in ctx.head.parameters() if p.requires_grad]
+        last = len(ctx.starts) - 1
+        try:
+            for index, start in enumerate(ctx.starts):
+                for param in params:
+                    param.ds_grad_is_ready = index == last
+                end = start + ctx.chunk_tokens
+                with torch.enable_grad():
+                    part = chunk_loss(ctx.head, hidden[start:end], targets[start:end])
+                torch.autograd.backward(part, grad)
+        finally:
+            for param in params:
+                param.ds_grad_is_ready = True
+        return hidden.grad, None, None, None, None
+
+
 def target_positions(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden states of the positions that predict a target, those targets): position i predicts label i + 1."""
     predicted = labels[:, 1:].to(hidden.device)
     mask = predicted != IGNORE_INDEX
     return hidden[:, :-1][mask], predicted[mask]
+
+
+def agreed_chunk_count(chunks: int, device: torch.device) -> int:
+    """The largest of every rank's `chunks` (each rank calls a ZeRO-3 layer, a collective, that many times); this
+    rank's own outside a process group."""
+    if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() == 1:
+        return chunks
+    count = torch.tensor([chunks], dtype=torch.long, device=device)
+    tdist.all_reduce(count, op=tdist.ReduceOp.MAX)
+    return int(count.item())
 
 
 def chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,8 @@ def local_sums(model: Any, examples: list[Row], *, rank: int, world: int, batch_
     a packed row counts each of its examples).
 
     With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
-    forward passes: ranks with fewer rows run throw-away passes so nobody waits forever.
+    forward passes (and of the chunked loss's output-layer calls, which LossHead.eval_sums agrees across ranks):
+    ranks with fewer rows run throw-away passes so nobody waits forever.
     """
     mine = examples[rank::world]
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
@@ -50,10 +51,11 @@ def local_sums(model: Any, examples: list[Row], *, rank: int, world: int, batch_
     for index in range(passes):
         batch = collate(batches[index] if index < len(batches) else examples[:1], pad_id)
         out = model(**batch.model_inputs(device), **loss.forward_kwargs(device))
-        if index >= len(batches):
-            continue
+        # A throw-away pass takes its sums too, and drops them: under ZeRO-3 the chunked loss's output layer is a
+        # collective as well, called as often on every rank.
         sums = loss.eval_sums(out, batch.labels)
-        loss_sum, targets, correct = loss_sum + sums[0], targets + sums[1], correct + sums[2]
+        if index < len(batches):
+            loss_sum, targets, correct = loss_sum + sums[0], targets + sums[1], correct + sums[2]
     return loss_sum, targets, correct, sum(len(row.segments) for row in mine)
 
 

@@ -112,9 +112,11 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
 
 
 def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, reference: Run) -> None:
-    # The chunked loss's recomputation does not yet gather ZeRO-3's partitioned output layer: full logits here.
-    assert "loss: from full logits (train.loss_chunk_tokens: not yet under ZeRO-3)" in (
-        zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
+    # Both train with the chunked loss (ZeRO-3's with its chunk count agreed across ranks), so the same trajectory
+    # is also the chunked loss under ZeRO-3 training as under ZeRO-2 (and as the full logits, qwen_zero2_slow_rank).
+    chunk = TrainConfig.model_fields["loss_chunk_tokens"].default
+    logged = f"loss: chunks of {chunk} target tokens (train.loss_chunk_tokens), their count agreed across ranks"
+    assert f"{logged} (ZeRO-3)" in (zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(zero3.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
     from safetensors.torch import load_file
 
@@ -181,6 +183,8 @@ def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged) -> N
     run = train(tool_calls, "full-zero3", ["launch.nnodes=2", "train.method=full", "train.learning_rate=0.001",
                                            "deepspeed.config=config/deepspeed/zero3.json", *TOOL_CALL_DATA])
     assert run.losses()[-1] < run.losses()[0] - 0.2
+    # Trained and evaluated with the chunked loss: eval_exported's full logits agreeing with final_eval checks it.
+    assert "their count agreed across ranks (ZeRO-3)" in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
     # A step is 8 rows (2 x 2 x 2 ranks), a row two conversations but the epoch's odd one out: tokens count them all.
     assert all(r["tokens"] > 15 * 290 for r in run.metrics() if "event" not in r)
     assert (run.run_dir / "final" / "model.safetensors").stat().st_size > 0

@@ -1,8 +1,9 @@
 """The chunked loss (trainer/chunked_loss.py) equals the full-logits one: the summed loss, every trainable gradient
 (LoRA and full fine-tuning, the output layer tied or not, LoRA on the output layer) and the evaluation sums; and no
 tensor as wide as the vocabulary ever holds more than one chunk of positions. In process, on the built-in tiny
-model's shape in float32. The ZeRO-2 runs of tests/distributed train with it (the reference's trajectory matches the
-full-logits qwen-zero2 run's); under ZeRO-3 the loss stays on full logits for now."""
+model's shape in float32. The same comparisons with real ZeRO-2 and ZeRO-3 engines on 2 ranks whose chunk counts
+differ are tests/unit/test_chunked_loss_zero3.py's; the ZeRO-2 and ZeRO-3 runs of tests/distributed train with it
+(the reference's and the zero3 run's trajectories match the full-logits qwen-zero2 run's)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,194 @@
+"""The chunked loss (trainer/chunked_loss.py) under real DeepSpeed engines, ZeRO-2 and ZeRO-3, on 2 gloo ranks whose
+batches have different numbers of target tokens, so each rank's own chunk count differs (the case that hangs unless
+the count is agreed across ranks: under ZeRO-3 every call of the output layer is an all-gather).
+
+One launch of 2 processes (this file run as a module, one per rank) builds an engine per stage and method (LoRA with
+the output layer among its targets, full fine-tuning) on tests/unit/test_chunked_loss.py's tiny model, and compares
+on every rank the chunked summed loss and every trainable parameter's full gradient (averaged over the ranks, read
+after backward and before the step) with the full-logits ones at rtol 1e-5 in float32; and, under ZeRO-3, the
+evaluation sums, one rank having no target at all."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORLD = 2
+COLLECTIVE_TIMEOUT_S = 20  # a rank left waiting in a collective fails after this instead of hanging
+LAUNCH_TIMEOUT_S = 150
+CASES = [(stage, method) for stage in (2, 3) for method in ("lora", "full")]
+
+
+def test_chunked_loss_and_gradients_equal_the_full_logits_ones_under_zero2_and_zero3(tmp_path: Path) -> None:
+    results = launch(tmp_path)
+    for rank, result in enumerate(results):
+        chunks = result["chunks"]
+        # Each rank's own chunk count differs, so the agreement is what kept the ZeRO-3 cases from hanging.
+        assert chunks[0] != chunks[1], chunks
+        assert result["compared"] == [f"zero{stage}-{method}" for stage, method in CASES] + ["zero3-eval"], rank
+        assert all(count > 0 for count in result["gradients"].values()), result["gradients"]
+
+
+def launch(tmp_path: Path) -> list[dict]:
+    """Run this module on WORLD ranks; every rank's result (each compares on its own and exits 1 on a mismatch)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(WORLD):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
+               "OMP_NUM_THREADS": "1"}
+        log = (tmp_path / f"rank-{rank}.log").open("w")
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.unit.test_chunked_loss_zero3", str(tmp_path)],
+                                      cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    try:
+        codes = [proc.wait(timeout=max(1.0, deadline - time.monotonic())) for proc in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    logs = "\n".join(f"--- rank {r} ---\n{(tmp_path / f'rank-{r}.log').read_text()[-6000:]}" for r in range(WORLD))
+    if codes is None:
+        pytest.fail(f"the ranks did not finish in {LAUNCH_TIMEOUT_S} s (a collective called unequally?)\n{logs}")
+    assert codes == [0] * WORLD, logs
+    return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(WORLD)]
+
+
+# ---- one rank (python -m tests.unit.test_chunked_loss_zero3 OUT_DIR) ----
+
+def rank_batch(rank: int, *, targets: bool = True) -> tuple:
+    """test_chunked_loss's batch, its prompts longer on rank 1 (fewer targets, fewer chunks of CHUNK); no target at
+    all with `targets` False."""
+    from storage.shards import IGNORE_INDEX
+    from tests.unit.test_chunked_loss import batch
+
+    ids, mask, labels = batch()
+    labels[:, : 7 + 24 * rank] = IGNORE_INDEX
+    if not targets:
+        labels[:] = IGNORE_INDEX
+    return ids, mask, labels
+
+
+def target_count(labels: Any) -> int:
+    from storage.shards import IGNORE_INDEX
+
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def engine_for(stage: int, method: str) -> Any:
+    """A DeepSpeed engine over the tiny model (float32, gradient accumulation 1) with an optimizer that leaves the
+    weights as they are (SGD at lr 0): a step only clears the gradients for the next comparison."""
+    import deepspeed
+    import torch
+
+    from trainer.model import LORA_TARGETS
+    from tests.unit.test_chunked_loss import build
+
+    model = build(method, lora_targets=[*LORA_TARGETS["qwen2"], "lm_head"] if method == "lora" else None)
+    params = [p for p in model.parameters() if p.requires_grad]
+    config = {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
+              "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config,
+                                      optimizer=torch.optim.SGD(params, lr=0.0))
+    return engine
+
+
+def loss_and_grads(engine: Any, chunk_tokens: int, inputs: tuple) -> tuple[Any, dict[str, Any]]:
+    """The summed loss and every trainable parameter's full gradient after DeepSpeed's backward (before the step)."""
+    from deepspeed.utils import safe_get_full_grad
+
+    from trainer.chunked_loss import LossHead
+
+    ids, mask, labels = inputs
+    head = LossHead.of(engine, chunk_tokens)
+    assert (head.head is None) == (chunk_tokens == 0)
+    assert head.partitioned == (chunk_tokens > 0 and engine.zero_optimization_stage() == 3)
+    loss = head.summed(engine(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device)), labels)
+    engine.backward(loss)
+    grads = {name: safe_get_full_grad(param).clone() for name, param in engine.module.named_parameters()
+             if param.requires_grad}
+    for name, param in engine.module.named_parameters():
+        if param.requires_grad:  # the whole gradient, not this rank's partition of it
+            assert grads[name].shape == getattr(param, "ds_shape", param.shape), name
+    engine.step()
+    return loss.detach(), grads
+
+
+def compare_training(engine: Any, inputs: tuple) -> int:
+    """Chunked vs full logits on one engine; the number of gradients compared."""
+    import torch
+
+    from tests.unit.test_chunked_loss import CHUNK
+
+    full_loss, full_grads = loss_and_grads(engine, 0, inputs)
+    chunked_loss, chunked_grads = loss_and_grads(engine, CHUNK, inputs)
+    torch.testing.assert_close(chunked_loss, full_loss, rtol=1e-5, atol=0)
+    assert chunked_grads.keys() == full_grads.keys() and full_grads
+    for name, grad in full_grads.items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()),
+                                   msg=name)
+    return len(full_grads)
+
+
+def compare_evaluation(engine: Any, inputs: tuple) -> None:
+    """eval_sums, chunked vs full logits, on a ZeRO-3 engine in eval mode."""
+    import torch
+
+    from tests.unit.test_chunked_loss import CHUNK
+    from trainer.chunked_loss import LossHead
+
+    ids, mask, labels = inputs
+    engine.eval()
+    sums = {}
+    with torch.no_grad():
+        for chunk in (0, CHUNK):
+            head = LossHead.of(engine, chunk)
+            out = engine(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device))
+            sums[chunk] = head.eval_sums(out, labels)
+    (full_loss, full_targets, full_correct), (loss, targets, correct) = sums[0], sums[CHUNK]
+    assert (targets, correct) == (full_targets, full_correct) and targets == target_count(labels)
+    assert loss == pytest.approx(full_loss, rel=1e-6, abs=0)
+    engine.train()
+
+
+def main(out_dir: Path) -> None:
+    import deepspeed
+    import torch
+
+    from tests.unit.test_chunked_loss import CHUNK
+
+    rank = int(os.environ["RANK"])
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    inputs = rank_batch(rank)
+    chunks = [None] * WORLD  # every rank's own chunk count
+    torch.distributed.all_gather_object(chunks, -(-target_count(inputs[2]) // CHUNK))
+    result: dict[str, Any] = {"chunks": chunks, "compared": [], "gradients": {}}
+    for stage, method in CASES:
+        engine = engine_for(stage, method)
+        result["gradients"][f"zero{stage}-{method}"] = compare_training(engine, inputs)
+        result["compared"].append(f"zero{stage}-{method}")
+    # The last engine is ZeRO-3's: rank 1 evaluates a batch without targets (no chunk of its own), rank 0 its own.
+    compare_evaluation(engine, rank_batch(rank, targets=rank == 0))
+    result["compared"].append("zero3-eval")
+    (out_dir / f"rank-{rank}.json").write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
