@@ -59,13 +59,15 @@ class EncoderSettings:
 
     def encoder(self) -> ChatEncoder:
         """A ChatEncoder with the tokenizer loaded."""
-        return ChatEncoder(load_tokenizer(self.model_path, self.chat_template), self.max_length,
-                           enable_thinking=self.enable_thinking, mask_history=self.mask_history,
-                           excess_length=self.excess_length)
+        return ChatEncoder(load_tokenizer(self.model_path, self.chat_template, require_template=False),
+                           self.max_length, enable_thinking=self.enable_thinking, mask_history=self.mask_history,
+                           excess_length=self.excess_length, name=self.model_path)
 
 
-def load_tokenizer(model_path: str, chat_template: str | None = None) -> Any:
-    """The model's tokenizer (a fast one: offsets are needed to place the labels), with `chat_template` if given."""
+def load_tokenizer(model_path: str, chat_template: str | None = None, *, require_template: bool = True) -> Any:
+    """The model's tokenizer (a fast one: offsets are needed to place the labels), with `chat_template` if given.
+    Without `require_template` a tokenizer without a chat template is returned as it is (a base model's, for
+    plain-text data); ChatEncoder then refuses chat records with `no_template_error`'s message."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -74,17 +76,24 @@ def load_tokenizer(model_path: str, chat_template: str | None = None) -> Any:
                         "add its tokenizer.json (Tandem needs token offsets to place the labels)")
     if chat_template is not None:
         tokenizer.chat_template = chat_template
-    if tokenizer.chat_template is None:
-        raise UserError(f"model.name_or_path {model_path}: the tokenizer has no chat template; "
-                        "add chat_template.jinja to the model directory or set model.chat_template")
+    if tokenizer.chat_template is None and require_template:
+        raise no_template_error(model_path)
     return tokenizer
+
+
+def no_template_error(model_path: str) -> UserError:
+    """Chat data for a tokenizer without a chat template (plain-text data needs none)."""
+    return UserError(f"model.name_or_path {model_path}: the tokenizer has no chat template, which chat data is "
+                     "rendered with; add chat_template.jinja to the model directory or set model.chat_template "
+                     "(plain-text data, data.format text, needs none)")
 
 
 class ChatEncoder:
     """Renders conversations with a tokenizer's chat template and encodes them with its fast backend."""
 
     def __init__(self, tokenizer: Any, max_length: int, *, enable_thinking: bool = True,
-                 mask_history: bool = False, excess_length: str = "truncate", byte_offsets: bool = True) -> None:
+                 mask_history: bool = False, excess_length: str = "truncate", byte_offsets: bool = True,
+                 name: str = "") -> None:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         self.tokenizer = tokenizer
@@ -101,9 +110,12 @@ class ChatEncoder:
         self._compile = _compile_jinja_template
         self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
         self.document_end = document_end(tokenizer)
-        source = tokenizer.get_chat_template(None, None)
+        self.name = name  # the model's path, for the error a tokenizer without a chat template gives chat data
+        self.has_template = tokenizer.chat_template is not None
+        source = tokenizer.get_chat_template(None, None) if self.has_template else ""
         self.generation_blocks = locate.uses_generation_blocks(source)
-        self.chatml = not self.generation_blocks and locate.is_chatml(lambda m, g: self.render(m, None, g))
+        self.chatml = (self.has_template and not self.generation_blocks
+                       and locate.is_chatml(lambda m, g: self.render(m, None, g)))
 
     def _variables(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> dict[str, Any]:
         return {"messages": messages, "tools": tools, "documents": None, "add_generation_prompt": generation_prompt,
@@ -147,8 +159,8 @@ class ChatEncoder:
 
     def check_render(self, conversation: Conversation) -> None:
         """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""
-        if "text" in conversation:
-            return  # plain text is not rendered
+        if "text" in conversation or not self.has_template:
+            return  # plain text is not rendered; spans() refuses chat records without a template
         messages, tools = self.prepare(conversation)
         try:
             ours = self.render(messages, tools, False)
@@ -170,6 +182,8 @@ class ChatEncoder:
                                 "tokenizer_config.json")
             text = conversation["text"] + self.document_end
             return text, [(0, len(text))], [True]
+        if not self.has_template:
+            raise no_template_error(self.name)
         messages, tools = self.prepare(conversation)
         if self.generation_blocks:
             text, indices = self._render_generation(messages, tools)

@@ -36,13 +36,18 @@ class TandemModel(mlflow.pyfunc.PythonModel):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
 
     def predict(self, context: Any, model_input: list[str], params: dict[str, Any] | None = None) -> list[str]:
-        """Greedy completions of user messages, rendered with the model's chat template."""
+        """Greedy completions of user messages, rendered with the model's chat template; a model without one (trained
+        on plain text) continues the text as given."""
         import torch
 
         out = []
         for prompt in model_input:
-            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                     return_tensors="pt", return_dict=True)
+            if self.tokenizer.chat_template is None:
+                ids = self.tokenizer(prompt, return_tensors="pt")
+            else:
+                ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                         add_generation_prompt=True, return_tensors="pt",
+                                                         return_dict=True)
             with torch.no_grad():
                 generated = self.model.generate(**ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
             out.append(self.tokenizer.decode(generated[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))

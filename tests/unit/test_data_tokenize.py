@@ -258,14 +258,30 @@ def test_templates_that_cannot_place_labels_are_named(tiny_model, tmp_path) -> N
         "ok<|im_end|>\ndone<|im_end|>\n")
 
 
-def test_a_tokenizer_without_chat_template_is_named(tiny_model, tmp_path) -> None:
+def test_a_tokenizer_without_chat_template_stages_plain_text_and_names_the_fix_for_chat(tiny_model, tmp_path) -> None:
+    """A base model's tokenizer (no chat template) is enough for plain text, which is never rendered; chat data for
+    it stops the staging in one line that says what to add, and leaves no dataset behind."""
+    import json
+
     from config.errors import UserError
+    from config.schema import DataConfig
+    from tasks.data.stage import stage_dataset
 
     bare = tmp_path / "bare"
     bare.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tiny_model) / name, bare / name)
-    with pytest.raises(UserError, match=rf"^model.name_or_path {bare}: the tokenizer has no chat template; add "):
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("".join(json.dumps({"text": f"note {i}: two plus two is four."}) + "\n" for i in range(30)))
+    ref = stage_dataset(DataConfig(source=str(notes)), str(tmp_path / "storage"), str(bare), progress=lambda _: None,
+                        bars=False)
+    assert sum(ref.split_records.values()) > 0
+    with pytest.raises(UserError, match=rf"^model.name_or_path {bare}: the tokenizer has no chat template, which "
+                                        "chat data is rendered with; add chat_template.jinja "):
+        stage_dataset(DataConfig(source=str(SAMPLE)), str(tmp_path / "chat-storage"), str(bare),
+                      progress=lambda _: None, bars=False)
+    assert not list((tmp_path / "chat-storage").rglob("manifest.json"))
+    with pytest.raises(UserError, match="no chat template"):  # where a template is needed up front
         load_tokenizer(str(bare))
 
 
