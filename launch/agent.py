@@ -41,6 +41,7 @@ from storage.fs import is_local, join, put_file, write_json_atomic
 POLL_S = 0.5
 SETTLE_S = 3.0  # after a first failure, how long the other nodes get to report theirs
 KILL_GRACE_S = 10.0
+FAILED_GRACE_S = 2.0
 
 
 @dataclass
@@ -55,8 +56,13 @@ class Agent:
     tag: str = ""  # AGENT_TAG_ENV of the agent and of every process it started
 
 
-def grace_for(launch: LaunchConfig) -> float:
-    """How long agents get between SIGTERM and SIGKILL: longer when they save a checkpoint on cancel."""
+def grace_for(launch: LaunchConfig, *, failed: bool = False) -> float:
+    """How long agents get between SIGTERM and SIGKILL: longer when they save a checkpoint on cancel; short once
+    the phase has failed (a node lost, a stall, a rank's own error), since the survivors can then neither finish
+    nor save (a ZeRO checkpoint is collective): a grace would only delay the failure's report, by up to 10 s when
+    they sit in a collective that waits for the lost peer."""
+    if failed:
+        return FAILED_GRACE_S
     return float(launch.cancel_grace_s) if launch.checkpoint_on_cancel else KILL_GRACE_S
 
 

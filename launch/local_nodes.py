@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from config.errors import TandemError
 from config.schema import LaunchConfig
 from launch.agent import Agent, grace_for, kill, supervise
 from launch.command import free_port
@@ -35,6 +36,7 @@ def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[
     port = launch.master_port or free_port()
     agents: list[Agent] = []
     watch = phase_watch(run_url, launch, phase, on_progress)
+    failed = False
     try:
         for node_rank in range(launch.nnodes):
             plan = NodePlan(node_rank, launch.nnodes, launch.nproc_per_node, launch.rendezvous_addr, port)
@@ -42,5 +44,8 @@ def run_local_nodes(run_url: str, launch: LaunchConfig, module: str, args: list[
         info(f"{phase}: started {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), "
              f"rendezvous {launch.rendezvous_addr}:{port}")
         supervise(agents, run_url, phase, watch)
+    except TandemError:
+        failed = True  # not a cancel: the survivors get a short grace (grace_for)
+        raise
     finally:
-        kill(agents, grace_for(launch))
+        kill(agents, grace_for(launch, failed=failed))

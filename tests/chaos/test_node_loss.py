@@ -72,8 +72,8 @@ def test_a_node_agent_is_killed(staged: Staged, chaos_reference: Run, chaos_run:
     detected_at: list[float] = []
 
     def first_attempt() -> None:
-        try:  # a slow rank 0 (0.1 s a step) leaves time to aim at a step; it changes no number
-            train(staged, name, ["launch.nnodes=2"], env={"TANDEM_TEST_SLOW_RANK": "0:0.05"})
+        try:  # a slow rank 0 (0.5 s a step) leaves time to aim at a step; it changes no number
+            train(staged, name, ["launch.nnodes=2"], env={"TANDEM_TEST_SLOW_RANK": "0:0.5"})
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             detected_at.append(time.time())
             failure.append(exc)
@@ -87,6 +87,10 @@ def test_a_node_agent_is_killed(staged: Staged, chaos_reference: Run, chaos_run:
     assert len(agents) == 1, f"node {node}'s agent not found (training already over?)"
     killed_at = time.time()
     os.killpg(agents[0], signal.SIGKILL)  # the whole node at once: agent and its ranks
+    # Mid-training, as the scenario says: at 0.05 s a step the whole run was often over by the time its agent was
+    # found, and the kill landed in the final evaluation instead.
+    killed_at_step = max(steps_logged(run_dir), default=0)
+    assert killed_at_step < STEPS, f"the kill came after the last step ({killed_at_step})"
     worker.join(120)
     assert failure and isinstance(failure[0], RetryableError), failure
     detect_s = detected_at[0] - killed_at
@@ -94,5 +98,5 @@ def test_a_node_agent_is_killed(staged: Staged, chaos_reference: Run, chaos_run:
     assert not run_processes(name)
     resumed_from, data_lost = resume_and_compare(staged, name, chaos_reference)
     chaos_record("node loss: agent SIGKILLed", detect_s=detect_s, data_lost=data_lost, node=node,
-                 after_step=after_step, resumed_from=resumed_from)
+                 after_step=after_step, killed_at_step=killed_at_step, resumed_from=resumed_from)
     assert detect_s < DETECT_BOUND_S and not data_lost
