@@ -122,7 +122,8 @@ def load_config(config: str | None = None, overrides: list[str] | tuple[str, ...
 
 def _let_hosts_decide(tree: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
     """With the ssh backend the hosts decide launch.nnodes (and a host file launch.nproc_per_node): a preset's
-    values give way; only values set with --set must agree with the hosts (config/schema.py says so otherwise)."""
+    values give way; only values set with --set must agree with the hosts (config/sections/launch.py says so
+    otherwise)."""
     launch = tree.get("launch")
     if not isinstance(launch, dict) or launch.get("backend") != "ssh":
         return

@@ -1,0 +1,110 @@
+"""What is trained and how: the `model` section (base model, chat template; `BUILTIN_MODELS`), `train` with its
+`train.lora` subsection (the optimisation and checkpoint policy), and `deepspeed` (the engine's JSON).
+
+Together because they describe one rank's work; the DeepSpeed JSON is resolved from `train` (config/deepspeed.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from config.sections.base import Section
+
+# Models Tandem builds itself (random weights, for tests and trying the pipeline): `tiny` has a small BPE trained
+# on the sample data, `tiny-qwen2.5` Qwen's own BPE and vocabulary; both carry Qwen2.5's chat template.
+BUILTIN_MODELS = ("tiny", "tiny-qwen2.5")
+
+
+class ModelConfig(Section):
+    """The base model."""
+
+    name_or_path: str = Field("tiny", min_length=1, description="Local Hugging Face model directory, or a built-in "
+                              "random Qwen2-shaped model: 'tiny' (small BPE) or 'tiny-qwen2.5' (Qwen's tokenizer).")
+    chat_template: str | None = Field(
+        None, min_length=1,
+        description="Chat template to use instead of the tokenizer's own, for staging, training and the export: a "
+        "built-in name (qwen2.5) or a Jinja file; empty: the model's own.",
+    )
+
+
+class LoraConfig(Section):
+    """LoRA adapter settings (PEFT), used by train.method lora and qlora."""
+
+    r: int = Field(8, gt=0, description="Adapter rank.")
+    alpha: int = Field(16, gt=0, description="Scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Module names that get adapters; empty: every attention and MLP projection of the "
+        "model family (q/k/v/o/gate/up/down_proj for Qwen2/Llama/Mistral, c_attn/c_proj/w1/w2 for Qwen-1).",
+    )
+
+
+class TrainConfig(Section):
+    """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
+
+    method: Literal["full", "lora", "qlora"] = Field("lora", description="Which parameters are trained.")
+    learning_rate: float = Field(3e-4, gt=0.0, le=1.0, description="Peak learning rate.")
+    max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
+    epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
+    save_steps: int = Field(1000, gt=0, description="Save a checkpoint every N steps (and at the end).")
+    save_every_minutes: float | None = Field(
+        None, gt=0, description="Also save when this many minutes passed since the last save (rank 0's clock, agreed "
+        "by every rank at a step boundary); empty: by steps only. For spot machines, bounds the work a loss costs."
+    )
+    preempt_grace_s: int | None = Field(
+        None, ge=1, le=30, description="On SIGTERM (a spot/preemptible machine's notice, sent to its torchrun agent), "
+        "every rank stops at the next step boundary and saves an emergency checkpoint, which the retry resumes from; "
+        "the save should finish within this many seconds (torchrun kills its ranks 30 s after forwarding the "
+        "signal). Empty: SIGTERM stops without saving (unless launch.checkpoint_on_cancel)."
+    )
+    keep_latest_k: int | None = Field(
+        None, ge=1, description="Keep only the newest k complete checkpoints; empty: keep all."
+    )
+    resume: str = Field(
+        "auto",
+        min_length=1,
+        description="auto: continue from the run's newest complete checkpoint; never; or a checkpoint URL.",
+    )
+    export_merged: bool = Field(False, description="LoRA/Q-LoRA: also export base + adapter merged into full weights.")
+    length_grouping: bool = Field(True, description="Group similar lengths into micro-batches (less padding).")
+    straggler_check_steps: int = Field(10, gt=0, description="Compare per-rank step times every N steps.")
+    straggler_factor: float = Field(
+        1.5, gt=1.0, description="Warn when the slowest rank's step time exceeds the median by this factor."
+    )
+    micro_batch_size: int = Field(2, gt=0, description="Examples per rank per forward pass.")
+    gradient_accumulation_steps: int = Field(
+        8, gt=0, description="Micro-batches per rank per optimizer step; not used when train.global_batch_size is set."
+    )
+    global_batch_size: int | None = Field(
+        None, gt=0, description="Rows per optimizer step across all ranks (packed rows when packing is on). When set, "
+        "gradient accumulation is derived (global / (micro_batch_size x world size)), so the steps, the learning-rate "
+        "schedule and the loss are the same on any number of nodes; needed to continue on fewer or more nodes."
+    )
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.95, gt=0.0, lt=1.0, description="AdamW beta2.")
+    adam_epsilon: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    lr_scheduler: Literal["cosine", "linear"] = Field("cosine", description="Decay after warmup.")
+    warmup_ratio: float = Field(0.01, ge=0.0, le=1.0, description="Share of max_steps spent warming up.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    seed: int = Field(42, ge=0, description="Base seed; rank r uses seed + r.")
+    log_steps: int = Field(1, gt=0, description="Append to metrics.jsonl every N steps.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations to save memory.")
+    loss_chunk_tokens: int = Field(
+        1024, ge=0, description="The loss (training and evaluation) applies the output layer to this many target "
+        "tokens at a time and recomputes them in backward, so the full-vocabulary logits never exist at once "
+        "(trainer/chunked_loss.py); 0: the model's full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only "
+        "(others use full logits); under ZeRO-2 and ZeRO-3 alike."
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class DeepSpeedSection(Section):
+    """DeepSpeed engine configuration."""
+
+    config: str = Field("config/deepspeed/zero2.json", min_length=1,
+                        description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).")

@@ -1,0 +1,116 @@
+"""What becomes of the trained model: `eval` (how it is evaluated), `register` with its `register.gate` (whether and
+under which name it is registered; the metrics' directions and the champion's metric), and `track` (where metrics,
+parameters and models are mirrored: MLflow, TensorBoard, W&B).
+
+Together because they all act on the finished training's results, after the nodes are done.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from config.redact import has_url_password
+from config.sections.base import Section
+
+
+class EvalConfig(Section):
+    """Evaluation of the trained model on the eval split."""
+
+    batch_size: int = Field(8, gt=0, description="Examples per rank per forward pass.")
+    model: Literal["final", "checkpoint"] = Field(
+        "final",
+        description="What the pipeline evaluates: the exported final/ model, or the final complete checkpoint "
+        "(DeepSpeed shards, reassembled on the base model).",
+    )
+    generate_samples: int = Field(
+        0, ge=0, le=1000, description="Write this many greedy completions of eval prompts to {run}/samples.jsonl."
+    )
+    max_new_tokens: int = Field(32, gt=0, le=4096, description="Tokens generated per sample (eval.generate_samples).")
+
+
+Metric = Literal["loss", "perplexity", "token_accuracy"]
+# Which way each metric improves; a gate pointing the other way would promote worse models.
+METRIC_DIRECTION: dict[str, str] = {"loss": "min", "perplexity": "min", "token_accuracy": "max"}
+# How the champion is chosen when register.gate is not set.
+CHAMPION_METRIC: Metric = "loss"
+
+
+class GateConfig(Section):
+    """Promotion gate: register only when the eval metric passes a threshold or beats the champion."""
+
+    metric: Metric = Field("loss", description="Eval metric the gate compares (and the champion is ranked by).")
+    direction: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher is better.")
+    threshold: float | None = Field(
+        None, description="Pass when the metric is at most (min) or at least (max) this value."
+    )
+    better_than: Literal["champion"] | None = Field(
+        None, description="champion: pass only when strictly better than the current champion (or none exists)."
+    )
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> GateConfig:
+        if (self.threshold is None) == (self.better_than is None):
+            raise ValueError("set exactly one of register.gate.threshold and register.gate.better_than")
+        if self.direction != METRIC_DIRECTION[self.metric]:
+            raise ValueError(f"register.gate.direction must be {METRIC_DIRECTION[self.metric]} for {self.metric}, "
+                             f"got {self.direction}")
+        return self
+
+
+class RegisterConfig(Section):
+    """Where the trained model is registered, and the gate it must pass."""
+
+    model_name: str = Field(
+        "tandem-tiny",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="Registry name; versions are registry/{model_name}/v0001.json, v0002.json, ...",
+    )
+    gate: GateConfig | None = Field(
+        None, description="Promotion gate; empty: every evaluated model is registered."
+    )
+
+
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+TRACKING_OFF = "off"
+
+
+class TrackConfig(Section):
+    """Where the run's metrics, parameters and models are mirrored: MLflow, TensorBoard, Weights & Biases.
+
+    Tandem's own files (metrics.jsonl, the registry) stay the source of truth; the pipeline process forwards them."""
+
+    mlflow_uri: str | None = Field(
+        None,
+        description=f"MLflow tracking server (http://host:5000) or store URI; empty: ${MLFLOW_URI_ENV} when set, "
+        f"else no MLflow; {TRACKING_OFF}: no MLflow even when ${MLFLOW_URI_ENV} is set. Credentials come from "
+        "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD, never from here.",
+        min_length=1,
+    )
+    mlflow_experiment: str = Field(
+        "tandem", min_length=1, max_length=500, description="MLflow experiment the run is logged to (created if new)."
+    )
+    tensorboard: bool = Field(False, description="Write TensorBoard event files under {run}/tensorboard/.")
+    wandb: bool = Field(False, description="Log to Weights & Biases (WANDB_API_KEY / WANDB_MODE from the environment).")
+    wandb_project: str = Field("tandem", min_length=1, max_length=128, description="W&B project of the run.")
+
+    @field_validator("mlflow_uri", mode="before")
+    @classmethod
+    def _no_url_password(cls, value: object) -> object:
+        if value is False:  # `--set track.mlflow_uri=off` is YAML, where a bare off is false
+            return TRACKING_OFF
+        if isinstance(value, str) and has_url_password(value):
+            raise ValueError("track.mlflow_uri has a password in its URL: remove it and set MLFLOW_TRACKING_USERNAME "
+                             "and MLFLOW_TRACKING_PASSWORD in the environment instead")
+        return value
+
+    def mlflow_tracking_uri(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The MLflow URI this run logs to, or None when MLflow is off (the rule of track.mlflow_uri)."""
+        if self.mlflow_uri == TRACKING_OFF:
+            return None
+        if self.mlflow_uri is not None:
+            return self.mlflow_uri
+        return (os.environ if environ is None else environ).get(MLFLOW_URI_ENV) or None
