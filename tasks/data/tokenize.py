@@ -6,12 +6,15 @@ that rendering (tasks/data/spans.py says how, and where a span starts and ends).
 start offset falls inside such a span; all others get -100 (Hugging Face's convention: the model shifts labels by
 one internally). Conversations are tokenized in batches by the fast tokenizer's backend, and the spans are mapped
 to token ranges by searching token starts, never token by token: starts summed from the ids' byte lengths for
-byte-level BPE tokenizers (tasks/data/offsets.py), else the offsets the backend tracks. An example longer than data.max_length keeps the
-window tasks/data/length.py chooses (data.excess_length: truncate), or is returned as dropped (drop, fail).
+byte-level BPE tokenizers (tasks/data/offsets.py), else the offsets the backend tracks. Where tiktoken reproduces the
+tokenizer (tasks/data/ranked_bpe.py: Qwen's among others) it encodes, about 3.6 times faster than the backend. An
+example longer than data.max_length keeps the window tasks/data/length.py chooses (data.excess_length: truncate), or
+is returned as dropped (drop, fail).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from tasks.data import length
 from tasks.data import spans as locate
 from tasks.data.formats import Conversation, InvalidRecord, Message
 from tasks.data.offsets import ByteOffsets, first_tokens_at
+from tasks.data.ranked_bpe import RankedBPE
 
 DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
@@ -93,7 +97,7 @@ class ChatEncoder:
 
     def __init__(self, tokenizer: Any, max_length: int, *, enable_thinking: bool = True,
                  mask_history: bool = False, excess_length: str = "truncate", byte_offsets: bool = True,
-                 name: str = "") -> None:
+                 ranked_bpe: bool = True, name: str = "") -> None:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         self.tokenizer = tokenizer
@@ -106,6 +110,7 @@ class ChatEncoder:
         self.backend.no_truncation()
         self.backend.no_padding()
         self.offsets = ByteOffsets.of(self.backend) if byte_offsets else None
+        self.ranked = RankedBPE.of(self.backend) if ranked_bpe and self.offsets is not None else None
         self.special = dict(tokenizer.special_tokens_map)
         self._compile = _compile_jinja_template
         self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
@@ -208,21 +213,7 @@ class ChatEncoder:
             except InvalidRecord as exc:
                 rejects.append((index, str(exc)))
         out = _Collector()
-        texts = [text for _, text, _, _ in rendered]
-        # Without offsets (a third faster) when token starts can be summed from the ids: tasks/data/offsets.py.
-        fast = self.offsets is not None
-        encodings = (self.backend.encode_batch_fast if fast else self.backend.encode_batch)(
-            texts, add_special_tokens=False)
-        for (index, text, spans, flags), encoding in zip(rendered, encodings, strict=True):
-            ids = np.array(encoding.ids, dtype=np.int32)
-            starts = self.offsets.starts(text, ids) if fast else None
-            if starts is not None:
-                bounds = first_tokens_at(text, starts, [p for span in spans for p in span])
-            else:
-                if fast:  # this text is not exactly its tokens' bytes: encode it again, tracking offsets
-                    encoding = self.backend.encode(text, add_special_tokens=False)
-                    ids = np.array(encoding.ids, dtype=np.int32)
-                bounds = [_first_token_at(encoding, len(text), p) for span in spans for p in span]
+        for (index, _, _, flags), (ids, bounds) in zip(rendered, self._tokens(rendered), strict=True):
             turns = list(zip(bounds[0::2], bounds[1::2], strict=True))
             targets = [turn for turn, flag in zip(turns, flags, strict=True) if flag and turn[0] < turn[1]]
             n_tokens = len(ids)
@@ -237,6 +228,34 @@ class ChatEncoder:
                                                  for a, b in targets], stop - first < n_tokens)
         rejects.sort()
         return out.batch(rejects)
+
+    def _tokens(self, rendered: list[tuple[int, str, list[tuple[int, int]], list[bool]]]
+                ) -> Iterator[tuple[np.ndarray, list[int]]]:
+        """Each rendered text's ids, and the token index at each boundary of its spans (start, end, start, ...)."""
+        texts = [text for _, text, _, _ in rendered]
+        if self.offsets is None:
+            encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+            for (_, text, spans, _), encoding in zip(rendered, encodings, strict=True):
+                yield np.array(encoding.ids, dtype=np.int32), [_first_token_at(encoding, len(text), p)
+                                                               for span in spans for p in span]
+            return
+        # No tracked offsets (a third faster): token starts are summed from the ids (tasks/data/offsets.py), and the
+        # ids come from tiktoken where it reproduces this tokenizer (tasks/data/ranked_bpe.py), else the backend.
+        if self.ranked is not None:
+            batch_ids = self.ranked.encode(texts)
+            if texts:
+                self.ranked.check(self.backend, texts[0], batch_ids[0])
+        else:
+            batch_ids = [encoding.ids for encoding in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+        for (_, text, spans, _), token_ids in zip(rendered, batch_ids, strict=True):
+            ids = np.array(token_ids, dtype=np.int32)
+            starts = self.offsets.starts(text, ids)
+            if starts is not None:
+                yield ids, first_tokens_at(text, starts, [p for span in spans for p in span])
+            else:  # not exactly its tokens' bytes (a text the NFC normalizer changes): encode it again, with offsets
+                encoding = self.backend.encode(text, add_special_tokens=False)
+                yield np.array(encoding.ids, dtype=np.int32), [_first_token_at(encoding, len(text), p)
+                                                               for span in spans for p in span]
 
 
 class _Collector:

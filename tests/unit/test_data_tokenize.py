@@ -85,11 +85,12 @@ def test_masked_positions_are_exactly_the_non_assistant_tokens(builtin_tokenizer
                       add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("byte_offsets", [True, False], ids=["summed-byte-offsets", "tracked-offsets"])
-def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer, byte_offsets: bool) -> None:
-    """Both ways of finding token starts (tasks/data/offsets.py) against the oracle; the texts include characters
-    split across byte-level tokens and text an NFC normalizer changes (e + combining accent, the Angstrom sign,
-    Devanagari qa), which the summed byte offsets hand back to the tracked ones."""
+@pytest.mark.parametrize(("byte_offsets", "ranked_bpe"), [(True, True), (True, False), (False, False)],
+                         ids=["tiktoken", "summed-byte-offsets", "tracked-offsets"])
+def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer, byte_offsets: bool, ranked_bpe: bool) -> None:
+    """Every way of encoding and finding token starts (tasks/data/ranked_bpe.py, offsets.py) against the oracle; the
+    texts include characters split across byte-level tokens and text an NFC normalizer changes (e + combining accent,
+    the Angstrom sign, Devanagari qa), which the summed byte offsets hand back to the tracked ones."""
     tok = load_tokenizer(builtin_tokenizer)
     conversations = [r.conversation for r in read_records(str(SAMPLE), "auto")]
     conversations += [
@@ -104,8 +105,9 @@ def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer, byte_of
                       {"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]},
     ]
     for max_length, policy in ((512, "truncate"), (32, "drop")):
-        encoder = ChatEncoder(tok, max_length, excess_length=policy, byte_offsets=byte_offsets)
+        encoder = ChatEncoder(tok, max_length, excess_length=policy, byte_offsets=byte_offsets, ranked_bpe=ranked_bpe)
         assert (encoder.offsets is not None) == byte_offsets  # both built-in tokenizers are byte-level BPE
+        assert (encoder.ranked is not None) == ranked_bpe  # and tiktoken reproduces both
         batch = encoder.encode(conversations)
         assert not batch.rejects
         dropped = {index for index, _ in batch.dropped}
@@ -299,3 +301,33 @@ def test_summed_byte_offsets_are_used_only_where_tokens_are_the_texts_bytes(tiny
     backend.post_processor = None
     backend.normalizer = normalizers.Lowercase()
     assert ByteOffsets.of(backend) is None
+
+
+def test_tiktoken_reproduces_the_tokenizer_on_awkward_text(builtin_tokenizer) -> None:
+    """Beyond the probe RankedBPE.of runs: 3,000 other random texts (every script, Unicode whitespace, digits,
+    contractions, emoji, added tokens) give the same ids from tiktoken and from the tokenizer's backend; a
+    tokenizer whose merges are not in its tokens' order, or that changes text otherwise than NFC, is not given
+    to tiktoken."""
+    import json
+
+    from tokenizers import Tokenizer, normalizers
+
+    from tasks.data import ranked_bpe
+    from tasks.data.ranked_bpe import RankedBPE
+
+    backend = Tokenizer.from_file(str(Path(builtin_tokenizer) / "tokenizer.json"))
+    bpe = RankedBPE.of(backend)
+    assert bpe is not None
+    added = [t.content for t in backend.get_added_tokens_decoder().values()]
+    texts = ranked_bpe.probe_texts(added, 3400)[400:]  # the first 400 are the probe's own
+    ours = bpe.encode(texts)
+    theirs = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    assert sum(a == b for a, b in zip(ours, theirs, strict=True)) == len(texts)
+    with pytest.raises(RuntimeError, match="tiktoken and the tokenizer encode 'two plus two'"):
+        bpe.check(backend, "two plus two", ours[0])  # the tripwire every batch's first text goes through
+
+    spec = json.loads(backend.to_str())
+    spec["model"]["merges"] = list(reversed(spec["model"]["merges"]))
+    assert RankedBPE.of(Tokenizer.from_str(json.dumps(spec))) is None
+    backend.normalizer = normalizers.Lowercase()
+    assert RankedBPE.of(backend) is None
