@@ -82,9 +82,13 @@ class FinetuneConfig(Section):
         if not low <= self.launch.nnodes <= high:
             raise ValueError(f"launch.min_nnodes={low} <= launch.nnodes={self.launch.nnodes} <= launch.max_nnodes="
                              f"{high} does not hold; set them in that order")
-        if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend != "local":
-            raise ValueError(f"launch.min_nnodes/max_nnodes: only launch.backend=local picks the surviving nodes so "
-                             f"far, not {self.launch.backend}; leave them empty (every node must come back)")
+        if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend not in ("local", "ssh"):
+            raise ValueError(f"launch.min_nnodes/max_nnodes: only launch.backend=local or ssh picks the surviving "
+                             f"nodes so far, not {self.launch.backend}; leave them empty (every node must come back)")
+        if self.launch.backend == "ssh" and high > self.launch.nnodes:
+            raise ValueError(f"launch.max_nnodes={high}: the ssh backend's nodes are the {self.launch.nnodes} hosts of "
+                             "launch.hosts, and every attempt starts on those that answer; list the hosts there and "
+                             "leave launch.max_nnodes empty")
         if low != high and self.train.global_batch_size is None:
             raise ValueError("launch.min_nnodes/max_nnodes need train.global_batch_size (without it the batch, the "
                              "schedule and the loss change with the number of nodes); set it, e.g. to today's "

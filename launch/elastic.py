@@ -3,8 +3,10 @@ node-local preflight checks, at least min_nnodes of them. The first attempt take
 launch.max_nnodes (it may grow the job when hosts are free); with train.global_batch_size the optimisation is the
 same on any of those world sizes, and the trainer resumes a checkpoint of another world size (trainer/reshard.py).
 
-The local backend's nodes are slots 0..max_nnodes-1 on this machine; the other backends keep today's behaviour
-(every node must come back).
+The local backend's nodes are slots 0..max_nnodes-1 on this machine, probed by preflight's node-local checks; the
+ssh backend's are the hosts of launch.hosts, probed over ssh (reachable with the key, the checkout and its Python),
+and an attempt runs on the hosts that answer, node 0 first. The other backends keep today's behaviour (every node
+must come back).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from config.errors import RetryableError
-from config.schema import FinetuneConfig
+from config.schema import FinetuneConfig, LaunchConfig
 from storage.checkpoints import latest_complete
 from storage.spec import Attempt, Spec
 
@@ -42,3 +44,26 @@ def next_attempt(spec: Spec, previous: list[Attempt], probe: Callable[[int], str
     newest = latest_complete(spec.run_url) if spec.config.train.resume == "auto" else None
     return Attempt(number=len(previous) + 1, nodes=chosen, world_size=len(chosen) * spec.config.launch.nproc_per_node,
                    from_step=newest.step if newest else 0, left_out=left_out)
+
+
+def probe_for(spec: Spec) -> Callable[[int], str | None]:
+    """How the slots of `spec`'s backend are probed: over ssh for the ssh backend's hosts, else preflight's node-local
+    checks on this machine."""
+    if spec.config.launch.backend == "ssh":
+        from launch.ssh_nodes import probe_host
+
+        return lambda slot: probe_host(spec.config.launch, slot)
+    from launch.preflight import probe_node
+
+    return lambda slot: probe_node(spec, slot)
+
+
+def attempt_launch(launch: LaunchConfig, attempt: Attempt) -> LaunchConfig:
+    """The launch section of an attempt: its node count, and for the ssh backend its hosts (node 0 first), which also
+    moves the rendezvous to the first of them when launch.master_addr is unset."""
+    update: dict[str, object] = {"nnodes": len(attempt.nodes)}
+    if launch.backend == "ssh":
+        # The hosts decide an ssh section's node count (config/sections/launch.py), so the attempt's section holds
+        # its own hosts, and no max_nnodes above them; the next attempt starts again from the whole list.
+        update.update(hosts=[launch.hosts[slot] for slot in attempt.nodes], max_nnodes=None)
+    return launch.model_copy(update=update)

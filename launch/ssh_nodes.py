@@ -115,29 +115,47 @@ def run_ssh_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = No
 def check_hosts(ssh: Ssh, hosts: list[Host], *, pick_port: bool) -> int | None:
     """Every host, in parallel: reachable with the key, the checkout and its Python there; on node 0 with
     `pick_port`, a free port for the rendezvous. Raises one line naming the host and the fix."""
-    def check(rank: int, host: Host) -> str:
-        remote = (f"test -d {shlex.quote(ssh.root)} || exit 91; test -x {shlex.quote(ssh.python)} || exit 92; "
-                  + (f"{shlex.quote(ssh.python)} -c {shlex.quote(_PICK_PORT)}" if rank == 0 and pick_port else "true"))
-        try:
-            done = subprocess.run(ssh.command(host, remote), capture_output=True, text=True,
-                                  timeout=CHECK_TIMEOUT_S + ssh.launch.ssh_connect_timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise RetryableError(f"node {rank} ({host}): ssh did not answer within {CHECK_TIMEOUT_S} s; is the host "
-                                 "up and sshd running?") from None
-        if done.returncode == 91:
-            raise UserError(f"node {rank} ({host}): no Tandem checkout at {ssh.root}; install it there or set "
-                            "launch.remote_root to its path on the hosts")
-        if done.returncode == 92:
-            raise UserError(f"node {rank} ({host}): no Python at {ssh.python}; create the same virtual environment "
-                            "there or set launch.remote_python")
-        if done.returncode != 0:
-            raise ssh_failure(f"node {rank} ({host})", done.returncode, done.stderr)
-        return done.stdout.strip()
-
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        answers = [pool.submit(check, rank, host) for rank, host in enumerate(hosts)]
+        answers = [pool.submit(check_host, ssh, rank, host, pick_port and rank == 0)
+                   for rank, host in enumerate(hosts)]
         results = [answer.result() for answer in answers]  # the first failure in node order raises
     return int(results[0]) if pick_port and results[0].isdigit() else None
+
+
+def check_host(ssh: Ssh, rank: int, host: Host, pick_port: bool = False) -> str:
+    """One host reachable with the key, with the checkout and its Python; with `pick_port`, a free port there
+    (printed). Raises one line naming the host and the fix."""
+    remote = (f"test -d {shlex.quote(ssh.root)} || exit 91; test -x {shlex.quote(ssh.python)} || exit 92; "
+              + (f"{shlex.quote(ssh.python)} -c {shlex.quote(_PICK_PORT)}" if pick_port else "true"))
+    try:
+        done = subprocess.run(ssh.command(host, remote), capture_output=True, text=True,
+                              timeout=CHECK_TIMEOUT_S + ssh.launch.ssh_connect_timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise RetryableError(f"node {rank} ({host}): ssh did not answer within {CHECK_TIMEOUT_S} s; is the host "
+                             "up and sshd running?") from None
+    if done.returncode == 91:
+        raise UserError(f"node {rank} ({host}): no Tandem checkout at {ssh.root}; install it there or set "
+                        "launch.remote_root to its path on the hosts")
+    if done.returncode == 92:
+        raise UserError(f"node {rank} ({host}): no Python at {ssh.python}; create the same virtual environment "
+                        "there or set launch.remote_python")
+    if done.returncode != 0:
+        raise ssh_failure(f"node {rank} ({host})", done.returncode, done.stderr)
+    return done.stdout.strip()
+
+
+def probe_host(launch: LaunchConfig, slot: int) -> str | None:
+    """An elastic run's probe of the host in `slot` of launch.hosts (launch/elastic.py): check_host's problem in one
+    line, or None. The node's own preflight follows when it starts."""
+    host = parse_host(launch.hosts[slot], f"launch.hosts[{slot}]")
+    ssh = Ssh(launch)
+    try:
+        check_host(ssh, slot, host)
+    except (UserError, RetryableError) as exc:
+        return str(exc)
+    finally:
+        ssh.close([host])
+    return None
 
 
 def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: Info) -> SshNode:

@@ -14,9 +14,8 @@ from prefect.states import State
 
 from config.errors import RetryableError
 from launch.command import transport_debug
-from launch.elastic import is_elastic, next_attempt
+from launch.elastic import attempt_launch, is_elastic, next_attempt, probe_for
 from launch.phase import run_phase
-from launch.preflight import probe_node
 from storage import layout
 from storage.checkpoints import latest_complete, verified_export_step
 from storage.spec import Spec, WrittenSpec, load_spec, publish_spec
@@ -54,8 +53,8 @@ def start_attempt(written: WrittenSpec, info: Callable[[str], None]) -> WrittenS
     the attempt, the history of attempts); returns it."""
     base = written.spec
     previous = load_spec(written.url)[0].attempts  # what earlier attempts of this pipeline run recorded
-    attempt = next_attempt(base, previous, lambda slot: probe_node(base, slot))
-    launch = base.config.launch.model_copy(update={"nnodes": len(attempt.nodes)})
+    attempt = next_attempt(base, previous, probe_for(base))
+    launch = attempt_launch(base.config.launch, attempt)
     cfg = base.config.model_copy(update={"launch": launch})
     spec = build_spec(cfg, base.run_id, base.model_path, base.dataset).model_copy(
         update={"attempts": [*previous, attempt]})

@@ -202,3 +202,22 @@ def unshape(machine: Machine) -> None:
     subprocess.run(["tc", "qdisc", "del", "dev", machine.veth, "root"], capture_output=True)
     subprocess.run(["ip", "netns", "exec", machine.namespace, "tc", "qdisc", "del", "dev", "eth0", "root"],
                    capture_output=True)
+
+
+def vanish(machines: Machines, machine: Machine) -> None:
+    """The machine is gone, as a spot instance taken back: every process in its namespace, its sshd too, is killed,
+    so connections to it are refused. `restore` brings its sshd back for the tests after."""
+    for pid in machine.pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    machines.sshd[machine.index].wait()
+
+
+def restore(machines: Machines, machine: Machine) -> None:
+    """Start the machine's sshd again (after `vanish`)."""
+    root = machines.root
+    conf = root / f"sshd-{machine.index}.conf"
+    machines.sshd[machine.index] = subprocess.Popen(
+        ["ip", "netns", "exec", machine.namespace, "/usr/sbin/sshd", "-D", "-e", "-f", str(conf)],
+        stderr=open(root / f"sshd-{machine.index}.log", "a"))
+    _wait_for_port(machine.addr, 22)

@@ -25,7 +25,7 @@ from storage.spec import WrittenSpec, write_spec
 from tasks.run import build_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config
-from tests.netns.hosts import Machines, _cmdline
+from tests.netns.hosts import Machines, _cmdline, restore, vanish
 
 pytestmark = pytest.mark.netns
 SECRET = "forwarded-not-on-a-command-line"
@@ -100,6 +100,52 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
         assert probe["ranks"] == 2 and probe["probe_mb"] == 4.0 and list(probe["nodes"]) == ["1"]
         assert min(probe["nodes"]["1"].values()) > 0.4 and probe["bus_gbps"] > 0.4, probe
         print(f"node {rank} probe:", json.dumps(probe))
+    assert machines.strays() == {}
+
+
+def test_a_host_lost_for_good_the_run_finishes_on_the_others(machines: Machines, prefect_server, tiny_model,
+                                                             tmp_path) -> None:
+    """3 hosts, launch.min_nnodes=2: mid-training the third host vanishes (every process there, its sshd too). The
+    retry probes the hosts over ssh, leaves the lost one out naming it, and finishes on the other two from the newest
+    complete checkpoint (3 ranks' checkpoint resumed on 2, same global batch); nothing is left running anywhere."""
+    from flows.finetune import finetune
+
+    cfg = load_config(None, [
+        f"run.storage={tmp_path}", "run.name=ssh-elastic", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
+        f"launch.hosts=[{', '.join(machines.hosts(3))}]", f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
+        "launch.nproc_per_node=1", "launch.min_nnodes=2", "train.global_batch_size=24", "train.max_steps=8",
+        "train.save_steps=2", "launch.rdzv_timeout=60", "launch.retries=1", "launch.retry_delay_s=0",
+        "launch.ssh_connect_timeout=5", "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.5'}"])
+    run_dir = tmp_path / "runs" / "ssh-elastic"
+    lost = machines.machines[2]
+    outcome: dict = {}
+
+    def pipeline() -> None:
+        try:
+            outcome["summary"] = finetune(cfg)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=pipeline)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 180
+        while latest_complete(str(run_dir)) is None or not latest_complete(str(run_dir)).step >= 2:
+            assert time.monotonic() < deadline and thread.is_alive(), outcome
+            time.sleep(0.3)
+        vanish(machines, lost)
+        thread.join(timeout=300)
+    finally:
+        restore(machines, lost)
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    summary = outcome["summary"]
+    assert latest_complete(summary["run_url"]).step == 8 and summary["registered"]
+    first, second = json.loads((run_dir / "spec.json").read_text())["attempts"]
+    assert (first["nodes"], first["world_size"]) == ([0, 1, 2], 3)
+    assert (second["nodes"], second["world_size"]) == ([0, 1], 2) and second["from_step"] >= 2
+    assert list(second["left_out"]) == ["2"] and second["left_out"]["2"].startswith(f"node 2 ({lost.addr}): ")
+    print("left out:", second["left_out"]["2"])
+    assert f"resumed from step {second['from_step']}" in (run_dir / "nodes" / "0" / "log.txt").read_text()
     assert machines.strays() == {}
 
 

@@ -37,9 +37,12 @@ def test_a_global_batch_that_does_not_divide_names_the_values_and_the_nearest_ch
 def test_elastic_nodes_need_a_global_batch_and_an_ordered_range() -> None:
     with pytest.raises(UserError, match="launch.min_nnodes/max_nnodes need train.global_batch_size"):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=2"])
-    with pytest.raises(UserError, match="only launch.backend=local picks the surviving nodes so far, not slurm"):
+    with pytest.raises(UserError, match="only launch.backend=local or ssh picks the surviving nodes so far, not slurm"):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=2", "train.global_batch_size=24",
                            "launch.backend=slurm"])
+    with pytest.raises(UserError, match="launch.max_nnodes=4: the ssh backend's nodes are the 3 hosts of launch.hosts"):
+        load_config(None, ["launch.backend=ssh", "launch.hosts=[a, b, c]", "launch.min_nnodes=2",
+                           "launch.max_nnodes=4", "train.global_batch_size=24"])
     with pytest.raises(UserError, match="launch.min_nnodes=4 <= launch.nnodes=3"):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=4", "train.global_batch_size=24"])
 
@@ -80,3 +83,19 @@ def test_a_checkpoint_of_another_stage_or_method_is_refused_naming_what_differs(
         "/runs/r/checkpoints/step-00000008 cannot resume this run: its ZeRO stage 2 (this run: 3) and train.method "
         "lora (this run: full) differ; resume with the same DeepSpeed stage and train.method, or set "
         "train.resume=never to start over")
+
+
+def test_an_ssh_attempt_runs_on_the_hosts_that_answer(tmp_path) -> None:
+    """The ssh backend's slots are launch.hosts: an attempt's section holds the hosts it runs on, node 0 first (the
+    rendezvous moves to the first of them), and reloads as a valid config (spec.json is read back on every node)."""
+    from config.schema import FinetuneConfig
+    from launch.elastic import attempt_launch
+
+    spec = spec_for(tmp_path, ["launch.backend=ssh", "launch.hosts=[n0, n1, n2]", "launch.min_nnodes=2",
+                               "train.global_batch_size=24"])
+    first = next_attempt(spec, [], lambda slot: None)
+    lost = next_attempt(spec, [first], lambda slot: "node 0 (n0): ssh: connection refused" if slot == 0 else None)
+    assert (lost.nodes, lost.world_size, lost.left_out) == ([1, 2], 2, {"0": "node 0 (n0): ssh: connection refused"})
+    launch = attempt_launch(spec.config.launch, lost)
+    assert (launch.hosts, launch.nnodes, launch.rendezvous_addr) == (["n1", "n2"], 2, "n1")
+    FinetuneConfig.model_validate(spec.config.model_copy(update={"launch": launch}).model_dump())
