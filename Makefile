@@ -23,7 +23,7 @@ test: setup
 
 # The multi-node suites that do not fit the default run's budget, one marker after the other (CI runs them
 # after `make test`; tests/README.md lists their times). A marker no test carries yet is skipped.
-SUITES ?= netns elastic secrets
+SUITES ?= netns elastic secrets cancel
 test-suites: setup
 	@for marker in $(SUITES); do \
 		if $(PY) -m pytest -q --collect-only -m $$marker $(PYTEST_ARGS) 2>/dev/null | grep -q '::'; then \

@@ -14,7 +14,8 @@ from storage.checkpoints import latest_complete
 from config.loader import load_config
 from launch.command import free_port
 
-pytestmark = pytest.mark.e2e
+# Two pipeline runs (about a minute of a worker): a suite of its own, after the default run (make test-suites).
+pytestmark = [pytest.mark.e2e, pytest.mark.cancel]
 
 
 def wait_for(predicate, timeout: float, what: str) -> float:
