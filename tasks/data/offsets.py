@@ -32,15 +32,16 @@ class ByteOffsets:
         self.nfc = nfc
 
     @classmethod
-    def of(cls, backend: Any) -> ByteOffsets | None:
-        """The table for a `tokenizers.Tokenizer`, or None when its tokens are not plain runs of the text's bytes."""
-        spec = json.loads(backend.to_str())
+    def of(cls, backend: Any, spec: dict[str, Any] | None = None) -> ByteOffsets | None:
+        """The table for a `tokenizers.Tokenizer` (`spec`: its tokenizer.json, parsed), or None when its tokens are not
+        plain runs of the text's bytes."""
+        spec = spec or json.loads(backend.to_str())
         normalizer = (spec.get("normalizer") or {}).get("type")
         if spec["model"].get("type") != "BPE" or normalizer not in PASS_THROUGH_NORMALIZERS:
             return None
         if not _byte_level(spec.get("pre_tokenizer")) or not _passes_offsets_through(spec.get("post_processor")):
             return None
-        alphabet = set(_byte_alphabet())
+        alphabet = byte_values().keys()
         added = {token["id"]: token["content"] for token in spec.get("added_tokens", ())}
         lengths = np.zeros(backend.get_vocab_size(with_added_tokens=True), dtype=np.int64)
         for token, index in backend.get_vocab(with_added_tokens=True).items():
@@ -97,9 +98,10 @@ def _passes_offsets_through(post_processor: dict[str, Any] | None) -> bool:
     return False
 
 
-def _byte_alphabet() -> list[str]:
-    """The 256 characters byte-level BPE writes bytes as (GPT-2's table): printable bytes stand for themselves,
-    the others are shifted past 255."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+def byte_values() -> dict[str, int]:
+    """The character byte-level BPE writes each byte as, and that byte (GPT-2's table): printable bytes stand for
+    themselves, the others are shifted past 255."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
     shifted = [b for b in range(256) if b not in printable]
-    return [chr(b) for b in printable] + [chr(256 + n) for n in range(len(shifted))]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}

@@ -24,6 +24,8 @@ import logging
 import unicodedata
 from typing import Any
 
+from tasks.data.offsets import byte_values
+
 log = logging.getLogger(__name__)
 
 _PROBE_POOLS = (
@@ -47,13 +49,14 @@ class RankedBPE:
         self.encoding = encoding
 
     @classmethod
-    def of(cls, backend: Any) -> RankedBPE | None:
-        """The encoder for a `tokenizers.Tokenizer`, or None (with the reason logged) where it would not be exact."""
+    def of(cls, backend: Any, spec: dict[str, Any] | None = None) -> RankedBPE | None:
+        """The encoder for a `tokenizers.Tokenizer` (`spec`: its tokenizer.json, parsed), or None (with the reason
+        logged) where it would not be exact."""
         try:
             import tiktoken
         except ImportError:
             return None
-        spec = json.loads(backend.to_str())
+        spec = spec or json.loads(backend.to_str())
         problem = _unsupported(spec)
         if problem:
             log.debug("tokenizing with the tokenizer's own backend: %s", problem)
@@ -141,11 +144,8 @@ def _merges_out_of_order(model: dict[str, Any]) -> str | None:
 
 
 def _ranks(vocab: dict[str, int]) -> dict[bytes, int] | None:
-    """Each token's bytes (byte-level BPE writes byte b as a printable character: GPT-2's table) and its id."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
-    shifted = [b for b in range(256) if b not in printable]
-    to_byte = {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}
+    """Each token's bytes (byte-level BPE writes byte b as a printable character: offsets.byte_values) and its id."""
+    to_byte = byte_values()
     try:
         return {bytes(to_byte[char] for char in token): index for token, index in vocab.items()}
     except KeyError:

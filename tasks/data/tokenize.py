@@ -14,6 +14,7 @@ is returned as dropped (drop, fail).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,8 +110,9 @@ class ChatEncoder:
         # tokenizer(text) switches these off per call; calling the backend directly must do the same.
         self.backend.no_truncation()
         self.backend.no_padding()
-        self.offsets = ByteOffsets.of(self.backend) if byte_offsets else None
-        self.ranked = RankedBPE.of(self.backend) if ranked_bpe and self.offsets is not None else None
+        spec = json.loads(self.backend.to_str())  # the tokenizer.json (Qwen's: 7 MB), parsed once for both
+        self.offsets = ByteOffsets.of(self.backend, spec) if byte_offsets else None
+        self.ranked = RankedBPE.of(self.backend, spec) if ranked_bpe and self.offsets is not None else None
         self.special = dict(tokenizer.special_tokens_map)
         self._compile = _compile_jinja_template
         self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
