@@ -85,12 +85,14 @@ def test_masked_positions_are_exactly_the_non_assistant_tokens(builtin_tokenizer
                       add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize(("byte_offsets", "ranked_bpe"), [(True, True), (True, False), (False, False)],
-                         ids=["tiktoken", "summed-byte-offsets", "tracked-offsets"])
-def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer, byte_offsets: bool, ranked_bpe: bool) -> None:
-    """Every way of encoding and finding token starts (tasks/data/ranked_bpe.py, offsets.py) against the oracle; the
-    texts include characters split across byte-level tokens and text an NFC normalizer changes (e + combining accent,
-    the Angstrom sign, Devanagari qa), which the summed byte offsets hand back to the tracked ones."""
+MODES = {"tiktoken": (True, True), "summed byte offsets": (True, False), "tracked offsets": (False, False)}
+
+
+def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer) -> None:
+    """Every way of encoding and finding token starts (tasks/data/ranked_bpe.py, offsets.py; MODES) against the oracle,
+    computed once; the texts include characters split across byte-level tokens and text an NFC normalizer changes
+    (e + combining accent, the Angstrom sign, Devanagari qa), which the summed byte offsets hand back to the tracked
+    ones."""
     tok = load_tokenizer(builtin_tokenizer)
     conversations = [r.conversation for r in read_records(str(SAMPLE), "auto")]
     conversations += [
@@ -105,24 +107,28 @@ def test_fast_encoder_matches_the_per_token_reference(builtin_tokenizer, byte_of
                       {"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]},
     ]
     for max_length, policy in ((512, "truncate"), (32, "drop")):
-        encoder = ChatEncoder(tok, max_length, excess_length=policy, byte_offsets=byte_offsets, ranked_bpe=ranked_bpe)
-        assert (encoder.offsets is not None) == byte_offsets  # both built-in tokenizers are byte-level BPE
-        assert (encoder.ranked is not None) == ranked_bpe  # and tiktoken reproduces both
-        batch = encoder.encode(conversations)
-        assert not batch.rejects
-        dropped = {index for index, _ in batch.dropped}
-        assert (len(dropped) > 0) == (max_length == 32)  # the short limit drops the longer conversations
-        assert batch.kept.tolist() == [i for i in range(len(conversations)) if i not in dropped]
-        position = 0
-        for index, length in zip(batch.kept.tolist(), batch.lengths.tolist(), strict=True):
-            ids, labels = reference_encode(tok, conversations[index], max_length)
-            assert batch.ids[position:position + length].tolist() == ids
-            assert batch.labels[position:position + length].tolist() == labels
-            position += length
-        for index, reason in batch.dropped:  # dropped exactly when the whole rendering is longer
-            n = len(tok(tok.apply_chat_template(conversations[index]["messages"], tokenize=False),
-                        add_special_tokens=False)["input_ids"])
-            assert n > max_length and reason == f"{n} tokens, longer than data.max_length={max_length}"
+        oracle = [reference_encode(tok, conversation, max_length) for conversation in conversations]
+        lengths = [len(tok(tok.apply_chat_template(c["messages"], tokenize=False), add_special_tokens=False)
+                       ["input_ids"]) for c in conversations]
+        for mode, (byte_offsets, ranked_bpe) in MODES.items():
+            encoder = ChatEncoder(tok, max_length, excess_length=policy, byte_offsets=byte_offsets,
+                                  ranked_bpe=ranked_bpe)
+            assert (encoder.offsets is not None) == byte_offsets, mode  # both built-in tokenizers are byte-level BPE
+            assert (encoder.ranked is not None) == ranked_bpe, mode  # and tiktoken reproduces both
+            batch = encoder.encode(conversations)
+            assert not batch.rejects, mode
+            dropped = {index for index, _ in batch.dropped}
+            assert (len(dropped) > 0) == (max_length == 32), mode  # the short limit drops the longer conversations
+            assert batch.kept.tolist() == [i for i in range(len(conversations)) if i not in dropped], mode
+            position = 0
+            for index, length in zip(batch.kept.tolist(), batch.lengths.tolist(), strict=True):
+                ids, labels = oracle[index]
+                assert batch.ids[position:position + length].tolist() == ids, (mode, index)
+                assert batch.labels[position:position + length].tolist() == labels, (mode, index)
+                position += length
+            for index, reason in batch.dropped:  # dropped exactly when the whole rendering is longer
+                n = lengths[index]
+                assert n > max_length and reason == f"{n} tokens, longer than data.max_length={max_length}", mode
 
 
 def test_weight_zero_turns_are_not_targets(builtin_tokenizer) -> None:
