@@ -192,3 +192,9 @@ def main(out_dir: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    # As the trainer's ranks do (trainer/harness.py, exit_now): skip the interpreter's teardown, where a thread
+    # DeepSpeed or gloo left joinable at times aborts the process ("terminate called without an active exception",
+    # exit -6) after every comparison passed and the result was written. A failed comparison raises before this.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
