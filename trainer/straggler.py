@@ -5,13 +5,17 @@ the collectives make every rank's step as slow as the slowest one, and DeepSpeed
 reduces gradients across ranks. Under ZeRO-2 the forward pass has no collectives, so it is pure
 compute. Under ZeRO-3 it includes parameter all-gathers, which partly hide a straggler (fast ranks
 wait inside their forward too); a rank that is slow by a large factor still shows.
+
+The first step a process runs is not counted: it pays one-off costs (allocator growth, DeepSpeed's first-forward
+hooks, a resumed run's cold page cache) that differ by rank and would hide a real straggler, or invent one, at the
+first check.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.distributed import Dist, gather_objects
@@ -28,10 +32,13 @@ class StragglerWatch:
     dist: Dist
     _seconds: float = 0.0
     _steps: int = 0
-    _events: list[dict[str, Any]] = field(default_factory=list)
+    _warmed_up: bool = False
 
     def observe(self, compute_s: float) -> None:
-        """Add one step's compute time."""
+        """Add one step's compute time (the process's first step is warm-up, not counted)."""
+        if not self._warmed_up:
+            self._warmed_up = True
+            return
         self._seconds += compute_s
         self._steps += 1
 
@@ -42,7 +49,10 @@ class StragglerWatch:
         mine = (self.dist.rank, self.dist.host, self._seconds / self._steps)
         self._seconds, self._steps = 0.0, 0
         per_rank = gather_objects(mine, self.dist)
-        median = statistics.median(seconds for _, _, seconds in per_rank)
+        # The lower median: with an even count, `median` is the mean of the middle two, so in a job of two nodes
+        # (or two ranks) with one slow, the slow half sits at most 2x above it and a factor of 2 never fires.
+        # The lower middle value compares a slow half with the fast half.
+        median = statistics.median_low(seconds for _, _, seconds in per_rank)
         events = []
         for rank, host, seconds in per_rank:
             if median > 0 and seconds > self.factor * median:

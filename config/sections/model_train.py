@@ -73,7 +73,7 @@ class TrainConfig(Section):
     length_grouping: bool = Field(True, description="Group similar lengths into micro-batches (less padding).")
     straggler_check_steps: int = Field(10, gt=0, description="Compare per-rank step times every N steps.")
     straggler_factor: float = Field(
-        1.5, gt=1.0, description="Warn when the slowest rank's step time exceeds the median by this factor."
+        1.5, gt=1.0, description="Warn when a rank's step time exceeds the median by this factor."
     )
     micro_batch_size: int = Field(2, gt=0, description="Examples per rank per forward pass.")
     gradient_accumulation_steps: int = Field(

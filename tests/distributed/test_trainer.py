@@ -195,8 +195,9 @@ def test_a_slow_rank_is_reported_as_a_straggler(qwen_zero2_slow_rank: Run) -> No
     run = qwen_zero2_slow_rank
     events = [r for r in run.metrics() if r.get("event") == "straggler"]
     assert events and {e["rank"] for e in events} == {1}
-    assert all(e["ratio"] > 1.5 and e["host"] for e in events)
-    assert "straggler at step 2: rank 1 on" in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
+    # Above 2x: against the plain median (the mean of two ranks) a slow rank of two could never get there.
+    assert all(e["ratio"] > 2 and e["host"] for e in events)
+    assert f"straggler at step {events[0]['step']}: rank 1 on" in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
 
 
 def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> None:
