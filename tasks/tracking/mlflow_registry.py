@@ -49,12 +49,18 @@ def experiment_of(entry: dict[str, Any]) -> str:
         return DEFAULT_EXPERIMENT
 
 
-def log_model(client: Any, mlflow_run_id: str, entry: dict[str, Any]) -> str:
-    """Save the export as a pyfunc model and log it into the run; returns its artifact URI."""
+def save_pyfunc(export: str, saved: str) -> None:
+    """Save a local export directory as a pyfunc model (TandemModel, the export as its `model` artifact) at `saved`."""
     import mlflow.pyfunc
 
     from tasks.tracking.mlflow_model import TandemModel
 
+    mlflow.pyfunc.save_model(saved, python_model=TandemModel(), artifacts={"model": export},
+                             pip_requirements=requirements())
+
+
+def log_model(client: Any, mlflow_run_id: str, entry: dict[str, Any]) -> str:
+    """Save the export as a pyfunc model and log it into the run; returns its artifact URI."""
     with tempfile.TemporaryDirectory(prefix="tandem-mlflow-") as tmp:
         model_url = entry["model_url"]
         if is_local(model_url):
@@ -64,8 +70,7 @@ def log_model(client: Any, mlflow_run_id: str, entry: dict[str, Any]) -> str:
             fs, path = filesystem(model_url)
             fs.get(path, export, recursive=True)
         saved = os.path.join(tmp, "pyfunc")
-        mlflow.pyfunc.save_model(saved, python_model=TandemModel(), artifacts={"model": export},
-                                 pip_requirements=requirements())
+        save_pyfunc(export, saved)
         name = artifact_name(entry["model"], entry["version"])
         client.log_artifacts(mlflow_run_id, saved, name)
     return f"{client.get_run(mlflow_run_id).info.artifact_uri}/{name}"
