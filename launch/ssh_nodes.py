@@ -5,8 +5,11 @@ over password-less SSH, nothing else).
 Each host is first checked over one shared connection (BatchMode, a connect timeout, ControlMaster): it must
 accept the key and have the checkout and its Python; node 0 also picks the rendezvous port. Then every node runs
 `launch.ssh_bootstrap`, which reads the run's environment from the connection's stdin (never a command line) and
-stops the node when that connection closes. The first node whose ssh exits non-zero stops the job, named with its
-host; whatever way this function exits, each host's leftovers are killed by the node's tag.
+stops the node when that connection closes, or when it has heard nothing for LINK_LOST_S (the launcher sends a
+heartbeat line every HEARTBEAT_S): a host cut off the network, whose connection neither closes nor resets, stops
+its own ranks instead of leaving them blocked in a collective. The first node whose ssh exits non-zero stops the
+job, named with its host; the other nodes are told the phase failed, so they get the short grace of a failure
+(`grace_for`); whatever way this function exits, each host's leftovers are killed by the node's tag.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from config.errors import EXIT_USER_ERROR, RetryableError, UserError
+from config.errors import EXIT_USER_ERROR, RetryableError, TandemError, UserError
 from config.hosts import Host, parse_host
 from config.loader import PROJECT_ROOT
 from config.schema import LaunchConfig
@@ -38,6 +41,10 @@ from launch.ssh_errors import ssh_failure
 from launch.watch import Watch, phase_watch
 
 POLL_S = 0.5
+SERVER_ALIVE_S, SERVER_ALIVE_COUNT = 5, 3  # ssh gives up on a silent host after 15 s
+HEARTBEAT_S = 2.0
+# A node that hears nothing for this long stops itself: by then this side's ssh has given up on it as well.
+LINK_LOST_S = SERVER_ALIVE_S * SERVER_ALIVE_COUNT + 5
 CHECK_TIMEOUT_S = 60
 _PICK_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
@@ -51,10 +58,53 @@ class SshNode:
     process: subprocess.Popen
     tag: str
     lines: deque = field(default_factory=lambda: deque(maxlen=40))
+    _input: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def name(self) -> str:
         return f"node {self.node_rank} ({self.host})"
+
+    def send(self, line: str) -> bool:
+        """Write one line to the bootstrap's input; False once it is closed or the connection is gone."""
+        with self._input:
+            stdin = self.process.stdin
+            if stdin is None or stdin.closed:
+                return False
+            try:
+                stdin.write(line + "\n")
+                stdin.flush()
+            except (OSError, ValueError):
+                return False
+            return True
+
+    def close_input(self, failed: bool) -> None:
+        """End the bootstrap's input, which stops the node; `failed` first tells it the phase failed."""
+        if failed:
+            self.send("failed")
+        with self._input, contextlib.suppress(OSError, ValueError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+
+
+class Heartbeats:
+    """A line to every started node each HEARTBEAT_S, from a thread of its own (a slow storage read in the
+    supervisor's loop must not look like a lost launcher)."""
+
+    def __init__(self, nodes: list[SshNode]) -> None:
+        self.nodes = nodes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            for node in list(self.nodes):
+                if node.process.poll() is None:
+                    node.send("")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class Ssh:
@@ -71,7 +121,7 @@ class Ssh:
         dead host within seconds, and one shared connection per host."""
         port = ["-p", str(host.port)] if host.port else []
         return ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.launch.ssh_connect_timeout}",
-                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+                "-o", f"ServerAliveInterval={SERVER_ALIVE_S}", "-o", f"ServerAliveCountMax={SERVER_ALIVE_COUNT}",
                 "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C", "-o", "ControlPersist=120",
                 *port, *self.launch.ssh_options, host.target, remote]
 
@@ -94,7 +144,8 @@ def run_ssh_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = No
     hosts = [parse_host(h, f"launch.hosts[{i}]") for i, h in enumerate(launch.hosts)]
     ssh = Ssh(launch)
     nodes: list[SshNode] = []
-    clean = False
+    heartbeats = Heartbeats(nodes)
+    clean = failed = False
     try:
         port = check_hosts(ssh, hosts, pick_port=launch.master_port is None) or launch.master_port \
             or DEFAULT_MASTER_PORT
@@ -106,9 +157,13 @@ def run_ssh_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = No
         info(f"{phase}: started {launch.nnodes} node(s) over ssh ({', '.join(map(str, hosts))}) x "
              f"{launch.nproc_per_node} rank(s), rendezvous {launch.rendezvous_addr}:{port}")
         clean = supervise(nodes, job, watch)
+    except TandemError:
+        failed = True  # not a cancel: the survivors get a failure's short grace (grace_for)
+        raise
     finally:
+        heartbeats.close()
         if not clean:
-            stop(ssh, nodes, grace_for(launch))
+            stop(ssh, nodes, grace_for(launch, failed=failed), failed=failed)
         ssh.close(hosts)
 
 
@@ -167,7 +222,8 @@ def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: I
         args += ["--spec-digest", job.written.digest]
     launch = job.written.spec.config.launch
     request = {"env": {**node_environment(launch), **plan_environment(plan)}, "argv": args, "tag": tag,
-               "grace_s": grace_for(launch)}
+               "grace_s": grace_for(launch), "failed_grace_s": grace_for(launch, failed=True),
+               "lost_s": LINK_LOST_S}
     remote = ssh.in_root(f"exec {shlex.quote(ssh.python)} -m launch.ssh_bootstrap")
     process = subprocess.Popen(ssh.command(host, remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -234,13 +290,12 @@ def _failure(first: SshNode, pending: list[SshNode], job: PhaseJob) -> UserError
                           f"log:\n{log_tail(run_url, node.node_rank)}")
 
 
-def stop(ssh: Ssh, nodes: list[SshNode], grace_s: float) -> None:
-    """Stop every node that is still running: close its connection's stdin (the bootstrap stops the node), wait
-    for the grace, then kill what is left on each host by its tag."""
+def stop(ssh: Ssh, nodes: list[SshNode], grace_s: float, failed: bool = False) -> None:
+    """Stop every node that is still running: close its connection's stdin (the bootstrap stops the node; after
+    `failed`, with the failure's grace), wait for the grace, then kill what is left on each host by its tag."""
     for node in nodes:
-        if node.process.poll() is None and node.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                node.process.stdin.close()
+        if node.process.poll() is None:
+            node.close_input(failed)
     deadline = time.monotonic() + grace_s + 5
     for node in nodes:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -221,3 +221,14 @@ def restore(machines: Machines, machine: Machine) -> None:
         ["ip", "netns", "exec", machine.namespace, "/usr/sbin/sshd", "-D", "-e", "-f", str(conf)],
         stderr=open(root / f"sshd-{machine.index}.log", "a"))
     _wait_for_port(machine.addr, 22)
+
+
+def partition(machine: Machine) -> None:
+    """The machine drops off the network without a word, as a pulled cable or a dead switch port: its bridge-side
+    link goes down, so packets to and from it are lost (no reset, no refusal) while its processes run on."""
+    _run("ip", "link", "set", "dev", machine.veth, "down")
+
+
+def heal(machine: Machine) -> None:
+    """Bring the machine's link back (after `partition`)."""
+    _run("ip", "link", "set", "dev", machine.veth, "up")

@@ -25,7 +25,7 @@ from storage.spec import WrittenSpec, write_spec
 from tasks.run import build_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config
-from tests.netns.hosts import Machines, _cmdline, restore, vanish
+from tests.netns.hosts import Machine, Machines, _cmdline, heal, partition, restore, vanish
 
 pytestmark = pytest.mark.netns
 SECRET = "forwarded-not-on-a-command-line"
@@ -103,49 +103,97 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
     assert machines.strays() == {}
 
 
+class ElasticPipeline:
+    """`python -m flows.finetune` in a thread over 3 hosts with launch.min_nnodes=2 (8 steps, a checkpoint every 2,
+    rank 0 slowed to 0.5 s a step so the run is mid-training when a host is lost), and what it ended with."""
+
+    def __init__(self, machines: Machines, tiny_model: str, tmp_path: Path, name: str) -> None:
+        from flows.finetune import finetune
+
+        cfg = load_config(None, [
+            f"run.storage={tmp_path}", f"run.name={name}", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
+            f"launch.hosts=[{', '.join(machines.hosts(3))}]",
+            f"launch.ssh_options=[{', '.join(machines.ssh_options)}]", "launch.nproc_per_node=1",
+            "launch.min_nnodes=2", "train.global_batch_size=24", "train.max_steps=8", "train.save_steps=2",
+            "launch.rdzv_timeout=60", "launch.retries=1", "launch.retry_delay_s=0", "launch.ssh_connect_timeout=5",
+            "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.5'}"])
+        self.run_dir = tmp_path / "runs" / name
+        self.outcome: dict = {}
+
+        def pipeline() -> None:
+            try:
+                self.outcome["summary"] = finetune(cfg)
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                self.outcome["error"] = exc
+
+        self.thread = threading.Thread(target=pipeline)
+        self.thread.start()
+
+    def attempts(self) -> list[dict]:
+        return json.loads((self.run_dir / "spec.json").read_text())["attempts"]
+
+    def wait_for_a_checkpoint(self) -> None:
+        deadline = time.monotonic() + 180
+        while latest_complete(str(self.run_dir)) is None or not latest_complete(str(self.run_dir)).step >= 2:
+            assert time.monotonic() < deadline and self.thread.is_alive(), self.outcome
+            time.sleep(0.3)
+
+    def assert_finished_without(self, lost: Machine) -> None:
+        """Finished and registered on nodes 0 and 1 from a checkpoint of the 3-node attempt, `lost` left out."""
+        self.thread.join(timeout=300)
+        assert not self.thread.is_alive() and "error" not in self.outcome, self.outcome
+        summary = self.outcome["summary"]
+        assert latest_complete(summary["run_url"]).step == 8 and summary["registered"]
+        first, second = self.attempts()
+        assert (first["nodes"], first["world_size"]) == ([0, 1, 2], 3)
+        assert (second["nodes"], second["world_size"]) == ([0, 1], 2) and second["from_step"] >= 2
+        assert list(second["left_out"]) == ["2"] and second["left_out"]["2"].startswith(f"node 2 ({lost.addr}): ")
+        print("left out:", second["left_out"]["2"])
+        assert f"resumed from step {second['from_step']}" in (self.run_dir / "nodes" / "0" / "log.txt").read_text()
+
+
 def test_a_host_lost_for_good_the_run_finishes_on_the_others(machines: Machines, prefect_server, tiny_model,
                                                              tmp_path) -> None:
     """3 hosts, launch.min_nnodes=2: mid-training the third host vanishes (every process there, its sshd too). The
     retry probes the hosts over ssh, leaves the lost one out naming it, and finishes on the other two from the newest
     complete checkpoint (3 ranks' checkpoint resumed on 2, same global batch); nothing is left running anywhere."""
-    from flows.finetune import finetune
-
-    cfg = load_config(None, [
-        f"run.storage={tmp_path}", "run.name=ssh-elastic", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
-        f"launch.hosts=[{', '.join(machines.hosts(3))}]", f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
-        "launch.nproc_per_node=1", "launch.min_nnodes=2", "train.global_batch_size=24", "train.max_steps=8",
-        "train.save_steps=2", "launch.rdzv_timeout=60", "launch.retries=1", "launch.retry_delay_s=0",
-        "launch.ssh_connect_timeout=5", "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.5'}"])
-    run_dir = tmp_path / "runs" / "ssh-elastic"
+    run = ElasticPipeline(machines, tiny_model, tmp_path, "ssh-elastic")
     lost = machines.machines[2]
-    outcome: dict = {}
-
-    def pipeline() -> None:
-        try:
-            outcome["summary"] = finetune(cfg)
-        except Exception as exc:  # noqa: BLE001 - the test looks at it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=pipeline)
-    thread.start()
     try:
-        deadline = time.monotonic() + 180
-        while latest_complete(str(run_dir)) is None or not latest_complete(str(run_dir)).step >= 2:
-            assert time.monotonic() < deadline and thread.is_alive(), outcome
-            time.sleep(0.3)
+        run.wait_for_a_checkpoint()
         vanish(machines, lost)
-        thread.join(timeout=300)
+        run.thread.join(timeout=300)
     finally:
         restore(machines, lost)
-    assert not thread.is_alive() and "error" not in outcome, outcome
-    summary = outcome["summary"]
-    assert latest_complete(summary["run_url"]).step == 8 and summary["registered"]
-    first, second = json.loads((run_dir / "spec.json").read_text())["attempts"]
-    assert (first["nodes"], first["world_size"]) == ([0, 1, 2], 3)
-    assert (second["nodes"], second["world_size"]) == ([0, 1], 2) and second["from_step"] >= 2
-    assert list(second["left_out"]) == ["2"] and second["left_out"]["2"].startswith(f"node 2 ({lost.addr}): ")
-    print("left out:", second["left_out"]["2"])
-    assert f"resumed from step {second['from_step']}" in (run_dir / "nodes" / "0" / "log.txt").read_text()
+    run.assert_finished_without(lost)
+    assert machines.strays() == {}
+
+
+def test_a_host_cut_off_the_network_stops_itself_and_the_run_finishes_on_the_others(
+        machines: Machines, prefect_server, tiny_model, tmp_path) -> None:
+    """As above, but the third host's link goes down: nothing refuses or resets, its packets are lost and its
+    processes run on. The launcher gives up on its ssh connection, the retry leaves the host out and finishes on the
+    other two; the cut-off host, no longer hearing from the launcher, stops its own node, so nothing of the run is
+    left there even before the link comes back (without that, its rank would sit in a collective for
+    launch.collective_timeout)."""
+    run = ElasticPipeline(machines, tiny_model, tmp_path, "ssh-cut")
+    cut = machines.machines[2]
+    try:
+        run.wait_for_a_checkpoint()
+        partition(cut)
+        cut_at = time.monotonic()
+        while machines.strays().get(cut.namespace):
+            assert time.monotonic() < cut_at + 120, machines.strays()
+            time.sleep(0.3)
+        print(f"link down -> nothing left on the cut-off host: {time.monotonic() - cut_at:.1f} s")
+        while len(run.attempts()) < 2:
+            assert time.monotonic() < cut_at + 120 and run.thread.is_alive(), run.outcome
+            time.sleep(0.3)
+        print(f"link down -> retry started: {time.monotonic() - cut_at:.1f} s")
+        run.thread.join(timeout=300)
+    finally:
+        heal(cut)
+    run.assert_finished_without(cut)
     assert machines.strays() == {}
 
 
