@@ -4,11 +4,13 @@ queue (`{launch.queue_prefix}{rank}`), where a process worker on the node runs i
 The pipeline follows the children: a child that fails, crashes or is cancelled stops the others and
 fails the step naming its node, with the tail of that node's log from shared storage; the node's exit code,
 recorded in its status.json, says whether a retry may help. Whatever way this function exits (success,
-failure, the parent being cancelled), no child is left running.
+failure, the parent being cancelled), no child is left running: unfinished children are cancelled and waited
+for, so a retry never starts beside the attempt before it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 from uuid import UUID
@@ -24,6 +26,9 @@ from launch.phase import Info, OnProgress, PhaseJob
 from launch.watch import Watch, phase_watch
 
 POLL_S = 1.0
+CANCEL_WAIT_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 def node_parameters(job: PhaseJob, node_rank: int, port: int) -> dict[str, Any]:
@@ -81,11 +86,24 @@ def _follow(children: dict[int, UUID], run_url: str, phase: str, watch: Watch | 
 
 
 def _cancel_unfinished(children: dict[int, UUID]) -> None:
-    """Ask every child that is not final to cancel (its worker then stops its process group)."""
+    """Ask every child that is not final to cancel (its worker then stops its process group), and wait until each
+    is final, up to CANCEL_WAIT_S: a retry sent while the last attempt's node 0 still held the rendezvous port (the
+    same port: this backend does not pick one per launch) or its GPUs would fail on them."""
     if not children:
         return
     with get_client(sync_client=True) as client:
-        for run_id in children.values():
-            state = client.read_flow_run(run_id).state
-            if state is not None and not state.is_final():
-                client.set_flow_run_state(run_id, Cancelling(), force=True)
+
+        def unfinished() -> list[UUID]:
+            states = {run_id: client.read_flow_run(run_id).state for run_id in children.values()}
+            return [run_id for run_id, state in states.items() if state is not None and not state.is_final()]
+
+        pending = unfinished()
+        for run_id in pending:
+            client.set_flow_run_state(run_id, Cancelling(), force=True)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while pending and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            pending = unfinished()
+        if pending:
+            log.warning("%d node flow run(s) still not stopped %.0f s after their cancellation: %s; check their "
+                        "workers", len(pending), CANCEL_WAIT_S, ", ".join(map(str, pending)))

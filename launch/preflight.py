@@ -91,6 +91,9 @@ def check_master_resolves(plan: NodePlan) -> str:
 def check_port_free(plan: NodePlan) -> str:
     """On node 0: the rendezvous port can be bound on MASTER_ADDR (nothing else holds it)."""
     with socket.socket() as sock:
+        # As the rendezvous store binds it: connections of a finished attempt in TIME_WAIT do not hold the port, a
+        # listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((plan.master_addr, plan.master_port))
         except OSError as exc:

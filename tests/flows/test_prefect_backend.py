@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from datetime import datetime
+from uuid import UUID
 
 import pytest
 
@@ -34,6 +36,14 @@ def node_runs(flow_run_name_prefix: str) -> list:
     return [r for r in runs if r.name.startswith(flow_run_name_prefix)]
 
 
+def stopped_at(flow_run_id: UUID) -> datetime:
+    """When the flow run first reached a final state (a cancelled one may go Crashed, then Cancelled)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return min(state.timestamp for state in client.read_flow_run_states(flow_run_id) if state.is_final())
+
+
 def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_workers, tmp_path,
                                                                           tiny_model) -> None:
     """Rank 1 dies once at step 4: the train task fails as retryable, Prefect retries it (launch.retries=1), new node
@@ -57,6 +67,10 @@ def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_
         ("via-workers-train-node0", "node-0"), ("via-workers-train-node1", "node-1")]
     first, retry = runs[:2], runs[2:]
     assert any(r.state.name != "Completed" for r in first)  # the attempt the lost rank failed
+    # The retry was sent only once every node of the failed attempt had stopped (node 0 is usually still running when
+    # rank 1's failure is seen): node 0's rendezvous port, the same on a retry, was free again, and the attempts
+    # never overlapped.
+    assert min(r.created for r in retry) >= max(stopped_at(r.id) for r in first)
     assert sorted((r.name, r.work_queue_name, r.state.name) for r in retry) == [
         ("via-workers-train-node0", "node-0", "Completed"), ("via-workers-train-node1", "node-1", "Completed")]
     preflight = json.loads((run_dir / "nodes" / "1" / "preflight.json").read_text())

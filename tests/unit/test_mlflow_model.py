@@ -1,6 +1,7 @@
-"""The registered model as MLflow serves it: saved as the registry mirror saves it and loaded by `mlflow.pyfunc`, for real (a local model
-directory, no tracking server), and its predictions are the model's own greedy completions of the prompt rendered the
-way the model was trained: through its chat template, or as plain text for a model trained without one."""
+"""The registered model as MLflow serves it: saved as the registry mirror saves it and loaded by `mlflow.pyfunc`,
+for real (a local model directory, no tracking server). Its predictions are the model's own greedy completions of
+the prompt rendered the way the model was trained: through its chat template, or as plain text for a model trained
+without one."""
 
 from __future__ import annotations
 
