@@ -13,7 +13,7 @@ from storage import layout
 from config.errors import RetryableError, UserError
 from storage.spec import write_spec
 from launch.command import free_port
-from launch.preflight import NodePlan, run_preflight
+from launch.preflight import NodePlan, check_port_free, run_preflight
 from tasks.run import build_spec
 from tests.distributed.harness import Staged, config, stage
 
@@ -51,6 +51,21 @@ def test_port_taken_on_the_master(prepared) -> None:
         port = holder.getsockname()[1]
         with pytest.raises(UserError, match=rf"^node 0: port {port} on 127.0.0.1 is already in use; pick another"):
             check(prepared, NodePlan(0, 2, 1, "127.0.0.1", port))
+
+
+def test_a_port_whose_last_connections_linger_in_time_wait_is_free() -> None:
+    """A retry on the same launch.master_port right after a failure: node 0's old store closed its connections first,
+    so they sit in TIME_WAIT on that port. The store binds through them (SO_REUSEADDR), so the check must too."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore binds
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server's side closes first: its end of the connection goes to TIME_WAIT
+        client.close()
+    assert check_port_free(NodePlan(0, 2, 1, "127.0.0.1", port)) == f"127.0.0.1:{port} free"
 
 
 def test_unreachable_master(prepared) -> None:
