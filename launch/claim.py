@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.errors import UserError
+from config.errors import TandemError, UserError
 from launch.diagnose import error_for
 from storage import layout
 from storage.fs import exists, join, read_json, remove, write_json_atomic
@@ -83,15 +83,21 @@ class NodeClaim:
         if time.monotonic() - self._renewed < RENEW_S:
             return
         self._renewed = time.monotonic()
-        note = read_json(self.stop_url) if exists(self.stop_url) else None
-        if note is not None and note["token"] != self.token and note["at"] >= self.started:
+        if (stopped := self.stopped_by()) is not None:
             self.stopped_by_peer = True
-            raise error_for(note["exit_code"], f"node {self.node_rank} stopped: node {note['node_rank']} on "
-                                               f"{note['name']} failed: {note['message']}")
+            raise stopped
         holder = read_json(self.url) if exists(self.url) else None
         if holder is not None and holder["token"] != self.token and _live(holder):
             self._duplicate(holder["name"])
         write_json_atomic(self.url, self.body())
+
+    def stopped_by(self) -> TandemError | None:
+        """The error to stop with when another node of this attempt failed and told the others (else None)."""
+        note = read_json(self.stop_url) if exists(self.stop_url) else None
+        if note is None or note["token"] == self.token or note["at"] < self.started:
+            return None
+        return error_for(note["exit_code"], f"node {self.node_rank} stopped: node {note['node_rank']} on "
+                                            f"{note['name']} failed: {note['message']}")
 
     def release(self) -> None:
         """Give the rank up (the node finished or failed)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from config.errors import TandemError
+from config.errors import EXIT_USER_ERROR, TandemError
 from config.schema import LaunchConfig
 from launch.agent import Agent, grace_for, kill, start_agent, supervise
 from launch.claim import NodeClaim
@@ -57,16 +57,31 @@ def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None) -> None:
         finally:
             kill([agent], grace_for(spec.config.launch))
     except TandemError as exc:
-        if not claim.stopped_by_peer:
+        error = exc if claim.stopped_by_peer else _root_cause(claim, exc)
+        if error is exc and not claim.stopped_by_peer:
             claim.stop_all(str(exc).partition("\n")[0], exc.exit_code)
         try:
-            record_failure(spec.run_url, plan.node_rank, job.phase, exc.exit_code)
+            record_failure(spec.run_url, plan.node_rank, job.phase, error.exit_code)
         except Exception as failed:  # noqa: BLE001 - the node's own error is the one to raise
             log.warning("node %d: could not record its failure in status.json: %s", plan.node_rank, failed)
+        if error is not exc:
+            raise error from exc
         raise
     finally:
         claim.release()
     info(f"node {plan.node_rank}: {job.phase} finished")
+
+
+def _root_cause(claim: NodeClaim, error: TandemError) -> TandemError:
+    """This node's error, or a peer's that caused it: a peer that cannot be retried (a duplicate rank, bad data)
+    stops its agent, and this node's ranks may lose their connections before this node reads the peer's note."""
+    if error.exit_code == EXIT_USER_ERROR:
+        return error
+    try:
+        peer = claim.stopped_by()
+    except Exception:  # noqa: BLE001 - storage unreadable: this node's own error stands
+        return error
+    return peer if peer is not None and peer.exit_code == EXIT_USER_ERROR else error
 
 
 def _address_towards(master_addr: str) -> str:

@@ -7,7 +7,8 @@ import json
 
 from config.errors import EXIT_RETRYABLE, EXIT_USER_ERROR, RetryableError, UserError
 from launch.diagnose import error_for
-from launch.node import clear_failure, failure_exit_code, record_failure
+from launch.claim import NodeClaim
+from launch.node import _root_cause, clear_failure, failure_exit_code, record_failure
 from storage import layout
 
 
@@ -35,3 +36,29 @@ def test_a_node_that_failed_before_its_agent_ran_still_records_why(tmp_path) -> 
     run = str(tmp_path / "runs" / "r")
     record_failure(run, 0, "train", EXIT_USER_ERROR)  # e.g. its preflight refused the node
     assert failure_exit_code(run, 0) == EXIT_USER_ERROR
+
+
+def test_a_node_whose_ranks_lost_their_peers_to_a_non_retryable_failure_names_that_failure(tmp_path) -> None:
+    """Two hosts started as node 1: the later one fails (exit 2) and tells the others; node 0 stops, and the first
+    node 1's ranks lose their rendezvous store before that node reads the note. Its lost connection (exit 75,
+    'retry') must not hide the duplicate rank, which no retry can fix (a CI run of the by-hand recipe saw it)."""
+    run = str(tmp_path / "runs" / "r")
+    first = NodeClaim(run, 1, 3, "10.0.0.2")
+    second = NodeClaim(run, 1, 3, "10.0.0.3")
+    lost = RetryableError("train failed on node 1, Failed to recv, got 0 bytes")
+    assert _root_cause(first, lost) is lost  # no note yet: its own error
+    second.stop_all("duplicate NODE_RANK=1: nodes on a and on b were both started as node 1", EXIT_USER_ERROR)
+    cause = _root_cause(first, lost)
+    assert isinstance(cause, UserError)
+    assert str(cause) == (f"node 1 stopped: node 1 on {second.name} failed: duplicate NODE_RANK=1: nodes on a and "
+                          "on b were both started as node 1")
+    own = UserError("bad data on node 1")
+    assert _root_cause(first, own) is own  # its own 'retry cannot help' error stands
+
+
+def test_a_retryable_peer_failure_does_not_replace_a_nodes_own_error(tmp_path) -> None:
+    run = str(tmp_path / "runs" / "r")
+    mine, peer = NodeClaim(run, 0, 2, "10.0.0.1"), NodeClaim(run, 1, 2, "10.0.0.2")
+    peer.stop_all("train failed on node 1, rank 1 was killed by SIGKILL", EXIT_RETRYABLE)
+    own = RetryableError("train failed on node 0, rank 0 was killed by SIGKILL")
+    assert _root_cause(mine, own) is own
