@@ -5,13 +5,20 @@ export PREFECT_HOME := $(CURDIR)/.tandem/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.tandem/torch_extensions
 
-.PHONY: setup demo test test-suites test-durations bench chaos clean
+.PHONY: setup demo lint test test-suites test-durations bench chaos clean
 setup:
 	@bash tools/install.sh
 	@mkdir -p $(PREFECT_HOME)
 
 demo: setup
 	$(PY) -m flows.finetune $(ARGS)
+
+# Lint and types: ruff's rules and its formatting (pyproject.toml), mypy over every production package. CI runs this
+# before the tests and fails on any finding.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 # Two pytest-xdist workers, work spread by tests/scheduling.py (TEST_WORKERS=0: one process, no xdist).
 TEST_WORKERS ?= 2
@@ -22,13 +29,14 @@ test: setup
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The multi-node suites that do not fit the default run's budget, one marker after the other (CI runs them
-# after `make test`; tests/README.md lists their times). A marker no test carries yet is skipped.
-SUITES ?= netns elastic secrets cancel
+# after `make test`; tests/README.md lists their times), and the benchmark scripts at toy size (bench). A marker no
+# test carries yet (pytest's exit code 5: nothing collected) is skipped.
+SUITES ?= netns elastic secrets cancel bench
 test-suites: setup
 	@for marker in $(SUITES); do \
-		if $(PY) -m pytest -q --collect-only -m $$marker $(PYTEST_ARGS) 2>/dev/null | grep -q '::'; then \
-			$(PY) -m pytest -m $$marker $(PYTEST_ARGS) || exit 1; \
-		else echo "test-suites: no test is marked $$marker"; fi; \
+		$(PY) -m pytest -m $$marker $(PYTEST_ARGS); code=$$?; \
+		if [ $$code -eq 5 ]; then echo "test-suites: no test is marked $$marker"; \
+		elif [ $$code -ne 0 ]; then exit $$code; fi; \
 	done
 
 # The default run with the 20 slowest tests (setup and teardown included) at the end.
@@ -36,6 +44,7 @@ test-durations: setup
 	@bash tools/install-test-services.sh
 	$(PY) -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
+# The benchmarks at full size, printing their figures (their toy runs are the `bench` suite of test-suites).
 bench: setup
 	$(PY) -m pytest tests/benchmarks/bench_*.py -s
 

@@ -13,7 +13,11 @@ from xdist.scheduler import LoadScopeScheduling
 SHARED_FOLDERS = ("tests/distributed/", "tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/", "tests/netns/")
 # Measured (make test-durations), longest first; a unit not listed goes after these, in collection order.
 LONGEST_FIRST = (
-    "tests/distributed/", "tests/e2e/", "tests/flows/", "tests/deploy/", "tests/slurm/",
+    "tests/distributed/",
+    "tests/e2e/",
+    "tests/flows/",
+    "tests/deploy/",
+    "tests/slurm/",
     "tests/test_nodes_by_hand_cli.py",
 )
 

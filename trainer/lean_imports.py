@@ -35,7 +35,7 @@ def import_muon_uncompiled_unless_configured(ds_config: dict[str, Any]) -> None:
         return model if model is not None else (lambda fn: fn)
 
     compile_ = torch.compile
-    torch.compile = eager  # type: ignore[assignment]
+    torch.compile = eager
     try:
         importlib.import_module(DEEPSPEED_MUON)
     finally:
