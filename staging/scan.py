@@ -12,6 +12,7 @@ import collections
 import contextlib
 import itertools
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from staging.firstpass import Digested
 from staging.identity import Inputs, in_eval
 from staging.progress import Reporter
 from staging.records import DataFile, Reject, open_file
+from staging.sources import ByteCounter
 from staging.spool import Chunk, SpoolWriter
 from staging.streams import Stream, capped, interleave, label
 from staging.workers import pool_of, worker_count
@@ -86,7 +88,6 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
     of plain JSON Lines files in data.num_proc processes, staging/firstpass.py)."""
     files = inputs.files
     sink = Spooler(data, SpoolWriter(spool), [[0, 0] for _ in files])
-    opened: dict[int, DataFile] = {}
     blocks = sum(-(-f.size // firstpass.BLOCK_BYTES) for f in files if firstpass.splittable(f.url))
     processes = worker_count(data.num_proc, blocks)
     reporter.info(
@@ -97,44 +98,11 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         reporter.phase("reading", sum(f.size for f in files), "B") as phase,
         pool_of(processes) if processes > 1 else contextlib.nullcontext() as pool,
     ):
-        interleaving = data.mix == "interleave" and sum(not s.is_eval for s in inputs.streams) > 1
-
-        def items_of(stream: Stream) -> Iterator[tuple[bool, tuple[int, Digested | Reject]]]:
-            # Runs of records as the files give them; one record at a time where a cap or interleave counts them.
-            one_by_one = stream.max_records is not None or (interleaving and not stream.is_eval)
-            for index, source in enumerate(files):
-                if source.key == stream.key:
-                    # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
-                    counter = (lambda _: None) if firstpass.splittable(source.url) else phase.update
-                    opened[index] = open_file(source.url, stream.mapping, counter)
-                    for item in firstpass.digest_file(opened[index], stream.mapping, phase.update, pool, processes):
-                        if isinstance(item, Reject):
-                            yield False, (index, item)
-                        else:
-                            yield from ((True, (index, run)) for run in (item.singles() if one_by_one else (item,)))
-
-        train = [capped(items_of(s), s.max_records) for s in inputs.streams if not s.is_eval]
-        mixed = (
-            interleave(train, [s.weight for s in inputs.streams if not s.is_eval])
-            if interleaving
-            else itertools.chain(*train)
-        )
-        evals = [capped(items_of(s), s.max_records) for s in inputs.streams if s.is_eval]
-        for _, (index, item) in itertools.chain(mixed, *evals):
+        reader = Reader(inputs, data.mix, phase.update, pool, processes)
+        for index, item in reader.mixed():
             sink.take(index, files[index].key, item)
-    sources = [
-        {
-            "url": str(f.url),
-            "size": f.size,
-            "digest": f.digest,
-            "key": f.key,
-            "format": opened[i].format if i in opened else None,
-            "records": kept,
-            "rejected": rejected,
-        }
-        for i, (f, (kept, rejected)) in enumerate(zip(files, sink.counts, strict=True))
-    ]
-    report(sources, opened, inputs.streams, data, reporter)
+    sources = source_rows(inputs, reader.opened, sink.counts)
+    report(sources, reader.opened, inputs.streams, data, reporter)
     scan = Scan(
         sink.writer.close(),
         sink.splits,
@@ -145,6 +113,62 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
     )
     check_splits(scan, data)
     return scan
+
+
+@dataclass
+class Reader:
+    """The records of every stream in the order data.mix gives them, each file opened as the mix reaches it."""
+
+    inputs: Inputs
+    strategy: str  # data.mix
+    progress: ByteCounter
+    pool: ProcessPoolExecutor | None
+    processes: int
+    opened: dict[int, DataFile] = field(default_factory=dict)
+
+    def mixed(self) -> Iterator[tuple[int, Digested | Reject]]:
+        """(file index, a run of records or a reject): the train streams mixed, then the eval streams, each capped."""
+        streams = self.inputs.streams
+        interleaving = self.strategy == "interleave" and sum(not s.is_eval for s in streams) > 1
+        train = [capped(self.items_of(s, interleaving), s.max_records) for s in streams if not s.is_eval]
+        weights = [s.weight for s in streams if not s.is_eval]
+        mixed = interleave(train, weights) if interleaving else itertools.chain(*train)
+        evals = [capped(self.items_of(s, interleaving), s.max_records) for s in streams if s.is_eval]
+        for _, item in itertools.chain(mixed, *evals):
+            yield item
+
+    def items_of(self, stream: Stream, interleaving: bool) -> Iterator[tuple[bool, tuple[int, Digested | Reject]]]:
+        """(counts toward a cap, (file index, item)) of one stream's files in order."""
+        # Runs of records as the files give them; one record at a time where a cap or interleave counts them.
+        one_by_one = stream.max_records is not None or (interleaving and not stream.is_eval)
+        for index, source in enumerate(self.inputs.files):
+            if source.key != stream.key:
+                continue
+            # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
+            counter = (lambda _: None) if firstpass.splittable(source.url) else self.progress
+            self.opened[index] = open_file(source.url, stream.mapping, counter)
+            items = firstpass.digest_file(self.opened[index], stream.mapping, self.progress, self.pool, self.processes)
+            for item in items:
+                if isinstance(item, Reject):
+                    yield False, (index, item)
+                else:
+                    yield from ((True, (index, run)) for run in (item.singles() if one_by_one else (item,)))
+
+
+def source_rows(inputs: Inputs, opened: dict[int, DataFile], counts: list[list[int]]) -> list[dict[str, Any]]:
+    """One row per source file for the manifest's `sources`: where, what, and the records it gave."""
+    return [
+        {
+            "url": str(f.url),
+            "size": f.size,
+            "digest": f.digest,
+            "key": f.key,
+            "format": opened[i].format if i in opened else None,
+            "records": kept,
+            "rejected": rejected,
+        }
+        for i, (f, (kept, rejected)) in enumerate(zip(inputs.files, counts, strict=True))
+    ]
 
 
 def mix(sources: list[dict[str, Any]], streams: list[Stream]) -> list[dict[str, Any]]:

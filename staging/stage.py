@@ -166,41 +166,7 @@ def write_dataset(
 ) -> DatasetRef:
     """Tokenize the spool into shards (packed into rows when `packed`), then write rejects.jsonl and, last, the
     manifest."""
-    verb = "written" if is_local(base) else "uploaded"
-    written: list[FileEntry] = []
-    rejects = list(scan.rejects)
-    splits = np.frombuffer(bytes(scan.splits), dtype=np.uint8)
-    processes = worker_count(data.num_proc, len(scan.chunks))
-    reporter.info(f"tokenizing {scan.spooled} records in {processes} process{'es' if processes > 1 else ''}")
-    results = encode_chunks(spool, scan.chunks, settings, processes)
-    with reporter.phase("tokenizing", scan.spooled, "records") as phase:
-
-        def on_write(entry: FileEntry) -> None:
-            written.append(entry)
-            seconds = sum(w.seconds for w in writers.values())
-            phase.annotate(
-                f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb} in {seconds:.1f} s"
-            )
-
-        writers = {split: split_writer(base, split, data, on_write, packed, spool.parent) for split in layout.SPLITS}
-        dropped = dict.fromkeys(layout.SPLITS, 0)
-        for result in results:
-            for reject in result.rejects:
-                if data.on_invalid == "fail":
-                    raise reject.error()
-                rejects.append(reject)
-            for index, over in result.dropped:
-                if data.excess_length == "fail":
-                    raise RecordError(
-                        f"{over.location}: {over.reason}; raise data.max_length, or set "
-                        "data.excess_length=truncate (or drop)"
-                    )
-                rejects.append(Reject(over.location, f"{over.reason} (data.excess_length=drop)"))
-                dropped["eval" if splits[result.chunk.first + index] == EVAL else "train"] += 1
-            route(result, splits, writers)
-            phase.update(result.chunk.count)
-        files = [entry for split in layout.SPLITS for entry in writers[split].close()]
-    counts = {split: {**writer.counts, "dropped": dropped[split]} for split, writer in writers.items()}
+    files, counts, rejects = write_shards(base, scan, data, settings, spool, reporter, packed)
     check_counts(counts, data)
     if rejects:
         body = rejects_jsonl(rejects)
@@ -224,6 +190,62 @@ def write_dataset(
         manifest_digest=digest_bytes(raw, data.digest_algorithm),
         split_records={split: c["rows"] for split, c in counts.items()},
     )
+
+
+def write_shards(
+    base: Where,
+    scan: Scan,
+    data: DataConfig,
+    settings: EncoderSettings,
+    spool: Path,
+    reporter: Reporter,
+    packed: bool,
+) -> tuple[list[FileEntry], dict[str, dict[str, int]], list[Reject]]:
+    """Tokenize the spool in data.num_proc processes into each split's shards: (the shards, each split's counts, the
+    rejects of both passes)."""
+    verb = "written" if is_local(base) else "uploaded"
+    written: list[FileEntry] = []
+    rejects = list(scan.rejects)
+    splits = np.frombuffer(bytes(scan.splits), dtype=np.uint8)
+    processes = worker_count(data.num_proc, len(scan.chunks))
+    reporter.info(f"tokenizing {scan.spooled} records in {processes} process{'es' if processes > 1 else ''}")
+    results = encode_chunks(spool, scan.chunks, settings, processes)
+    with reporter.phase("tokenizing", scan.spooled, "records") as phase:
+
+        def on_write(entry: FileEntry) -> None:
+            written.append(entry)
+            seconds = sum(w.seconds for w in writers.values())
+            phase.annotate(
+                f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb} in {seconds:.1f} s"
+            )
+
+        writers = {split: split_writer(base, split, data, on_write, packed, spool.parent) for split in layout.SPLITS}
+        dropped = dict.fromkeys(layout.SPLITS, 0)
+        for result in results:
+            keep_rejects(result, splits, data, rejects, dropped)
+            route(result, splits, writers)
+            phase.update(result.chunk.count)
+        files = [entry for split in layout.SPLITS for entry in writers[split].close()]
+    counts = {split: {**writer.counts, "dropped": dropped[split]} for split, writer in writers.items()}
+    return files, counts, rejects
+
+
+def keep_rejects(
+    result: ChunkResult, splits: np.ndarray, data: DataConfig, rejects: list[Reject], dropped: dict[str, int]
+) -> None:
+    """A tokenized chunk's rejects and over-long records into `rejects` (counting the dropped per split), or raised
+    when data.on_invalid / data.excess_length say fail."""
+    for reject in result.rejects:
+        if data.on_invalid == "fail":
+            raise reject.error()
+        rejects.append(reject)
+    for index, over in result.dropped:
+        if data.excess_length == "fail":
+            raise RecordError(
+                f"{over.location}: {over.reason}; raise data.max_length, or set data.excess_length=truncate (or drop)"
+            )
+        rejects.append(Reject(over.location, f"{over.reason} (data.excess_length=drop)"))
+        dropped["eval" if splits[result.chunk.first + index] == EVAL else "train"] += 1
 
 
 def split_writer(
