@@ -59,6 +59,7 @@ def test_eval_split_size_divides_by_neither_2_nor_3(staged: Staged) -> None:
     assert records % 2 and records % 3, f"the exactness test needs an eval split not divisible by 2 or 3, got {records}"
 
 
+@pytest.mark.invariance
 def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> None:
     """Exact: the 2-rank result is of the checkpoint, so it also holds the checkpoint to the export."""
     single = by_world[1][0]
@@ -73,6 +74,7 @@ def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> N
     assert single["token_accuracy"] == single["correct_tokens"] / single["target_tokens"]
 
 
+@pytest.mark.invariance
 def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world) -> None:
     one, three = by_world[1][1], by_world[3][1]
     assert [s["index"] for s in one] == [0, 1, 2]
@@ -82,6 +84,7 @@ def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world
     assert all(s["reference"].count("<|im_end|>") == 1 for s in one)  # the first answer only
 
 
+@pytest.mark.invariance
 def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
     result, final = by_world[2][0], by_world[1][0]
     assert result["model_kind"] == "checkpoint" and final["model_kind"] == "export"

@@ -52,6 +52,7 @@ def stopped_at(flow_run_id: UUID) -> datetime:
         return min(state.timestamp for state in client.read_flow_run_states(flow_run_id) if state.is_final())
 
 
+@pytest.mark.cancel
 def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_workers, tmp_path, tiny_model) -> None:
     """Rank 1 dies once at step 4: the train task fails as retryable, Prefect retries it (launch.retries=1), new node
     flow runs resume from the newest complete checkpoint (step 2) and the run trains, evaluates and registers."""
