@@ -31,7 +31,7 @@ test: setup
 # The multi-node suites that do not fit the default run's budget, one marker after the other (CI runs them
 # after `make test`; tests/README.md lists their times), and the benchmark scripts at toy size (bench). A marker no
 # test carries yet (pytest's exit code 5: nothing collected) is skipped.
-SUITES ?= netns elastic invariance secrets cancel bench
+SUITES ?= netns elastic multirun secrets cancel bench
 test-suites: setup
 	@for marker in $(SUITES); do \
 		$(PY) -m pytest -m $$marker $(PYTEST_ARGS); code=$$?; \

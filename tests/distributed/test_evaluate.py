@@ -59,7 +59,7 @@ def test_eval_split_size_divides_by_neither_2_nor_3(staged: Staged) -> None:
     assert records % 2 and records % 3, f"the exactness test needs an eval split not divisible by 2 or 3, got {records}"
 
 
-@pytest.mark.invariance
+@pytest.mark.multirun
 def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> None:
     """Exact: the 2-rank result is of the checkpoint, so it also holds the checkpoint to the export."""
     single = by_world[1][0]
@@ -74,7 +74,7 @@ def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> N
     assert single["token_accuracy"] == single["correct_tokens"] / single["target_tokens"]
 
 
-@pytest.mark.invariance
+@pytest.mark.multirun
 def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world) -> None:
     one, three = by_world[1][1], by_world[3][1]
     assert [s["index"] for s in one] == [0, 1, 2]
@@ -84,7 +84,7 @@ def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world
     assert all(s["reference"].count("<|im_end|>") == 1 for s in one)  # the first answer only
 
 
-@pytest.mark.invariance
+@pytest.mark.multirun
 def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
     result, final = by_world[2][0], by_world[1][0]
     assert result["model_kind"] == "checkpoint" and final["model_kind"] == "export"
@@ -92,6 +92,7 @@ def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
     assert_close([result[k] for k in METRICS], [final[k] for k in METRICS], rtol=1e-7, atol=0)
 
 
+@pytest.mark.multirun
 def test_checkpoint_eval_equals_final_eval_zero3(zero3: Run) -> None:
     from_checkpoint = evaluate(zero3, zero3.checkpoint(12), 2)
     from_final = evaluate(zero3, zero3.run_dir / "final", 2)

@@ -25,6 +25,7 @@ def s3_staged(s3_endpoint) -> Staged:
     return stage("s3://tandem-ckpt/store", options={"endpoint_url": s3_endpoint})
 
 
+@pytest.mark.multirun
 def test_checkpoints_on_s3_are_whole_resumable_and_retained(s3_staged: Staged, reference: Run) -> None:
     """The same run as the local reference (tests/distributed/conftest.py), on S3, with rank 1 dying at step 6."""
     with pytest.raises(RetryableError, match="rank 1 exited with code 137"):

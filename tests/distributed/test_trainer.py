@@ -38,13 +38,13 @@ def test_loss_falls_and_retention_keeps_exactly_k(reference: Run) -> None:
     assert all((reference.run_dir / "checkpoints" / n / "COMPLETE").exists() for n in names)
 
 
-@pytest.mark.invariance
+@pytest.mark.multirun
 def test_node_layout_does_not_change_the_trajectory(staged: Staged, reference: Run) -> None:
     one_node = train(staged, "layout-1x2", ["launch.nnodes=1", "launch.nproc_per_node=2"])
     assert_close(one_node.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.invariance
+@pytest.mark.multirun
 def test_resume_skips_incomplete_and_corrupt_checkpoints_and_reproduces_the_trajectory(
     staged: Staged, reference: Run
 ) -> None:
@@ -173,7 +173,7 @@ def test_a_rank_late_to_the_export_joins_it(qwen_zero2_slow_rank: Run) -> None:
     assert (final / "COMPLETE").exists() and json.loads((final / "manifest.json").read_text())["step"] == 12
 
 
-@pytest.mark.invariance
+@pytest.mark.multirun
 def test_micro_batch_and_accumulation_are_interchangeable(staged: Staged) -> None:
     common = ["launch.nnodes=2", "train.lora.dropout=0", "train.max_steps=6", "train.save_steps=6"]
     small = train(staged, "mb1x4", [*common, "train.micro_batch_size=1", "train.gradient_accumulation_steps=4"])
