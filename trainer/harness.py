@@ -20,12 +20,12 @@ from trainer.distributed import Dist
 def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_backend: bool) -> int:
     """Run `body(spec, dist)` on this rank; returns the process exit code (0, or the error's)."""
     from trainer import distributed, faults
-    from trainer.lean_imports import skip_quantization_unless_qlora
+    from trainer.lean_imports import skip_unused_libraries
     from trainer.logging_setup import configure
 
     try:
         spec, _ = load_spec(environment_location(spec_url))
-        skip_quantization_unless_qlora(spec.config.train.method)
+        skip_unused_libraries(spec.config.train.method)
         launch = spec.config.launch
         dist = distributed.init(
             deepspeed_backend=deepspeed_backend,
