@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from math import lcm
 
-from config.errors import UserError
+from core.errors import UserError
 
 
 def accumulation_steps(global_batch: int | None, micro: int, accumulation: int, world_size: int) -> int:
@@ -41,6 +41,6 @@ def batch_problem(global_batch: int, micro: int, world_sizes: list[int]) -> str 
     fix = f"nearest valid: train.global_batch_size={batches}"
     if near_micro is not None:
         fix += f", or train.micro_batch_size={near_micro}"
-    return (f"train.global_batch_size={global_batch} does not divide into train.micro_batch_size={micro} x {where}; "
-            f"{fix}")
-
+    return (
+        f"train.global_batch_size={global_batch} does not divide into train.micro_batch_size={micro} x {where}; {fix}"
+    )

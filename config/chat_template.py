@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from config.errors import UserError
+from core.errors import UserError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 # name -> file under config/templates/
@@ -31,8 +31,10 @@ def resolve_chat_template(value: str | None) -> str | None:
     path = Path(value)
     if not path.is_file():
         names = ", ".join(sorted(BUILTIN_TEMPLATES))
-        raise UserError(f"model.chat_template: {value} is neither a built-in template ({names}) nor a file; "
-                        "give one of those names or the path of a Jinja chat template")
+        raise UserError(
+            f"model.chat_template: {value} is neither a built-in template ({names}) nor a file; "
+            "give one of those names or the path of a Jinja chat template"
+        )
     text = path.read_text(encoding="utf-8")
     if not text.strip():
         raise UserError(f"model.chat_template: {value} is empty; give a Jinja chat template")

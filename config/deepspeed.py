@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from config.batch import accumulation_steps
-from config.errors import UserError
-from config.schema import TrainConfig
+from config.sections.model_train import TrainConfig
+from core.errors import UserError
 
 AUTO = "auto"
 
@@ -44,8 +45,9 @@ def _set_auto(section: dict[str, Any], key: str, value: Any) -> None:
 def resolve_from_train(ds: dict[str, Any], train: TrainConfig, world_size: int) -> dict[str, Any]:
     """Fill the `"auto"` values that come from `train` and the world size; check explicit ones agree."""
     out = copy.deepcopy(ds)
-    accumulation = accumulation_steps(train.global_batch_size, train.micro_batch_size,
-                                      train.gradient_accumulation_steps, world_size)
+    accumulation = accumulation_steps(
+        train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps, world_size
+    )
     wanted = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": accumulation,
@@ -63,14 +65,15 @@ def resolve_from_train(ds: dict[str, Any], train: TrainConfig, world_size: int) 
     out.setdefault("gradient_clipping", train.max_grad_norm)
     optimizer = out.setdefault("optimizer", {"type": "AdamW", "params": {}})
     params = optimizer.setdefault("params", {})
-    for key, value in (
-        ("lr", train.learning_rate),
-        ("betas", [train.adam_beta1, train.adam_beta2]),
-        ("eps", train.adam_epsilon),
-        ("weight_decay", train.weight_decay),
-    ):
+    from_train: dict[str, Any] = {
+        "lr": train.learning_rate,
+        "betas": [train.adam_beta1, train.adam_beta2],
+        "eps": train.adam_epsilon,
+        "weight_decay": train.weight_decay,
+    }
+    for key, setting in from_train.items():
         if params.get(key, AUTO) == AUTO:
-            params[key] = value
+            params[key] = setting
     # The schedule is owned by train.lr_scheduler/warmup_ratio (applied by the trainer), so a
     # DeepSpeed scheduler block (Qwen's configs carry WarmupLR with "auto") is dropped, not obeyed twice.
     out.pop("scheduler", None)
@@ -91,7 +94,7 @@ def resolve_from_runtime(ds: dict[str, Any], *, bf16: bool, hidden_size: int) ->
     _set_auto(zero, "stage3_param_persistence_threshold", 10 * hidden_size)
     leftover = list(_auto_keys(out))
     if leftover:
-        raise UserError(f"deepspeed.config: cannot resolve \"auto\" for {', '.join(leftover)}; give explicit values")
+        raise UserError(f'deepspeed.config: cannot resolve "auto" for {", ".join(leftover)}; give explicit values')
     return out
 
 
@@ -100,7 +103,7 @@ def zero_stage(ds: dict[str, Any]) -> int:
     return int(ds.get("zero_optimization", {}).get("stage", 0))
 
 
-def _auto_keys(tree: Any, prefix: str = ""):
+def _auto_keys(tree: Any, prefix: str = "") -> Iterator[str]:
     if isinstance(tree, dict):
         for key, value in tree.items():
             yield from _auto_keys(value, f"{prefix}{key}.")

@@ -74,8 +74,10 @@ def read_hostfile(path: str) -> list[tuple[Host, int]]:
     """Read and parse a host file; `$VARS` in the path are expanded (`launch.hostfile: $PBS_NODEFILE`)."""
     expanded = os.path.expandvars(os.path.expanduser(path))
     if "$" in expanded:
-        raise ValueError(f"launch.hostfile={path!r}: {expanded!r} names an unset environment variable; inside a "
-                         "PBS job $PBS_NODEFILE is set, elsewhere give the file's path")
+        raise ValueError(
+            f"launch.hostfile={path!r}: {expanded!r} names an unset environment variable; inside a "
+            "PBS job $PBS_NODEFILE is set, elsewhere give the file's path"
+        )
     try:
         with open(expanded) as handle:
             text = handle.read()

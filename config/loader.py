@@ -13,12 +13,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from config.errors import UserError
 from config.chat_template import BUILTIN_TEMPLATES
-from config.redact import is_secret_name
-from config.schema import BUILTIN_MODELS, CATALOG_ENTRY, FinetuneConfig
+from config.schema import FinetuneConfig
+from config.sections.model_train import BUILTIN_MODELS
+from config.sections.run_data import CATALOG_ENTRY
+from core.checkout import PROJECT_ROOT
+from core.errors import UserError
+from core.redact import is_secret_name
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = PROJECT_ROOT / "config" / "presets"
 DEFAULT_PRESET = "tiny-cpu"
 QUIET_KEYS = ("launch.env", "run.storage_options", "data.storage_options")
@@ -169,11 +171,15 @@ def _check_local_source(key: str, value: str) -> str:
     resolved = resolve_local(value.removeprefix("file://"))
     if _is_glob(resolved):
         if not glob.glob(resolved, recursive=True):
-            raise UserError(f"{key}: {value} matches no file; check the pattern (relative patterns are tried "
-                            f"against the working directory, then {PROJECT_ROOT})")
+            raise UserError(
+                f"{key}: {value} matches no file; check the pattern (relative patterns are tried "
+                f"against the working directory, then {PROJECT_ROOT})"
+            )
     elif not os.path.exists(resolved):
-        raise UserError(f"{key}: {value} does not exist; give an existing file, directory or glob (relative paths "
-                        f"are tried against the working directory, then {PROJECT_ROOT})")
+        raise UserError(
+            f"{key}: {value} does not exist; give an existing file, directory or glob (relative paths "
+            f"are tried against the working directory, then {PROJECT_ROOT})"
+        )
     return resolved
 
 
@@ -181,8 +187,10 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     """Make the config's local paths absolute and fail early, naming the key, when one is missing."""
     data_source = cfg.data.source if cfg.data.sources else check_source("data.source", cfg.data.source)
     eval_source = check_source("data.eval_source", cfg.data.eval_source)
-    sources = [s.model_copy(update={"source": check_source(f"data.sources[{i}].source", s.source)})
-               for i, s in enumerate(cfg.data.sources or [])] or None
+    sources = [
+        s.model_copy(update={"source": check_source(f"data.sources[{i}].source", s.source)})
+        for i, s in enumerate(cfg.data.sources or [])
+    ] or None
     ds_config = resolve_local(cfg.deepspeed.config)
     model_path = cfg.model.name_or_path
     if model_path not in BUILTIN_MODELS:
@@ -198,8 +206,10 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
         checks.append(("model.chat_template", template))
     for key, value in checks:
         if "://" not in value and not os.path.exists(value):
-            raise UserError(f"{key}: {value} does not exist; give an existing path (relative paths are tried "
-                            f"against the working directory, then {PROJECT_ROOT})")
+            raise UserError(
+                f"{key}: {value} does not exist; give an existing path (relative paths are tried "
+                f"against the working directory, then {PROJECT_ROOT})"
+            )
     return cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"storage": storage}),

@@ -5,8 +5,7 @@ Defaults live in the sections (config/sections/: `base` for the `Section` base a
 so a typo in a preset or a `--set` override is an error that names the key, never a silently ignored value.
 The same model is the Prefect flow's parameter, so the UI form is generated from these fields.
 
-This module defines only what spans sections (the checks that read two of them, the batch and node arithmetic) and
-re-exports every section's names: callers import from `config.schema` alone, wherever a name is defined.
+This module defines only what spans sections: the checks that read two of them, the batch and node arithmetic.
 """
 
 from __future__ import annotations
@@ -16,41 +15,11 @@ import warnings
 from pydantic import Field, model_validator
 
 from config.batch import accumulation_steps, batch_problem
-from config.sections.base import ENV_FIX, STORAGE_FIX, Section, refuse_secrets, refuse_url_password
-from config.sections.launch import ENV_NAME, LaunchConfig, resolve_ssh_hosts
-from config.sections.model_train import BUILTIN_MODELS, DeepSpeedSection, LoraConfig, ModelConfig, TrainConfig
-from config.sections.results import (
-    CHAMPION_METRIC,
-    METRIC_DIRECTION,
-    MLFLOW_URI_ENV,
-    TRACKING_OFF,
-    EvalConfig,
-    GateConfig,
-    Metric,
-    RegisterConfig,
-    TrackConfig,
-)
-from config.sections.run_data import (
-    CATALOG_ENTRY,
-    COLUMN_NAMES,
-    FORMAT_NAMES,
-    TAG_NAMES,
-    Columns,
-    DataConfig,
-    RunConfig,
-    SourceConfig,
-    Tags,
-    check_mapped_format,
-    check_mapping,
-)
-
-__all__ = [
-    "BUILTIN_MODELS", "CATALOG_ENTRY", "CHAMPION_METRIC", "COLUMN_NAMES", "ENV_FIX", "ENV_NAME", "FORMAT_NAMES",
-    "METRIC_DIRECTION", "MLFLOW_URI_ENV", "STORAGE_FIX", "TAG_NAMES", "TRACKING_OFF", "Columns", "DataConfig",
-    "DeepSpeedSection", "EvalConfig", "FinetuneConfig", "GateConfig", "LaunchConfig", "LoraConfig", "Metric",
-    "ModelConfig", "RegisterConfig", "RunConfig", "Section", "SourceConfig", "Tags", "TrackConfig", "TrainConfig",
-    "check_mapped_format", "check_mapping", "refuse_secrets", "refuse_url_password", "resolve_ssh_hosts",
-]
+from config.sections.base import Section
+from config.sections.launch import LaunchConfig
+from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
+from config.sections.results import EvalConfig, RegisterConfig, TrackConfig
+from config.sections.run_data import DataConfig, RunConfig
 
 # `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
 # deprecated classmethod of that name, which this model never uses.
@@ -80,19 +49,27 @@ class FinetuneConfig(Section):
     def _elastic_batch(self) -> FinetuneConfig:
         low, high = self.node_range
         if not low <= self.launch.nnodes <= high:
-            raise ValueError(f"launch.min_nnodes={low} <= launch.nnodes={self.launch.nnodes} <= launch.max_nnodes="
-                             f"{high} does not hold; set them in that order")
+            raise ValueError(
+                f"launch.min_nnodes={low} <= launch.nnodes={self.launch.nnodes} <= launch.max_nnodes="
+                f"{high} does not hold; set them in that order"
+            )
         if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend not in ("local", "ssh"):
-            raise ValueError(f"launch.min_nnodes/max_nnodes: only launch.backend=local or ssh picks the surviving "
-                             f"nodes so far, not {self.launch.backend}; leave them empty (every node must come back)")
+            raise ValueError(
+                f"launch.min_nnodes/max_nnodes: only launch.backend=local or ssh picks the surviving "
+                f"nodes so far, not {self.launch.backend}; leave them empty (every node must come back)"
+            )
         if self.launch.backend == "ssh" and high > self.launch.nnodes:
-            raise ValueError(f"launch.max_nnodes={high}: the ssh backend's nodes are the {self.launch.nnodes} hosts of "
-                             "launch.hosts, and every attempt starts on those that answer; list the hosts there and "
-                             "leave launch.max_nnodes empty")
+            raise ValueError(
+                f"launch.max_nnodes={high}: the ssh backend's nodes are the {self.launch.nnodes} hosts of "
+                "launch.hosts, and every attempt starts on those that answer; list the hosts there and "
+                "leave launch.max_nnodes empty"
+            )
         if low != high and self.train.global_batch_size is None:
-            raise ValueError("launch.min_nnodes/max_nnodes need train.global_batch_size (without it the batch, the "
-                             "schedule and the loss change with the number of nodes); set it, e.g. to today's "
-                             f"{self.global_batch(self.world_size)}")
+            raise ValueError(
+                "launch.min_nnodes/max_nnodes need train.global_batch_size (without it the batch, the "
+                "schedule and the loss change with the number of nodes); set it, e.g. to today's "
+                f"{self.global_batch(self.world_size)}"
+            )
         if self.train.global_batch_size is not None:
             sizes = [n * self.launch.nproc_per_node for n in range(low, high + 1)]
             problem = batch_problem(self.train.global_batch_size, self.train.micro_batch_size, sizes)
@@ -114,8 +91,9 @@ class FinetuneConfig(Section):
         """Micro-batches per rank per optimizer step on `world_size` ranks (derived from train.global_batch_size
         when it is set)."""
         train = self.train
-        return accumulation_steps(train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps,
-                                  world_size)
+        return accumulation_steps(
+            train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps, world_size
+        )
 
     def global_batch(self, world_size: int) -> int:
         """Rows per optimizer step on `world_size` ranks."""

@@ -8,28 +8,36 @@ import logging
 import sys
 from collections.abc import Callable
 
-from config.errors import TandemError
 from config.loader import DEFAULT_PRESET, check_paths
-from config.redact import install_log_masking, mask_text
 from config.schema import FinetuneConfig
-from storage.fs import set_storage_options
+from core.errors import TandemError
+from core.redact import install_log_masking, mask_text
 
 
 def enter(config: FinetuneConfig) -> FinetuneConfig:
     """The flow boundary, passed once per run: the config's local paths made absolute and checked (a config from
-    the UI form has not been through the loader), and run.storage's fsspec options given to the storage layer."""
+    the UI form has not been through the loader), and the log masking of launch.forward_env installed."""
     cfg = check_paths(config)
     install_log_masking(cfg.launch.forward_env)  # Prefect's handlers exist by now, the run logger's included
-    set_storage_options(cfg.run.storage, cfg.run.storage_options)
     return cfg
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """--config FILE and repeated --set KEY=VALUE."""
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help=f"YAML config or preset name in config/presets (default: {DEFAULT_PRESET})")
-    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                        help="override one config value, e.g. --set train.max_steps=50 (repeatable)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help=f"YAML config or preset name in config/presets (default: {DEFAULT_PRESET})",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one config value, e.g. --set train.max_steps=50 (repeatable)",
+    )
 
 
 class HideUserErrors(logging.Filter):
@@ -48,8 +56,8 @@ class HideUserErrors(logging.Filter):
         return not any(f"{name}(" in message or f"{name}:" in message for name in _error_names(TandemError))
 
 
-def _error_names(cls: type) -> set[str]:
-    names = {cls.__name__}
+def _error_names(cls: type[BaseException]) -> set[str]:
+    names: set[str] = {cls.__name__}
     for sub in cls.__subclasses__():
         names |= _error_names(sub)
     return names
@@ -58,8 +66,9 @@ def _error_names(cls: type) -> set[str]:
 def hide_user_errors_on_console() -> None:
     """Install HideUserErrors on the stream handlers of the root logger (Prefect's console handler)."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, HideUserErrors)
-                                                                   for f in handler.filters):
+        if isinstance(handler, logging.StreamHandler) and not any(
+            isinstance(f, HideUserErrors) for f in handler.filters
+        ):
             handler.addFilter(HideUserErrors())
 
 

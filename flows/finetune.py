@@ -17,24 +17,28 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 from prefect.states import Completed
 
-from storage import layout
 from config.loader import load_config
 from config.schema import FinetuneConfig
 from flows.cli import add_config_arguments, enter, run_cli
 from flows.prepare import stage_inputs
-from tasks.checkpoints import wait_for_checkpoint
-from tasks.evaluate import evaluate_on_nodes
-from tasks.assets import record_model_asset
-from tasks.loss_curve import plot_loss, read_metrics
-from tasks.register import Registration, lineage, register_model
-from tasks.run import new_run_id, write_run_spec
+from pipeline.lineage import lineage
+from pipeline.plan import new_run_id
+from storage import layout
+from storage.checkpoints import CompleteCheckpoint
+from storage.fs import Location, join
+from storage.metrics import read_metrics
 from storage.run_lock import RunLock
 from storage.spec import WrittenSpec
-from storage.checkpoints import CompleteCheckpoint
+from tasks.assets import record_model_asset
+from tasks.evaluate import evaluate_on_nodes
+from tasks.loss_curve import plot_loss
+from tasks.register import Registration, register_model
+from tasks.run import write_run_spec
 from tasks.track import link_tracking, mirror_registry
-from tasks.tracking import check_tracking, links, resolved_params, run_tags, tracking, wait_opened
-from tasks.tracking.sink import RunInfo, Tracker
 from tasks.train import train_with_retries
+from tasks.wait import wait_for_checkpoint
+from tracking import check_tracking, links, resolved_params, run_tags, tracking, wait_opened
+from tracking.sink import RunInfo, Tracker
 
 
 def last_train_loss(run_url: str) -> float | None:
@@ -50,48 +54,57 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     cfg = enter(config)
     check_tracking(cfg)  # an unreachable MLflow server stops the run here, before anything is written
     run_id = new_run_id(cfg)
-    logger.info("run %s: %s, %d node(s) x %d rank(s), storage %s", run_id, cfg.train.method, cfg.launch.nnodes,
-                cfg.launch.nproc_per_node, cfg.run.storage)
+    logger.info(
+        "run %s: %s, %d node(s) x %d rank(s), storage %s",
+        run_id,
+        cfg.train.method,
+        cfg.launch.nnodes,
+        cfg.launch.nproc_per_node,
+        cfg.run.storage,
+    )
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     # Before anything touches the run directory: a second pipeline on the same run.name stops here.
-    run_url = layout.run_dir(cfg.run.storage, run_id)
-    with RunLock(run_url, run_id, flow_run_id, logger=logger).hold():
-        with tracking(cfg, RunInfo(run_id, run_url, flow_run_id, runtime.flow_run.ui_url)) as tracker:
-            return pipeline(cfg, run_id, tracker)
+    run_url = layout.run_dir(layout.root(cfg.run), run_id)
+    with (
+        RunLock(run_url, run_id, flow_run_id, logger=logger).hold(),
+        tracking(cfg, RunInfo(run_id, run_url, flow_run_id, runtime.flow_run.ui_url)) as tracker,
+    ):
+        return pipeline(cfg, run_id, tracker)
 
 
 def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
     """The steps of a run whose lock this flow holds; `tracker` mirrors them into the tracking systems."""
     model_path, dataset = stage_inputs(cfg)
     written = write_run_spec(cfg, run_id, model_path, dataset)
-    tracker.call(lambda sink, params=resolved_params(written.spec): sink.log_params(params))
+    params = resolved_params(written.spec)
+    tracker.call(lambda sink: sink.log_params(params))
     if tracker.workers:
         wait_opened(tracker)
         link_tracking(run_id, links(tracker))
     # An elastic run may finish training on other nodes than it started on: the rest follows the last attempt.
     written = train_with_retries(written.spec)(written)
     spec = written.spec
-    tracker.steps(read_metrics(spec.run_url))  # the steps written after the last progress read, and any retry's
-    checkpoint = wait_for_checkpoint(spec.run_url, spec.total_steps)
-    model_url = layout.final_dir(spec.run_url)
+    tracker.steps(read_metrics(spec.run))  # the steps written after the last progress read, and any retry's
+    checkpoint = wait_for_checkpoint(spec.run, spec.total_steps)
+    model_url = layout.final_dir(spec.run)
     evaluated = checkpoint.url if cfg.eval.model == "checkpoint" else model_url
     metrics = evaluate_on_nodes(written, evaluated)
-    loss_plot = plot_loss(spec.run_url, checkpoint.step, metrics["loss"], f"{cfg.register.model_name}, run {run_id}")
+    loss_plot = plot_loss(spec.run, checkpoint.step, metrics["loss"], f"{cfg.register.model_name}, run {run_id}")
     registered = register_model(written, checkpoint, model_url, metrics, loss_plot)
     if registered.registered:
         record_model_asset(spec, registered)
     if (mlflow_uri := cfg.track.mlflow_tracking_uri()) is not None:  # a rejected gate mirrors nothing new
-        mirror_registry(cfg.run.storage, cfg.register.model_name, mlflow_uri)
+        mirror_registry(layout.root(cfg.run), cfg.register.model_name, mlflow_uri)
     track_results(tracker, written, checkpoint, metrics, loss_plot, registered)
     summary = {
         "run_id": run_id,
         "run_url": spec.run_url,
         "dataset_id": dataset.dataset_id,
-        "train_loss": last_train_loss(spec.run_url),
+        "train_loss": last_train_loss(spec.run),
         "eval": {key: metrics[key] for key in ("loss", "perplexity", "token_accuracy", "target_tokens")},
-        "checkpoint_url": checkpoint.url,
-        "model_url": model_url,
-        "loss_plot": loss_plot,
+        "checkpoint_url": str(checkpoint.url),
+        "model_url": str(model_url),
+        "loss_plot": str(loss_plot) if loss_plot else None,
         "registered": registered.registered,
         "registration": registered.message,
         "registry_url": registered.url,
@@ -99,11 +112,17 @@ def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
     # The run ends Completed whether or not the gate passed; its state message says which (the UI shows
     # it), and callers of finetune() receive the summary.
     message = f"registered {registered.message}" if registered.registered else registered.message
-    return Completed(message=message, data=summary)  # type: ignore[return-value]
+    return Completed(message=message, data=summary)
 
 
-def track_results(tracker: Tracker, written: WrittenSpec, checkpoint: CompleteCheckpoint, metrics: dict[str, Any],
-                  loss_plot: str | None, registered: Registration) -> None:
+def track_results(
+    tracker: Tracker,
+    written: WrittenSpec,
+    checkpoint: CompleteCheckpoint,
+    metrics: dict[str, Any],
+    loss_plot: Location | None,
+    registered: Registration,
+) -> None:
     """Queue the run's results for the tracking systems: eval metrics at the evaluated step, lineage and attempts as
     tags, the loss curve and the model card as files."""
     spec = written.spec
@@ -114,7 +133,7 @@ def track_results(tracker: Tracker, written: WrittenSpec, checkpoint: CompleteCh
     if loss_plot:
         tracker.call(lambda sink: sink.log_file(loss_plot, layout.LOSS_PLOT))
     if registered.registered:
-        card = layout.join(spec.run_url, layout.MODEL_CARD)
+        card = join(spec.run, layout.MODEL_CARD)
         tracker.call(lambda sink: sink.log_file(card, layout.MODEL_CARD))
 
 
@@ -141,8 +160,9 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m flows.finetune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.finetune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_config_arguments(parser)
     args = parser.parse_args(argv)
 

@@ -8,9 +8,10 @@ By hand (or from another scheduler), exactly like Qwen's finetune_lora_ds.sh rea
 Defaults: NNODES=1, NODE_RANK=0, MASTER_ADDR=localhost, MASTER_PORT=6001, GPUS_PER_NODE=all visible
 GPUs (on a machine without GPUs: launch.nproc_per_node of the spec). The `prefect` launch backend runs
 the same code as the flow `node` (deployment node/...), one flow run per node, and the `ssh` backend runs it on
-each host. Two hosts started with the same NODE_RANK both stop within seconds, naming each other; when one node
-fails, the others stop within seconds too ({run}/nodes/stop.json). `--phase probe` runs the preflight and the
-network probe only (no training): a quick test of the links between the nodes.
+each host (the `local` backend runs the same `run_node` in a thread per node). Two hosts started with the same
+NODE_RANK both stop within seconds, naming each other; when one node fails, the others stop within seconds too
+({run}/nodes/stop.json). `--phase probe` runs the preflight and the network probe only (no training): a quick test
+of the links between the nodes.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from config.errors import UserError
-from config.redact import install_log_masking
+from core.errors import UserError
+from core.redact import install_log_masking
 from flows.cli import run_cli
-from launch.command import DEFAULT_MASTER_PORT, MODULES
+from launch.command import DEFAULT_MASTER_PORT
+from launch.job import MODULES, NodePlan, PhaseJob
 from launch.node import run_node
-from launch.phase import PhaseJob
-from launch.preflight import NodePlan, visible_gpus
-from storage.fs import set_storage_options, use_environment_options
+from launch.preflight import visible_gpus
+from storage.fs import environment_location
 from storage.spec import WrittenSpec, load_spec
 
 log = logging.getLogger("tandem.node")
@@ -38,17 +39,26 @@ log = logging.getLogger("tandem.node")
 
 def node_job(spec_url: str, phase: str, model_url: str | None, expected_spec_digest: str | None) -> PhaseJob:
     """This node's part of a phase: spec.json read back (and its storage options applied) for a node process."""
-    use_environment_options()  # a node started by a launcher that handed options down
-    spec, digest = load_spec(spec_url)
+    # spec.json is read with the options a launcher handed down (none when started by hand: then the environment's
+    # AWS_ENDPOINT_URL and profile reach the store); everything else with the spec's run.storage_options.
+    spec, digest = load_spec(environment_location(spec_url))
     install_log_masking(spec.config.launch.forward_env)
-    set_storage_options(spec.config.run.storage, spec.config.run.storage_options)
     # Preflight checks the bytes this node reads against the digest the pipeline recorded, when it sent one.
-    return PhaseJob(WrittenSpec(spec, spec_url, expected_spec_digest or digest), phase, model_url)
+    return PhaseJob(WrittenSpec(spec, spec.run.with_url(spec_url), expected_spec_digest or digest), phase, model_url)
 
 
 @flow(name="node")
-def node(spec_url: str, node_rank: int, nnodes: int, nproc_per_node: int, master_addr: str, master_port: int,
-         phase: str = "train", model_url: str | None = None, expected_spec_digest: str | None = None) -> dict[str, Any]:
+def node(
+    spec_url: str,
+    node_rank: int,
+    nnodes: int,
+    nproc_per_node: int,
+    master_addr: str,
+    master_port: int,
+    phase: str = "train",
+    model_url: str | None = None,
+    expected_spec_digest: str | None = None,
+) -> dict[str, Any]:
     """One node of a multi-node job (the flow the `prefect` launch backend starts on each node's queue)."""
     plan = NodePlan(node_rank, nnodes, nproc_per_node, master_addr, master_port)
     run_node(node_job(spec_url, phase, model_url, expected_spec_digest), plan, info=get_run_logger().info)
@@ -57,6 +67,7 @@ def node(spec_url: str, node_rank: int, nnodes: int, nproc_per_node: int, master
 
 def plan_from_environment(default_nproc: int) -> NodePlan:
     """NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT / GPUS_PER_NODE, with Qwen's defaults."""
+
     def number(name: str, default: int) -> int:
         raw = os.environ.get(name, str(default))
         if not raw.isdigit():
@@ -64,8 +75,13 @@ def plan_from_environment(default_nproc: int) -> NodePlan:
         return int(raw)
 
     nproc = number("GPUS_PER_NODE", visible_gpus() or default_nproc)
-    return NodePlan(number("NODE_RANK", 0), number("NNODES", 1), nproc, os.environ.get("MASTER_ADDR", "localhost"),
-                    number("MASTER_PORT", DEFAULT_MASTER_PORT))
+    return NodePlan(
+        number("NODE_RANK", 0),
+        number("NNODES", 1),
+        nproc,
+        os.environ.get("MASTER_ADDR", "localhost"),
+        number("MASTER_PORT", DEFAULT_MASTER_PORT),
+    )
 
 
 def _env_error(name: str, raw: str) -> Exception:
@@ -74,8 +90,9 @@ def _env_error(name: str, raw: str) -> Exception:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: run this node of the job described by --spec."""
-    parser = argparse.ArgumentParser(prog="python -m flows.node", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--spec", required=True, help="URL of the run's spec.json (written by flows.finetune)")
     parser.add_argument("--phase", choices=sorted(MODULES), default="train")
     parser.add_argument("--model", default=None, help="model URL to evaluate (--phase eval)")

@@ -21,13 +21,13 @@ from prefect import flow, get_run_logger
 from config.loader import load_config
 from config.schema import FinetuneConfig
 from flows.cli import add_config_arguments, enter, run_cli
+from pipeline.plan import build_spec, new_run_id
+from staging.formats import FORMATS as SOURCE_FORMATS
 from storage import layout
 from storage.fs import join
 from storage.manifest import read_manifest
 from storage.spec import DatasetRef, write_spec
-from tasks.data.formats import FORMATS as SOURCE_FORMATS
 from tasks.prepare import prepare_dataset, prepare_model
-from tasks.run import build_spec, new_run_id
 
 FORMATS = ("auto", *SOURCE_FORMATS)
 
@@ -59,21 +59,41 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
     rows = [("dataset", dataset.dataset_id), ("manifest", join(dataset.url, layout.MANIFEST))]
     for split in layout.SPLITS:
         counts = manifest["splits"][split]
-        rows.append((split, f"{counts['records']} records, {counts['tokens']} tokens, "
-                            f"{counts['target_tokens']} target tokens, {counts['truncated']} truncated, "
-                            f"{counts['dropped']} dropped"))
+        rows.append(
+            (
+                split,
+                f"{counts['records']} records, {counts['tokens']} tokens, "
+                f"{counts['target_tokens']} target tokens, {counts['truncated']} truncated, "
+                f"{counts['dropped']} dropped",
+            )
+        )
     sources = manifest["mix"]["sources"]
     if len(sources) > 1:  # several sources: what each gave
-        rows += [("source", f"{s['key']} ({s['entry'] or s['source']}): {s['records']} records, {s['rejected']} "
-                            "rejected") for s in sources]
+        rows += [
+            ("source", f"{s['key']} ({s['entry'] or s['source']}): {s['records']} records, {s['rejected']} rejected")
+            for s in sources
+        ]
     records = manifest["records"]
     see = f" (see {join(dataset.url, manifest['rejects'])})" if manifest["rejects"] else ""
-    rows.append(("records", f"{records['read']} read, {records['staged']} staged, {records['rejected']} rejected, "
-                            f"{records['dropped']} dropped{see}"))
+    rows.append(
+        (
+            "records",
+            f"{records['read']} read, {records['staged']} staged, {records['rejected']} rejected, "
+            f"{records['dropped']} dropped{see}",
+        )
+    )
     if manifest.get("packing"):  # absent from manifests written before packing existed
         splits = manifest["splits"]
-        rows.append(("packing", ", ".join(f"{split} {splits[split]['records']} records in {splits[split]['rows']} rows"
-                                          for split in layout.SPLITS) + f" of up to {manifest['max_length']} tokens"))
+        rows.append(
+            (
+                "packing",
+                ", ".join(
+                    f"{split} {splits[split]['records']} records in {splits[split]['rows']} rows"
+                    for split in layout.SPLITS
+                )
+                + f" of up to {manifest['max_length']} tokens",
+            )
+        )
     return rows
 
 
@@ -88,13 +108,17 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m flows.prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", metavar="SRC", help="data.source: a file, directory, glob or URL (s3://...)")
     parser.add_argument("--format", choices=FORMATS, help="data.format (default: auto, decided per file)")
     parser.add_argument("--storage", metavar="URL", help="run.storage: a local/NFS path or s3://bucket/prefix")
-    parser.add_argument("--write-spec", action="store_true",
-                        help="also write the run's spec.json (run.name, or a new id) for `python -m flows.node --spec`")
+    parser.add_argument(
+        "--write-spec",
+        action="store_true",
+        help="also write the run's spec.json (run.name, or a new id) for `python -m flows.node --spec`",
+    )
     add_config_arguments(parser)
     args = parser.parse_args(argv)
 
@@ -105,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.write_spec:  # what the pipeline writes before training, for nodes launched by hand
             spec = build_spec(cfg, new_run_id(cfg), result.model_path, result.dataset)
             write_spec(spec)
-            rows.append(("spec", join(spec.run_url, layout.SPEC)))
+            rows.append(("spec", str(join(spec.run, layout.SPEC))))
         print("\n" + "\n".join(f"{name:<10}{value}" for name, value in rows))
         return 0
 

@@ -18,28 +18,37 @@ import os
 import sys
 from typing import Any
 
-from config.errors import RetryableError, UserError
 from config.loader import resolve_local
-from config.schema import MLFLOW_URI_ENV, RunConfig
+from config.sections.results import MLFLOW_URI_ENV
+from config.sections.run_data import RunConfig
+from core.errors import RetryableError, UserError
 from flows.cli import run_cli
-from storage.model_card import load_snippet
+from pipeline.model_card import load_snippet
+from storage.fs import Location
 from storage.registry import champion, models, read_entry, resolve, versions
-from tasks.tracking.mlflow_sink import check_server
+from tracking.mlflow_sink import check_server
 
 COLUMNS = ("model", "version", "created", "loss", "perplexity", "token_accuracy", "champion")
 
 
-def rows(storage: str, model: str) -> list[dict[str, str]]:
+def rows(storage: Location, model: str) -> list[dict[str, str]]:
     """One table row per version of a model."""
     alias = champion(storage, model)
     out = []
     for version in versions(storage, model):
         entry = read_entry(storage, model, version)
         metrics = entry["metrics"]
-        out.append({"model": model, "version": f"v{version:04d}", "created": entry["created_at"],
-                    "loss": f"{metrics['loss']:.4f}", "perplexity": f"{metrics['perplexity']:.2f}",
-                    "token_accuracy": f"{metrics['token_accuracy']:.4f}",
-                    "champion": "*" if alias and alias["version"] == version else ""})
+        out.append(
+            {
+                "model": model,
+                "version": f"v{version:04d}",
+                "created": entry["created_at"],
+                "loss": f"{metrics['loss']:.4f}",
+                "perplexity": f"{metrics['perplexity']:.2f}",
+                "token_accuracy": f"{metrics['token_accuracy']:.4f}",
+                "champion": "*" if alias and alias["version"] == version else "",
+            }
+        )
     return out
 
 
@@ -51,7 +60,7 @@ def table(records: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def cmd_list(storage: str, model: str | None) -> int:
+def cmd_list(storage: Location, model: str | None) -> int:
     """Print the versions table."""
     names = [model] if model else models(storage)
     if model and not versions(storage, model):
@@ -62,7 +71,7 @@ def cmd_list(storage: str, model: str | None) -> int:
     return 0
 
 
-def cmd_show(storage: str, ref: str) -> int:
+def cmd_show(storage: Location, ref: str) -> int:
     """Print one entry and how to load its model."""
     entry = resolve(storage, ref)
     alias = champion(storage, entry["model"])
@@ -74,9 +83,9 @@ def cmd_show(storage: str, ref: str) -> int:
     return 0
 
 
-def cmd_sync(storage: str, model: str, uri: str | None) -> int:
+def cmd_sync(storage: Location, model: str, uri: str | None) -> int:
     """Mirror into MLflow's model registry what it lacks of `model` (pending mirrors) and the champion alias."""
-    from tasks.tracking.mlflow_registry import sync
+    from tracking.mlflow_registry import sync
 
     uri = uri or os.environ.get(MLFLOW_URI_ENV)
     if not uri:
@@ -92,8 +101,9 @@ def cmd_sync(storage: str, model: str, uri: str | None) -> int:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
-    parser = argparse.ArgumentParser(prog="python -m flows.registry", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.registry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--storage", default=RunConfig().storage, help="run.storage URL (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True)
     listing = sub.add_parser("list", help="versions of one model or of every model")
@@ -109,7 +119,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     args: Any = parse(argv)
-    storage = args.storage if "://" in args.storage else resolve_local(args.storage)
+    # Endpoint and credentials of an object store come from the environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...).
+    storage = Location(args.storage if "://" in args.storage else resolve_local(args.storage))
 
     def body() -> int:
         if args.command == "sync":

@@ -14,8 +14,8 @@ import argparse
 import sys
 import time
 
-from config.errors import UserError
 from config.loader import DEFAULT_PRESET, apply_override, preset_path, read_yaml, validate
+from core.errors import UserError
 from flows.cli import add_config_arguments, run_cli
 
 POLL_S = 2.0
@@ -40,13 +40,16 @@ def submit(deployment: str, parameters: dict, wait: bool) -> int:
         try:
             target = client.read_deployment_by_name(deployment)
         except ObjectNotFound:
-            raise UserError(f"deployment {deployment} not found on {client.api_url}; deploy it with "
-                            f"python tools/deploy.py") from None
+            raise UserError(
+                f"deployment {deployment} not found on {client.api_url}; deploy it with python tools/deploy.py"
+            ) from None
         try:
             run = client.create_flow_run_from_deployment(target.id, parameters=parameters)
         except PrefectHTTPStatusError as exc:
-            raise UserError(f"{deployment}: the server refused the parameters: "
-                            f"{exc.response.json().get('detail', exc.response.text)}") from None
+            raise UserError(
+                f"{deployment}: the server refused the parameters: "
+                f"{exc.response.json().get('detail', exc.response.text)}"
+            ) from None
         print(f"flow run {run.name} ({run.id}) of {deployment} created on {client.api_url}")
         if not wait:
             return 0
@@ -58,8 +61,9 @@ def submit(deployment: str, parameters: dict, wait: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m flows.submit", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.submit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("deployment", help="FLOW/DEPLOYMENT, e.g. finetune/manual")
     add_config_arguments(parser)
     parser.add_argument("--wait", action="store_true", help="follow the run until it ends")

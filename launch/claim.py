@@ -8,8 +8,8 @@ among them) leaves `nodes/stop.json`, which every node of the run checks while i
 with no launcher to stop them, then stop within seconds of a peer's failure instead of waiting on it forever.
 Node 0 removes an old note when it starts, and a note written before a node started is ignored (a retry's node
 may start before node 0 does; a note of this attempt is written after every node started, on any clock within
-that margin). A claim by the same host
-whose process is gone is stale (a retry takes it over at once).
+that margin). A claim by the same host whose process is gone is stale (a retry takes it over at once). The local
+backend's nodes are threads of one process: they share its pid, never a rank, so each holds a claim of its own.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.errors import TandemError, UserError
+from core.errors import TandemError, UserError
 from launch.diagnose import error_for
 from storage import layout
-from storage.fs import exists, join, read_json, remove, write_json_atomic
+from storage.fs import Location, exists, join, read_json, remove, write_json_atomic
 
 LEASE_S = 15.0
 RENEW_S = 2.0
@@ -43,7 +43,7 @@ def node_name(addr: str) -> str:
 class NodeClaim:
     """This process's claim on one node rank; `poll` renews it and raises when another host holds the rank."""
 
-    run_url: str
+    run_url: Location
     node_rank: int
     nnodes: int
     addr: str  # the address this node reaches node 0 from ("" when unknown)
@@ -57,16 +57,23 @@ class NodeClaim:
         return node_name(self.addr)
 
     @property
-    def url(self) -> str:
+    def url(self) -> Location:
         return join(layout.node_dir(self.run_url, self.node_rank), CLAIM)
 
     @property
-    def stop_url(self) -> str:
+    def stop_url(self) -> Location:
         return join(self.run_url, layout.NODES, STOP)
 
     def body(self) -> dict[str, Any]:
-        return {"node_rank": self.node_rank, "name": self.name, "host": socket.gethostname(), "addr": self.addr,
-                "pid": os.getpid(), "token": self.token, "renewed_at": time.time()}
+        return {
+            "node_rank": self.node_rank,
+            "name": self.name,
+            "host": socket.gethostname(),
+            "addr": self.addr,
+            "pid": os.getpid(),
+            "token": self.token,
+            "renewed_at": time.time(),
+        }
 
     def take(self) -> None:
         """Claim the rank, or raise (and leave the note for the others) when another live node holds it."""
@@ -96,8 +103,10 @@ class NodeClaim:
         note = read_json(self.stop_url) if exists(self.stop_url) else None
         if note is None or note["token"] == self.token or note["at"] < self.started:
             return None
-        return error_for(note["exit_code"], f"node {self.node_rank} stopped: node {note['node_rank']} on "
-                                            f"{note['name']} failed: {note['message']}")
+        return error_for(
+            note["exit_code"],
+            f"node {self.node_rank} stopped: node {note['node_rank']} on {note['name']} failed: {note['message']}",
+        )
 
     def release(self) -> None:
         """Give the rank up (the node finished or failed)."""
@@ -108,13 +117,24 @@ class NodeClaim:
     def stop_all(self, message: str, exit_code: int) -> None:
         """Tell every node of this attempt to stop: this one failed (best effort: its own error matters more)."""
         with contextlib.suppress(Exception):
-            write_json_atomic(self.stop_url, {"node_rank": self.node_rank, "name": self.name, "message": message,
-                                              "exit_code": exit_code, "token": self.token, "at": time.time()})
+            write_json_atomic(
+                self.stop_url,
+                {
+                    "node_rank": self.node_rank,
+                    "name": self.name,
+                    "message": message,
+                    "exit_code": exit_code,
+                    "token": self.token,
+                    "at": time.time(),
+                },
+            )
 
     def _duplicate(self, other: str) -> None:
-        raise UserError(f"duplicate NODE_RANK={self.node_rank}: nodes on {other} and on {self.name} were both "
-                        f"started as node {self.node_rank}; give every node a unique NODE_RANK in "
-                        f"0..{self.nnodes - 1} and start the job again")
+        raise UserError(
+            f"duplicate NODE_RANK={self.node_rank}: nodes on {other} and on {self.name} were both "
+            f"started as node {self.node_rank}; give every node a unique NODE_RANK in "
+            f"0..{self.nnodes - 1} and start the job again"
+        )
 
 
 def _live(holder: dict[str, Any]) -> bool:
@@ -123,7 +143,7 @@ def _live(holder: dict[str, Any]) -> bool:
 
 def _stale_here(holder: dict[str, Any], addr: str) -> bool:
     """A claim by this host (same name and address: hostnames alone repeat across machines) whose process is gone,
-    or by this very process (a retry)."""
+    or by this very process (a retry: the attempt before it, in this process, has stopped its nodes)."""
     if holder["host"] != socket.gethostname() or holder["addr"] != addr:
         return False
     if holder["pid"] == os.getpid():

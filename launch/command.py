@@ -1,5 +1,5 @@
-"""What runs on a node: the trainer's arguments, the torchrun line and the ranks' environment (every backend
-uses these), and where a node keeps its local files."""
+"""What runs on a node: the torchrun line and the ranks' environment (every backend uses these), and where a node
+keeps its local files. The module and arguments the ranks run are the job's (launch/job.py)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,16 @@ import socket
 import sys
 from collections.abc import Iterator
 
-from config.loader import PROJECT_ROOT
-from config.schema import LaunchConfig
+from config.sections.launch import LaunchConfig
+from core.checkout import PROJECT_ROOT
 from launch.forward import forward_env
+from launch.job import NodePlan
 from launch.network import interface_environment, source_address
-from launch.preflight import NodePlan
 from storage import layout
-from storage.fs import is_local, local_path, options_environment
+from storage.fs import Location, is_local, local_path, options_environment
 
 DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken
-# phase -> the module torchrun runs on every rank ("probe": only the network probe, e.g. to test a cluster's links)
-MODULES = {"train": "trainer", "eval": "trainer.evaluate", "probe": "trainer.probe"}
 AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
-
-
-def trainer_args(spec_url: str, phase: str, model_url: str | None = None) -> list[str]:
-    """The arguments of `python -m trainer` / `python -m trainer.evaluate` for a phase."""
-    return ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
 
 
 def free_port() -> int:
@@ -38,28 +31,41 @@ def free_port() -> int:
 def torchrun_command(plan: NodePlan, rdzv_timeout: int, module: str, args: list[str]) -> list[str]:
     """The per-node torchrun line (the same for every backend)."""
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}", f"--node-rank={plan.node_rank}",
-        f"--master-addr={plan.master_addr}", f"--master-port={plan.master_port}",
-        "--rdzv-conf", f"timeout={rdzv_timeout}",
-        "-m", module, *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={plan.nnodes}",
+        f"--nproc-per-node={plan.nproc_per_node}",
+        f"--node-rank={plan.node_rank}",
+        f"--master-addr={plan.master_addr}",
+        f"--master-port={plan.master_port}",
+        "--rdzv-conf",
+        f"timeout={rdzv_timeout}",
+        "-m",
+        module,
+        *args,
     ]
 
 
 # What the transport logs on a retry after a failure (NCCL's and gloo's own view of the connections), and the names
 # always passed from the launcher's environment to the nodes.
-TRANSPORT_DEBUG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "TORCH_CPP_LOG_LEVEL": "INFO",
-                   "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+TRANSPORT_DEBUG = {
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    "TORCH_CPP_LOG_LEVEL": "INFO",
+    "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+}
 FORWARDED = tuple(TRANSPORT_DEBUG)
 
 
-def node_environment(launch: LaunchConfig) -> dict[str, str]:
+def node_environment(launch: LaunchConfig, run: Location) -> dict[str, str]:
     """The variables a launcher hands to every node process beyond the node's own environment: the storage options
-    this process was given, the FORWARDED names this process has, launch.forward_env's credentials
-    (launch/forward.py) and launch.env. The one place that decides it: the local agents get it on top of this
-    process's environment, the ssh backend sends it over each connection's stdin (never on a command line)."""
+    of the run directory (what reaches its spec.json; the rest come from the spec), the FORWARDED names this process
+    has, launch.forward_env's credentials (launch/forward.py) and launch.env. The one place that decides it: the local
+    agents get it on top of this process's environment, the ssh backend sends it over each connection's stdin (never
+    on a command line)."""
     forwarded = {name: os.environ[name] for name in FORWARDED if name in os.environ}
-    return {**options_environment(), **forwarded, **forward_env(launch), **launch.env}
+    return {**options_environment(run), **forwarded, **forward_env(launch), **launch.env}
 
 
 @contextlib.contextmanager
@@ -74,7 +80,7 @@ def transport_debug() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> dict[str, str]:
+def rank_environment(launch: LaunchConfig, run: Location, master_addr: str | None = None) -> dict[str, str]:
     """Environment for every rank: this node's own, one thread per rank on CPU, a per-checkout extension cache, the
     node environment (launch.forward_env's credentials among them), and, with `master_addr`, the interface that
     routes to it (launch/network.py) unless the user named one."""
@@ -83,7 +89,7 @@ def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> di
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(node_environment(launch))
+    env.update(node_environment(launch, run))
     if master_addr is not None:
         env.update(interface_environment(master_addr, env))
         with contextlib.suppress(OSError):
@@ -91,15 +97,15 @@ def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> di
     return env
 
 
-def node_scratch(run_url: str, node_rank: int) -> str:
+def node_scratch(run_url: Location, node_rank: int) -> str:
     """A local directory for a node's log: the run's node directory when storage is local, else a
     local mirror that is uploaded after each phase (object stores cannot append)."""
     if is_local(run_url):
         return local_path(layout.node_dir(run_url, node_rank))
-    run_id = run_url.rstrip("/").rsplit("/", 1)[1]
+    run_id = str(run_url).rstrip("/").rsplit("/", 1)[1]
     return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
 
 
-def heartbeat_dir(run_url: str, node_rank: int, phase: str) -> str:
+def heartbeat_dir(run_url: Location, node_rank: int, phase: str) -> str:
     """Where the ranks of a node touch their heartbeat files during a phase."""
     return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase}")

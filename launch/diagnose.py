@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 import signal
 
-from config.errors import EXIT_USER_ERROR, RetryableError, UserError
-from config.rank_log import rank_errors
+from core.errors import EXIT_USER_ERROR, RetryableError, UserError
+from core.rank_log import rank_errors
 from storage import layout
-from storage.fs import exists, join, read_bytes
+from storage.fs import Location, exists, join, read_bytes
 
 TAIL_LINES = 15
 ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank[^\n]*\n[^\n]*exitcode\s+: (-?\d+)")
@@ -30,7 +30,7 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "".join(text.splitlines(keepends=True)[-lines:])
 
 
-def log_tail(run_url: str, node_rank: int, lines: int = TAIL_LINES) -> str:
+def log_tail(run_url: Location, node_rank: int, lines: int = TAIL_LINES) -> str:
     """The end of a node's log on shared storage."""
     url = join(layout.node_dir(run_url, node_rank), layout.LOG)
     if not exists(url):
@@ -57,15 +57,21 @@ def connect_diagnosis(text: str) -> str | None:
     ends = [m for m in _GLOO_ENDS.findall(text) if m[2] == addr and m[3] == port.split("$")[0]]
     here = f" from {ends[-1][0]}:{ends[-1][1]}" if ends else ""
     if addr.startswith("127.") or addr in ("::1", "localhost"):
-        cause = ("a node advertised a loopback address (its hostname resolves to 127.0.0.1): leave GLOO_SOCKET_IFNAME "
-                 "and NCCL_SOCKET_IFNAME unset so each node picks the interface that routes to node 0, or set them "
-                 "to that interface on every node")
+        cause = (
+            "a node advertised a loopback address (its hostname resolves to 127.0.0.1): leave GLOO_SOCKET_IFNAME "
+            "and NCCL_SOCKET_IFNAME unset so each node picks the interface that routes to node 0, or set them "
+            "to that interface on every node"
+        )
     elif "refused" in why.lower():
-        cause = ("nothing listens there: the peer stopped, or it listens on another interface (check "
-                 "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on that node)")
+        cause = (
+            "nothing listens there: the peer stopped, or it listens on another interface (check "
+            "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on that node)"
+        )
     else:
-        cause = ("the traffic does not get through: a firewall between the nodes (open all TCP ports between them), "
-                 "or an address this node cannot route to (check GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)")
+        cause = (
+            "the traffic does not get through: a firewall between the nodes (open all TCP ports between them), "
+            "or an address this node cannot route to (check GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)"
+        )
     return f"cannot connect to its peer at {addr}:{port.split('$')[0]}{here} ({why}); likely cause: {cause}"
 
 

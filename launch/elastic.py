@@ -1,7 +1,8 @@
 """Which nodes an attempt of an elastic run uses (launch.min_nnodes, launch.max_nnodes): the nodes that pass the
 node-local preflight checks, at least min_nnodes of them. The first attempt takes up to launch.nnodes, a retry up to
 launch.max_nnodes (it may grow the job when hosts are free); with train.global_batch_size the optimisation is the
-same on any of those world sizes, and the trainer resumes a checkpoint of another world size (trainer/reshard.py).
+same on any of those world sizes, and the trainer resumes a checkpoint of another world size
+(trainer/checkpointing/reshard.py).
 
 The local backend's nodes are slots 0..max_nnodes-1 on this machine, probed by preflight's node-local checks; the
 ssh backend's are the hosts of launch.hosts, probed over ssh (reachable with the key, the checkout and its Python),
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from config.errors import RetryableError
-from config.schema import FinetuneConfig, LaunchConfig
+from config.schema import FinetuneConfig
+from config.sections.launch import LaunchConfig
+from core.errors import RetryableError
 from storage.checkpoints import latest_complete
 from storage.spec import Attempt, Spec
 
@@ -39,18 +41,25 @@ def next_attempt(spec: Spec, previous: list[Attempt], probe: Callable[[int], str
     chosen = healthy[:wanted]
     if len(chosen) < low:
         reasons = "; ".join(left_out.values())
-        raise RetryableError(f"only {len(chosen)} of {high} nodes passed preflight ({reasons}); launch.min_nnodes="
-                             f"{low} needs more: the next retry tries again")
-    newest = latest_complete(spec.run_url) if spec.config.train.resume == "auto" else None
-    return Attempt(number=len(previous) + 1, nodes=chosen, world_size=len(chosen) * spec.config.launch.nproc_per_node,
-                   from_step=newest.step if newest else 0, left_out=left_out)
+        raise RetryableError(
+            f"only {len(chosen)} of {high} nodes passed preflight ({reasons}); launch.min_nnodes="
+            f"{low} needs more: the next retry tries again"
+        )
+    newest = latest_complete(spec.run) if spec.config.train.resume == "auto" else None
+    return Attempt(
+        number=len(previous) + 1,
+        nodes=chosen,
+        world_size=len(chosen) * spec.config.launch.nproc_per_node,
+        from_step=newest.step if newest else 0,
+        left_out=left_out,
+    )
 
 
 def probe_for(spec: Spec) -> Callable[[int], str | None]:
     """How the slots of `spec`'s backend are probed: over ssh for the ssh backend's hosts, else preflight's node-local
     checks on this machine."""
     if spec.config.launch.backend == "ssh":
-        from launch.ssh_nodes import probe_host
+        from launch.backends.ssh import probe_host
 
         return lambda slot: probe_host(spec.config.launch, slot)
     from launch.preflight import probe_node

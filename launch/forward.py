@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from config.errors import UserError
-from config.schema import LaunchConfig
+from config.sections.launch import LaunchConfig
+from core.errors import UserError
 
 SET, MISSING = "set", "missing"
 
@@ -36,8 +36,7 @@ def forwarded_report(launch: LaunchConfig, environ: Mapping[str, str] | None = N
     return {name: SET if name in present else MISSING for name in launch.forward_env}
 
 
-def check_forwarded(launch: LaunchConfig, node_rank: int, host: str,
-                    environ: Mapping[str, str] | None = None) -> str:
+def check_forwarded(launch: LaunchConfig, node_rank: int, host: str, environ: Mapping[str, str] | None = None) -> str:
     """Preflight: every forwarded name is set on this node; the report line, or a UserError naming the missing."""
     report = forwarded_report(launch, environ)
     missing = [name for name, state in report.items() if state == MISSING]
@@ -45,5 +44,6 @@ def check_forwarded(launch: LaunchConfig, node_rank: int, host: str,
         raise UserError(
             f"node {node_rank} ({host}): launch.forward_env names {', '.join(missing)}, not set on this node; set it "
             "in the environment that starts the node (the pipeline's shell for the local, slurm and ssh backends, "
-            "the node's worker for prefect) or remove the name from launch.forward_env")
+            "the node's worker for prefect) or remove the name from launch.forward_env"
+        )
     return ", ".join(f"{name} {state}" for name, state in report.items()) or "(launch.forward_env empty)"

@@ -17,7 +17,7 @@ import socket
 import struct
 from collections.abc import Mapping
 
-from config.errors import UserError
+from core.errors import UserError
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _SIOCGIFADDR = 0x8915
@@ -79,7 +79,7 @@ def interface_environment(master_addr: str, env: Mapping[str, str]) -> dict[str,
     if user_interfaces(env):
         return {}
     name = route_interface(master_addr)
-    return {var: name for var in IFNAME_VARS} if name else {}
+    return dict.fromkeys(IFNAME_VARS, name) if name else {}
 
 
 def named_interfaces(value: str) -> list[str]:
@@ -96,22 +96,30 @@ def check_interfaces(node_rank: int, master_addr: str, env: Mapping[str, str]) -
     chosen = user_interfaces(env)
     if not chosen:
         if route is None:
-            raise UserError(f"node {node_rank}: no interface routes to the master address {master_addr} (this host "
-                            f"has: {listing}); set launch.master_addr to an address of node 0 this host can reach")
+            raise UserError(
+                f"node {node_rank}: no interface routes to the master address {master_addr} (this host "
+                f"has: {listing}); set launch.master_addr to an address of node 0 this host can reach"
+            )
         return f"{route} (routes to {master_addr}; set as {' and '.join(IFNAME_VARS)})"
     for var, value in chosen.items():
         for name in named_interfaces(value):
             matches = [n for n in have if n == name or (var == "NCCL_SOCKET_IFNAME" and n.startswith(name))]
             if not matches:
-                raise UserError(f"node {node_rank}: {var}={value}: this host has no interface {name} (it has: "
-                                f"{listing}); set {var} in launch.env to one of them, or unset it to have it chosen")
+                raise UserError(
+                    f"node {node_rank}: {var}={value}: this host has no interface {name} (it has: "
+                    f"{listing}); set {var} in launch.env to one of them, or unset it to have it chosen"
+                )
             if not any(interface_is_up(n) for n in matches):
-                raise UserError(f"node {node_rank}: {var}={value}: interface {name} is down (this host has: "
-                                f"{listing}); bring it up or name another in launch.env")
+                raise UserError(
+                    f"node {node_rank}: {var}={value}: interface {name} is down (this host has: "
+                    f"{listing}); bring it up or name another in launch.env"
+                )
             if route is not None and route not in matches and not _is_loopback(master_addr):
-                raise UserError(f"node {node_rank}: {var}={value}: the route to the master {master_addr} goes "
-                                f"through {route}, not {name} (this host has: {listing}); set {var}={route} in "
-                                "launch.env, or unset it to have it chosen")
+                raise UserError(
+                    f"node {node_rank}: {var}={value}: the route to the master {master_addr} goes "
+                    f"through {route}, not {name} (this host has: {listing}); set {var}={route} in "
+                    "launch.env, or unset it to have it chosen"
+                )
     return ", ".join(f"{var}={value} (set by you)" for var, value in chosen.items())
 
 
@@ -131,8 +139,10 @@ def hostname_note(nnodes: int, master_addr: str) -> str:
     except OSError:
         return f"{name} does not resolve"
     if nnodes > 1 and ipaddress.ip_address(addr).is_loopback and not _is_loopback(master_addr):
-        return (f"warning: {name} resolves to {addr} (a loopback address, e.g. from /etc/hosts); peers on other "
-                "hosts cannot reach it, so the ranks use the interface above")
+        return (
+            f"warning: {name} resolves to {addr} (a loopback address, e.g. from /etc/hosts); peers on other "
+            "hosts cannot reach it, so the ranks use the interface above"
+        )
     return f"{name} -> {addr}"
 
 

@@ -1,69 +1,114 @@
-"""One node of a job, whatever started it (the local backend's loop, a per-node flow, srun): preflight before
-training, then the node's torchrun agent, supervised until it exits."""
+"""One node of a job, whatever started it (a thread of the local backend, a per-node flow, srun, ssh, by hand): its
+claim on its rank, preflight before training, then the node's torchrun agent, supervised until it exits. A node that
+fails records why in its status.json and leaves the note that stops the other nodes (launch/claim.py)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
-from config.errors import EXIT_USER_ERROR, TandemError
-from config.schema import LaunchConfig
-from launch.agent import Agent, grace_for, kill, start_agent, supervise
+from config.sections.launch import LaunchConfig
+from core.errors import EXIT_USER_ERROR, TandemError
+from launch.agent import Agent, grace_for, kill, start_agent, supervise_agent
 from launch.claim import NodeClaim
+from launch.job import Info, NodePlan, PhaseJob
 from launch.network import source_address
-from launch.phase import Info, PhaseJob
-from launch.preflight import NodePlan, run_preflight
+from launch.preflight import run_preflight
+from launch.supervise import Poller, poll_each
 from storage import layout
-from storage.fs import exists, join, read_json, write_json_atomic
+from storage.fs import Location, exists, join, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 # status.json's record of why a node failed: the exit code of its error (2: retrying cannot help).
 ERROR_EXIT_CODE = "error_exit_code"
 
 
-def start_node(run_url: str, plan: NodePlan, launch: LaunchConfig, module: str, args: list[str], phase: str,
-               preflight: Callable[[NodePlan], object] | None) -> Agent:
+class NodeStopped(Exception):
+    """A node's launcher stopped it (not a failure of the node: nothing is recorded for it)."""
+
+
+class NodeStop:
+    """How a launcher that runs a node in its own process (the local backend: one thread per node) stops it, and what
+    it learns back: `trip` makes the node's loop raise NodeStopped and its agent get `grace_s`."""
+
+    def __init__(self) -> None:
+        self._tripped = threading.Event()
+        self.grace_s: float | None = None  # set by trip
+        self.by_peer = False  # set by run_node: the node failed because another node did (it read that one's note)
+
+    def trip(self, grace_s: float) -> None:
+        """Stop the node, its agent getting `grace_s` between SIGTERM and SIGKILL."""
+        if not self._tripped.is_set():
+            self.grace_s = grace_s
+            self._tripped.set()
+
+    def poll(self) -> None:
+        """Raise NodeStopped once tripped (called by the node's loops)."""
+        if self._tripped.is_set():
+            raise NodeStopped("stopped by its launcher")
+
+
+def start_node(
+    run_url: Location,
+    plan: NodePlan,
+    launch: LaunchConfig,
+    module: str,
+    args: list[str],
+    phase: str,
+    preflight: Callable[[NodePlan], object] | None,
+) -> Agent:
     """Preflight this node (when given a preflight), then start its torchrun agent."""
     if preflight is not None:
         preflight(plan)
     return start_agent(run_url, plan, launch, module, args, phase)
 
 
-def job_preflight(job: PhaseJob, info: Info,
-                  poll: Callable[[], None] | None = None) -> Callable[[NodePlan], object] | None:
+def job_preflight(
+    job: PhaseJob, info: Info, poll: Callable[[], None] | None = None
+) -> Callable[[NodePlan], object] | None:
     """The preflight of a job's nodes: every check before training (and the probe alone), none before eval."""
     if job.phase not in ("train", "probe"):
         return None
     written = job.written
-    return lambda plan: run_preflight(written.spec, written.url, plan, expected_spec_digest=written.digest,
-                                      info=info, poll=poll)
+    return lambda plan: run_preflight(
+        written.spec, written.url, plan, expected_spec_digest=written.digest, info=info, poll=poll
+    )
 
 
-def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None) -> None:
-    """Preflight (training) and run this node's agent until it exits; raise naming the failure. A failure is also
-    recorded in the node's status.json by its exit code, for a pipeline that follows this node from elsewhere."""
+def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None, *, stop: NodeStop | None = None) -> None:
+    """Claim the rank, preflight (training) and run this node's agent until it exits; raise naming the failure. A
+    failure is also recorded in the node's status.json by its exit code, for a pipeline that follows this node from
+    elsewhere, and in the note that stops the other nodes. `stop`: how a launcher in this process stops the node."""
     info = info or log.info
     spec = job.written.spec
-    clear_failure(spec.run_url, plan.node_rank)
-    claim = NodeClaim(spec.run_url, plan.node_rank, plan.nnodes, _address_towards(plan.master_addr))
+    clear_failure(spec.run, plan.node_rank)
+    claim = NodeClaim(spec.run, plan.node_rank, plan.nnodes, _address_towards(plan.master_addr))
+    # The launcher's stop first; the claim's renewal raises on a duplicate rank or another node's failure.
+    pollers: list[Poller] = [stop, claim] if stop is not None else [claim]
     try:
         claim.take()
-        agent = start_node(spec.run_url, plan, spec.config.launch, job.module, job.args, job.phase,
-                           job_preflight(job, info, claim.poll))
-        info(f"node {plan.node_rank}/{plan.nnodes}: {job.phase} started, {plan.nproc_per_node} rank(s), "
-             f"rendezvous {plan.master_addr}:{plan.master_port}")
+        agent = start_node(
+            spec.run,
+            plan,
+            spec.config.launch,
+            job.module,
+            job.args,
+            job.phase,
+            job_preflight(job, info, lambda: poll_each(pollers)),
+        )
+        info(
+            f"node {plan.node_rank}/{plan.nnodes}: {job.phase} started, {plan.nproc_per_node} rank(s), "
+            f"rendezvous {plan.master_addr}:{plan.master_port}"
+        )
         try:
-            supervise([agent], spec.run_url, job.phase, claim)  # the claim's renewal raises on a duplicate rank
+            supervise_agent(agent, spec.run, job.phase, pollers)
         finally:
-            kill([agent], grace_for(spec.config.launch))
+            kill([agent], kill_grace(spec.config.launch, claim, stop))
     except TandemError as exc:
-        error = exc if claim.stopped_by_peer else _root_cause(claim, exc)
-        if error is exc and not claim.stopped_by_peer:
-            claim.stop_all(str(exc).partition("\n")[0], exc.exit_code)
-        try:
-            record_failure(spec.run_url, plan.node_rank, job.phase, error.exit_code)
-        except Exception as failed:  # noqa: BLE001 - the node's own error is the one to raise
-            log.warning("node %d: could not record its failure in status.json: %s", plan.node_rank, failed)
+        error = node_failure(job, plan, claim, exc)
+        if stop is not None:
+            stop.by_peer = claim.stopped_by_peer or error is not exc
         if error is not exc:
             raise error from exc
         raise
@@ -72,7 +117,30 @@ def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None) -> None:
     info(f"node {plan.node_rank}: {job.phase} finished")
 
 
-def _root_cause(claim: NodeClaim, error: TandemError) -> TandemError:
+def kill_grace(launch: LaunchConfig, claim: NodeClaim, stop: NodeStop | None) -> float:
+    """The grace of the node's agent: the one its launcher stopped it with; a failure's when a launcher in this
+    process follows the node and another node failed (the launcher reports that failure: the phase failed); else a
+    cancel's (a node started on its own keeps it for a peer's note too: the note may come from a duplicate rank that
+    never joined, and the ranks may still save on SIGTERM)."""
+    if stop is not None and stop.grace_s is not None:
+        return stop.grace_s
+    return grace_for(launch, failed=stop is not None and claim.stopped_by_peer)
+
+
+def node_failure(job: PhaseJob, plan: NodePlan, claim: NodeClaim, exc: TandemError) -> TandemError:
+    """The error a failed node raises (its own, or the peer's that caused it), after leaving the note that stops the
+    other nodes (for its own failure) and recording the error's exit code in status.json."""
+    error = exc if claim.stopped_by_peer else root_cause(claim, exc)
+    if error is exc and not claim.stopped_by_peer:
+        claim.stop_all(str(exc).partition("\n")[0], exc.exit_code)
+    try:
+        record_failure(job.written.spec.run, plan.node_rank, job.phase, error.exit_code)
+    except Exception as failed:  # noqa: BLE001 - the node's own error is the one to raise
+        log.warning("node %d: could not record its failure in status.json: %s", plan.node_rank, failed)
+    return error
+
+
+def root_cause(claim: NodeClaim, error: TandemError) -> TandemError:
     """This node's error, or a peer's that caused it: a peer that cannot be retried (a duplicate rank, bad data)
     stops its agent, and this node's ranks may lose their connections before this node reads the peer's note."""
     if error.exit_code == EXIT_USER_ERROR:
@@ -91,21 +159,21 @@ def _address_towards(master_addr: str) -> str:
         return ""
 
 
-def record_failure(run_url: str, node_rank: int, phase: str, exit_code: int) -> None:
+def record_failure(run_url: Location, node_rank: int, phase: str, exit_code: int) -> None:
     """Add the exit code of a node's error to its status.json (written there when its agent exited)."""
     url = join(layout.node_dir(run_url, node_rank), layout.STATUS)
     status = read_json(url) if exists(url) else {"node_rank": node_rank}
     write_json_atomic(url, {**status, "phase": phase, ERROR_EXIT_CODE: exit_code})
 
 
-def clear_failure(run_url: str, node_rank: int) -> None:
+def clear_failure(run_url: Location, node_rank: int) -> None:
     """Forget the failure an earlier attempt of this node recorded."""
     url = join(layout.node_dir(run_url, node_rank), layout.STATUS)
     if exists(url) and ERROR_EXIT_CODE in (status := read_json(url)):
         write_json_atomic(url, {k: v for k, v in status.items() if k != ERROR_EXIT_CODE})
 
 
-def failure_exit_code(run_url: str, node_rank: int) -> int | None:
+def failure_exit_code(run_url: Location, node_rank: int) -> int | None:
     """The exit code a failed node recorded (None when it recorded none: it may not have got that far)."""
     url = join(layout.node_dir(run_url, node_rank), layout.STATUS)
     return read_json(url).get(ERROR_EXIT_CODE) if exists(url) else None

@@ -19,32 +19,21 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from core.checkout import code_version
+from core.errors import RetryableError, UserError
+from core.redact import mask_text
+from launch.forward import check_forwarded
+from launch.job import NodePlan
+from launch.network import check_interfaces, fabric, hostname_note
 from storage import layout
 from storage.digest import digest_bytes
-from config.errors import RetryableError, UserError
+from storage.fs import Location, join, read_bytes, remove, write_bytes_atomic, write_json_atomic
 from storage.manifest import verify_dataset
 from storage.spec import Spec
-from storage.fs import join, read_bytes, remove, write_bytes_atomic, write_json_atomic
-from config.redact import mask_text
-from config.version import code_version
-from launch.forward import check_forwarded
-from launch.network import check_interfaces, fabric, hostname_note
 
 CONNECT_RETRY_S = 0.5
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """What one node is asked to run: its place in the job and where the rendezvous is."""
-
-    node_rank: int
-    nnodes: int
-    nproc_per_node: int
-    master_addr: str
-    master_port: int
 
 
 def check_world_size(spec: Spec, plan: NodePlan) -> str:
@@ -63,18 +52,22 @@ def check_code(spec: Spec, plan: NodePlan) -> str:
     """The code on this node is the code that wrote spec.json."""
     mine = code_version()
     if mine != spec.code_version:
-        raise UserError(f"node {plan.node_rank}: code version {mine} differs from {spec.code_version} in spec.json; "
-                        "install the same Tandem commit on every node")
+        raise UserError(
+            f"node {plan.node_rank}: code version {mine} differs from {spec.code_version} in spec.json; "
+            "install the same Tandem commit on every node"
+        )
     return mine
 
 
-def check_spec_digest(spec_url: str, expected: str | None, plan: NodePlan) -> str:
+def check_spec_digest(spec_url: Location, expected: str | None, plan: NodePlan) -> str:
     """This node reads the same spec.json bytes as the pipeline wrote."""
     actual = digest_bytes(read_bytes(spec_url), "sha256")
     if expected and actual != expected:
-        raise UserError(f"node {plan.node_rank}: {spec_url} has sha256 {actual[:12]}…, the pipeline wrote "
-                        f"{expected[:12]}…; this node sees another spec.json (another run.storage, or a stale NFS "
-                        "cache): point every node at the same storage")
+        raise UserError(
+            f"node {plan.node_rank}: {spec_url} has sha256 {actual[:12]}…, the pipeline wrote "
+            f"{expected[:12]}…; this node sees another spec.json (another run.storage, or a stale NFS "
+            "cache): point every node at the same storage"
+        )
     return actual
 
 
@@ -83,9 +76,11 @@ def check_master_resolves(plan: NodePlan) -> str:
     try:
         infos = socket.getaddrinfo(plan.master_addr, plan.master_port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise UserError(f"node {plan.node_rank}: cannot resolve master address {plan.master_addr} ({exc.strerror}); "
-                        "set launch.master_addr (MASTER_ADDR) to node 0's IP or hostname") from None
-    return infos[0][4][0]
+        raise UserError(
+            f"node {plan.node_rank}: cannot resolve master address {plan.master_addr} ({exc.strerror}); "
+            "set launch.master_addr (MASTER_ADDR) to node 0's IP or hostname"
+        ) from None
+    return str(infos[0][4][0])
 
 
 def check_port_free(plan: NodePlan) -> str:
@@ -98,12 +93,16 @@ def check_port_free(plan: NodePlan) -> str:
             sock.bind((plan.master_addr, plan.master_port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise UserError(f"node 0: port {plan.master_port} on {plan.master_addr} is already in use; pick "
-                                "another launch.master_port (MASTER_PORT), leave it empty for a free one, or stop "
-                                "what holds it") from None
+                raise UserError(
+                    f"node 0: port {plan.master_port} on {plan.master_addr} is already in use; pick "
+                    "another launch.master_port (MASTER_PORT), leave it empty for a free one, or stop "
+                    "what holds it"
+                ) from None
             if exc.errno == errno.EADDRNOTAVAIL:
-                raise UserError(f"node 0: {plan.master_addr} is not an address of this machine; node rank 0 must "
-                                "run on the host launch.master_addr (MASTER_ADDR) names") from None
+                raise UserError(
+                    f"node 0: {plan.master_addr} is not an address of this machine; node rank 0 must "
+                    "run on the host launch.master_addr (MASTER_ADDR) names"
+                ) from None
             raise
     return f"{plan.master_addr}:{plan.master_port} free"
 
@@ -132,8 +131,9 @@ def gpu_names() -> list[str] | None:
     """The model name of every GPU this machine shows; None without nvidia-smi (a machine without GPUs)."""
     if shutil.which("nvidia-smi") is None:
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+    )
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -148,8 +148,10 @@ def check_gpus(plan: NodePlan) -> str:
     if names is None:
         return "no GPU (CPU ranks, gloo)"
     if len(names) < plan.nproc_per_node:
-        raise UserError(f"node {plan.node_rank}: {len(names)} GPUs visible, {plan.nproc_per_node} ranks requested; "
-                        "set launch.nproc_per_node (GPUS_PER_NODE) to the GPUs every node has")
+        raise UserError(
+            f"node {plan.node_rank}: {len(names)} GPUs visible, {plan.nproc_per_node} ranks requested; "
+            "set launch.nproc_per_node (GPUS_PER_NODE) to the GPUs every node has"
+        )
     if len(set(names)) > 1:
         raise UserError(f"node {plan.node_rank}: mixed GPU models {sorted(set(names))}; use one model per job")
     return f"{len(names)} x {names[0]}" if names else "no GPU"
@@ -158,7 +160,7 @@ def check_gpus(plan: NodePlan) -> str:
 def check_dataset(spec: Spec, plan: NodePlan) -> str:
     """The staged dataset matches its manifest, and the manifest the one spec.json names."""
     try:
-        manifest = verify_dataset(spec.dataset.url, "full", spec.dataset.manifest_digest)
+        manifest = verify_dataset(spec.dataset_dir, "full", spec.dataset.manifest_digest)
     except UserError as exc:
         raise UserError(f"node {plan.node_rank}: {exc}") from None
     return f"{spec.dataset.dataset_id}: {len(manifest['files'])} files verified"
@@ -166,14 +168,15 @@ def check_dataset(spec: Spec, plan: NodePlan) -> str:
 
 def check_storage_writable(spec: Spec, plan: NodePlan) -> str:
     """This node can write (and read back) the run directory."""
-    probe = join(layout.node_dir(spec.run_url, plan.node_rank), ".preflight-probe")
+    probe = join(layout.node_dir(spec.run, plan.node_rank), ".preflight-probe")
     try:
         write_bytes_atomic(probe, b"ok")
         readback = read_bytes(probe)
         remove(probe)
     except OSError as exc:
-        raise UserError(f"node {plan.node_rank}: cannot write {spec.run_url} ({exc}); give this node write access "
-                        "to run.storage") from None
+        raise UserError(
+            f"node {plan.node_rank}: cannot write {spec.run} ({exc}); give this node write access to run.storage"
+        ) from None
     if readback != b"ok":
         raise UserError(f"node {plan.node_rank}: {probe} read back differently than written; check run.storage")
     return "writable"
@@ -186,8 +189,15 @@ def check_env(spec: Spec, plan: NodePlan) -> str:
     return mask_text(", ".join(f"{k}={v}" for k, v in sorted(env.items()))) or "(launch.env empty)"
 
 
-def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_digest: str | None,
-                  info: Callable[[str], None], poll: Callable[[], None] | None = None) -> dict[str, Any]:
+def run_preflight(
+    spec: Spec,
+    spec_url: Location,
+    plan: NodePlan,
+    *,
+    expected_spec_digest: str | None,
+    info: Callable[[str], None],
+    poll: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report. `poll` is called
     while waiting for node 0 (a node process's claim: it raises when another node failed)."""
     user_env = {**os.environ, **spec.config.launch.env}
@@ -196,8 +206,14 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
         ("code version", lambda: check_code(spec, plan)),
         ("spec digest", lambda: check_spec_digest(spec_url, expected_spec_digest, plan)),
         ("master address", lambda: check_master_resolves(plan)),
-        ("master port", lambda: check_port_free(plan) if plan.node_rank == 0
-         else check_master_reachable(plan, spec.config.launch.rdzv_timeout, poll)),
+        (
+            "master port",
+            lambda: (
+                check_port_free(plan)
+                if plan.node_rank == 0
+                else check_master_reachable(plan, spec.config.launch.rdzv_timeout, poll)
+            ),
+        ),
         ("gpus", lambda: check_gpus(plan)),
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
@@ -210,10 +226,12 @@ def run_preflight(spec: Spec, spec_url: str, plan: NodePlan, *, expected_spec_di
     report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
     for name, check in checks:
         report["checks"][name] = check()
-    write_json_atomic(join(layout.node_dir(spec.run_url, plan.node_rank), layout.PREFLIGHT), report)
+    write_json_atomic(join(layout.node_dir(spec.run, plan.node_rank), layout.PREFLIGHT), report)
     shown = ("gpus", "dataset", "environment", "forwarded environment", "master port", "interface", "fabric")
-    info(f"node {plan.node_rank} preflight ok on {report['host']}: " + "; ".join(
-        f"{k}: {v}" for k, v in report["checks"].items() if k in shown))
+    info(
+        f"node {plan.node_rank} preflight ok on {report['host']}: "
+        + "; ".join(f"{k}: {v}" for k, v in report["checks"].items() if k in shown)
+    )
     if report["checks"]["hostname"].startswith("warning:"):
         info(f"node {plan.node_rank}: {report['checks']['hostname']}")
     return report
@@ -233,7 +251,7 @@ def check_present(slot: int) -> str:
 def probe_node(spec: Spec, slot: int) -> str | None:
     """The node-local checks of preflight for the node in `slot` (present, code, GPUs, storage), before an elastic
     run picks its nodes: the first problem in one line, or None. The rendezvous checks follow in run_preflight."""
-    plan = NodePlan(slot, slot + 1, spec.config.launch.nproc_per_node, spec.config.launch.master_addr, 0)
+    plan = NodePlan(slot, slot + 1, spec.config.launch.nproc_per_node, spec.config.launch.rendezvous_addr, 0)
     try:
         check_present(slot)
         check_code(spec, plan)
@@ -246,6 +264,10 @@ def probe_node(spec: Spec, slot: int) -> str | None:
 
 def plan_environment(plan: NodePlan) -> dict[str, str]:
     """Qwen-style variables describing the node, for logs and scripts the user runs under us."""
-    return {"NNODES": str(plan.nnodes), "NODE_RANK": str(plan.node_rank), "MASTER_ADDR": plan.master_addr,
-            "MASTER_PORT": str(plan.master_port), "GPUS_PER_NODE": str(plan.nproc_per_node)}
-
+    return {
+        "NNODES": str(plan.nnodes),
+        "NODE_RANK": str(plan.node_rank),
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": str(plan.master_port),
+        "GPUS_PER_NODE": str(plan.nproc_per_node),
+    }

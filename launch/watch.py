@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage import layout
-from config.errors import RetryableError
-from config.schema import LaunchConfig
+from config.sections.launch import LaunchConfig
+from core.errors import RetryableError
 from launch.command import heartbeat_dir
-from storage.fs import exists, join, read_bytes
+from storage import layout
+from storage.fs import Location, exists, join, read_bytes
 
 READ_EVERY_S = 2.0
 
@@ -27,7 +27,7 @@ READ_EVERY_S = 2.0
 class Watch:
     """Progress and stall detection for one phase; `poll` is called by the supervisor's loop."""
 
-    metrics_url: str
+    metrics_url: Location
     heartbeat_dirs: dict[int, str]  # node rank -> that node's heartbeat directory
     stall_timeout: float
     startup_grace: float
@@ -64,23 +64,30 @@ class Watch:
         for node, directory in self.heartbeat_dirs.items():
             for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
                 if name.endswith(".beat"):
-                    step, stamp = open(os.path.join(directory, name)).read().split()
-                    beats.append((float(stamp), node, int(name.split("-")[1].split(".")[0]), int(step)))
+                    with open(os.path.join(directory, name)) as handle:
+                        beat_step, beat_at = handle.read().split()
+                    beats.append((float(beat_at), node, int(name.split("-")[1].split(".")[0]), int(beat_step)))
         where = "no rank has started a step yet"
         if beats:
             stamp, node, rank, step = min(beats)
-            where = f"node {node} rank {rank} is the slowest: last heartbeat {time.time() - stamp:.0f} s ago, in step {step}"
-        return (f"training stalled: no new step for {quiet_s:.0f} s (launch.stall_timeout={self.stall_timeout:.0f}; "
-                f"last step {self.last_step}); {where}. Stopped every node; a retry resumes from the last checkpoint")
+            where = (
+                f"node {node} rank {rank} is the slowest: last heartbeat {time.time() - stamp:.0f} s ago, "
+                f"in step {step}"
+            )
+        return (
+            f"training stalled: no new step for {quiet_s:.0f} s (launch.stall_timeout={self.stall_timeout:.0f}; "
+            f"last step {self.last_step}); {where}. Stopped every node; a retry resumes from the last checkpoint"
+        )
 
 
-def metrics_url(run_url: str) -> str:
+def metrics_url(run_url: Location) -> Location:
     """Where rank 0 writes step metrics."""
     return join(run_url, layout.METRICS)
 
 
-def phase_watch(run_url: str, launch: LaunchConfig, phase: str,
-                on_progress: Callable[[dict[str, Any]], None] | None) -> Watch | None:
+def phase_watch(
+    run_url: Location, launch: LaunchConfig, phase: str, on_progress: Callable[[dict[str, Any]], None] | None
+) -> Watch | None:
     """The watch of a phase on launch.nnodes nodes (every backend uses this), or None when nobody follows
     progress (evaluation)."""
     if on_progress is None:

@@ -12,10 +12,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from config.errors import UserError
+from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import exists, join, listdir, read_bytes, remove, write_bytes_atomic, write_json_atomic
+from storage.fs import (
+    Location,
+    W,
+    Where,
+    at,
+    exists,
+    join,
+    listdir,
+    read_bytes,
+    remove,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from storage.manifest import read_manifest, verify_files
 
 log = logging.getLogger(__name__)
@@ -27,7 +39,7 @@ STEP_PREFIX = "step-"
 class CompleteCheckpoint:
     """A checkpoint whose COMPLETE marker matches its manifest."""
 
-    url: str
+    url: Location
     step: int
     manifest_digest: str
     manifest: dict[str, Any]
@@ -39,7 +51,7 @@ def step_of(name: str) -> int | None:
     return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
 
 
-def inspect(url: str, schema: str = layout.CHECKPOINT_SCHEMA) -> CompleteCheckpoint | str:
+def inspect(url: Where, schema: str = layout.CHECKPOINT_SCHEMA) -> CompleteCheckpoint | str:
     """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size; otherwise
     why not, in one line naming the file. `schema`: the manifest's (a universal form's has its own)."""
     complete, manifest_url = join(url, layout.COMPLETE), join(url, layout.MANIFEST)
@@ -49,35 +61,37 @@ def inspect(url: str, schema: str = layout.CHECKPOINT_SCHEMA) -> CompleteCheckpo
         manifest, digest = read_manifest(url, schema)
         recorded = read_bytes(complete).decode(errors="replace").strip()
         if recorded != digest:
-            return (f"{manifest_url}: digest {digest} is not the {recorded!r} that {complete} records; the "
-                    "manifest or its marker changed after the save")
+            return (
+                f"{manifest_url}: digest {digest} is not the {recorded!r} that {complete} records; the "
+                "manifest or its marker changed after the save"
+            )
         verify_files(url, manifest, mode="size")
-        return CompleteCheckpoint(url, int(manifest["step"]), digest, manifest)
+        return CompleteCheckpoint(at(url), int(manifest["step"]), digest, manifest)
     except UserError as exc:
         return str(exc)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # bytes that are not our JSON any more
         return f"{manifest_url}: unreadable ({type(exc).__name__}: {exc})"
 
 
-def read_complete(url: str) -> CompleteCheckpoint | None:
+def read_complete(url: Where) -> CompleteCheckpoint | None:
     """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size."""
     found = inspect(url)
     return found if isinstance(found, CompleteCheckpoint) else None
 
 
-def step_dirs(run_url: str) -> list[tuple[int, str]]:
+def step_dirs(run_url: W) -> list[tuple[int, W]]:
     """(step, URL) of every step directory of a run, complete or not, newest first."""
     root = layout.checkpoints_dir(run_url)
     found = [(step, join(root, name)) for name in listdir(root) if (step := step_of(name)) is not None]
     return sorted(found, reverse=True)
 
 
-def complete_checkpoints(run_url: str) -> list[CompleteCheckpoint]:
+def complete_checkpoints(run_url: Where) -> list[CompleteCheckpoint]:
     """Every complete checkpoint of a run, newest first."""
     return [ckpt for _, url in step_dirs(run_url) if (ckpt := read_complete(url)) is not None]
 
 
-def latest_complete(run_url: str) -> CompleteCheckpoint | None:
+def latest_complete(run_url: Where) -> CompleteCheckpoint | None:
     """The newest complete checkpoint of a run, or None."""
     for _, url in step_dirs(run_url):
         ckpt = read_complete(url)
@@ -86,8 +100,9 @@ def latest_complete(run_url: str) -> CompleteCheckpoint | None:
     return None
 
 
-def commit(url: str, manifest: dict[str, Any], *, verify: bool = False,
-           before_seal: Callable[[], None] | None = None) -> str:
+def commit(
+    url: Where, manifest: dict[str, Any], *, verify: bool = False, before_seal: Callable[[], None] | None = None
+) -> str:
     """Write manifest.json, then (optionally after checking every listed file's size) COMPLETE with the
     manifest's digest in the manifest's own digest algorithm: the commit of a checkpoint or export directory.
     `before_seal` runs just before COMPLETE is written (fault injection). Returns that digest."""
@@ -99,33 +114,50 @@ def commit(url: str, manifest: dict[str, Any], *, verify: bool = False,
     return seal(url, raw, manifest["digest_algorithm"])
 
 
-def seal(url: str, manifest_bytes: bytes, algorithm: str) -> str:
+def seal(url: Where, manifest_bytes: bytes, algorithm: str) -> str:
     """Write COMPLETE holding the digest of the manifest's bytes; returns it."""
     digest = digest_bytes(manifest_bytes, algorithm)
     write_bytes_atomic(join(url, layout.COMPLETE), (digest + "\n").encode())
     return digest
 
 
-def checkpoint_manifest(step: int, world_size: int, meta: dict[str, Any], algorithm: str,
-                        files: list[dict[str, Any]]) -> dict[str, Any]:
+def checkpoint_manifest(
+    step: int, world_size: int, meta: dict[str, Any], algorithm: str, files: list[dict[str, Any]]
+) -> dict[str, Any]:
     """A tandem.checkpoint/1 document (meta: zero_stage and method)."""
-    return {"schema": layout.CHECKPOINT_SCHEMA, **meta, "step": step, "world_size": world_size,
-            "digest_algorithm": algorithm, "files": files}
+    return {
+        "schema": layout.CHECKPOINT_SCHEMA,
+        **meta,
+        "step": step,
+        "world_size": world_size,
+        "digest_algorithm": algorithm,
+        "files": files,
+    }
 
 
 def model_manifest(step: int, algorithm: str, files: list[dict[str, Any]]) -> dict[str, Any]:
     """A tandem.model/1 document: the files of an exported model, by path."""
-    return {"schema": layout.MODEL_SCHEMA, "step": step, "digest_algorithm": algorithm,
-            "files": sorted(files, key=lambda f: f["path"])}
+    return {
+        "schema": layout.MODEL_SCHEMA,
+        "step": step,
+        "digest_algorithm": algorithm,
+        "files": sorted(files, key=lambda f: f["path"]),
+    }
 
 
 def universal_manifest(source: CompleteCheckpoint, algorithm: str, files: list[dict[str, Any]]) -> dict[str, Any]:
     """A tandem.universal/1 document: the files of a checkpoint's universal form and the checkpoint it came from
     (its step, world size, ZeRO stage, method and manifest digest)."""
-    return {"schema": layout.UNIVERSAL_SCHEMA, "step": source.step, "source_world_size": source.manifest["world_size"],
-            "source_manifest_digest": source.manifest_digest, "zero_stage": source.manifest["zero_stage"],
-            "method": source.manifest["method"], "digest_algorithm": algorithm,
-            "files": sorted(files, key=lambda f: f["path"])}
+    return {
+        "schema": layout.UNIVERSAL_SCHEMA,
+        "step": source.step,
+        "source_world_size": source.manifest["world_size"],
+        "source_manifest_digest": source.manifest_digest,
+        "zero_stage": source.manifest["zero_stage"],
+        "method": source.manifest["method"],
+        "digest_algorithm": algorithm,
+        "files": sorted(files, key=lambda f: f["path"]),
+    }
 
 
 def read_universal(source: CompleteCheckpoint) -> CompleteCheckpoint | None:
@@ -137,7 +169,7 @@ def read_universal(source: CompleteCheckpoint) -> CompleteCheckpoint | None:
     return found
 
 
-def verified_export_step(url: str) -> int | None:
+def verified_export_step(url: Where) -> int | None:
     """The step of the exported model at `url` (a run's final/) if its COMPLETE matches its manifest and every file
     its digest (a full read), else None."""
     if not exists(join(url, layout.COMPLETE)):
@@ -152,7 +184,7 @@ def verified_export_step(url: str) -> int | None:
     return int(manifest["step"])
 
 
-def remove_dir(url: str) -> None:
+def remove_dir(url: Where) -> None:
     """Delete a checkpoint or export directory, COMPLETE first, so a crash half way leaves an incomplete one."""
     if not exists(url):
         return
@@ -160,7 +192,7 @@ def remove_dir(url: str) -> None:
     remove(url, recursive=True)
 
 
-def retention_doomed(run_url: str, keep_latest_k: int | None) -> list[int]:
+def retention_doomed(run_url: Where, keep_latest_k: int | None) -> list[int]:
     """The steps retention deletes: complete checkpoints beyond the newest k, and incomplete ones older than the
     newest complete; never the newest complete one."""
     complete = complete_checkpoints(run_url)
@@ -173,7 +205,7 @@ def retention_doomed(run_url: str, keep_latest_k: int | None) -> list[int]:
     return sorted(doomed)
 
 
-def apply_retention(run_url: str, keep_latest_k: int | None) -> list[int]:
+def apply_retention(run_url: Where, keep_latest_k: int | None) -> list[int]:
     """Delete what retention_doomed names; returns the deleted steps."""
     doomed = retention_doomed(run_url, keep_latest_k)
     for step in doomed:

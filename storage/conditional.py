@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import fsspec
 
-from config.errors import UserError
-from storage.fs import filesystem, is_local, s3_error_code, with_retries, write_bytes_atomic
+from core.errors import UserError
+from storage.fs import Where, filesystem, is_local, s3_error_code, with_retries, write_bytes_atomic
 
 
-def create_exclusive(url: str, data: bytes) -> bool:
+def create_exclusive(url: Where, data: bytes) -> bool:
     """Create the object only if nothing is there yet; False when it already exists.
 
     Local/NFS: link() of a finished temporary file, which fails if the name exists. S3: a conditional
@@ -74,13 +74,15 @@ def _create_local(path: str, data: bytes) -> bool:
 _LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
 
 
-def _require_s3(url: str) -> None:
-    if not url.startswith(("s3://", "s3a://")):
-        raise UserError(f"{url}: atomic create and compare-and-swap (registry versions, the champion alias) need "
-                        "run.storage on a local/NFS path or s3://")
+def _require_s3(url: Where) -> None:
+    if not str(url).startswith(("s3://", "s3a://")):
+        raise UserError(
+            f"{url}: atomic create and compare-and-swap (registry versions, the champion alias) need "
+            "run.storage on a local/NFS path or s3://"
+        )
 
 
-def read_versioned(url: str) -> tuple[bytes | None, str | None]:
+def read_versioned(url: Where) -> tuple[bytes | None, str | None]:
     """(bytes, token) of an object, or (None, None) when absent; pass the token to replace_if_unchanged."""
     fs, path = filesystem(url)
     if is_local(url):
@@ -104,7 +106,7 @@ def read_versioned(url: str) -> tuple[bytes | None, str | None]:
     return with_retries("read", url, read)
 
 
-def replace_if_unchanged(url: str, data: bytes, token: str | None) -> bool:
+def replace_if_unchanged(url: Where, data: bytes, token: str | None) -> bool:
     """Write `data` only if the object still has `token` (None: only if it is still absent).
 
     Like create_exclusive, a write that finds the object changed checks whether the change was our own

@@ -20,46 +20,59 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import fsspec
 from fsspec.core import url_to_fs
 
-from config.errors import RetryableError, UserError
+from core.errors import RetryableError, UserError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# The fsspec options (endpoint, credentials) of each storage prefix this process was given: by the flow at its
-# boundary (run.storage_options, data.storage_options), or, in a process a launcher started (a torchrun rank),
-# from the environment the launcher handed down (use_environment_options), so that a rank can read spec.json
-# from an object store before it knows the config. Nothing is read at import.
+# A launcher hands a process it starts (a node, a torchrun rank) the options of the one location it must read first
+# (the run's spec.json) in this variable; everything else that process reaches comes from the spec's config.
 OPTIONS_ENV = "TANDEM_STORAGE_OPTIONS"
-_OPTIONS: dict[str, dict[str, Any]] = {}
+Options = Mapping[str, Any]
 
 
-def use_environment_options() -> None:
-    """Take the options a launcher handed down in the environment (see options_environment)."""
-    for prefix, options in json.loads(os.environ.get(OPTIONS_ENV) or "{}").items():
-        set_storage_options(prefix, options)
+@dataclass(frozen=True)
+class Location:
+    """A place on storage: its URL (a local or NFS path, file://…, s3://…) and the fsspec options that reach it
+    (endpoint, client settings; never credentials, which come from the environment or a profile). The options travel
+    with the location: `join` keeps them, and str() is the URL alone."""
+
+    url: str
+    options: Options = field(default_factory=dict, compare=False)
+
+    def __str__(self) -> str:
+        return self.url
+
+    def with_url(self, url: str) -> Location:
+        """Another URL reached with the same options (a URL read back from a document under this location)."""
+        return Location(url, self.options)
 
 
-def set_storage_options(prefix: str, options: dict[str, Any]) -> None:
-    """Remember fsspec options (endpoint, credentials) for every URL under `prefix`."""
-    if options:
-        _OPTIONS[prefix.rstrip("/")] = dict(options)
+Where = Location | str  # a plain string is a location without options
+# A location or a URL, given back in the same kind by what derives one from it (join, storage/layout.py).
+W = TypeVar("W", bound=Location | str)
 
 
-def options_environment() -> dict[str, str]:
-    """The environment entry that hands the registered options to child processes."""
-    return {OPTIONS_ENV: json.dumps(_OPTIONS)} if _OPTIONS else {}
+def at(where: Where) -> Location:
+    """The location of a URL or a Location."""
+    return where if isinstance(where, Location) else Location(where)
 
 
-def _options_for(url: str) -> dict[str, Any]:
-    matches = [prefix for prefix in _OPTIONS if url == prefix or url.startswith(prefix + "/")]
-    # The most specific prefix wins: data.source may live under run.storage with other credentials.
-    return _OPTIONS[max(matches, key=len)] if matches else {}
+def options_environment(where: Location) -> dict[str, str]:
+    """The environment entry that hands a location's options to a process the launcher starts."""
+    return {OPTIONS_ENV: json.dumps(dict(where.options))} if where.options else {}
+
+
+def environment_location(url: str) -> Location:
+    """A URL given to this process (its --spec) with the options its launcher handed down (options_environment)."""
+    return Location(url, json.loads(os.environ.get(OPTIONS_ENV) or "{}"))
 
 
 # botocore retries a refused connection 4 times over about 8 s by itself; left at that, every attempt of
@@ -68,12 +81,13 @@ def _options_for(url: str) -> dict[str, Any]:
 S3_CLIENT_RETRIES = {"retries": {"max_attempts": 2, "mode": "standard"}}
 
 
-def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem and in-filesystem path of a URL, with options registered for its prefix."""
-    options = _options_for(url)
-    if url.startswith(("s3://", "s3a://")) and "config_kwargs" not in options:
-        options = {**options, "config_kwargs": S3_CLIENT_RETRIES}
-    return url_to_fs(url, **options)
+def filesystem(where: Where) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and in-filesystem path of a location, built with its options."""
+    location = at(where)
+    options = dict(location.options)
+    if location.url.startswith(("s3://", "s3a://")) and "config_kwargs" not in options:
+        options["config_kwargs"] = S3_CLIENT_RETRIES
+    return url_to_fs(location.url, **options)
 
 
 RETRY_ENV = "TANDEM_STORAGE_RETRY_S"
@@ -82,14 +96,43 @@ FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 8.0
 # Exception class names (matched by name: config/ does not import botocore or aiohttp) that mean the
 # request never got an answer: the endpoint is down, restarting or overloaded.
-_TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectionClosedError", "ConnectTimeoutError", "ReadTimeoutError",
-                    "HTTPClientError", "ClientConnectorError", "ServerDisconnectedError", "ClientOSError",
-                    "ClientPayloadError", "ServerTimeoutError", "IncompleteReadError", "ResponseStreamingError"}
-_TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
-                     errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EAGAIN}
+_TRANSIENT_NAMES = {
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "HTTPClientError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "ClientPayloadError",
+    "ServerTimeoutError",
+    "IncompleteReadError",
+    "ResponseStreamingError",
+}
+_TRANSIENT_ERRNOS = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EPIPE,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.EAGAIN,
+}
 # S3 answers that say "try again": throttling and server-side failures.
-_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
-                    "Throttling", "ThrottlingException", "500", "502", "503", "504"}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "500",
+    "502",
+    "503",
+    "504",
+}
 
 
 class StorageUnavailable(RetryableError):
@@ -134,20 +177,26 @@ def _error_code(err: BaseException) -> str | None:
     return response.get("Error", {}).get("Code") or (str(status) if status else None)
 
 
-def endpoint_hint(url: str) -> str:
-    """Where the endpoint of a URL comes from, for the error after the retry budget."""
-    if is_local(url):
+def endpoint_hint(where: Where) -> str:
+    """Where the endpoint of a location comes from, for the error after the retry budget."""
+    if is_local(where):
         return "is the filesystem mounted and reachable on this machine?"
-    options = _options_for(url)
-    endpoint = (options.get("endpoint_url") or options.get("client_kwargs", {}).get("endpoint_url")
-                or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    options = at(where).options
+    endpoint = (
+        options.get("endpoint_url")
+        or options.get("client_kwargs", {}).get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
     if endpoint:
-        return (f"is the endpoint at {endpoint} up? check AWS_ENDPOINT_URL (or run.storage_options.endpoint_url) "
-                "and the network")
+        return (
+            f"is the endpoint at {endpoint} up? check AWS_ENDPOINT_URL (or run.storage_options.endpoint_url) "
+            "and the network"
+        )
     return "is the object store reachable from this machine? check AWS_ENDPOINT_URL and the network"
 
 
-def with_retries(what: str, url: str, call: Callable[[], T]) -> T:
+def with_retries(what: str, url: Where, call: Callable[[], T]) -> T:
     """call() once, and again with exponential backoff while it fails transiently, within the retry budget.
 
     Every retry is logged once; after the budget a StorageUnavailable names the URL, the error and the fix.
@@ -169,10 +218,19 @@ def with_retries(what: str, url: str, call: Callable[[], T]) -> T:
             if left <= 0:
                 raise StorageUnavailable(
                     f"{url}: storage unreachable ({what}: {error}); gave up after {attempt} attempt(s) in "
-                    f"{budget:.0f} s ({RETRY_ENV}); {endpoint_hint(url)}") from exc
+                    f"{budget:.0f} s ({RETRY_ENV}); {endpoint_hint(url)}"
+                ) from exc
             pause = min(delay, left)
-            log.warning("storage: %s %s failed (%s); retry %d in %.1f s (%.0f s of %s left)", what, url, error,
-                        attempt, pause, left, RETRY_ENV)
+            log.warning(
+                "storage: %s %s failed (%s); retry %d in %.1f s (%.0f s of %s left)",
+                what,
+                url,
+                error,
+                attempt,
+                pause,
+                left,
+                RETRY_ENV,
+            )
             time.sleep(pause)
             delay = min(delay * 2, MAX_DELAY_S)
 
@@ -189,32 +247,33 @@ def s3_error_code(exc: BaseException) -> str | None:
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
-def is_local(url: str) -> bool:
+def is_local(where: Where) -> bool:
     """True for plain paths and file:// URLs (local disk or an NFS mount)."""
+    url = str(where)
     return "://" not in url or url.startswith("file://")
 
 
-def join(base: str, *parts: str) -> str:
-    """Join URL/path parts with '/' (fsspec URLs always use '/')."""
-    out = base.rstrip("/")
+def join(base: W, *parts: str) -> W:
+    """Join URL/path parts with '/' (fsspec URLs always use '/'); a Location keeps its options."""
+    out = str(base).rstrip("/")
     for part in parts:
         out = f"{out}/{part.strip('/')}"
-    return out
+    return cast(W, Location(out, base.options) if isinstance(base, Location) else out)
 
 
-def exists(url: str) -> bool:
+def exists(url: Where) -> bool:
     """Whether a file or directory exists at the URL."""
     fs, path = filesystem(url)
     return with_retries("exists", url, lambda: fs.exists(path))
 
 
-def read_bytes(url: str) -> bytes:
+def read_bytes(url: Where) -> bytes:
     """The whole object."""
     fs, path = filesystem(url)
     return with_retries("read", url, lambda: fs.cat_file(path))
 
 
-def read_range(url: str, start: int, end: int) -> bytes:
+def read_range(url: Where, start: int, end: int) -> bytes:
     """Bytes [start, end) of an object (fewer at its end): streaming readers retry block by block."""
     fs, path = filesystem(url)
     if is_local(url):
@@ -233,18 +292,18 @@ def read_range(url: str, start: int, end: int) -> bytes:
     return with_retries("read", url, read)
 
 
-def size(url: str) -> int:
+def size(url: Where) -> int:
     """Size in bytes of a file."""
     fs, path = filesystem(url)
     return with_retries("size", url, lambda: fs.size(path))
 
 
-def read_json(url: str) -> Any:
+def read_json(url: Where) -> Any:
     """A JSON document."""
     return json.loads(read_bytes(url))
 
 
-def write_bytes_atomic(url: str, data: bytes) -> None:
+def write_bytes_atomic(url: Where, data: bytes) -> None:
     """Write `data` so that readers see the old object or the whole new one, never a part."""
     fs, path = filesystem(url)
     if is_local(url):
@@ -261,14 +320,14 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
         with_retries("write", url, lambda: fs.pipe_file(path, data))
 
 
-def write_json_atomic(url: str, doc: Any) -> bytes:
+def write_json_atomic(url: Where, doc: Any) -> bytes:
     """Write a JSON document atomically; returns the exact bytes written (for digests)."""
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
     write_bytes_atomic(url, data)
     return data
 
 
-def put_file(local: str, url: str) -> None:
+def put_file(local: str, url: Where) -> None:
     """Upload a finished local file to `url` (one PUT per object, or a local copy + rename)."""
     if is_local(url):
         with open(local, "rb") as handle:
@@ -278,13 +337,13 @@ def put_file(local: str, url: str) -> None:
     with_retries("upload", url, lambda: fs.put_file(local, path))
 
 
-def get_file(url: str, local: str) -> None:
+def get_file(url: Where, local: str) -> None:
     """Download `url` to a local file."""
     fs, path = filesystem(url)
     with_retries("download", url, lambda: fs.get_file(path, local))
 
 
-def remove(url: str, recursive: bool = False) -> None:
+def remove(url: Where, recursive: bool = False) -> None:
     """Delete a file (or a directory tree with recursive); absent is fine."""
     fs, path = filesystem(url)
 
@@ -297,7 +356,7 @@ def remove(url: str, recursive: bool = False) -> None:
     with_retries("delete", url, rm)
 
 
-def find_sizes(url: str) -> dict[str, int]:
+def find_sizes(url: Where) -> dict[str, int]:
     """{in-filesystem path: size} of every file under a directory, from one listing."""
     fs, root = filesystem(url)
 
@@ -308,7 +367,7 @@ def find_sizes(url: str) -> dict[str, int]:
     return with_retries("list", url, find)
 
 
-def listdir(url: str) -> list[str]:
+def listdir(url: Where) -> list[str]:
     """Base names in a directory (empty when it does not exist)."""
     fs, path = filesystem(url)
 
@@ -321,14 +380,15 @@ def listdir(url: str) -> list[str]:
     return with_retries("list", url, ls)
 
 
-def makedirs(url: str) -> None:
+def makedirs(url: Where) -> None:
     """Create a directory (a no-op on object stores)."""
     fs, path = filesystem(url)
     with_retries("mkdir", url, lambda: fs.makedirs(path, exist_ok=True))
 
 
-def local_path(url: str) -> str:
-    """The local filesystem path of a local URL."""
+def local_path(where: Where) -> str:
+    """The local filesystem path of a local location."""
+    url = str(where)
     if not is_local(url):
         raise ValueError(f"{url} is not on a local filesystem")
-    return url[len("file://"):] if url.startswith("file://") else url
+    return url[len("file://") :] if url.startswith("file://") else url

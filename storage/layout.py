@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from storage.fs import join
-
-__all__ = ["join"]
+from config.sections.run_data import RunConfig
+from storage.fs import Location, W, join
 
 DATASET_SCHEMA = "tandem.dataset/1"
 CHECKPOINT_SCHEMA = "tandem.checkpoint/1"
@@ -38,12 +37,17 @@ LOCK_SCHEMA = "tandem.run-lock/1"
 SPLITS = ("train", "eval")
 
 
-def dataset_dir(storage: str, dataset_id: str) -> str:
+def root(run: RunConfig) -> Location:
+    """run.storage, reached with run.storage_options: everything the pipeline writes is under it."""
+    return Location(run.storage, run.storage_options)
+
+
+def dataset_dir(storage: W, dataset_id: str) -> W:
     """{storage}/datasets/{dataset_id}"""
     return join(storage, "datasets", dataset_id)
 
 
-def dataset_index(storage: str, source_key: str) -> str:
+def dataset_index(storage: W, source_key: str) -> W:
     """{storage}/datasets/by-source/{key}.json: which dataset id unchanged sources and settings staged to."""
     return join(storage, "datasets", "by-source", f"{source_key}.json")
 
@@ -53,32 +57,32 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}/shard-{index:05d}.parquet"
 
 
-def model_dir(storage: str, name: str) -> str:
+def model_dir(storage: W, name: str) -> W:
     """{storage}/models/{name}: base models materialized by Tandem (the built-in tiny model)."""
     return join(storage, "models", name)
 
 
-def run_dir(storage: str, run_id: str) -> str:
+def run_dir(storage: W, run_id: str) -> W:
     """{storage}/runs/{run_id}"""
     return join(storage, "runs", run_id)
 
 
-def run_lock_url(run: str) -> str:
+def run_lock_url(run: W) -> W:
     """{run}/LOCK: the lease of the one pipeline running this run (see storage/run_lock.py)."""
     return join(run, LOCK)
 
 
-def node_dir(run: str, node_rank: int) -> str:
+def node_dir(run: W, node_rank: int) -> W:
     """{run}/nodes/{node_rank}"""
     return join(run, NODES, str(node_rank))
 
 
-def checkpoints_dir(run: str) -> str:
+def checkpoints_dir(run: W) -> W:
     """{run}/checkpoints"""
     return join(run, "checkpoints")
 
 
-def checkpoint_dir(run: str, step: int) -> str:
+def checkpoint_dir(run: W, step: int) -> W:
     """{run}/checkpoints/step-{step:08d}"""
     return join(run, "checkpoints", f"step-{step:08d}")
 
@@ -88,23 +92,23 @@ def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-def universal_dir(checkpoint: str) -> str:
+def universal_dir(checkpoint: W) -> W:
     """{checkpoint}/universal: the checkpoint converted to DeepSpeed's universal (world-size free) form, with its
     own manifest and COMPLETE; deleted with its checkpoint."""
     return join(checkpoint, "universal")
 
 
-def final_dir(run: str) -> str:
+def final_dir(run: W) -> W:
     """{run}/final: the exported model."""
     return join(run, "final")
 
 
-def registry_dir(storage: str, model: str) -> str:
+def registry_dir(storage: W, model: str) -> W:
     """{storage}/registry/{model}"""
     return join(registry_root(storage), model)
 
 
-def registry_root(storage: str) -> str:
+def registry_root(storage: W) -> W:
     """{storage}/registry"""
     return join(storage, "registry")
 
@@ -114,12 +118,12 @@ def registry_entry_name(version: int) -> str:
     return f"v{version:04d}.json"
 
 
-def mirror_url(storage: str, model: str, version: int) -> str:
+def mirror_url(storage: W, model: str, version: int) -> W:
     """{storage}/registry/{model}/mlflow/v{n:04d}.json: how version n is mirrored in MLflow's model registry."""
     return join(registry_dir(storage, model), "mlflow", registry_entry_name(version))
 
 
-def champion_url(storage: str, model: str) -> str:
+def champion_url(storage: W, model: str) -> W:
     """{storage}/registry/{model}/champion.json: the alias naming the best version."""
     return join(registry_dir(storage, model), CHAMPION)
 

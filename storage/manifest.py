@@ -6,38 +6,31 @@ before its ranks read a byte (docs/architecture.md: "every node verifies the dat
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
+from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes, digest_url
-from config.errors import UserError
-from storage.fs import filesystem, find_sizes, join, read_bytes
+from storage.fs import Where, filesystem, find_sizes, join, read_bytes
 
 VerifyMode = Literal["full", "size"]
 
 
-def file_entry(base: str, relpath: str, algorithm: str) -> dict[str, Any]:
-    """{path, size, digest} of one file under `base`."""
-    digest, size = digest_url(join(base, relpath), algorithm)
-    return {"path": relpath, "size": size, "digest": digest}
-
-
-def read_manifest(base: str, schema: str) -> tuple[dict[str, Any], str]:
+def read_manifest(base: Where, schema: str) -> tuple[dict[str, Any], str]:
     """(manifest, digest of its bytes) of the directory `base`; refuses an unknown schema."""
     url = join(base, layout.MANIFEST)
     try:
         raw = read_bytes(url)
     except FileNotFoundError:
         raise UserError(f"{url}: missing; the directory is incomplete (re-run the step that writes it)") from None
-    import json
-
     doc = json.loads(raw)
     if doc.get("schema") != schema:
         raise UserError(f"{url}: schema {doc.get('schema')!r} is not {schema!r}; written by another Tandem version")
     return doc, digest_bytes(raw, doc["digest_algorithm"])
 
 
-def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full") -> None:
+def verify_files(base: Where, manifest: dict[str, Any], mode: VerifyMode = "full") -> None:
     """Check every file of `manifest` under `base`: present, same size, and (full) same digest.
 
     `size` is the quick check (a listing); `full` re-reads every byte. Each failure is a UserError that
@@ -53,8 +46,9 @@ def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full")
             raise UserError(f"{url}: missing (listed in {layout.MANIFEST}); re-stage or restore it")
         size = sizes[path]
         if size != entry["size"]:
-            raise UserError(f"{url}: size {size} != expected {entry['size']}; the file changed after staging, "
-                            "re-stage it")
+            raise UserError(
+                f"{url}: size {size} != expected {entry['size']}; the file changed after staging, re-stage it"
+            )
         if mode == "full":
             actual, _ = digest_url(url, algorithm)
             if actual != entry["digest"]:
@@ -64,14 +58,16 @@ def verify_files(base: str, manifest: dict[str, Any], mode: VerifyMode = "full")
                 )
 
 
-def verify_dataset(url: str, mode: VerifyMode = "full", manifest_digest: str | None = None) -> dict[str, Any]:
+def verify_dataset(url: Where, mode: VerifyMode = "full", manifest_digest: str | None = None) -> dict[str, Any]:
     """The check every node runs before its ranks read a byte of a staged dataset; returns its manifest.
 
     With `manifest_digest` (from spec.json), the manifest itself must be the one the run was planned with.
     """
     manifest, digest = read_manifest(url, layout.DATASET_SCHEMA)
     if manifest_digest is not None and digest != manifest_digest:
-        raise UserError(f"{join(url, layout.MANIFEST)}: digest mismatch: expected {manifest_digest}, got {digest}; "
-                        "the dataset was staged again after the run was planned, prepare it again")
+        raise UserError(
+            f"{join(url, layout.MANIFEST)}: digest mismatch: expected {manifest_digest}, got {digest}; "
+            "the dataset was staged again after the run was planned, prepare it again"
+        )
     verify_files(url, manifest, mode)
     return manifest

@@ -18,12 +18,12 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from config.redact import redact
+from core.errors import UserError
+from core.redact import redact
 from storage import layout
-from storage.digest import digest_bytes
-from config.errors import UserError
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
-from storage.fs import exists, join, listdir, read_bytes, write_bytes_atomic
+from storage.digest import digest_bytes
+from storage.fs import W, Where, exists, join, listdir, read_bytes, write_bytes_atomic
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -46,7 +46,7 @@ def sealed(doc: dict[str, Any]) -> bytes:
     return dumps({**body, DIGEST_KEY: digest_bytes(dumps(body), DIGEST_ALGORITHM)})
 
 
-def unseal(url: str, raw: bytes) -> dict[str, Any]:
+def unseal(url: Where, raw: bytes) -> dict[str, Any]:
     """The document stored at `url` as `raw`, refused unless it is exactly what `sealed` wrote."""
     fix = "the registry file is corrupt or was edited by hand; restore it from a backup (versions are never rewritten)"
     try:
@@ -58,29 +58,31 @@ def unseal(url: str, raw: bytes) -> dict[str, Any]:
     body = {key: value for key, value in doc.items() if key != DIGEST_KEY}
     actual = digest_bytes(dumps(body), DIGEST_ALGORITHM)
     if actual != doc[DIGEST_KEY] or sealed(body) != raw:
-        raise UserError(f"{url}: {DIGEST_ALGORITHM} digest mismatch: recorded {doc[DIGEST_KEY]}, content gives "
-                        f"{actual}; {fix}")
+        raise UserError(
+            f"{url}: {DIGEST_ALGORITHM} digest mismatch: recorded {doc[DIGEST_KEY]}, content gives {actual}; {fix}"
+        )
     return doc
 
 
-def models(storage: str) -> list[str]:
+def models(storage: Where) -> list[str]:
     """Names of the models that have at least one version."""
-    return [name for name in listdir(layout.registry_root(storage))
-            if MODEL_NAME.match(name) and versions(storage, name)]
+    return [
+        name for name in listdir(layout.registry_root(storage)) if MODEL_NAME.match(name) and versions(storage, name)
+    ]
 
 
-def versions(storage: str, model: str) -> list[int]:
+def versions(storage: Where, model: str) -> list[int]:
     """Registered version numbers of a model, ascending."""
     found = (VERSION_FILE.match(name) for name in listdir(layout.registry_dir(storage, model)))
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def entry_url(storage: str, model: str, version: int) -> str:
+def entry_url(storage: W, model: str, version: int) -> W:
     """URL of one version's document."""
     return join(layout.registry_dir(storage, model), layout.registry_entry_name(version))
 
 
-def read_entry(storage: str, model: str, version: int) -> dict[str, Any]:
+def read_entry(storage: Where, model: str, version: int) -> dict[str, Any]:
     """One registered version, checked for its schema."""
     url = entry_url(storage, model, version)
     try:
@@ -94,7 +96,7 @@ def read_entry(storage: str, model: str, version: int) -> dict[str, Any]:
     return doc
 
 
-def register_version(storage: str, model: str, entry: dict[str, Any]) -> tuple[int, str]:
+def register_version(storage: W, model: str, entry: dict[str, Any]) -> tuple[int, W]:
     """Write `entry` as the next free version (secret-looking values masked: a registry entry is kept forever and
     read by everyone who can read the registry); returns (version, URL)."""
     entry = redact(entry)
@@ -114,7 +116,7 @@ def register_version(storage: str, model: str, entry: dict[str, Any]) -> tuple[i
     raise RuntimeError(f"could not claim a version of {model} after {MAX_CLAIM_ATTEMPTS} attempts")
 
 
-def champion(storage: str, model: str) -> dict[str, Any] | None:
+def champion(storage: Where, model: str) -> dict[str, Any] | None:
     """The champion alias ({"version", "metric", "direction", "value", ...}), or None."""
     url = layout.champion_url(storage, model)
     data, _ = read_versioned(url)
@@ -126,16 +128,21 @@ def better(value: float, than: float, direction: str) -> bool:
     return value < than if direction == "min" else value > than
 
 
-def promote(storage: str, model: str, version: int, metrics: dict[str, Any], metric: str,
-            direction: str) -> bool:
+def promote(storage: Where, model: str, version: int, metrics: dict[str, Any], metric: str, direction: str) -> bool:
     """Make `version` the champion if it beats the current one on `metric`; True when it did.
 
     Compare-and-swap: re-read and retry when another registration changed the alias in between.
     """
     url = layout.champion_url(storage, model)
-    doc = {"schema": layout.CHAMPION_SCHEMA, "model": model, "version": version, "metric": metric,
-           "direction": direction, "value": metrics[metric],
-           "updated_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    doc = {
+        "schema": layout.CHAMPION_SCHEMA,
+        "model": model,
+        "version": version,
+        "metric": metric,
+        "direction": direction,
+        "value": metrics[metric],
+        "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
     for _ in range(MAX_SWAP_ATTEMPTS):
         data, token = read_versioned(url)
         if data is not None:
@@ -152,7 +159,7 @@ def promote(storage: str, model: str, version: int, metrics: dict[str, Any], met
     raise RuntimeError(f"could not update {url} after {MAX_SWAP_ATTEMPTS} attempts")
 
 
-def resolve(storage: str, ref: str) -> dict[str, Any]:
+def resolve(storage: Where, ref: str) -> dict[str, Any]:
     """The entry named by `MODEL`, `MODEL:VERSION` (3, v3, v0003) or `MODEL:champion`; MODEL alone: newest."""
     model, _, which = ref.partition(":")
     if not MODEL_NAME.match(model):
@@ -173,15 +180,22 @@ def resolve(storage: str, ref: str) -> dict[str, Any]:
     return read_entry(storage, model, int(digits))
 
 
-def read_mirror(storage: str, model: str, version: int) -> dict[str, Any] | None:
+def read_mirror(storage: Where, model: str, version: int) -> dict[str, Any] | None:
     """How a version is mirrored in MLflow ({"status": "pending"|"done", "tracking_uri", "mlflow_version", ...}), or
     None when it never was. The entry itself is never rewritten; this record beside it changes as the mirror does."""
     url = layout.mirror_url(storage, model, version)
     return unseal(url, read_bytes(url)) if exists(url) else None
 
 
-def write_mirror(storage: str, model: str, version: int, status: str, tracking_uri: str, **details: Any) -> None:
+def write_mirror(storage: Where, model: str, version: int, status: str, tracking_uri: str, **details: Any) -> None:
     """Record the state of a version's MLflow mirror (replaced whole: a later sync completes a pending one)."""
-    doc = {"schema": layout.MIRROR_SCHEMA, "model": model, "version": version, "status": status,
-           "tracking_uri": tracking_uri, "updated_at": datetime.now(UTC).isoformat(timespec="seconds"), **details}
+    doc = {
+        "schema": layout.MIRROR_SCHEMA,
+        "model": model,
+        "version": version,
+        "status": status,
+        "tracking_uri": tracking_uri,
+        "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        **details,
+    }
     write_bytes_atomic(layout.mirror_url(storage, model, version), sealed(redact(doc)))

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from core.errors import UserError
 from storage import layout
-from config.errors import UserError
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
-from storage.fs import remove
+from storage.fs import Where, remove
 
 log = logging.getLogger(__name__)
 LEASE_ENV = "TANDEM_RUN_LOCK_LEASE_S"
@@ -53,8 +53,14 @@ def _iso(epoch: float) -> str:
 class RunLock:
     """The lease on one run directory, held by this process; `hold()` wraps a pipeline in it."""
 
-    def __init__(self, run_url: str, run_id: str, flow_run_id: str | None, lease_s: float | None = None,
-                 logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+    def __init__(
+        self,
+        run_url: Where,
+        run_id: str,
+        flow_run_id: str | None,
+        lease_s: float | None = None,
+        logger: logging.Logger | logging.LoggerAdapter = log,
+    ) -> None:
         self.log = logger  # the flow's run logger, so that takeovers and lost leases show in the run's logs
         self.url = layout.run_lock_url(run_url)
         self.run_id = run_id
@@ -68,8 +74,15 @@ class RunLock:
     def document(self) -> bytes:
         """The LOCK bytes: who holds the run, since when, and until when the lease lasts."""
         now = time.time()
-        doc = {"schema": layout.LOCK_SCHEMA, "run_id": self.run_id, "token": self.token, **self.holder,
-               "since": _iso(self.since), "renewed_at": now, "expires_at": now + self.lease_s}
+        doc = {
+            "schema": layout.LOCK_SCHEMA,
+            "run_id": self.run_id,
+            "token": self.token,
+            **self.holder,
+            "since": _iso(self.since),
+            "renewed_at": now,
+            "expires_at": now + self.lease_s,
+        }
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
     def acquire(self) -> None:
@@ -86,12 +99,19 @@ class RunLock:
             if current.get("expires_at", 0) > time.time():
                 raise UserError(_refusal(self.run_id, current))
             if replace_if_unchanged(self.url, self.document(), token):
-                self.log.warning("run %s: took over the lock of flow run %s on %s (pid %s), whose lease expired at %s",
-                                 self.run_id, current.get("flow_run_id"), current.get("host"), current.get("pid"),
-                                 _iso(current.get("expires_at", 0)))
+                self.log.warning(
+                    "run %s: took over the lock of flow run %s on %s (pid %s), whose lease expired at %s",
+                    self.run_id,
+                    current.get("flow_run_id"),
+                    current.get("host"),
+                    current.get("pid"),
+                    _iso(current.get("expires_at", 0)),
+                )
                 return
-        raise UserError(f"{self.url}: could not claim the run lock after {MAX_ATTEMPTS} attempts (other pipelines "
-                        "keep taking it); wait for them or choose another run.name")
+        raise UserError(
+            f"{self.url}: could not claim the run lock after {MAX_ATTEMPTS} attempts (other pipelines "
+            "keep taking it); wait for them or choose another run.name"
+        )
 
     def renew(self) -> bool:
         """Extend the lease; False when the lock is no longer ours (it expired and was taken over)."""
@@ -114,12 +134,16 @@ class RunLock:
         while not self._stop.wait(self.lease_s / 4):
             try:
                 if not self.renew():
-                    self.log.error("run %s: lost the run lock %s (its lease expired and another pipeline took it over)",
-                                   self.run_id, self.url)
+                    self.log.error(
+                        "run %s: lost the run lock %s (its lease expired and another pipeline took it over)",
+                        self.run_id,
+                        self.url,
+                    )
                     return
             except Exception as exc:  # noqa: BLE001 - a failed refresh is retried at the next beat
-                self.log.warning("run %s: could not renew the run lock (%s); retrying in %.0f s", self.run_id, exc,
-                                 self.lease_s / 4)
+                self.log.warning(
+                    "run %s: could not renew the run lock (%s); retrying in %.0f s", self.run_id, exc, self.lease_s / 4
+                )
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[RunLock]:
@@ -146,6 +170,8 @@ def _parse(data: bytes) -> dict[str, Any]:
 
 def _refusal(run_id: str, holder: dict[str, Any]) -> str:
     """The one line a second pipeline gets."""
-    return (f"run {run_id} is already running (flow run {holder.get('flow_run_id')} on {holder.get('host')} "
-            f"pid {holder.get('pid')} since {holder.get('since')}); wait for it, cancel it, or choose another "
-            f"run.name (a crashed run's lock expires at {_iso(holder.get('expires_at', 0))})")
+    return (
+        f"run {run_id} is already running (flow run {holder.get('flow_run_id')} on {holder.get('host')} "
+        f"pid {holder.get('pid')} since {holder.get('since')}); wait for it, cancel it, or choose another "
+        f"run.name (a crashed run's lock expires at {_iso(holder.get('expires_at', 0))})"
+    )

@@ -21,12 +21,13 @@ import pyarrow.parquet as pq
 
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import join, read_bytes, write_bytes_atomic
+from storage.fs import Where, join, read_bytes, write_bytes_atomic
 from storage.manifest import read_manifest
 
 IGNORE_INDEX = -100  # a label that is not a target (Hugging Face's convention)
-SHARD_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
-                          ("length", pa.int32())])
+SHARD_SCHEMA = pa.schema(
+    [("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())), ("length", pa.int32())]
+)
 PACKED_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("segments", pa.list_(pa.int32())))
 FileEntry = dict[str, Any]
 
@@ -52,8 +53,15 @@ def split_rows(counts: dict[str, int]) -> int:
 class SplitWriter:
     """Collects one split's rows and writes them as shards, counting records, rows, tokens and targets."""
 
-    def __init__(self, base: str, split: str, shard_rows: int, algorithm: str,
-                 on_write: Callable[[FileEntry], None], packed: bool = False) -> None:
+    def __init__(
+        self,
+        base: Where,
+        split: str,
+        shard_rows: int,
+        algorithm: str,
+        on_write: Callable[[FileEntry], None],
+        packed: bool = False,
+    ) -> None:
         self.base, self.split, self.shard_rows, self.algorithm = base, split, shard_rows, algorithm
         self.on_write, self.packed = on_write, packed
         self.files: list[FileEntry] = []
@@ -65,8 +73,14 @@ class SplitWriter:
         self._rows = 0
         self.seconds = 0.0  # spent encoding, digesting and writing shards
 
-    def add(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, truncated: np.ndarray,
-            sizes: np.ndarray | None = None) -> None:
+    def add(
+        self,
+        ids: np.ndarray,
+        labels: np.ndarray,
+        lengths: np.ndarray,
+        truncated: np.ndarray,
+        sizes: np.ndarray | None = None,
+    ) -> None:
         """Append rows: flat ids and labels, one length per example, and how many consecutive examples make
         each row (`sizes`; None: one each, the only choice for an unpacked writer)."""
         if not len(lengths):
@@ -97,14 +111,16 @@ class SplitWriter:
         return self.files
 
     def _flush(self, rows: int) -> None:
-        ids, labels, lengths, sizes = (np.concatenate(parts)
-                                       for parts in (self._ids, self._labels, self._lengths, self._sizes))
+        ids, labels, lengths, sizes = (
+            np.concatenate(parts) for parts in (self._ids, self._labels, self._lengths, self._sizes)
+        )
         examples = int(sizes[:rows].sum())
         tokens = int(lengths[:examples].sum())
         self._write(ids[:tokens], labels[:tokens], lengths[:examples], sizes[:rows])
         rest = rows < len(sizes)
         self._ids, self._labels, self._lengths, self._sizes = (
-            [ids[tokens:]], [labels[tokens:]], [lengths[examples:]], [sizes[rows:]]) if rest else ([], [], [], [])
+            ([ids[tokens:]], [labels[tokens:]], [lengths[examples:]], [sizes[rows:]]) if rest else ([], [], [], [])
+        )
         self._rows = len(sizes) - rows
 
     def _write(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, sizes: np.ndarray) -> None:
@@ -112,9 +128,11 @@ class SplitWriter:
         example_ends = np.cumsum(lengths, dtype=np.int64)
         row_ends = np.cumsum(sizes, dtype=np.int64)
         offsets = pa.array(np.concatenate(([0], example_ends[row_ends - 1])).astype(np.int32))
-        columns = [pa.ListArray.from_arrays(offsets, pa.array(ids)),
-                   pa.ListArray.from_arrays(offsets, pa.array(labels)),
-                   pa.array(np.diff(offsets.to_numpy()).astype(np.int32))]
+        columns = [
+            pa.ListArray.from_arrays(offsets, pa.array(ids)),
+            pa.ListArray.from_arrays(offsets, pa.array(labels)),
+            pa.array(np.diff(offsets.to_numpy()).astype(np.int32)),
+        ]
         if self.packed:
             segment_offsets = pa.array(np.concatenate(([0], row_ends)).astype(np.int32))
             columns.append(pa.ListArray.from_arrays(segment_offsets, pa.array(lengths.astype(np.int32))))
@@ -130,7 +148,7 @@ class SplitWriter:
         self.on_write(entry)
 
 
-def load_split(dataset_url: str, split: str) -> list[Row]:
+def load_split(dataset_url: Where, split: str) -> list[Row]:
     """Every row of a split, in manifest order."""
     manifest, _ = read_manifest(dataset_url, layout.DATASET_SCHEMA)
     rows: list[Row] = []
@@ -139,8 +157,7 @@ def load_split(dataset_url: str, split: str) -> list[Row]:
             continue
         table = pq.read_table(pa.BufferReader(read_bytes(join(dataset_url, entry["path"]))))
         ids, labels = table.column("input_ids").to_pylist(), table.column("labels").to_pylist()
-        segments = (table.column("segments").to_pylist() if "segments" in table.column_names
-                    else [[len(i)] for i in ids])
+        segments = table.column("segments").to_pylist() if "segments" in table.column_names else [[len(i)] for i in ids]
         rows.extend(Row(*fields) for fields in zip(ids, labels, segments, strict=True))
     return rows
 

@@ -4,22 +4,17 @@ node and every rank. Its digest is part of the lineage.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, ValidationError
 
+from config.schema import FinetuneConfig
+from config.sections.base import Section
+from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes
-from config.chat_template import resolve_chat_template
-from config.deepspeed import read_deepspeed_json, resolve_from_train
-from config.errors import UserError
-from config.schema import FinetuneConfig, Section, TrainConfig
-from config.version import code_version
-from storage.fs import read_bytes, write_json_atomic
-from storage.manifest import read_manifest
-from storage.shards import split_rows
+from storage.fs import Location, Where, join, read_bytes, write_json_atomic
 
 
 class DatasetRef(Section):
@@ -49,8 +44,10 @@ class Attempt(Section):
 
     def describe(self) -> str:
         """One line for logs and the model card."""
-        out = (f"attempt {self.number}: nodes {','.join(map(str, self.nodes))} ({self.world_size} ranks) from step "
-               f"{self.from_step}")
+        out = (
+            f"attempt {self.number}: nodes {','.join(map(str, self.nodes))} ({self.world_size} ranks) from step "
+            f"{self.from_step}"
+        )
         return out + "".join(f"; node {slot} left out: {why}" for slot, why in self.left_out.items())
 
 
@@ -68,51 +65,34 @@ class Spec(Section):
     dataset: DatasetRef
     code_version: str
     chat_template: str | None = Field(
-        None, description="The text of model.chat_template when set: what staging used and the export carries; "
-        "None: the base model's own template (absent from specs written before it existed).")
-    attempts: list[Attempt] = Field(
-        default_factory=list, description="Launches of an elastic run so far, this one last (launch.min_nnodes/"
-        "max_nnodes); empty for a run that is not elastic (absent from specs written before it existed).")
-
-
-def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
-    """train.max_steps when set, else enough steps for train.epochs passes over the train split."""
-    if train.max_steps is not None:
-        return train.max_steps
-    # With train.global_batch_size the rows per step, hence the step count and the schedule, ignore the world size.
-    per_step = train.global_batch_size or train.micro_batch_size * train.gradient_accumulation_steps * world_size
-    return max(1, math.ceil(train.epochs * train_records / per_step))
-
-
-def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
-    """Resolve the config once: world size, DeepSpeed "auto" values, absolute locations. Here, not in tasks/, so
-    that what builds a spec without Prefect (the GPU benchmark on a machine without it) can."""
-    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
-    train_records = dataset.records("train")
-    if train_records is None:  # a reference read back from spec.json carries no counts
-        train_records = split_rows(read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"])
-    steps = total_steps(cfg.train, train_records, cfg.world_size)
-    return Spec(
-        run_id=run_id,
-        run_url=layout.run_dir(cfg.run.storage, run_id),
-        config=cfg,
-        deepspeed=ds,
-        world_size=cfg.world_size,
-        total_steps=steps,
-        model_path=model_path,
-        dataset=dataset,
-        code_version=code_version(),
-        chat_template=resolve_chat_template(cfg.model.chat_template),
+        None,
+        description="The text of model.chat_template when set: what staging used and the export carries; "
+        "None: the base model's own template (absent from specs written before it existed).",
     )
+    attempts: list[Attempt] = Field(
+        default_factory=list,
+        description="Launches of an elastic run so far, this one last (launch.min_nnodes/"
+        "max_nnodes); empty for a run that is not elastic (absent from specs written before it existed).",
+    )
+
+    @property
+    def run(self) -> Location:
+        """The run directory, reached with run.storage_options."""
+        return Location(self.run_url, self.config.run.storage_options)
+
+    @property
+    def dataset_dir(self) -> Location:
+        """The staged dataset (under run.storage, so reached with the same options)."""
+        return Location(self.dataset.url, self.config.run.storage_options)
 
 
 def write_spec(spec: Spec) -> str:
     """Write spec.json into the run directory; returns the digest of its bytes."""
-    data = write_json_atomic(layout.join(spec.run_url, layout.SPEC), spec.model_dump(mode="json", by_alias=True))
+    data = write_json_atomic(join(spec.run, layout.SPEC), spec.model_dump(mode="json", by_alias=True))
     return digest_bytes(data, "sha256")
 
 
-def load_spec(url: str) -> tuple[Spec, str]:
+def load_spec(url: Where) -> tuple[Spec, str]:
     """(spec, sha256 of its bytes) from a spec.json URL, validated again."""
     try:
         raw = read_bytes(url)
@@ -121,8 +101,10 @@ def load_spec(url: str) -> tuple[Spec, str]:
     try:
         spec = Spec.model_validate_json(raw)
     except ValidationError as exc:
-        raise UserError(f"{url}: not a valid {layout.SPEC_SCHEMA} document ({exc.error_count()} errors, "
-                        f"first: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})") from None
+        raise UserError(
+            f"{url}: not a valid {layout.SPEC_SCHEMA} document ({exc.error_count()} errors, "
+            f"first: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})"
+        ) from None
     if spec.schema_name != layout.SPEC_SCHEMA:
         raise UserError(f"{url}: schema {spec.schema_name!r} is not {layout.SPEC_SCHEMA!r}")
     return spec, digest_bytes(raw, "sha256")
@@ -133,10 +115,10 @@ class WrittenSpec:
     """A spec.json on storage: the spec, where it is, and the sha256 of its bytes (checked by every node)."""
 
     spec: Spec
-    url: str
+    url: Location
     digest: str
 
 
 def publish_spec(spec: Spec) -> WrittenSpec:
     """Write spec.json into the run directory and say where it is and what its bytes hash to."""
-    return WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
+    return WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))

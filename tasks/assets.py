@@ -11,32 +11,38 @@ import re
 from prefect import get_run_logger
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
 
-from config.redact import redact
+from core.redact import redact
+from pipeline.lineage import browser_link
+from storage.fs import Where
 from storage.spec import Spec
 from tasks.register import Registration
-from storage.fs import is_local, local_path
 
 # Characters Prefect refuses in asset keys (prefect.types.names.RESTRICTED_ASSET_CHARACTERS).
 _RESTRICTED = re.compile(r"[\s#?&%\"'<>\[\]{}|\\^`\x00]")
 
 
-def asset_key(url: str) -> str:
+def asset_key(url: Where) -> str:
     """A Prefect asset key for a storage URL."""
-    key = f"file://{local_path(url)}" if is_local(url) else url
-    return _RESTRICTED.sub("_", key)
+    return _RESTRICTED.sub("_", browser_link(url))
 
 
 def model_asset(registered: Registration) -> Asset:
     """The registered model (its exported directory), named by registry version."""
     name = registered.message.removesuffix(" (champion)")
-    return Asset(key=asset_key(registered.entry["model_url"]), properties=AssetProperties(
-        name=name, description=f"{registered.entry['method']} model, registry entry {registered.url}"))
+    return Asset(
+        key=asset_key(registered.entry["model_url"]),
+        properties=AssetProperties(
+            name=name, description=f"{registered.entry['method']} model, registry entry {registered.url}"
+        ),
+    )
 
 
 def dataset_asset(spec: Spec) -> Asset:
     """The staged, tokenized dataset the model was trained and evaluated on."""
-    return Asset(key=asset_key(spec.dataset.url), properties=AssetProperties(
-        name=spec.dataset.dataset_id, description=f"staged from {spec.config.data.source}"))
+    return Asset(
+        key=asset_key(spec.dataset_dir),
+        properties=AssetProperties(name=spec.dataset.dataset_id, description=f"staged from {spec.config.data.source}"),
+    )
 
 
 def record_model_asset(spec: Spec, registered: Registration) -> str:
@@ -46,8 +52,17 @@ def record_model_asset(spec: Spec, registered: Registration) -> str:
     @materialize(model, asset_deps=[dataset], name="materialize-model", by="tandem")
     def materialize_model() -> str:
         entry = registered.entry
-        add_asset_metadata(model, redact({"version": registered.version, "registry_url": registered.url,
-                                          "metrics": entry["metrics"], "lineage": entry["lineage"]}))
+        add_asset_metadata(
+            model,
+            redact(
+                {
+                    "version": registered.version,
+                    "registry_url": registered.url,
+                    "metrics": entry["metrics"],
+                    "lineage": entry["lineage"],
+                }
+            ),
+        )
         get_run_logger().info("asset %s materialized from %s", model.key, dataset.key)
         return model.key
 

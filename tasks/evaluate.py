@@ -6,21 +6,28 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from storage import layout
-from storage.spec import WrittenSpec
-from storage.fs import join, read_json
 from launch.phase import run_phase
+from storage import layout
+from storage.fs import Location, join, read_json
+from storage.spec import WrittenSpec
 
 
 @task(name="evaluate")
-def evaluate_on_nodes(written: WrittenSpec, model_url: str) -> dict[str, Any]:
+def evaluate_on_nodes(written: WrittenSpec, model_url: Location) -> dict[str, Any]:
     """Exact eval metrics of the model at `model_url` (final/ or checkpoints/step-N) on the eval split."""
     logger = get_run_logger()
-    run_phase(written, "eval", logger.info, model_url=model_url)
-    result = read_json(join(written.spec.run_url, layout.EVAL))
-    logger.info("eval of the %s %s: loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
-                result["model_kind"], model_url, result["loss"], result["perplexity"], result["token_accuracy"],
-                result["target_tokens"], result["world_size"])
+    run_phase(written, "eval", logger.info, model_url=str(model_url))
+    result = read_json(join(written.spec.run, layout.EVAL))
+    logger.info(
+        "eval of the %s %s: loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
+        result["model_kind"],
+        model_url,
+        result["loss"],
+        result["perplexity"],
+        result["token_accuracy"],
+        result["target_tokens"],
+        result["world_size"],
+    )
     if result.get("samples_url"):
         logger.info("greedy samples: %s", result["samples_url"])
     return result

@@ -1,70 +1,15 @@
-"""The loss curve: train loss per step from metrics.jsonl, eval loss points on top, as {run}/loss.png."""
+"""Plot the loss curve of a run into {run}/loss.png."""
 
 from __future__ import annotations
 
-import io
-import json
-from typing import Any
-
 from prefect import get_run_logger, task
 
-from storage import layout
-from storage.fs import exists, join, read_bytes, write_bytes_atomic
-
-Series = tuple[list[int], list[float]]
-
-
-def read_metrics(run_url: str) -> list[dict[str, Any]]:
-    """Every record of {run}/metrics.jsonl (steps and events), in file order."""
-    url = join(run_url, layout.METRICS)
-    if not exists(url):
-        return []
-    return [json.loads(line) for line in read_bytes(url).decode().splitlines() if line.strip()]
-
-
-def loss_series(records: list[dict[str, Any]], eval_points: list[tuple[int, float]]) -> tuple[Series, Series]:
-    """((train steps, train losses), (eval steps, eval losses)) from metrics.jsonl records and extra points."""
-    train = [(r["step"], r["loss"]) for r in records if "event" not in r and "loss" in r]
-    # One eval point per step: the evaluated model's (eval.json) wins over the trainer's in-memory one.
-    evals = {r["step"]: r["loss"] for r in records if r.get("event") == "final_eval"} | dict(eval_points)
-    steps = sorted(evals)
-    return ([s for s, _ in train], [v for _, v in train]), (steps, [evals[s] for s in steps])
-
-
-def render_png(train: Series, evals: Series, title: str) -> bytes:
-    """The plot as PNG bytes (matplotlib's Agg backend: no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4), dpi=100)
-    ax = fig.add_subplot()
-    ax.plot(train[0], train[1], label="train loss", color="tab:blue", linewidth=1.5)
-    if evals[0]:
-        ax.scatter(evals[0], evals[1], label="eval loss", color="tab:red", zorder=3, s=36)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats per target token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
-
-
-def write_loss_plot(run_url: str, eval_points: list[tuple[int, float]], title: str) -> str | None:
-    """Write {run}/loss.png; returns its URL, or None when there are no train losses to plot."""
-    train, evals = loss_series(read_metrics(run_url), eval_points)
-    if not train[0]:
-        return None
-    url = join(run_url, layout.LOSS_PLOT)
-    write_bytes_atomic(url, render_png(train, evals, title))
-    return url
+from pipeline.loss_curve import write_loss_plot
+from storage.fs import Location
 
 
 @task(name="plot-loss")
-def plot_loss(run_url: str, step: int, eval_loss: float, title: str) -> str | None:
+def plot_loss(run_url: Location, step: int, eval_loss: float, title: str) -> Location | None:
     """The loss curve of the run, with the evaluated model's loss at its step."""
     url = write_loss_plot(run_url, [(step, eval_loss)], title)
     get_run_logger().info("loss curve: %s", url or "no train losses in metrics.jsonl")

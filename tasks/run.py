@@ -1,23 +1,12 @@
-"""Run identity and the resolved spec.json that every node and rank reads."""
+"""Write the resolved spec.json that every node and rank reads."""
 
 from __future__ import annotations
-
-import secrets
-from datetime import UTC, datetime
 
 from prefect import get_run_logger, task
 
 from config.schema import FinetuneConfig
-from storage.spec import DatasetRef, WrittenSpec, build_spec, publish_spec
-
-__all__ = ["build_spec", "new_run_id", "write_run_spec"]
-
-
-def new_run_id(cfg: FinetuneConfig) -> str:
-    """run.name when set (re-running it continues that run), else time + a short random suffix."""
-    if cfg.run.name:
-        return cfg.run.name
-    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+from pipeline.plan import build_spec
+from storage.spec import DatasetRef, WrittenSpec, publish_spec
 
 
 @task(name="write-spec")

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import get_run_logger, task
-from prefect.context import TaskRunContext
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
+from prefect.context import TaskRunContext
 from prefect.states import State
 
-from config.errors import RetryableError
+from core.errors import RetryableError
 from launch.command import transport_debug
 from launch.elastic import attempt_launch, is_elastic, next_attempt, probe_for
 from launch.phase import run_phase
+from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete, verified_export_step
 from storage.spec import Spec, WrittenSpec, load_spec, publish_spec
-from tasks.run import build_spec
-from tasks.tracking.sink import Tracker, active
+from tracking.sink import Tracker, active
 
 
 @task(name="train")
@@ -31,8 +31,10 @@ def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
     logger = get_run_logger()
     spec = written.spec
     if trained_to_the_end(spec):
-        logger.info(f"train: {spec.run_url} is already trained to step {spec.total_steps} (its checkpoint and final/ "
-                    "are complete); no node is started. train.resume=never or a new run.name trains again")
+        logger.info(
+            f"train: {spec.run_url} is already trained to step {spec.total_steps} (its checkpoint and final/ "
+            "are complete); no node is started. train.resume=never or a new run.name trains again"
+        )
         return written
     if is_elastic(spec.config):
         written = start_attempt(written, logger.info)
@@ -41,8 +43,10 @@ def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
     if context is None or context.task_run.run_count <= 1:
         run_phase(written, "train", logger.info, on_progress=on_progress)
         return written
-    logger.info("train: a retry after a failure: the ranks log their transport (NCCL_DEBUG=INFO, "
-                "TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO) to the nodes' logs")
+    logger.info(
+        "train: a retry after a failure: the ranks log their transport (NCCL_DEBUG=INFO, "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO) to the nodes' logs"
+    )
     with transport_debug():
         run_phase(written, "train", logger.info, on_progress=on_progress)
     return written
@@ -57,10 +61,13 @@ def start_attempt(written: WrittenSpec, info: Callable[[str], None]) -> WrittenS
     launch = attempt_launch(base.config.launch, attempt)
     cfg = base.config.model_copy(update={"launch": launch})
     spec = build_spec(cfg, base.run_id, base.model_path, base.dataset).model_copy(
-        update={"attempts": [*previous, attempt]})
+        update={"attempts": [*previous, attempt]}
+    )
     accumulation = cfg.accumulation_steps(spec.world_size)
-    info(f"train: {attempt.describe()}; global batch {cfg.global_batch(spec.world_size)} rows = "
-         f"{cfg.train.micro_batch_size} x {accumulation} accumulation x {spec.world_size} ranks")
+    info(
+        f"train: {attempt.describe()}; global batch {cfg.global_batch(spec.world_size)} rows = "
+        f"{cfg.train.micro_batch_size} x {accumulation} accumulation x {spec.world_size} ranks"
+    )
     return publish_spec(spec)
 
 
@@ -69,9 +76,12 @@ def trained_to_the_end(spec: Spec) -> bool:
     the last step and find final/ exported for it. (A rerun of a finished run, to evaluate or register again.)"""
     if spec.config.train.resume != "auto":
         return False
-    newest = latest_complete(spec.run_url)
-    return (newest is not None and newest.step == spec.total_steps
-            and verified_export_step(layout.final_dir(spec.run_url)) == spec.total_steps)
+    newest = latest_complete(spec.run)
+    return (
+        newest is not None
+        and newest.step == spec.total_steps
+        and verified_export_step(layout.final_dir(spec.run)) == spec.total_steps
+    )
 
 
 def retry_only_retryable(_task: object, _task_run: object, state: State) -> bool:
@@ -88,22 +98,29 @@ def retry_only_retryable(_task: object, _task_run: object, state: State) -> bool
 def train_with_retries(spec: Spec) -> Any:
     """The train task with the run's retry policy (launch.retries); a retry resumes (train.resume=auto)."""
     launch = spec.config.launch
-    return train_on_nodes.with_options(retries=launch.retries, retry_delay_seconds=launch.retry_delay_s,
-                                       retry_condition_fn=retry_only_retryable)
+    return train_on_nodes.with_options(
+        retries=launch.retries, retry_delay_seconds=launch.retry_delay_s, retry_condition_fn=retry_only_retryable
+    )
 
 
-def progress_reporter(total: int, info: Callable[[str], None],
-                      tracker: Tracker | None = None) -> Callable[[dict[str, Any]], None]:
+def progress_reporter(
+    total: int, info: Callable[[str], None], tracker: Tracker | None = None
+) -> Callable[[dict[str, Any]], None]:
     """A callback that logs step/total, loss, tokens, tokens/s and ETA, keeps a Prefect progress artifact, and hands
     each step to the run's tracker (which only queues it: the tracking systems are fed in the background)."""
-    artifact = create_progress_artifact(progress=0.0, key="training-progress", description="training steps done")
+    # Called from synchronous code, Prefect returns the artifact's id (its type also admits a coroutine).
+    artifact = cast(
+        UUID, create_progress_artifact(progress=0.0, key="training-progress", description="training steps done")
+    )
     started = time.monotonic()
 
     def report(record: dict[str, Any]) -> None:
         step = record["step"]
         eta = (time.monotonic() - started) / step * (total - step)
-        info(f"step {step}/{total} loss {record['loss']:.4f} tokens {record['tokens']} tokens/s "
-             f"{record['tokens_per_s']:.0f} ETA {eta:.0f} s")
+        info(
+            f"step {step}/{total} loss {record['loss']:.4f} tokens {record['tokens']} tokens/s "
+            f"{record['tokens_per_s']:.0f} ETA {eta:.0f} s"
+        )
         update_progress_artifact(artifact_id=artifact, progress=100.0 * step / total)
         if tracker is not None:
             tracker.steps([record])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.fs import Location
 from tests.servers import MlflowServer, PrefectServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +45,11 @@ def prefect_server() -> Iterator[PrefectServer]:
 
     logs = ROOT / ".tandem" / "test-prefect"
     logs.mkdir(parents=True, exist_ok=True)
-    with prefect_test_harness(server_startup_timeout=120), temporary_settings(
-            {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), pytest.MonkeyPatch.context() as patch:
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+        pytest.MonkeyPatch.context() as patch,
+    ):
         api_url = str(PREFECT_API_URL.value())
         patch.setenv("PREFECT_API_URL", api_url)
         yield PrefectServer(api_url, None, client_env(api_url), logs)
@@ -98,15 +102,15 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 
 
 @pytest.fixture
-def s3_bucket(s3_endpoint: str) -> str:
-    """A new empty bucket on the session's S3 endpoint, as `s3://name`, with its fsspec options registered."""
-    from storage.fs import filesystem, set_storage_options
+def s3_bucket(s3_endpoint: str) -> Location:
+    """A new empty bucket on the session's S3 endpoint: the location `s3://name` with the endpoint as its fsspec
+    option (what a config's run.storage_options would give)."""
+    from storage.fs import Location, filesystem
 
-    url = f"s3://tandem-test-{uuid.uuid4().hex[:12]}"
-    set_storage_options(url, {"endpoint_url": s3_endpoint})
-    fs, path = filesystem(url)
+    bucket = Location(f"s3://tandem-test-{uuid.uuid4().hex[:12]}", {"endpoint_url": s3_endpoint})
+    fs, path = filesystem(bucket)
     fs.mkdir(path)
-    return url
+    return bucket
 
 
 @pytest.fixture(scope="session")
@@ -115,8 +119,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     import subprocess
 
     out = tmp_path_factory.mktemp("model") / "tiny"
-    subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out), "--corpus",
-                    str(ROOT / "data" / "sample" / "conversations.json")], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.tiny",
+            "--out",
+            str(out),
+            "--corpus",
+            str(ROOT / "data" / "sample" / "conversations.json"),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return str(out)
 
 
@@ -144,8 +160,9 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str | None] | None = No
 
     full_env = {**os.environ, **(env or {})}
     full_env = {key: value for key, value in full_env.items() if value is not None}
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")
@@ -159,14 +176,13 @@ def staged(tmp_path_factory, tiny_model):
 @pytest.fixture
 def s3_stoppable(s3_endpoint: str) -> Iterator:
     """An S3 endpoint of its own (moto's server) that a test may stop and start again on the same port, with a
-    new bucket registered for it: yields (StoppableEndpoint, "s3://bucket"). Objects survive a stop."""
-    from storage.fs import filesystem, set_storage_options
+    new bucket on it: yields (StoppableEndpoint, the bucket's location). Objects survive a stop."""
+    from storage.fs import Location, filesystem
     from tests.s3_faults import StoppableEndpoint
 
     endpoint = StoppableEndpoint(free_port())
     endpoint.start()
-    bucket = f"s3://tandem-fault-{uuid.uuid4().hex[:12]}"
-    set_storage_options(bucket, {"endpoint_url": endpoint.url})
+    bucket = Location(f"s3://tandem-fault-{uuid.uuid4().hex[:12]}", {"endpoint_url": endpoint.url})
     fs, path = filesystem(bucket)
     fs.mkdir(path)
     try:

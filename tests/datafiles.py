@@ -40,5 +40,26 @@ def openai(*turns: tuple[str, Any], **extra: Any) -> dict[str, Any]:
 
 def arithmetic(n: int, start: int = 0) -> list[dict[str, Any]]:
     """n distinct single-turn Qwen records in the sample's vocabulary."""
-    return [qwen(("user", f"What is {i} plus {i + 7}?"), ("assistant", f"{i} plus {i + 7} is {2 * i + 7}."))
-            for i in range(start, start + n)]
+    return [
+        qwen(("user", f"What is {i} plus {i + 7}?"), ("assistant", f"{i} plus {i + 7} is {2 * i + 7}."))
+        for i in range(start, start + n)
+    ]
+
+
+def read_records(source: str, fmt: str, mapping: Any = None) -> list[Any]:
+    """Every record of a source (file, directory, glob, URL) through staging's reader, normalized; the first invalid
+    one raises with its location (what staging does with `data.on_invalid: fail`)."""
+    from core.errors import UserError
+    from staging.mapping import Mapping
+    from staging.records import Reject, open_file
+    from staging.sources import expand
+
+    records = []
+    for url in expand(source, "data.source"):
+        for item in open_file(url, mapping or Mapping(fmt), lambda _: None).items:
+            if isinstance(item, Reject):
+                raise item.error()
+            records.append(item)
+    if not records:
+        raise UserError(f"data.source {source}: no records; it must hold at least one conversation")
+    return records

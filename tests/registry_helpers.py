@@ -4,35 +4,54 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.fs import set_storage_options
+from storage.fs import Location
 
-LINEAGE = {"dataset_id": "ds-0", "dataset_manifest_digest": "d", "spec_digest": "s", "code_version": "c",
-           "checkpoint_manifest_digest": "k", "flow_run_id": None, "nnodes": 1, "world_size": 1}
+LINEAGE = {
+    "dataset_id": "ds-0",
+    "dataset_manifest_digest": "d",
+    "spec_digest": "s",
+    "code_version": "c",
+    "checkpoint_manifest_digest": "k",
+    "flow_run_id": None,
+    "nnodes": 1,
+    "world_size": 1,
+}
 
 
 def entry(loss: float, writer: str) -> dict[str, Any]:
     """A registry entry body whose metrics and writer are recognizable."""
     import math
 
-    return {"metrics": {"loss": loss, "perplexity": math.exp(loss), "token_accuracy": 0.5, "target_tokens": 10,
-                        "correct_tokens": 5, "examples": 2},
-            "model_url": f"/models/{writer}", "checkpoint_url": f"/ckpt/{writer}", "base_model": "/base",
-            "method": "lora", "writer": writer, "lineage": LINEAGE}
+    return {
+        "metrics": {
+            "loss": loss,
+            "perplexity": math.exp(loss),
+            "token_accuracy": 0.5,
+            "target_tokens": 10,
+            "correct_tokens": 5,
+            "examples": 2,
+        },
+        "model_url": f"/models/{writer}",
+        "checkpoint_url": f"/ckpt/{writer}",
+        "base_model": "/base",
+        "method": "lora",
+        "writer": writer,
+        "lineage": LINEAGE,
+    }
 
 
-def claim(storage: str, options: dict[str, str], model: str, loss: float, writer: str) -> int:
+def claim(storage: Location, model: str, loss: float, writer: str) -> int:
     """Register one version (in a child process); returns the version it got."""
     from storage.registry import register_version
 
-    set_storage_options(storage, options)
     version, _ = register_version(storage, model, entry(loss, writer))
     return version
 
 
-def claim_and_promote(storage: str, options: dict[str, str], model: str, loss: float, writer: str) -> int:
+def claim_and_promote(storage: Location, model: str, loss: float, writer: str) -> int:
     """Register and try to become champion by loss, as the register task does."""
     from storage.registry import promote, read_entry
 
-    version = claim(storage, options, model, loss, writer)
+    version = claim(storage, model, loss, writer)
     promote(storage, model, version, read_entry(storage, model, version)["metrics"], "loss", "min")
     return version

@@ -41,6 +41,7 @@ class StoppableEndpoint:
     def outage(self, after_s: float, for_s: float | None, when: Callable[[], bool] | None = None) -> threading.Thread:
         """Stop after `after_s` seconds (and, with `when`, once when() is true), for `for_s` seconds (None: for
         good), in a background thread; the thread's `stopped_at` is the monotonic time of the stop."""
+
         def run() -> None:
             time.sleep(after_s)
             while when is not None and not _true(when):

@@ -70,23 +70,38 @@ def client_env(api_url: str, **extra: str) -> dict[str, str]:
     """The environment of a client or worker of the server at `api_url`: this process's, less its Prefect
     settings, with quick worker polling."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=api_url, PREFECT_WORKER_QUERY_SECONDS="1",
-               PREFECT_WORKER_PREFETCH_SECONDS="1", OMP_NUM_THREADS="1", TANDEM_ROOT=str(ROOT), **extra)
+    env.update(
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_API_URL=api_url,
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_WORKER_PREFETCH_SECONDS="1",
+        OMP_NUM_THREADS="1",
+        TANDEM_ROOT=str(ROOT),
+        **extra,
+    )
     return env
 
 
-def start_prefect_server(home: Path, logs: Path, port: int,
-                         auth: str | None = None) -> tuple[PrefectServer, subprocess.Popen]:
+def start_prefect_server(
+    home: Path, logs: Path, port: int, auth: str | None = None
+) -> tuple[PrefectServer, subprocess.Popen]:
     """`prefect server start` on 127.0.0.1:port with its database under `home`; returns once it is healthy. With
     `auth` ("user:password"), the server requires it (Prefect's basic auth) and the returned client env carries it."""
     logs.mkdir(parents=True, exist_ok=True)
     api_url = f"http://127.0.0.1:{port}/api"
     # PREFECT_UI_API_URL: without it the UI asks the default port (4200) for its API.
-    env = client_env(api_url, PREFECT_HOME=str(home), PREFECT_UI_API_URL=api_url,
-                     **({"PREFECT_API_AUTH_STRING": auth} if auth else {}))
+    env = client_env(
+        api_url,
+        PREFECT_HOME=str(home),
+        PREFECT_UI_API_URL=api_url,
+        **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
+    )
     server_env = {**env, "PREFECT_SERVER_API_AUTH_STRING": auth} if auth else env
-    process = spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                    server_env, logs / "server.log")
+    process = spawn(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        server_env,
+        logs / "server.log",
+    )
     try:
         wait_healthy(api_url, process, logs / "server.log")
     except BaseException:
@@ -109,11 +124,30 @@ def start_mlflow_server(home: Path, port: int) -> tuple[MlflowServer, subprocess
     home.mkdir(parents=True, exist_ok=True)
     uri = f"http://127.0.0.1:{port}"
     # Without MLflow's job runner (GenAI scoring: about ten consumer processes that Tandem never uses).
-    env = {**{key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")},
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    process = spawn([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                     "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
-                     "--artifacts-destination", str(home / "artifacts")], env, home / "server.log")
+    env = {
+        **{key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")},
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{home / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(home / "artifacts"),
+        ],
+        env,
+        home / "server.log",
+    )
     try:
         wait_healthy(uri, process, home / "server.log")
     except BaseException:

@@ -16,7 +16,10 @@ def test_help_lists_the_options() -> None:
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("train.learning_rate=-1", "error: config tiny-cpu.yaml with --set: train.learning_rate: Input should be greater than 0"),
+        (
+            "train.learning_rate=-1",
+            "error: config tiny-cpu.yaml with --set: train.learning_rate: Input should be greater than 0",
+        ),
         ("train.no_such_key=1", "train.no_such_key: unknown key (allowed here: method, learning_rate"),
         ("data.source=missing.jsonl", "data.source: "),
     ],

@@ -18,19 +18,47 @@ from tests.conftest import ROOT, free_port, run_cli
 
 def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_server) -> None:
     storage = tmp_path / "storage"
-    env = {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_URL": None}
-    prepared = run_cli("flows.prepare", "--storage", str(storage), "--set", "run.name=r1", "--set",
-                       "train.max_steps=2", "--set", f"model.name_or_path={tiny_model}", "--write-spec", env=env)
+    env = {
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": None,
+    }
+    prepared = run_cli(
+        "flows.prepare",
+        "--storage",
+        str(storage),
+        "--set",
+        "run.name=r1",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        f"model.name_or_path={tiny_model}",
+        "--write-spec",
+        env=env,
+    )
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     spec_url = dict(re.findall(r"^(\w+) +(.+)$", prepared.stdout, flags=re.MULTILINE))["spec"]
     assert spec_url == str(storage / "runs" / "r1" / "spec.json")
 
-    common = {**os.environ, "OMP_NUM_THREADS": "1", "NNODES": "2", "GPUS_PER_NODE": "1", "MASTER_ADDR": "127.0.0.1",
-              "MASTER_PORT": str(free_port())}
-    nodes = [subprocess.Popen([sys.executable, "-m", "flows.node", "--spec", spec_url], cwd=ROOT,
-                              env={**common, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    common = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "NNODES": "2",
+        "GPUS_PER_NODE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "flows.node", "--spec", spec_url],
+            cwd=ROOT,
+            env={**common, "NODE_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     try:
         outputs = [node.communicate(timeout=300)[0] for node in nodes]
     finally:

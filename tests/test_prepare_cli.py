@@ -13,27 +13,47 @@ from tests.datafiles import arithmetic, qwen, write_jsonl
 def test_help_lists_the_options() -> None:
     result = run_cli("flows.prepare", "--help")
     assert result.returncode == 0
-    for option in ("--data SRC", "--format {auto,qwen,sharegpt,openai,alpaca,text}", "--storage URL", "--config FILE",
-                   "--set KEY=VALUE"):
+    for option in (
+        "--data SRC",
+        "--format {auto,qwen,sharegpt,openai,alpaca,text}",
+        "--storage URL",
+        "--config FILE",
+        "--set KEY=VALUE",
+    ):
         assert option in result.stdout
 
 
-def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(tmp_path, s3_endpoint, s3_bucket,
-                                                                                tiny_model, prefect_server) -> None:
+def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(
+    tmp_path, s3_endpoint, s3_bucket, tiny_model, prefect_server
+) -> None:
     from storage.fs import read_json
 
     source = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(60), qwen(("user", "no answer"))])
     env = {"AWS_ENDPOINT_URL": s3_endpoint}
-    result = run_cli("flows.prepare", "--data", source, "--storage", f"{s3_bucket}/tandem", "--format", "qwen",
-                     "--set", f"model.name_or_path={tiny_model}", "--set", "data.on_invalid=skip", env=env)
+    result = run_cli(
+        "flows.prepare",
+        "--data",
+        source,
+        "--storage",
+        f"{s3_bucket}/tandem",
+        "--format",
+        "qwen",
+        "--set",
+        f"model.name_or_path={tiny_model}",
+        "--set",
+        "data.on_invalid=skip",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = dict(re.findall(r"^(\w+) +(.+)$", result.stdout, flags=re.MULTILINE))
-    manifest = read_json(rows["manifest"])
+    manifest = read_json(s3_bucket.with_url(rows["manifest"]))
     assert rows["dataset"] == manifest["dataset_id"] and rows["manifest"].startswith(f"{s3_bucket}/tandem/datasets/")
     for split in ("train", "eval"):
         counts = manifest["splits"][split]
-        assert rows[split] == (f"{counts['records']} records, {counts['tokens']} tokens, "
-                               f"{counts['target_tokens']} target tokens, 0 truncated, 0 dropped")
+        assert rows[split] == (
+            f"{counts['records']} records, {counts['tokens']} tokens, "
+            f"{counts['target_tokens']} target tokens, 0 truncated, 0 dropped"
+        )
     rejects = rows["manifest"].replace("manifest.json", "rejects.jsonl")
     assert rows["records"] == f"61 read, 60 staged, 1 rejected, 0 dropped (see {rejects})"
 
@@ -43,11 +63,14 @@ def test_bad_data_is_one_line_exit_2_and_stages_nothing(tmp_path, tiny_model, pr
     with open(source, "a") as handle:
         handle.write(json.dumps(qwen(("user", "hi"), ("assistant", 3))) + "\n")
     storage = tmp_path / "storage"
-    result = run_cli("flows.prepare", "--data", source, "--storage", str(storage), "--set",
-                     f"model.name_or_path={tiny_model}")
+    result = run_cli(
+        "flows.prepare", "--data", source, "--storage", str(storage), "--set", f"model.name_or_path={tiny_model}"
+    )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
-    assert errors == [f"error: {source}:6: conversations[1].value: expected a string, got int "
-                      "(or set data.on_invalid=skip to skip invalid records)"]
+    assert errors == [
+        f"error: {source}:6: conversations[1].value: expected a string, got int "
+        "(or set data.on_invalid=skip to skip invalid records)"
+    ]
     assert "Traceback" not in result.stderr + result.stdout
     assert not list(storage.glob("datasets/ds-*"))

@@ -26,11 +26,11 @@ def records(path: Path) -> Iterator:
         if left < CHUNK:  # the block's tail is padding
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + CHUNK])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK])
         if kind == 0 and length == 0:
             pos += left
             continue
-        payload = data[pos + CHUNK:pos + CHUNK + length]
+        payload = data[pos + CHUNK : pos + CHUNK + length]
         pos += CHUNK + length
         if kind in (FULL, FIRST):
             pending = payload
@@ -49,6 +49,7 @@ def history(path: Path) -> list[dict]:
     rows = []
     for record in records(path):
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows

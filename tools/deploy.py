@@ -11,6 +11,7 @@ for each --name) from the repository root.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +41,8 @@ def ensure_pools(wanted: dict[str, set[str]]) -> None:
 
     with get_client(sync_client=True) as client:
         for pool, queues in sorted(wanted.items()):
-            try:
+            with contextlib.suppress(ObjectAlreadyExists):
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            except ObjectAlreadyExists:
-                pass
             existing = {queue.name for queue in client.read_work_queues(work_pool_name=pool)}
             for queue in sorted(queues - existing):
                 client.create_work_queue(name=queue, work_pool_name=pool)
@@ -52,8 +51,9 @@ def ensure_pools(wanted: dict[str, set[str]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python tools/deploy.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python tools/deploy.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=2, help="node queues to create in tandem-nodes (default 2)")
     parser.add_argument("--name", action="append", default=[], help="deploy only FLOW/NAME (repeatable)")
     args = parser.parse_args(argv)
@@ -62,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():  # without it Prefect would deploy to a temporary server that then vanishes
-        print("error: PREFECT_API_URL is not set; point it at your server's API, e.g. "
-              "export PREFECT_API_URL=http://127.0.0.1:4200/api (make cluster-up starts one)", file=sys.stderr)
+        print(
+            "error: PREFECT_API_URL is not set; point it at your server's API, e.g. "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api (make cluster-up starts one)",
+            file=sys.stderr,
+        )
         return 2
     ensure_pools(pools_and_queues(ROOT / "prefect.yaml", args.nodes))
     selection = [option for name in args.name for option in ("-n", name)] or ["--all"]

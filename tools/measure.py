@@ -63,7 +63,9 @@ def main() -> None:
         print(f"run {index + 1}: {wall:.1f} s, peak RSS {peak / 2**30:.2f} GiB, exit {code}", flush=True)
         walls.append(wall)
         peaks.append(peak)
-    print(f"median of {args.runs}: {statistics.median(walls):.1f} s, peak RSS {statistics.median(peaks) / 2**30:.2f} GiB")
+    print(
+        f"median of {args.runs}: {statistics.median(walls):.1f} s, peak RSS {statistics.median(peaks) / 2**30:.2f} GiB"
+    )
 
 
 if __name__ == "__main__":

@@ -9,19 +9,25 @@ Exit codes: 0 done, 2 bad config or data (a retry cannot help), 75 retryable, 1 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from storage.spec import Spec
+    from trainer.distributed import Dist
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, build, train, tear down."""
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
     args = parser.parse_args(argv)
     from trainer.harness import run_rank
     from trainer.loop import train
     from trainer.probe import run_probe
 
-    def probe_then_train(spec, dist) -> None:  # noqa: ANN001 - run_rank's body
+    def probe_then_train(spec: Spec, dist: Dist) -> None:
         run_probe(spec, dist)
         train(spec, dist)
 

@@ -28,9 +28,7 @@ from typing import Any
 
 import torch
 
-from storage.shards import IGNORE_INDEX, Row, load_split
-
-__all__ = ["IGNORE_INDEX", "Batch", "Row", "collate", "load_split", "rank_micro_batches"]
+from storage.shards import IGNORE_INDEX, Row
 
 
 @dataclass(frozen=True)
@@ -47,8 +45,11 @@ class Batch:
         (transformers builds the block-diagonal mask from them only without a mask and without a cache)."""
         if self.position_ids is None:
             return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
-        return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device),
-                "use_cache": False}
+        return {
+            "input_ids": self.input_ids.to(device),
+            "position_ids": self.position_ids.to(device),
+            "use_cache": False,
+        }
 
     @property
     def target_tokens(self) -> int:
@@ -104,8 +105,9 @@ def step_indices(n_examples: int, seed: int, step: int, per_step: int) -> list[i
     return out
 
 
-def deal_by_length(indices: list[int], lengths: dict[int, int], micro: int, accum: int, world: int,
-                   rotation: int = 0) -> list[list[list[int]]]:
+def deal_by_length(
+    indices: list[int], lengths: dict[int, int], micro: int, accum: int, world: int, rotation: int = 0
+) -> list[list[list[int]]]:
     """Sort by length, cut into micro-batches, deal them to ranks balancing padded tokens.
 
     Returns per rank a list of `accum` micro-batches (lists of example indices). Deterministic: ties
@@ -115,7 +117,8 @@ def deal_by_length(indices: list[int], lengths: dict[int, int], micro: int, accu
     ordered = sorted(indices, key=lambda i: (-lengths[i], i))
     groups = [ordered[start : start + micro] for start in range(0, len(ordered), micro)]
     cost = [len(g) * max(lengths[i] for i in g) for g in groups]
-    load, dealt = [0] * world, [[] for _ in range(world)]
+    load = [0] * world
+    dealt: list[list[list[int]]] = [[] for _ in range(world)]
     for g in sorted(range(len(groups)), key=lambda k: (-cost[k], k)):
         rank = min((r for r in range(world) if len(dealt[r]) < accum), key=lambda r: (load[r], (r - rotation) % world))
         dealt[rank].append(groups[g])
@@ -124,7 +127,15 @@ def deal_by_length(indices: list[int], lengths: dict[int, int], micro: int, accu
 
 
 def rank_micro_batches(
-    examples: list[Row], *, seed: int, step: int, micro: int, accum: int, rank: int, world: int, pad_id: int,
+    examples: list[Row],
+    *,
+    seed: int,
+    step: int,
+    micro: int,
+    accum: int,
+    rank: int,
+    world: int,
+    pad_id: int,
     group_by_length: bool = True,
 ) -> Iterator[Batch]:
     """This rank's `accum` micro-batches for optimizer step `step`."""

@@ -51,8 +51,9 @@ def init(*, deepspeed_backend: bool, timeout_s: int = 300, connect_timeout_s: in
     else:
         device, backend = torch.device("cpu"), "gloo"
     if "MASTER_ADDR" not in os.environ:  # a plain `python -m trainer` run: a group of one
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
-                          LOCAL_RANK="0")
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        )
     timeout = datetime.timedelta(seconds=timeout_s)
     connect = datetime.timedelta(seconds=min(timeout_s, connect_timeout_s or timeout_s))
     if deepspeed_backend:

@@ -16,34 +16,38 @@ from typing import Any
 
 import torch
 
+from core.errors import UserError
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint, read_complete
-from config.errors import UserError
+from storage.fs import Where, exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
 from storage.spec import Spec
-from storage.fs import exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
-from trainer.checkpoint import deepspeed_layout
+from trainer.checkpointing.deepspeed_io import deepspeed_layout
+from trainer.checkpointing.resume import verify_shared
 from trainer.distributed import Dist
-from trainer.resume import verify_shared
 
 log = logging.getLogger(__name__)
 DS_TAG = "merged"
 
 
-def load_for_eval(model_url: str, spec: Spec, device: torch.device, dist: Dist | None = None) -> Any:
+def load_for_eval(model_url: Where, spec: Spec, device: torch.device, dist: Dist | None = None) -> Any:
     """The model at `model_url` (a checkpoints/step-N directory or an export with COMPLETE), in eval mode."""
     if is_checkpoint(model_url):
         ckpt = read_complete(model_url)
         if ckpt is None:
-            raise UserError(f"--model {model_url}: the checkpoint is not complete (no {layout.COMPLETE} matching its "
-                            f"{layout.MANIFEST}); evaluate a complete checkpoint or final/")
+            raise UserError(
+                f"--model {model_url}: the checkpoint is not complete (no {layout.COMPLETE} matching its "
+                f"{layout.MANIFEST}); evaluate a complete checkpoint or final/"
+            )
         return load_checkpoint_for_eval(ckpt, spec, device, dist)
     if not exists(join(model_url, layout.COMPLETE)):
-        raise UserError(f"--model {model_url}: no {layout.COMPLETE} marker; only complete checkpoints "
-                        "(checkpoints/step-N) and exports (final/) can be evaluated")
+        raise UserError(
+            f"--model {model_url}: no {layout.COMPLETE} marker; only complete checkpoints "
+            "(checkpoints/step-N) and exports (final/) can be evaluated"
+        )
     return load_export(model_url, spec, device)
 
 
-def is_checkpoint(model_url: str) -> bool:
+def is_checkpoint(model_url: Where) -> bool:
     """True when `model_url` holds a sharded checkpoint (its manifest says so), not an export."""
     try:
         return read_json(join(model_url, layout.MANIFEST)).get("schema") == layout.CHECKPOINT_SCHEMA
@@ -56,7 +60,7 @@ def eval_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_export(model_url: str, spec: Spec, device: torch.device) -> Any:
+def load_export(model_url: Where, spec: Spec, device: torch.device) -> Any:
     """A PEFT adapter on the spec's base, or full weights, through `from_pretrained`."""
     if is_local(model_url):
         return _from_pretrained(local_path(model_url), spec, device)
@@ -79,6 +83,7 @@ def _from_pretrained(directory: str, spec: Spec, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype = eval_dtype(device)
+    model: Any
     if os.path.exists(os.path.join(directory, "adapter_config.json")):
         from peft import PeftModel
 
@@ -95,32 +100,43 @@ def load_checkpoint_for_eval(ckpt: CompleteCheckpoint, spec: Spec, device: torch
 
     method = ckpt.manifest["method"]
     if method != spec.config.train.method:
-        raise UserError(f"--model {ckpt.url}: a {method} checkpoint, but the spec trains {spec.config.train.method}; "
-                        "evaluate it with the spec.json of the run that wrote it")
+        raise UserError(
+            f"--model {ckpt.url}: a {method} checkpoint, but the spec trains {spec.config.train.method}; "
+            "evaluate it with the spec.json of the run that wrote it"
+        )
     if dist is not None:
         problem = verify_shared(ckpt, dist)
         if problem is not None:
             raise UserError(f"--model {ckpt.url}: {problem}; the checkpoint is corrupt, evaluate another one")
     state = trained_state_dict(ckpt)
     # Q-LoRA's adapter is evaluated on the full-precision base, exactly as its final/ export is.
-    train = spec.config.train.model_copy(update={"method": "full" if method == "full" else "lora",
-                                                 "gradient_checkpointing": False})
+    train = spec.config.train.model_copy(
+        update={"method": "full" if method == "full" else "lora", "gradient_checkpointing": False}
+    )
     model = make_trainable(load_base(spec.model_path, method=train.method, bf16=False), train)
     expected = {name for name, p in model.named_parameters() if p.requires_grad}
     missing, extra = sorted(expected - set(state)), sorted(set(state) - set(model.state_dict()))
     if extra or (missing and not tied_only(model, missing)):
-        raise UserError(f"--model {ckpt.url}: its weights do not fit the spec's model (missing {missing[:3]}, "
-                        f"unexpected {extra[:3]}); evaluate it with the spec.json of the run that wrote it")
+        raise UserError(
+            f"--model {ckpt.url}: its weights do not fit the spec's model (missing {missing[:3]}, "
+            f"unexpected {extra[:3]}); evaluate it with the spec.json of the run that wrote it"
+        )
     model.load_state_dict(state, strict=False)
-    log.info("loaded %d trained tensors from %s (step %d, ZeRO-%d)", len(state), ckpt.url, ckpt.step,
-             ckpt.manifest["zero_stage"])
+    log.info(
+        "loaded %d trained tensors from %s (step %d, ZeRO-%d)",
+        len(state),
+        ckpt.url,
+        ckpt.step,
+        ckpt.manifest["zero_stage"],
+    )
     return model.to(device=device, dtype=eval_dtype(device)).eval()
 
 
 def tied_only(model: Any, missing: list[str]) -> bool:
     """True when the only missing weights are an output layer tied to the input embeddings."""
-    return bool(getattr(model.config, "tie_word_embeddings", False)) and all(n.endswith("lm_head.weight")
-                                                                            for n in missing)
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and all(
+        n.endswith("lm_head.weight") for n in missing
+    )
 
 
 def trained_state_dict(ckpt: CompleteCheckpoint) -> dict[str, torch.Tensor]:

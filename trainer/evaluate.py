@@ -18,24 +18,32 @@ from typing import Any
 
 import torch
 
-from config.errors import UserError
+from core.errors import UserError
 from storage import layout
-from storage.fs import join, write_json_atomic
+from storage.fs import Location, join, write_json_atomic
+from storage.shards import Row, examples_of, load_split
 from storage.spec import Spec
-from storage.shards import examples_of
 from trainer.chunked_loss import LossHead
-from trainer.data import Row, collate, load_split
+from trainer.data import collate
 from trainer.distributed import Dist, dist_sum
 from trainer.eval_model import is_checkpoint, load_for_eval
-
-__all__ = ["evaluate", "load_for_eval", "local_sums", "reduced_metrics"]
 
 log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def local_sums(model: Any, examples: list[Row], *, rank: int, world: int, batch_size: int, pad_id: int,
-               device: torch.device, loss_chunk_tokens: int, lockstep: bool = False) -> tuple[float, int, int, int]:
+def local_sums(
+    model: Any,
+    examples: list[Row],
+    *,
+    rank: int,
+    world: int,
+    batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    loss_chunk_tokens: int,
+    lockstep: bool = False,
+) -> tuple[float, int, int, int]:
     """(summed loss, target tokens, correct tokens, examples) over this rank's rows (`examples`: the split's rows;
     a packed row counts each of its examples).
 
@@ -63,27 +71,44 @@ def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, 
     """SUM-reduce the per-rank sums and divide once."""
     loss_sum, targets, correct, count = dist_sum(sums, dist)
     if targets == 0:
-        raise UserError(f"the eval split has no target tokens ({int(count)} examples); set data.eval_ratio > 0 "
-                        "or give data with assistant answers")
+        raise UserError(
+            f"the eval split has no target tokens ({int(count)} examples); set data.eval_ratio > 0 "
+            "or give data with assistant answers"
+        )
     loss = loss_sum / targets
-    return {"loss": loss, "perplexity": math.exp(loss), "token_accuracy": correct / targets, "loss_sum": loss_sum,
-            "target_tokens": int(targets), "correct_tokens": int(correct), "examples": int(count)}
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "token_accuracy": correct / targets,
+        "loss_sum": loss_sum,
+        "target_tokens": int(targets),
+        "correct_tokens": int(correct),
+        "examples": int(count),
+    }
 
 
-def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
+def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
     """All-reduced eval metrics; rank 0 writes them to {run}/eval.json."""
-    examples = load_split(spec.dataset.url, "eval")
+    examples = load_split(spec.dataset_dir, "eval")
     if not examples:
-        raise UserError(f"{spec.dataset.url}: the eval split is empty; stage the data with data.eval_ratio > 0")
+        raise UserError(f"{spec.dataset_dir}: the eval split is empty; stage the data with data.eval_ratio > 0")
     model = load_for_eval(model_url, spec, dist.device, dist)
     pad_id = int(model.config.pad_token_id)
-    sums = local_sums(model, examples, rank=dist.rank, world=dist.world_size, batch_size=spec.config.eval.batch_size,
-                      pad_id=pad_id, device=dist.device, loss_chunk_tokens=spec.config.train.loss_chunk_tokens)
+    sums = local_sums(
+        model,
+        examples,
+        rank=dist.rank,
+        world=dist.world_size,
+        batch_size=spec.config.eval.batch_size,
+        pad_id=pad_id,
+        device=dist.device,
+        loss_chunk_tokens=spec.config.train.loss_chunk_tokens,
+    )
     result = {
         "schema": layout.EVAL_SCHEMA,
         **reduced_metrics(sums, dist),
         "world_size": dist.world_size,
-        "model_url": model_url,
+        "model_url": str(model_url),
         "model_kind": "checkpoint" if is_checkpoint(model_url) else "export",
         "dataset_id": spec.dataset.dataset_id,
     }
@@ -92,23 +117,35 @@ def evaluate(spec: Spec, model_url: str, dist: Dist) -> dict[str, Any]:
 
         result["samples_url"] = write_samples(model, examples_of(examples), spec, dist, pad_id)
     if dist.is_main:
-        write_json_atomic(join(spec.run_url, layout.EVAL), result)
-        log.info("eval loss %.4f perplexity %.2f token accuracy %.4f over %d target tokens",
-                 result["loss"], result["perplexity"], result["token_accuracy"], result["target_tokens"])
+        write_json_atomic(join(spec.run, layout.EVAL), result)
+        log.info(
+            "eval loss %.4f perplexity %.2f token accuracy %.4f over %d target tokens",
+            result["loss"],
+            result["perplexity"],
+            result["token_accuracy"],
+            result["target_tokens"],
+        )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry for one rank."""
-    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
-    parser.add_argument("--model", required=True,
-                        help="URL of an exported model (final/) or a checkpoint (checkpoints/step-N), with COMPLETE")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="URL of an exported model (final/) or a checkpoint (checkpoints/step-N), with COMPLETE",
+    )
     args = parser.parse_args(argv)
     from trainer.harness import run_rank
 
-    return run_rank(args.spec, lambda spec, dist: evaluate(spec, args.model, dist), deepspeed_backend=False)
+    # The model is under the run's storage: reached with its options.
+    return run_rank(
+        args.spec, lambda spec, dist: evaluate(spec, spec.run.with_url(args.model), dist), deepspeed_backend=False
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from storage.fs import Location
+
 SAVE_POINTS = ("after_shard", "before_complete")
 
 
@@ -73,7 +75,7 @@ def _die() -> None:
     os._exit(137)
 
 
-def maybe_record_env_digest(run_url: str, node_rank: int, rank: int) -> None:
+def maybe_record_env_digest(run_url: Location, node_rank: int, rank: int) -> None:
     """Write the digest of the environment variable TANDEM_TEST_ENV_DIGEST names, if set, to the node's directory."""
     name = os.environ.get("TANDEM_TEST_ENV_DIGEST")
     if not name:
@@ -107,8 +109,9 @@ def maybe_poison(loss: torch.Tensor, rank: int, step: int) -> torch.Tensor:
     if oom and oom[0] == rank and int(oom[1]) == step:
         import torch
 
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by "
-                                     "TANDEM_TEST_OOM_AT_STEP)")
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB (injected by TANDEM_TEST_OOM_AT_STEP)"
+        )
     if nan and nan[0] == rank and int(nan[1]) == step:
         return loss * float("nan")
     return loss

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from config.errors import UserError
+from core.errors import UserError
 from trainer.distributed import Dist
 
 
@@ -30,9 +30,11 @@ class OutOfMemory(UserError):
 def check_loss(loss: float, step: int) -> None:
     """Stop when the (all-reduced) loss of `step` is not a finite number."""
     if not math.isfinite(loss):
-        raise Diverged(f"training diverged: the loss is {loss} at step {step} on every rank; lower "
-                       "train.learning_rate, raise train.warmup_ratio or lower train.max_grad_norm, and check the "
-                       "data; the newest complete checkpoint is from before this step")
+        raise Diverged(
+            f"training diverged: the loss is {loss} at step {step} on every rank; lower "
+            "train.learning_rate, raise train.warmup_ratio or lower train.max_grad_norm, and check the "
+            "data; the newest complete checkpoint is from before this step"
+        )
 
 
 @contextmanager
@@ -45,5 +47,6 @@ def out_of_memory_named(dist: Dist, step: int) -> Iterator[None]:
         raise OutOfMemory(
             f"out of memory on node {dist.node_rank} ({dist.host}) rank {dist.rank} at step {step}: {first_line}; "
             "lower train.micro_batch_size (train.global_batch_size keeps the batch; without it raise "
-            "train.gradient_accumulation_steps) or data.max_length, set train.gradient_checkpointing=true, or use ZeRO-3 with CPU offload"
+            "train.gradient_accumulation_steps) or data.max_length, set train.gradient_checkpointing=true, or use "
+            "ZeRO-3 with CPU offload"
         ) from None

@@ -9,10 +9,10 @@ import os
 import sys
 from collections.abc import Callable
 
-from config.errors import TandemError
-from config.rank_log import ERROR_LOGGER
-from config.redact import install_log_masking
-from storage.fs import use_environment_options
+from core.errors import TandemError
+from core.rank_log import ERROR_LOGGER
+from core.redact import install_log_masking
+from storage.fs import environment_location
 from storage.spec import Spec, load_spec
 from trainer.distributed import Dist
 
@@ -20,19 +20,21 @@ from trainer.distributed import Dist
 def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_backend: bool) -> int:
     """Run `body(spec, dist)` on this rank; returns the process exit code (0, or the error's)."""
     from trainer import distributed, faults
+    from trainer.lean_imports import skip_unused_libraries
     from trainer.logging_setup import configure
-    from trainer.lean_imports import skip_quantization_unless_qlora
 
-    use_environment_options()
     try:
-        spec, _ = load_spec(spec_url)
-        skip_quantization_unless_qlora(spec.config.train.method)
+        spec, _ = load_spec(environment_location(spec_url))
+        skip_unused_libraries(spec.config.train.method)
         launch = spec.config.launch
-        dist = distributed.init(deepspeed_backend=deepspeed_backend, timeout_s=launch.collective_timeout,
-                                connect_timeout_s=launch.rdzv_timeout)
+        dist = distributed.init(
+            deepspeed_backend=deepspeed_backend,
+            timeout_s=launch.collective_timeout,
+            connect_timeout_s=launch.rdzv_timeout,
+        )
         configure(dist)
         install_log_masking(spec.config.launch.forward_env)
-        faults.maybe_record_env_digest(spec.run_url, dist.node_rank, dist.rank)
+        faults.maybe_record_env_digest(spec.run, dist.node_rank, dist.rank)
         body(spec, dist)
     except TandemError as exc:
         logging.getLogger(ERROR_LOGGER).error("%s", exc)

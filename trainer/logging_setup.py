@@ -1,16 +1,19 @@
-"""Log format for ranks (defined with its parser in config/rank_log.py)."""
+"""Log format for ranks (defined with its parser in core/rank_log.py)."""
 
 from __future__ import annotations
 
 import logging
 
-from config.rank_log import line_format
+from core.rank_log import line_format
 from trainer.distributed import Dist
 
 
 def configure(dist: Dist) -> None:
     """INFO on rank 0, WARNING elsewhere (errors from every rank still reach the node log)."""
-    logging.basicConfig(level=logging.INFO if dist.is_main else logging.WARNING,
-                        format=line_format(dist.rank, dist.world_size, dist.host), force=True)
+    logging.basicConfig(
+        level=logging.INFO if dist.is_main else logging.WARNING,
+        format=line_format(dist.rank, dist.world_size, dist.host),
+        force=True,
+    )
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,5 +1,5 @@
 """The training loop: token-weighted loss across ranks and accumulation, metrics; checkpoints and the export
-through the checkpointer (trainer/checkpointer.py)."""
+through the checkpointer (trainer/checkpointing/policy.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from config.deepspeed import resolve_from_runtime, zero_stage
+from storage.shards import load_split
 from storage.spec import Spec
 from trainer import faults, guards
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
+from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
 from trainer.chunked_loss import LossHead
-from trainer.checkpointer import Checkpointer, DeepSpeedIO, Policy
-from trainer.data import Batch, load_split, rank_micro_batches
+from trainer.data import Batch, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics
 from trainer.heartbeat import Heartbeat
@@ -55,8 +56,9 @@ def summed_loss(engine: Any, batch: Batch, device: torch.device, loss: LossHead)
     return loss.summed(out, batch.labels)
 
 
-def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbeat, step: int,
-               loss_head: LossHead) -> StepStats:
+def train_step(
+    engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbeat, step: int, loss_head: LossHead
+) -> StepStats:
     """Forward/backward every micro-batch so that the gradient is d(total loss / global target tokens)."""
     local_targets = sum(b.target_tokens for b in batches)
     heartbeat.beat(step)  # beats mark arrival at a collective: a stuck rank's beat is the oldest
@@ -80,8 +82,13 @@ def train_step(engine: Any, batches: list[Batch], dist: Dist, heartbeat: Heartbe
         pad, total = batch.padding
         pads, positions, tokens = pads + pad, positions + total, tokens + total - pad
     total_loss, total_tokens, total_pads, total_positions = dist_sum([loss_sum, tokens, pads, positions], dist)
-    return StepStats(total_loss / max(global_targets, 1.0), int(global_targets), int(total_tokens),
-                     total_pads / max(total_positions, 1.0), compute_s)
+    return StepStats(
+        total_loss / max(global_targets, 1.0),
+        int(global_targets),
+        int(total_tokens),
+        total_pads / max(total_positions, 1.0),
+        compute_s,
+    )
 
 
 def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
@@ -99,8 +106,9 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)
 
     def scheduler(optimizer: Any) -> Any:
-        return get_scheduler(train.lr_scheduler, optimizer, num_warmup_steps=warmup,
-                             num_training_steps=spec.total_steps)
+        return get_scheduler(
+            train.lr_scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=spec.total_steps
+        )
 
     params = [p for p in model.parameters() if p.requires_grad]
     import_muon_uncompiled_unless_configured(ds)
@@ -129,27 +137,42 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     engine, pad_id = build_engine(spec, dist)
     seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
     io = DeepSpeedIO(engine, spec, dist, zero_stage=zero_stage(spec.deepspeed))
-    checkpointer = Checkpointer(io, Policy(train_cfg.save_steps, spec.total_steps, train_cfg.keep_latest_k),
-                                is_main=dist.is_main)
+    checkpointer = Checkpointer(
+        io, Policy(train_cfg.save_steps, spec.total_steps, train_cfg.keep_latest_k), is_main=dist.is_main
+    )
     start = checkpointer.resume()
-    metrics = MetricsWriter(spec.run_url, enabled=dist.is_main, start_step=start)
-    run = Run(engine, pad_id, load_split(spec.dataset.url, "train"), metrics,
-              StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist), Heartbeat(dist.rank),
-              checkpointer, CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train_cfg.preempt_grace_s)),
-              SaveClock(train_cfg.save_every_minutes))
+    metrics = MetricsWriter(spec.run, enabled=dist.is_main, start_step=start)
+    run = Run(
+        engine,
+        pad_id,
+        load_split(spec.dataset_dir, "train"),
+        metrics,
+        StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist),
+        Heartbeat(dist.rank),
+        checkpointer,
+        CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train_cfg.preempt_grace_s)),
+        SaveClock(train_cfg.save_every_minutes),
+    )
     return run, start
 
 
 def train(spec: Spec, dist: Dist) -> None:
     """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
     run, start = start_run(spec, dist)
-    log.info("training %d rows (%d examples), steps %d..%d on %d ranks", len(run.examples),
-             sum(len(row.segments) for row in run.examples), start + 1, spec.total_steps, dist.world_size)
+    log.info(
+        "training %d rows (%d examples), steps %d..%d on %d ranks",
+        len(run.examples),
+        sum(len(row.segments) for row in run.examples),
+        start + 1,
+        spec.total_steps,
+        dist.world_size,
+    )
     loss_head = LossHead.of(run.engine, spec.config.train.loss_chunk_tokens)
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
-            run.checkpointer.cancelled(step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s,
-                                       run.metrics.write)
+            run.checkpointer.cancelled(
+                step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s, run.metrics.write
+            )
             raise SystemExit(EXIT_CANCELLED)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
@@ -166,38 +189,60 @@ def train(spec: Spec, dist: Dist) -> None:
         if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
             run.clock.saved()
     if start < spec.total_steps:
-        run.metrics.write({"event": "final_eval", "step": spec.total_steps,
-                           **final_eval(run.engine, spec, dist, run.pad_id)})
+        run.metrics.write(
+            {"event": "final_eval", "step": spec.total_steps, **final_eval(run.engine, spec, dist, run.pad_id)}
+        )
     run.checkpointer.finish()
 
 
 def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
     """This rank's micro-batches of optimizer step `step` (0-based)."""
     train_cfg = spec.config.train
-    return list(rank_micro_batches(
-        run.examples, seed=train_cfg.seed, step=step, micro=train_cfg.micro_batch_size,
-        accum=spec.config.accumulation_steps(dist.world_size), rank=dist.rank, world=dist.world_size, pad_id=run.pad_id,
-        group_by_length=train_cfg.length_grouping,
-    ))
+    return list(
+        rank_micro_batches(
+            run.examples,
+            seed=train_cfg.seed,
+            step=step,
+            micro=train_cfg.micro_batch_size,
+            accum=spec.config.accumulation_steps(dist.world_size),
+            rank=dist.rank,
+            world=dist.world_size,
+            pad_id=run.pad_id,
+            group_by_length=train_cfg.length_grouping,
+        )
+    )
 
 
 def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: float) -> dict[str, Any]:
     """The metrics.jsonl line of a logged step."""
     return {
-        "step": done, "max_steps": total, "loss": stats.loss,
-        "lr": engine.get_lr()[0], "grad_norm": float(engine.get_global_grad_norm() or 0.0),
-        "target_tokens": stats.target_tokens, "tokens": stats.tokens,
-        "tokens_per_s": stats.tokens / elapsed, "step_time_s": elapsed,
-        "padding_fraction": stats.padding_fraction, **peak_device_memory(),
+        "step": done,
+        "max_steps": total,
+        "loss": stats.loss,
+        "lr": engine.get_lr()[0],
+        "grad_norm": float(engine.get_global_grad_norm() or 0.0),
+        "target_tokens": stats.target_tokens,
+        "tokens": stats.tokens,
+        "tokens_per_s": stats.tokens / elapsed,
+        "step_time_s": elapsed,
+        "padding_fraction": stats.padding_fraction,
+        **peak_device_memory(),
     }
 
 
 def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
     """Eval metrics of the in-memory trained model (the exported one must reproduce them)."""
     engine.eval()
-    sums = local_sums(engine, load_split(spec.dataset.url, "eval"), rank=dist.rank, world=dist.world_size,
-                      batch_size=spec.config.eval.batch_size, pad_id=pad_id, device=dist.device,
-                      lockstep=zero_stage(spec.deepspeed) == 3,
-                      loss_chunk_tokens=spec.config.train.loss_chunk_tokens)
+    sums = local_sums(
+        engine,
+        load_split(spec.dataset_dir, "eval"),
+        rank=dist.rank,
+        world=dist.world_size,
+        batch_size=spec.config.eval.batch_size,
+        pad_id=pad_id,
+        device=dist.device,
+        lockstep=zero_stage(spec.deepspeed) == 3,
+        loss_chunk_tokens=spec.config.train.loss_chunk_tokens,
+    )
     engine.train()
     return reduced_metrics(sums, dist)

@@ -18,5 +18,6 @@ def shift(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: Literal["sum", "none"]) -> torch.Tensor:
     """Cross-entropy of shifted logits against their targets; IGNORE_INDEX positions count zero."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                           reduction=reduction)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction
+    )

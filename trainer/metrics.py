@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from storage import layout
-from storage.fs import exists, is_local, join, local_path, makedirs, read_bytes, write_bytes_atomic
+from storage.fs import Location, exists, is_local, join, local_path, makedirs, read_bytes, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -15,15 +15,18 @@ log = logging.getLogger(__name__)
 class MetricsWriter:
     """Appends one JSON line per logged step to {run}/metrics.jsonl; a no-op on ranks other than 0."""
 
-    def __init__(self, run_url: str, enabled: bool, start_step: int) -> None:
+    def __init__(self, run_url: Location, enabled: bool, start_step: int) -> None:
         self.url = join(run_url, layout.METRICS)
         self.enabled = enabled
         self._lines: list[str] = []  # the whole file: object stores cannot append
         if enabled and exists(self.url):
             # Resuming at start_step: lines written after that checkpoint by the failed attempt are
             # dropped, so the file reads as one uninterrupted run.
-            kept = [line for line in read_bytes(self.url).decode().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= start_step]
+            kept = [
+                line
+                for line in read_bytes(self.url).decode().splitlines()
+                if line.strip() and json.loads(line)["step"] <= start_step
+            ]
             write_bytes_atomic(self.url, "".join(f"{line}\n" for line in kept).encode())
             self._lines = kept
 
@@ -38,8 +41,14 @@ class MetricsWriter:
         self._append(line)
         log.info(
             "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens %d (padding %.1f%%) tokens/s %.0f",
-            record["step"], record["max_steps"], record["loss"], record["lr"], record["grad_norm"], record["tokens"],
-            100 * record["padding_fraction"], record["tokens_per_s"],
+            record["step"],
+            record["max_steps"],
+            record["loss"],
+            record["lr"],
+            record["grad_norm"],
+            record["tokens"],
+            100 * record["padding_fraction"],
+            record["tokens_per_s"],
         )
 
     def _append(self, line: str) -> None:

@@ -7,15 +7,20 @@ from typing import Any
 
 import torch
 
-from config.errors import UserError
-from config.schema import TrainConfig
+from config.sections.model_train import TrainConfig
+from core.errors import UserError
 
 log = logging.getLogger(__name__)
 _PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Every attention and MLP projection, as Qwen's and LLaMA-Factory's "all" targets do.
 LORA_TARGETS = {
-    "qwen2": _PROJECTIONS, "qwen3": _PROJECTIONS, "qwen2_moe": _PROJECTIONS, "llama": _PROJECTIONS,
-    "mistral": _PROJECTIONS, "gemma": _PROJECTIONS, "gemma2": _PROJECTIONS,
+    "qwen2": _PROJECTIONS,
+    "qwen3": _PROJECTIONS,
+    "qwen2_moe": _PROJECTIONS,
+    "llama": _PROJECTIONS,
+    "mistral": _PROJECTIONS,
+    "gemma": _PROJECTIONS,
+    "gemma2": _PROJECTIONS,
     "qwen": ["c_attn", "c_proj", "w1", "w2"],  # Qwen-1 (trust_remote_code), as in Qwen's finetune.py
     "gpt2": ["c_attn", "c_proj", "c_fc"],
 }
@@ -64,8 +69,9 @@ def make_trainable(model: Any, train: TrainConfig) -> Any:
     targets = lora_targets(model, train.lora.target_modules)
     missing = [m for m in targets if not any(n.endswith(m) for n, _ in model.named_modules())]
     if missing:
-        raise UserError(f"train.lora.target_modules: {missing} not found in the model; "
-                        "use module names such as q_proj, v_proj")
+        raise UserError(
+            f"train.lora.target_modules: {missing} not found in the model; use module names such as q_proj, v_proj"
+        )
     config = LoraConfig(
         r=train.lora.r,
         lora_alpha=train.lora.alpha,

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from config.errors import UserError
+from core.errors import UserError
 from storage import layout
-from storage.fs import exists, join, read_json, write_json_atomic
+from storage.fs import Location, exists, join, read_json, write_json_atomic
 from storage.spec import Spec
 from trainer.distributed import Dist, gather_objects, timed_all_reduce, timed_exchange
 
@@ -42,16 +42,20 @@ def run_probe(spec: Spec, dist: Dist) -> dict[str, Any]:
     between nodes, or the bandwidth is too low and launch.require_bandwidth is set (on every rank alike)."""
     launch = spec.config.launch
     started = time.perf_counter()
-    me = {"node": dist.node_rank, "host": dist.host, "addr": os.environ.get(layout.NODE_ADDR_ENV, ""),
-          "gpus": gpu_description()}
-    nodes = gather_objects(me, dist)[::launch.nproc_per_node]  # each node's first rank
+    me = {
+        "node": dist.node_rank,
+        "host": dist.host,
+        "addr": os.environ.get(layout.NODE_ADDR_ENV, ""),
+        "gpus": gpu_description(),
+    }
+    nodes = gather_objects(me, dist)[:: launch.nproc_per_node]  # each node's first rank
     report: dict[str, Any] = {"gpus across nodes": _same_gpus(nodes)}
     figures = None
     if launch.probe_mb > 0 and dist.world_size > 1:
         figures = _measure(int(launch.probe_mb * 2**20), launch.nproc_per_node, launch.nnodes, dist, started)
         report["bandwidth"] = figures
     if dist.local_rank == 0:
-        _record(spec.run_url, dist, report)
+        _record(spec.run, dist, report)
     if figures is not None:
         verdict = _verdict(figures, nodes, launch.min_bandwidth_gbps)
         if dist.is_main:
@@ -71,8 +75,10 @@ def _same_gpus(nodes: list[dict[str, Any]]) -> str:
     odd = [n for n in nodes if n["gpus"] != common]
     if odd:
         n = odd[0]
-        raise UserError(f"node {n['node']} ({n['host']}, {n['addr']}) has {n['gpus']}, the other nodes "
-                        f"{common}: run the job on nodes with the same GPUs (or exclude that node)")
+        raise UserError(
+            f"node {n['node']} ({n['host']}, {n['addr']}) has {n['gpus']}, the other nodes "
+            f"{common}: run the job on nodes with the same GPUs (or exclude that node)"
+        )
     return f"{common} on every node ({len(nodes)})"
 
 
@@ -86,9 +92,14 @@ def _measure(nbytes: int, nproc: int, nnodes: int, dist: Dist, started: float) -
         if times is not None:
             pairs[node] = {"from_node0_gbps": _gbps(nbytes, times[0]), "to_node0_gbps": _gbps(nbytes, times[1])}
     world = dist.world_size
-    mine = {"probe_mb": round(nbytes / 2**20, 3), "ranks": world, "allreduce_s": round(seconds, 4),
-            "bus_gbps": round(_gbps(nbytes, seconds) * 2 * (world - 1) / world, 3), "nodes": pairs,
-            "seconds": round(time.perf_counter() - started, 3)}
+    mine = {
+        "probe_mb": round(nbytes / 2**20, 3),
+        "ranks": world,
+        "allreduce_s": round(seconds, 4),
+        "bus_gbps": round(_gbps(nbytes, seconds) * 2 * (world - 1) / world, 3),
+        "nodes": pairs,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
     shared = gather_objects(mine if dist.rank == 0 else None, dist)[0]
     slowest = min(shared["nodes"].items(), key=lambda kv: min(kv[1].values()), default=None)
     if slowest is not None:
@@ -100,37 +111,50 @@ def _verdict(figures: dict[str, Any], nodes: list[dict[str, Any]], minimum: floa
     """The complaint when a figure is below the minimum: the slowest node's link, else the whole job's."""
     slow = [(min(f.values()), int(node), f) for node, f in figures["nodes"].items() if min(f.values()) < minimum]
     if slow:
-        gbps, node, f = min(slow)
+        _, node, f = min(slow)
         n = nodes[node]
-        return (f"network probe: node {node} ({n['host']}, {n['addr']}) is slow: {f['from_node0_gbps']} Gbit/s from "
-                f"node 0, {f['to_node0_gbps']} Gbit/s to node 0, below launch.min_bandwidth_gbps={minimum}; check its "
-                "link and interface (iperf3 between it and node 0)")
+        return (
+            f"network probe: node {node} ({n['host']}, {n['addr']}) is slow: {f['from_node0_gbps']} Gbit/s from "
+            f"node 0, {f['to_node0_gbps']} Gbit/s to node 0, below launch.min_bandwidth_gbps={minimum}; check its "
+            "link and interface (iperf3 between it and node 0)"
+        )
     if figures["bus_gbps"] < minimum:
-        return (f"network probe: all-reduce bus bandwidth {figures['bus_gbps']} Gbit/s over {figures['ranks']} ranks, "
-                f"below launch.min_bandwidth_gbps={minimum}; check the nodes' links and interfaces")
+        return (
+            f"network probe: all-reduce bus bandwidth {figures['bus_gbps']} Gbit/s over {figures['ranks']} ranks, "
+            f"below launch.min_bandwidth_gbps={minimum}; check the nodes' links and interfaces"
+        )
     return None
 
 
 def _summary(figures: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
-    pairs = "; ".join(f"node {node} ({nodes[int(node)]['addr'] or nodes[int(node)]['host']}) from/to node 0 "
-                      f"{f['from_node0_gbps']}/{f['to_node0_gbps']} Gbit/s" for node, f in figures["nodes"].items())
-    return (f"all-reduce of {figures['probe_mb']} MB over {figures['ranks']} ranks in {figures['allreduce_s']} s, "
-            f"bus bandwidth {figures['bus_gbps']} Gbit/s" + (f"; {pairs}" if pairs else "")
-            + f"; probe took {figures['seconds']} s")
+    pairs = "; ".join(
+        f"node {node} ({nodes[int(node)]['addr'] or nodes[int(node)]['host']}) from/to node 0 "
+        f"{f['from_node0_gbps']}/{f['to_node0_gbps']} Gbit/s"
+        for node, f in figures["nodes"].items()
+    )
+    return (
+        f"all-reduce of {figures['probe_mb']} MB over {figures['ranks']} ranks in {figures['allreduce_s']} s, "
+        f"bus bandwidth {figures['bus_gbps']} Gbit/s"
+        + (f"; {pairs}" if pairs else "")
+        + f"; probe took {figures['seconds']} s"
+    )
 
 
-def _record(run_url: str, dist: Dist, report: dict[str, Any]) -> None:
+def _record(run_url: Location, dist: Dist, report: dict[str, Any]) -> None:
     """Add the probe's findings to this node's preflight.json (written by the launcher's preflight)."""
     url = join(layout.node_dir(run_url, dist.node_rank), layout.PREFLIGHT)
-    doc = read_json(url) if exists(url) else {"node_rank": dist.node_rank, "host": dist.host, "checks": {}}
+    doc: dict[str, Any] = (
+        read_json(url) if exists(url) else {"node_rank": dist.node_rank, "host": dist.host, "checks": {}}
+    )
     doc["checks"].update(report)
     write_json_atomic(url, doc)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Only the probe, on every rank of a torchrun job."""
-    parser = argparse.ArgumentParser(prog="python -m trainer.probe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.probe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
     args = parser.parse_args(argv)
     from trainer.harness import run_rank

@@ -1,8 +1,8 @@
 """Greedy completions of eval prompts (`eval.generate_samples`), for a human look at what was learned.
 
 The prompt of an eval example is everything before its first target token (the conversation up to
-the assistant's first answer; the first half of a plain-text example); the reference is that answer. Sample i is generated on rank i % world
-and rank 0 writes them all, in order, to {run}/samples.jsonl.
+the assistant's first answer; the first half of a plain-text example); the reference is that answer. Sample i is
+generated on rank i % world and rank 0 writes them all, in order, to {run}/samples.jsonl.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from storage import layout
-from storage.spec import Spec
 from storage.fs import join, write_bytes_atomic
-from trainer.data import IGNORE_INDEX, Row
+from storage.shards import IGNORE_INDEX, Row
+from storage.spec import Spec
 from trainer.distributed import Dist, gather_objects
 
 
@@ -34,9 +34,14 @@ def split_prompt(example: Row) -> tuple[list[int], list[int]]:
 def greedy(model: Any, prompt: list[int], max_new_tokens: int, pad_id: int, device: torch.device) -> list[int]:
     """The greedy continuation of one prompt (new tokens only)."""
     input_ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, pad_token_id=pad_id)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def write_samples(model: Any, examples: list[Row], spec: Spec, dist: Dist, pad_id: int) -> str | None:
@@ -51,11 +56,18 @@ def write_samples(model: Any, examples: list[Row], spec: Spec, dist: Dist, pad_i
     for index in range(dist.rank, count, dist.world_size):
         prompt, reference = split_prompt(examples[index])
         completion = greedy(model, prompt, spec.config.eval.max_new_tokens, pad_id, dist.device)
-        mine.append({"index": index, "prompt": tokenizer.decode(prompt), "completion": tokenizer.decode(completion),
-                     "reference": tokenizer.decode(reference), "completion_ids": completion})
+        mine.append(
+            {
+                "index": index,
+                "prompt": tokenizer.decode(prompt),
+                "completion": tokenizer.decode(completion),
+                "reference": tokenizer.decode(reference),
+                "completion_ids": completion,
+            }
+        )
     rows = sorted((row for part in gather_objects(mine, dist) for row in part), key=lambda r: r["index"])
-    url = join(spec.run_url, layout.SAMPLES)
+    url = join(spec.run, layout.SAMPLES)
     if dist.is_main:
         lines = [json.dumps({"schema": layout.SAMPLES_SCHEMA, **row}, ensure_ascii=False) for row in rows]
         write_bytes_atomic(url, ("\n".join(lines) + "\n").encode("utf-8"))
-    return url
+    return str(url)

@@ -56,9 +56,25 @@ class StragglerWatch:
         events = []
         for rank, host, seconds in per_rank:
             if median > 0 and seconds > self.factor * median:
-                events.append({"event": "straggler", "step": step, "rank": rank, "host": host,
-                               "compute_s": seconds, "median_s": median, "ratio": seconds / median})
+                events.append(
+                    {
+                        "event": "straggler",
+                        "step": step,
+                        "rank": rank,
+                        "host": host,
+                        "compute_s": seconds,
+                        "median_s": median,
+                        "ratio": seconds / median,
+                    }
+                )
                 if self.dist.is_main:
-                    log.warning("straggler at step %d: rank %d on %s takes %.3f s/step, %.1fx the median %.3f s",
-                                step, rank, host, seconds, seconds / median, median)
+                    log.warning(
+                        "straggler at step %d: rank %d on %s takes %.3f s/step, %.1fx the median %.3f s",
+                        step,
+                        rank,
+                        host,
+                        seconds,
+                        seconds / median,
+                        median,
+                    )
         return events

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from config.chat_template import builtin_template
-from config.errors import UserError
-from config.schema import BUILTIN_MODELS
+from config.sections.model_train import BUILTIN_MODELS
+from core.errors import UserError
+from trainer.tiny_qwen import QWEN25_ADDED_TOKENS, QWEN25_VOCAB_SIZE, build_qwen25_tokenizer, qwen25_fast
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +38,11 @@ RECIPE = {
     "max_position_embeddings": 4096,
     "seed": 1234,
 }
-# Qwen2.5's added tokens (ids 151643-151664 in Qwen's vocabulary), in order, with whether each is special: the
-# chat template's markers and <tool_call> are single tokens, as in the real model.
-QWEN25_ADDED_TOKENS: list[tuple[str, bool]] = [
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
-    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False),
-]
 # Qwen2's pre-tokenizer split (before the byte-level mapping): letters, single digits, punctuation runs, newlines.
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def corpus_texts(corpus: Path) -> list[str]:
@@ -75,16 +68,18 @@ def corpus_texts(corpus: Path) -> list[str]:
     return texts
 
 
-def build_tokenizer(texts: list[str]):
+def build_tokenizer(texts: list[str]) -> Any:
     """A byte-level BPE tokenizer trained on `texts`, with Qwen2's pre-tokenizer, added tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=RECIPE["vocab_size"] - len(QWEN25_ADDED_TOKENS),
@@ -97,24 +92,7 @@ def build_tokenizer(texts: list[str]):
     return qwen25_fast(tok, RECIPE["max_position_embeddings"])
 
 
-def qwen25_fast(tok, max_length: int):
-    """A transformers fast tokenizer over `tok` (no added tokens yet) with Qwen2.5's added tokens, special-token
-    roles and chat template."""
-    from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
-
-    tok.add_tokens([AddedToken(text, special=special, normalized=False) for text, special in QWEN25_ADDED_TOKENS])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False)
-    fast.add_special_tokens({
-        "pad_token": "<|endoftext|>", "eos_token": "<|im_end|>",
-        "additional_special_tokens": [text for text, special in QWEN25_ADDED_TOKENS[1:] if special],
-    })
-    fast.chat_template = builtin_template("qwen2.5")
-    fast.model_max_length = max_length
-    return fast
-
-
-def build_model(vocab_size: int, pad_id: int, eos_id: int, tie_word_embeddings: bool = False):
+def build_model(vocab_size: int, pad_id: int, eos_id: int, tie_word_embeddings: bool = False) -> Any:
     """A Qwen2ForCausalLM with random weights from a fixed seed."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -139,8 +117,6 @@ def build_model(vocab_size: int, pad_id: int, eos_id: int, tie_word_embeddings: 
 def build(name: str, corpus: Path) -> tuple[Any, Any]:
     """(tokenizer, model) of a built-in model."""
     if name == "tiny-qwen2.5":
-        from trainer.tiny_qwen import QWEN25_VOCAB_SIZE, build_qwen25_tokenizer
-
         tokenizer = build_qwen25_tokenizer()
         # Qwen2.5's embedding rows (151936, padded past the tokenizer); tied, as in Qwen2.5-0.5B, to halve the size.
         return tokenizer, build_model(QWEN25_VOCAB_SIZE, tokenizer.pad_token_id, tokenizer.eos_token_id, True)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from config.redact import has_url_password, secret_keys
+from core.redact import has_url_password, secret_keys
 
 # Where credentials go instead of the config (the config is stored in spec.json, the Prefect database and logs).
-ENV_FIX = ("set it in the environment of the launching process (each node's worker for launch.backend=prefect) and "
-           "name it in launch.forward_env; the config holds names, never credentials")
-STORAGE_FIX = ("give credentials through the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, forwarded to the "
-               "nodes with launch.forward_env) or a profile (AWS_PROFILE, ~/.aws/credentials), never the config")
+ENV_FIX = (
+    "set it in the environment of the launching process (each node's worker for launch.backend=prefect) and "
+    "name it in launch.forward_env; the config holds names, never credentials"
+)
+STORAGE_FIX = (
+    "give credentials through the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, forwarded to the "
+    "nodes with launch.forward_env) or a profile (AWS_PROFILE, ~/.aws/credentials), never the config"
+)
 
 
 def refuse_secrets(value: object, where: str, fix: str) -> object:

@@ -35,23 +35,31 @@ class LaunchConfig(Section):
     )
     nnodes: int = Field(2, gt=0, le=1024, description="Number of nodes.")
     min_nnodes: int | None = Field(
-        None, gt=0, le=1024, description="local and ssh backends: a retry after a lost node continues on the nodes "
+        None,
+        gt=0,
+        le=1024,
+        description="local and ssh backends: a retry after a lost node continues on the nodes "
         "that pass preflight (ssh: the hosts of launch.hosts that answer) when at least this many do (from the newest "
-        "complete checkpoint, same train.global_batch_size); empty: launch.nnodes (every node must come back)."
+        "complete checkpoint, same train.global_batch_size); empty: launch.nnodes (every node must come back).",
     )
     max_nnodes: int | None = Field(
-        None, gt=0, le=1024, description="Upper bound of the nodes a retry may use (local backend: nodes it may add "
-        "when more hosts are free; ssh: the hosts of launch.hosts); empty: launch.nnodes."
+        None,
+        gt=0,
+        le=1024,
+        description="Upper bound of the nodes a retry may use (local backend: nodes it may add "
+        "when more hosts are free; ssh: the hosts of launch.hosts); empty: launch.nnodes.",
     )
     nproc_per_node: int = Field(1, gt=0, le=64, description="Ranks per node (GPUs per node).")
     hosts: list[str] = Field(
-        default_factory=list, description="ssh backend: the nodes, node 0 first: host, user@host or host:port "
-        "(ssh's port). They decide launch.nnodes."
+        default_factory=list,
+        description="ssh backend: the nodes, node 0 first: host, user@host or host:port "
+        "(ssh's port). They decide launch.nnodes.",
     )
     hostfile: str | None = Field(
-        None, description="ssh backend, when launch.hosts is empty: a file of hosts, `host slots=N` per line "
+        None,
+        description="ssh backend, when launch.hosts is empty: a file of hosts, `host slots=N` per line "
         "(DeepSpeed/OpenMPI) or one line per slot (a PBS/Torque node file: $PBS_NODEFILE); it decides launch.nnodes "
-        "and launch.nproc_per_node. The hosts read are recorded in launch.hosts."
+        "and launch.nproc_per_node. The hosts read are recorded in launch.hosts.",
     )
     remote_root: str | None = Field(
         None, description="ssh backend: the Tandem checkout on the hosts; empty: the same path as on this machine."
@@ -60,47 +68,62 @@ class LaunchConfig(Section):
         None, description="ssh backend: the Python on the hosts; empty: the same path as this process's."
     )
     ssh_options: list[str] = Field(
-        default_factory=list, description="ssh backend: extra ssh options, e.g. -i ~/.ssh/cluster or "
-        "-oProxyJump=bastion (BatchMode, a connect timeout and connection sharing are always set)."
+        default_factory=list,
+        description="ssh backend: extra ssh options, e.g. -i ~/.ssh/cluster or "
+        "-oProxyJump=bastion (BatchMode, a connect timeout and connection sharing are always set).",
     )
     ssh_connect_timeout: int = Field(10, gt=0, le=300, description="ssh backend: seconds to connect to a host.")
     master_addr: str | None = Field(
-        None, min_length=1, description="Rendezvous host (node 0's address); empty: the first of launch.hosts "
-        "(ssh backend), else 127.0.0.1."
+        None,
+        min_length=1,
+        description="Rendezvous host (node 0's address); empty: the first of launch.hosts "
+        "(ssh backend), else 127.0.0.1.",
     )
     master_port: int | None = Field(
         None, ge=1024, le=65535, description="Rendezvous port; empty: a free port is picked per launch."
     )
     rdzv_timeout: int = Field(120, gt=0, description="Seconds to wait for every node to join.")
     collective_timeout: int = Field(
-        1800, gt=0, description="Seconds a rank may wait in one collective (all-reduce, barrier) before the job "
+        1800,
+        gt=0,
+        description="Seconds a rank may wait in one collective (all-reduce, barrier) before the job "
         "fails. Must exceed the longest checkpoint save, during which the other ranks wait at a barrier; "
-        "hangs are caught sooner by launch.stall_timeout, lost nodes within seconds by the agents."
+        "hangs are caught sooner by launch.stall_timeout, lost nodes within seconds by the agents.",
     )
     retries: int = Field(
-        0, ge=0, le=20, description="Retry training this many times after a retryable failure (lost node, stall, "
-        "rendezvous timeout); each retry resumes from the newest complete checkpoint. Bad config/data is not retried."
+        0,
+        ge=0,
+        le=20,
+        description="Retry training this many times after a retryable failure (lost node, stall, "
+        "rendezvous timeout); each retry resumes from the newest complete checkpoint. Bad config/data is not retried.",
     )
     retry_delay_s: int = Field(10, ge=0, description="Seconds between a failure and its retry.")
     checkpoint_on_cancel: bool = Field(
         False, description="When the run is cancelled, save a checkpoint at the next step boundary before stopping."
     )
     cancel_grace_s: int = Field(
-        30, ge=1, le=3600, description="Seconds ranks get to stop (and save) after a cancel before they are "
-        "killed (torchrun itself kills its ranks 30 s after forwarding the signal)."
+        30,
+        ge=1,
+        le=3600,
+        description="Seconds ranks get to stop (and save) after a cancel before they are "
+        "killed (torchrun itself kills its ranks 30 s after forwarding the signal).",
     )
     stall_timeout: int = Field(
-        600, gt=0, description="Stop the job when no optimizer step completes for this many seconds (a step "
-        "that saves a checkpoint includes the save: keep it above the longest save)."
+        600,
+        gt=0,
+        description="Stop the job when no optimizer step completes for this many seconds (a step "
+        "that saves a checkpoint includes the save: keep it above the longest save).",
     )
     env: dict[str, str] = Field(
-        default_factory=dict, description="Extra environment for every rank (NCCL_*, GLOO_*), stored with the run; "
-        "no credentials (see forward_env)."
+        default_factory=dict,
+        description="Extra environment for every rank (NCCL_*, GLOO_*), stored with the run; "
+        "no credentials (see forward_env).",
     )
     forward_env: list[str] = Field(
-        default_factory=list, description="Names of environment variables (credentials: HF_TOKEN, "
+        default_factory=list,
+        description="Names of environment variables (credentials: HF_TOKEN, "
         "AWS_SECRET_ACCESS_KEY, ...) every node's agent and ranks get from the environment that starts the node; "
-        "values never enter the config. Preflight fails on a node where one is not set."
+        "values never enter the config. Preflight fails on a node where one is not set.",
     )
 
     @field_validator("env", mode="before")
@@ -113,8 +136,10 @@ class LaunchConfig(Section):
     def _names(cls, names: list[str]) -> list[str]:
         bad = [name for name in names if not re.match(ENV_NAME, name)]
         if bad:
-            raise ValueError(f"launch.forward_env: {bad[0]!r} is not an environment variable name (letters, digits, "
-                             "_; not starting with a digit)")
+            raise ValueError(
+                f"launch.forward_env: {bad[0]!r} is not an environment variable name (letters, digits, "
+                "_; not starting with a digit)"
+            )
         if twice := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"launch.forward_env: {twice[0]} is listed twice")
         return names
@@ -124,13 +149,19 @@ class LaunchConfig(Section):
         if both := sorted(set(self.env) & set(self.forward_env)):
             raise ValueError(f"launch.env.{both[0]} is also in launch.forward_env; keep it in one place")
         return self
+
     probe_mb: float = Field(
-        4.0, ge=0, le=1024, description="Megabytes of the network probe before training (an all-reduce over every "
-        "rank and a send/receive between each node and node 0, both ways); 0 turns it off."
+        4.0,
+        ge=0,
+        le=1024,
+        description="Megabytes of the network probe before training (an all-reduce over every "
+        "rank and a send/receive between each node and node 0, both ways); 0 turns it off.",
     )
     min_bandwidth_gbps: float = Field(
-        1.0, ge=0, description="Warn (or fail, with launch.require_bandwidth) when the probe measures less than "
-        "this many Gbit/s (Qwen's guide asks for 10+ between GPU nodes)."
+        1.0,
+        ge=0,
+        description="Warn (or fail, with launch.require_bandwidth) when the probe measures less than "
+        "this many Gbit/s (Qwen's guide asks for 10+ between GPU nodes).",
     )
     require_bandwidth: bool = Field(
         False, description="Fail before training when the probe measures less than launch.min_bandwidth_gbps."
@@ -167,22 +198,30 @@ def resolve_ssh_hosts(data: dict) -> dict:
         found = read_hostfile(str(data["hostfile"]))
         parsed = [host for host, _ in found]
         if len({n for _, n in found}) > 1:
-            raise ValueError(f"launch.hostfile {data['hostfile']}: hosts have different slot counts "
-                             f"({', '.join(f'{h} slots={n}' for h, n in found)}); every node runs the same number "
-                             "of ranks: give each host the same slots")
+            raise ValueError(
+                f"launch.hostfile {data['hostfile']}: hosts have different slot counts "
+                f"({', '.join(f'{h} slots={n}' for h, n in found)}); every node runs the same number "
+                "of ranks: give each host the same slots"
+            )
         slots = found[0][1]
     else:
-        raise ValueError("launch.backend=ssh needs launch.hosts (host, user@host or host:port, node 0 first) or "
-                         "launch.hostfile (e.g. $PBS_NODEFILE)")
+        raise ValueError(
+            "launch.backend=ssh needs launch.hosts (host, user@host or host:port, node 0 first) or "
+            "launch.hostfile (e.g. $PBS_NODEFILE)"
+        )
     if len({h.host for h in parsed}) < len(parsed):
         raise ValueError(f"launch.hosts lists a host twice ({', '.join(map(str, parsed))}); one entry per node")
     names = ", ".join(map(str, parsed))
     if "nnodes" in data and int(data["nnodes"]) != len(parsed):
-        raise ValueError(f"launch.nnodes={data['nnodes']} contradicts the {len(parsed)} ssh hosts ({names}); "
-                         "drop launch.nnodes (the hosts decide it) or fix the hosts")
+        raise ValueError(
+            f"launch.nnodes={data['nnodes']} contradicts the {len(parsed)} ssh hosts ({names}); "
+            "drop launch.nnodes (the hosts decide it) or fix the hosts"
+        )
     if slots is not None and "nproc_per_node" in data and int(data["nproc_per_node"]) != slots:
-        raise ValueError(f"launch.nproc_per_node={data['nproc_per_node']} contradicts launch.hostfile "
-                         f"(slots={slots} per host); drop launch.nproc_per_node or fix the host file")
+        raise ValueError(
+            f"launch.nproc_per_node={data['nproc_per_node']} contradicts launch.hostfile "
+            f"(slots={slots} per host); drop launch.nproc_per_node or fix the host file"
+        )
     data["hosts"] = [str(h) for h in parsed]
     data["nnodes"] = len(parsed)
     if slots is not None:

@@ -20,10 +20,15 @@ BUILTIN_MODELS = ("tiny", "tiny-qwen2.5")
 class ModelConfig(Section):
     """The base model."""
 
-    name_or_path: str = Field("tiny", min_length=1, description="Local Hugging Face model directory, or a built-in "
-                              "random Qwen2-shaped model: 'tiny' (small BPE) or 'tiny-qwen2.5' (Qwen's tokenizer).")
+    name_or_path: str = Field(
+        "tiny",
+        min_length=1,
+        description="Local Hugging Face model directory, or a built-in "
+        "random Qwen2-shaped model: 'tiny' (small BPE) or 'tiny-qwen2.5' (Qwen's tokenizer).",
+    )
     chat_template: str | None = Field(
-        None, min_length=1,
+        None,
+        min_length=1,
         description="Chat template to use instead of the tokenizer's own, for staging, training and the export: a "
         "built-in name (qwen2.5) or a Jinja file; empty: the model's own.",
     )
@@ -52,14 +57,19 @@ class TrainConfig(Section):
     epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
     save_steps: int = Field(1000, gt=0, description="Save a checkpoint every N steps (and at the end).")
     save_every_minutes: float | None = Field(
-        None, gt=0, description="Also save when this many minutes passed since the last save (rank 0's clock, agreed "
-        "by every rank at a step boundary); empty: by steps only. For spot machines, bounds the work a loss costs."
+        None,
+        gt=0,
+        description="Also save when this many minutes passed since the last save (rank 0's clock, agreed "
+        "by every rank at a step boundary); empty: by steps only. For spot machines, bounds the work a loss costs.",
     )
     preempt_grace_s: int | None = Field(
-        None, ge=1, le=30, description="On SIGTERM (a spot/preemptible machine's notice, sent to its torchrun agent), "
+        None,
+        ge=1,
+        le=30,
+        description="On SIGTERM (a spot/preemptible machine's notice, sent to its torchrun agent), "
         "every rank stops at the next step boundary and saves an emergency checkpoint, which the retry resumes from; "
         "the save should finish within this many seconds (torchrun kills its ranks 30 s after forwarding the "
-        "signal). Empty: SIGTERM stops without saving (unless launch.checkpoint_on_cancel)."
+        "signal). Empty: SIGTERM stops without saving (unless launch.checkpoint_on_cancel).",
     )
     keep_latest_k: int | None = Field(
         None, ge=1, description="Keep only the newest k complete checkpoints; empty: keep all."
@@ -80,9 +90,11 @@ class TrainConfig(Section):
         8, gt=0, description="Micro-batches per rank per optimizer step; not used when train.global_batch_size is set."
     )
     global_batch_size: int | None = Field(
-        None, gt=0, description="Rows per optimizer step across all ranks (packed rows when packing is on). When set, "
+        None,
+        gt=0,
+        description="Rows per optimizer step across all ranks (packed rows when packing is on). When set, "
         "gradient accumulation is derived (global / (micro_batch_size x world size)), so the steps, the learning-rate "
-        "schedule and the loss are the same on any number of nodes; needed to continue on fewer or more nodes."
+        "schedule and the loss are the same on any number of nodes; needed to continue on fewer or more nodes.",
     )
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
     adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
@@ -95,10 +107,15 @@ class TrainConfig(Section):
     log_steps: int = Field(1, gt=0, description="Append to metrics.jsonl every N steps.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations to save memory.")
     loss_chunk_tokens: int = Field(
-        1024, ge=0, description="The loss (training and evaluation) applies the output layer to this many target "
-        "tokens at a time and recomputes them in backward, so the full-vocabulary logits never exist at once "
-        "(trainer/chunked_loss.py); 0: the model's full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only "
-        "(others use full logits); under ZeRO-2 and ZeRO-3 alike."
+        1024,
+        ge=0,
+        description="The loss (training and evaluation) takes the logits of target tokens only, from "
+        "the last hidden states (trainer/chunked_loss.py). A micro-batch whose target logits in float32 (target "
+        "tokens x vocabulary x 4 bytes) would exceed 256 MiB is chunked: the output layer is applied to this many "
+        "target tokens at a time and recomputed in backward, so its full-vocabulary logits never exist at once; a "
+        "smaller one (any micro-batch of a small vocabulary) takes them in one pass, without recomputation. 0: the "
+        "model's own full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only (others use full logits); "
+        "under ZeRO-2 and ZeRO-3 alike.",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
@@ -106,5 +123,8 @@ class TrainConfig(Section):
 class DeepSpeedSection(Section):
     """DeepSpeed engine configuration."""
 
-    config: str = Field("config/deepspeed/zero2.json", min_length=1,
-                        description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).")
+    config: str = Field(
+        "config/deepspeed/zero2.json",
+        min_length=1,
+        description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).",
+    )

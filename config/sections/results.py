@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from config.redact import has_url_password
 from config.sections.base import Section
+from core.redact import has_url_password
 
 
 class EvalConfig(Section):
@@ -56,8 +56,10 @@ class GateConfig(Section):
         if (self.threshold is None) == (self.better_than is None):
             raise ValueError("set exactly one of register.gate.threshold and register.gate.better_than")
         if self.direction != METRIC_DIRECTION[self.metric]:
-            raise ValueError(f"register.gate.direction must be {METRIC_DIRECTION[self.metric]} for {self.metric}, "
-                             f"got {self.direction}")
+            raise ValueError(
+                f"register.gate.direction must be {METRIC_DIRECTION[self.metric]} for {self.metric}, "
+                f"got {self.direction}"
+            )
         return self
 
 
@@ -69,9 +71,7 @@ class RegisterConfig(Section):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
         description="Registry name; versions are registry/{model_name}/v0001.json, v0002.json, ...",
     )
-    gate: GateConfig | None = Field(
-        None, description="Promotion gate; empty: every evaluated model is registered."
-    )
+    gate: GateConfig | None = Field(None, description="Promotion gate; empty: every evaluated model is registered.")
 
 
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -103,8 +103,10 @@ class TrackConfig(Section):
         if value is False:  # `--set track.mlflow_uri=off` is YAML, where a bare off is false
             return TRACKING_OFF
         if isinstance(value, str) and has_url_password(value):
-            raise ValueError("track.mlflow_uri has a password in its URL: remove it and set MLFLOW_TRACKING_USERNAME "
-                             "and MLFLOW_TRACKING_PASSWORD in the environment instead")
+            raise ValueError(
+                "track.mlflow_uri has a password in its URL: remove it and set MLFLOW_TRACKING_USERNAME "
+                "and MLFLOW_TRACKING_PASSWORD in the environment instead"
+            )
         return value
 
     def mlflow_tracking_uri(self, environ: Mapping[str, str] | None = None) -> str | None:

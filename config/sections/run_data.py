@@ -59,17 +59,21 @@ def check_mapping(value: dict[str, str], names: tuple[str, ...], where: str = ""
     key itself)."""
     unknown = sorted(set(value) - set(names))
     if unknown:
-        raise ValueError(f"{where + ': ' if where else ''}unknown name {unknown[0]!r}; the names are LLaMA-Factory's: "
-                         f"{', '.join(names)} "
-                         "(images, audio and preference columns are not read: Tandem trains text models)")
+        raise ValueError(
+            f"{where + ': ' if where else ''}unknown name {unknown[0]!r}; the names are LLaMA-Factory's: "
+            f"{', '.join(names)} "
+            "(images, audio and preference columns are not read: Tandem trains text models)"
+        )
     return value
 
 
 def check_mapped_format(fmt: str, columns: dict[str, str], tags: dict[str, str], where: str) -> None:
     """A mapping renames the keys of one format: it needs that format named."""
     if (columns or tags) and fmt == "auto":
-        raise ValueError(f"{where}.columns/tags rename the keys of one format: set {where}.format (alpaca, "
-                         "sharegpt, openai, qwen or text) as well")
+        raise ValueError(
+            f"{where}.columns/tags rename the keys of one format: set {where}.format (alpaca, "
+            "sharegpt, openai, qwen or text) as well"
+        )
 
 
 # The mappings' types: their keys are checked against LLaMA-Factory's names wherever they appear.
@@ -80,13 +84,15 @@ Tags = Annotated[dict[str, str], AfterValidator(lambda v: check_mapping(v, TAG_N
 class SourceConfig(Section):
     """One source of data.sources: where its records are, how to read them, and its share of the mix."""
 
-    source: str = Field(min_length=1, description="A file, directory, glob or fsspec URL, or a LLaMA-Factory "
-                        "dataset_info.json entry (path/dataset_info.json#name).")
+    source: str = Field(
+        min_length=1,
+        description="A file, directory, glob or fsspec URL, or a LLaMA-Factory "
+        "dataset_info.json entry (path/dataset_info.json#name).",
+    )
     format: FORMAT_NAMES = Field("auto", description="Record format of this source (as data.format).")
     columns: Columns = Field(default_factory=dict, description="As data.columns, for this source.")
     tags: Tags = Field(default_factory=dict, description="As data.tags, for this source.")
-    weight: float | None = Field(None, gt=0, description="Share of this source with data.mix=interleave "
-                                 "(default 1).")
+    weight: float | None = Field(None, gt=0, description="Share of this source with data.mix=interleave (default 1).")
     max_records: int | None = Field(None, gt=0, description="Take at most this many valid records of this source.")
 
     @model_validator(mode="after")
@@ -105,8 +111,9 @@ class DataConfig(Section):
         min_length=1,
     )
     format: FORMAT_NAMES = Field(
-        "auto", description="Record format of the data files; auto decides per file from its records. text: a "
-        "'text' string per record, every token a target, the tokenizer's end-of-document token appended."
+        "auto",
+        description="Record format of the data files; auto decides per file from its records. text: a "
+        "'text' string per record, every token a target, the tokenizer's end-of-document token appended.",
     )
     eval_source: str | None = Field(
         None,
@@ -124,8 +131,11 @@ class DataConfig(Section):
     digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
     shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Rows per Parquet shard (bounds shard size).")
     num_proc: int = Field(
-        0, ge=0, le=256, description="Processes that parse, validate and digest (JSON Lines) and tokenize; 0: one per "
-        "CPU core. Never changes the staged bytes."
+        0,
+        ge=0,
+        le=256,
+        description="Processes that parse, validate and digest (JSON Lines) and tokenize; 0: one per "
+        "CPU core. Never changes the staged bytes.",
     )
     enable_thinking: bool = Field(
         True,
@@ -206,6 +216,8 @@ class DataConfig(Section):
     def _shard_fits(self) -> DataConfig:
         # Shards store list offsets as int32: one shard may hold at most 2^31 - 1 tokens.
         if self.shard_rows * self.max_length >= 2**31:
-            raise ValueError(f"data.shard_rows x data.max_length must stay below 2^31 tokens per shard, got "
-                             f"{self.shard_rows} x {self.max_length}; lower data.shard_rows or data.max_length")
+            raise ValueError(
+                f"data.shard_rows x data.max_length must stay below 2^31 tokens per shard, got "
+                f"{self.shard_rows} x {self.max_length}; lower data.shard_rows or data.max_length"
+            )
         return self

@@ -39,26 +39,51 @@ sys.path.insert(0, str(ROOT))
 
 # Published configuration values (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B).
 QWEN25 = {
-    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2},
-    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-             "num_key_value_heads": 2},
+    "0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
+    "1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+    },
 }
-QWEN25_COMMON = {"vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 32768,
-                 "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
+QWEN25_COMMON = {
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+}
 # Only for --dry-run-cpu: small enough for a CPU.
-TOY = {"vocab_size": 2048, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-       "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024, "tie_word_embeddings": True}
+TOY = {
+    "vocab_size": 2048,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+}
 # Examples per micro-batch by sequence length (about 4k-8k tokens a micro-batch); gradient accumulation 2.
 MICRO_BATCH = {128: 2, 512: 8, 2048: 2, 8192: 1}
 ACCUMULATION = 2
 LORA = ["train.lora.r=16", "train.lora.alpha=32", "train.lora.dropout=0"]  # every linear layer: Tandem's default
 # Dense bf16 peak FLOP/s by device name (NVIDIA's data sheets); --peak-tflops for any other.
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.0}
-FLOPS_FORMULA = ("FLOPs per token (torchtitan's count): full fine-tuning 6*N + 12*L*H*D*T; LoRA 4*N + 6*N_lora + "
-                 "12*L*H*D*T (the frozen base has no weight-gradient FLOPs); N = parameters without the input "
-                 "embedding, the LM head counted (tied or not), N_lora = the adapters', L layers, H heads, D head "
-                 "dim, T = data.max_length. Recomputation (the chunked loss's) is not counted.")
+FLOPS_FORMULA = (
+    "FLOPs per token (torchtitan's count): full fine-tuning 6*N + 12*L*H*D*T; LoRA 4*N + 6*N_lora + "
+    "12*L*H*D*T (the frozen base has no weight-gradient FLOPs); N = parameters without the input "
+    "embedding, the LM head counted (tied or not), N_lora = the adapters', L layers, H heads, D head "
+    "dim, T = data.max_length. Recomputation (the chunked loss's) is not counted."
+)
 
 
 @dataclass(frozen=True)
@@ -74,10 +99,18 @@ class Case:
         return f"{self.method}-{self.size}-{self.seq}"
 
 
-RANKED = [Case("lora", "1.5b", 2048), Case("full", "1.5b", 2048), Case("lora", "0.5b", 2048),
-          Case("full", "0.5b", 2048), Case("lora", "1.5b", 512), Case("full", "1.5b", 512),
-          Case("lora", "0.5b", 512), Case("full", "0.5b", 512), Case("lora", "1.5b", 8192),
-          Case("lora", "0.5b", 8192)]
+RANKED = [
+    Case("lora", "1.5b", 2048),
+    Case("full", "1.5b", 2048),
+    Case("lora", "0.5b", 2048),
+    Case("full", "0.5b", 2048),
+    Case("lora", "1.5b", 512),
+    Case("full", "1.5b", 512),
+    Case("lora", "0.5b", 512),
+    Case("full", "0.5b", 512),
+    Case("lora", "1.5b", 8192),
+    Case("lora", "0.5b", 8192),
+]
 
 
 def shape_of(size: str) -> dict:
@@ -122,7 +155,8 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
     """(model path, staged dataset, base overrides) of a case: the model saved in bf16, the data staged."""
     from config.deepspeed import read_deepspeed_json
     from config.loader import load_config
-    from tasks.data.stage import stage_dataset
+    from staging.stage import stage_dataset
+    from storage import layout
     from tests.benchmarks.bench_train import make_data, make_model
     from trainer import tiny
 
@@ -130,10 +164,19 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
     tiny.materialize(tokenizer_dir, ROOT / "data" / "sample" / "conversations.json")
     data = work / f"chat-{case.seq}.jsonl"
     make_data(data, options.records, median_words=max(case.seq // 6, 10), max_words=case.seq)
-    base = [f"run.storage={work / 'storage'}", f"data.source={data}", f"data.max_length={case.seq}",
-            "data.eval_ratio=0.02", "launch.nnodes=1", "launch.nproc_per_node=1",
-            f"train.micro_batch_size={MICRO_BATCH[case.seq]}", f"train.gradient_accumulation_steps={ACCUMULATION}",
-            f"train.method={case.method}", "train.learning_rate=1e-5", *LORA]
+    base = [
+        f"run.storage={work / 'storage'}",
+        f"data.source={data}",
+        f"data.max_length={case.seq}",
+        "data.eval_ratio=0.02",
+        "launch.nnodes=1",
+        "launch.nproc_per_node=1",
+        f"train.micro_batch_size={MICRO_BATCH[case.seq]}",
+        f"train.gradient_accumulation_steps={ACCUMULATION}",
+        f"train.method={case.method}",
+        "train.learning_rate=1e-5",
+        *LORA,
+    ]
     if options.torch_adam:
         # DeepSpeed's fused Adam is a CUDA extension compiled at first use (nvcc and ninja); without them, PyTorch's
         # AdamW, for both trainers alike.
@@ -143,10 +186,11 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
         base.append(f"deepspeed.config={work / 'zero2-torch-adam.json'}")
     model_dir = work / f"model-{case.size}"
     if not model_dir.exists():
-        make_model(str(tokenizer_dir), model_dir, shape_of(case.size),
-                   dtype="float32" if options.dry_run_cpu else "bfloat16")
+        make_model(
+            str(tokenizer_dir), model_dir, shape_of(case.size), dtype="float32" if options.dry_run_cpu else "bfloat16"
+        )
     cfg = load_config(None, base)
-    return str(model_dir), stage_dataset(cfg.data, cfg.run.storage, str(model_dir)), base
+    return str(model_dir), stage_dataset(cfg.data, layout.root(cfg.run), str(model_dir)), base
 
 
 def measure(case: Case, options: argparse.Namespace, work: Path) -> dict:
@@ -157,60 +201,95 @@ def measure(case: Case, options: argparse.Namespace, work: Path) -> dict:
     runs: dict[str, list[dict]] = {}
     for repeat in range(options.repeats):
         for chunk in options.loss_chunk_tokens:
-            steps = ours_steps(model, dataset, base, f"{case.name}-tandem{chunk}-{repeat}", options.steps,
-                               [f"train.loss_chunk_tokens={chunk}"])
-            runs.setdefault(f"tandem (loss_chunk_tokens={chunk})", []).append({
-                "tokens_per_s": tokens_per_s(steps),
-                "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in steps), default=0.0) or None})
+            steps = ours_steps(
+                model,
+                dataset,
+                base,
+                f"{case.name}-tandem{chunk}-{repeat}",
+                options.steps,
+                [f"train.loss_chunk_tokens={chunk}"],
+            )
+            runs.setdefault(f"tandem (loss_chunk_tokens={chunk})", []).append(
+                {
+                    "tokens_per_s": tokens_per_s(steps),
+                    "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in steps), default=0.0) or None,
+                }
+            )
         if options.hf:
             result = huggingface_result(model, dataset, base, f"{case.name}-hf-{repeat}", options.steps, work)
-            runs.setdefault("HF Trainer", []).append({"tokens_per_s": result["tokens"] / result["seconds"],
-                                                      "peak_memory_gb": result.get("peak_memory_gb")})
-        print(f"{case.name} repeat {repeat + 1}: " + ", ".join(
-            f"{name} {rows[-1]['tokens_per_s']:.0f} tokens/s" for name, rows in runs.items()), flush=True)
+            runs.setdefault("HF Trainer", []).append(
+                {"tokens_per_s": result["tokens"] / result["seconds"], "peak_memory_gb": result.get("peak_memory_gb")}
+            )
+        print(
+            f"{case.name} repeat {repeat + 1}: "
+            + ", ".join(f"{name} {rows[-1]['tokens_per_s']:.0f} tokens/s" for name, rows in runs.items()),
+            flush=True,
+        )
     return {name: summary(rows) for name, rows in runs.items()}
 
 
 def summary(rows: list[dict]) -> dict:
     """Medians over the repeats, and every repeat's figures."""
     memory = [r["peak_memory_gb"] for r in rows if r["peak_memory_gb"] is not None]
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
-            "peak_memory_gb": statistics.median(memory) if memory else None, "repeats": rows}
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+        "peak_memory_gb": statistics.median(memory) if memory else None,
+        "repeats": rows,
+    }
 
 
 def table(results: list[dict]) -> str:
     """The printed table: one line per case and trainer, with the ratios to the HF Trainer."""
-    lines = [f"{'case':<16} {'trainer':<34} {'tokens/s':>10} {'MFU':>6} {'peak GB':>8} {'vs HF tok/s':>11} "
-             f"{'vs HF mem':>9}"]
+    lines = [
+        f"{'case':<16} {'trainer':<34} {'tokens/s':>10} {'MFU':>6} {'peak GB':>8} {'vs HF tok/s':>11} {'vs HF mem':>9}"
+    ]
     for result in results:
         hf = result["trainers"].get("HF Trainer")
         for name, row in result["trainers"].items():
             mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a"
             memory = f"{row['peak_memory_gb']:.2f}" if row["peak_memory_gb"] is not None else "n/a"
             speed = f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf and name != "HF Trainer" else ""
-            saved = (f"{row['peak_memory_gb'] / hf['peak_memory_gb']:.2f}x" if hf and name != "HF Trainer"
-                     and row["peak_memory_gb"] and hf["peak_memory_gb"] else "")
-            lines.append(f"{result['case']:<16} {name:<34} {row['tokens_per_s']:>10.0f} {mfu:>6} {memory:>8} "
-                         f"{speed:>11} {saved:>9}")
+            saved = (
+                f"{row['peak_memory_gb'] / hf['peak_memory_gb']:.2f}x"
+                if hf and name != "HF Trainer" and row["peak_memory_gb"] and hf["peak_memory_gb"]
+                else ""
+            )
+            lines.append(
+                f"{result['case']:<16} {name:<34} {row['tokens_per_s']:>10.0f} {mfu:>6} {memory:>8} "
+                f"{speed:>11} {saved:>9}"
+            )
     return "\n".join(lines)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line's options, --cases resolved to Cases (--dry-run-cpu sets the toy ones)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=",".join(c.name for c in RANKED),
-                        help="comma-separated METHOD-SIZE-SEQ names, run in the order given (default: all, ranked)")
+    parser.add_argument(
+        "--cases",
+        default=",".join(c.name for c in RANKED),
+        help="comma-separated METHOD-SIZE-SEQ names, run in the order given (default: all, ranked)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first 3 are warm-up)")
     parser.add_argument("--records", type=int, default=400, help="generated conversations per case")
-    parser.add_argument("--loss-chunk-tokens", default="1024",
-                        help="Tandem variants: comma-separated train.loss_chunk_tokens values (0: full logits)")
+    parser.add_argument(
+        "--loss-chunk-tokens",
+        default="1024",
+        help="Tandem variants: comma-separated train.loss_chunk_tokens values (0: full logits)",
+    )
     parser.add_argument("--no-hf", dest="hf", action="store_false", help="Tandem only (e.g. to compare variants)")
-    parser.add_argument("--torch-adam", action="store_true",
-                        help="PyTorch's AdamW in DeepSpeed (torch_adam), where its fused Adam cannot be compiled")
+    parser.add_argument(
+        "--torch-adam",
+        action="store_true",
+        help="PyTorch's AdamW in DeepSpeed (torch_adam), where its fused Adam cannot be compiled",
+    )
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, when its name is not known")
     parser.add_argument("--out", type=Path, default=Path("bench_gpu.json"), help="where the JSON goes")
-    parser.add_argument("--dry-run-cpu", action="store_true",
-                        help="check this script only: a toy shape at 128 tokens, LoRA and full, 1 repeat, on the CPU")
+    parser.add_argument(
+        "--dry-run-cpu",
+        action="store_true",
+        help="check this script only: a toy shape at 128 tokens, LoRA and full, 1 repeat, on the CPU",
+    )
     options = parser.parse_args(argv)
     options.loss_chunk_tokens = [int(v) for v in options.loss_chunk_tokens.split(",")]
     if options.dry_run_cpu:
@@ -240,9 +319,19 @@ def main(argv: list[str] | None = None) -> int:
             flops = flops_per_token(shape_of(case.size), case.method, case.seq)
             for row in trainers.values():
                 row["mfu"] = row["tokens_per_s"] * flops / peak if peak else None
-            results.append({"case": case.name, "method": case.method, "model": "toy" if case.size == "toy" else f"Qwen2.5-{case.size} shape",
-                            "seq": case.seq, "micro_batch": MICRO_BATCH[case.seq], "accumulation": ACCUMULATION,
-                            "flops_per_token": flops, "trainers": trainers})
+            model = "toy" if case.size == "toy" else f"Qwen2.5-{case.size} shape"
+            results.append(
+                {
+                    "case": case.name,
+                    "method": case.method,
+                    "model": model,
+                    "seq": case.seq,
+                    "micro_batch": MICRO_BATCH[case.seq],
+                    "accumulation": ACCUMULATION,
+                    "flops_per_token": flops,
+                    "trainers": trainers,
+                }
+            )
             write(options, device, peak, results)  # after every case: a cut-off session keeps what it measured
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -254,11 +343,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(options: argparse.Namespace, device: str, peak: float | None, results: list[dict]) -> None:
+    """Write the JSON document of the results so far to --out."""
     import torch
 
-    document = {"device": device, "peak_flops": peak, "torch": torch.__version__, "repeats": options.repeats,
-                "steps": options.steps, "dry_run_cpu": options.dry_run_cpu, "flops_formula": FLOPS_FORMULA,
-                "command": " ".join(sys.argv), "results": results}
+    document = {
+        "device": device,
+        "peak_flops": peak,
+        "torch": torch.__version__,
+        "repeats": options.repeats,
+        "steps": options.steps,
+        "dry_run_cpu": options.dry_run_cpu,
+        "flops_formula": FLOPS_FORMULA,
+        "command": " ".join(sys.argv),
+        "results": results,
+    }
     options.out.write_text(json.dumps(document, indent=2) + "\n")
 
 

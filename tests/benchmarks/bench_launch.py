@@ -20,38 +20,47 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from storage import layout  # noqa: E402
-from config.errors import RetryableError  # noqa: E402
-from storage.spec import WrittenSpec, write_spec  # noqa: E402
-from launch.command import free_port, rank_environment, torchrun_command  # noqa: E402
-from launch.preflight import NodePlan  # noqa: E402
-from tasks.run import build_spec  # noqa: E402
-from tests.distributed.harness import config, stage  # noqa: E402
+from core.errors import RetryableError
+from launch.command import free_port, rank_environment, torchrun_command
+from launch.job import NodePlan
+from pipeline.plan import build_spec
+from storage import layout
+from storage.fs import join
+from storage.spec import WrittenSpec, write_spec
+from tests.distributed.harness import Staged, config, stage
 
 SETTINGS = ["launch.nnodes=2", "train.max_steps=20", "train.save_steps=20"]
 
 
-def bare_torchrun(staged, name: str) -> float:
+def bare_torchrun(staged: Staged, name: str) -> float:
     """Wall time of two torchrun agents running the spec directly."""
     cfg = config(staged, name, SETTINGS)
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
     write_spec(spec)
-    url = layout.join(spec.run_url, layout.SPEC)
+    url = join(spec.run_url, layout.SPEC)
     port = free_port()
     started = time.perf_counter()
-    procs = [subprocess.Popen(torchrun_command(NodePlan(n, 2, 1, "127.0.0.1", port), 60, "trainer", ["--spec", url]),
-                              cwd=ROOT, env=rank_environment(cfg.launch), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for n in range(2)]
+    procs = [
+        subprocess.Popen(
+            torchrun_command(NodePlan(n, 2, 1, "127.0.0.1", port), 60, "trainer", ["--spec", url]),
+            cwd=ROOT,
+            env=rank_environment(cfg.launch, layout.root(cfg.run)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for n in range(2)
+    ]
     codes = [p.wait() for p in procs]
     assert codes == [0, 0], codes
     return time.perf_counter() - started
 
 
-def pipeline_stage(staged, name: str, env: dict[str, str] | None = None) -> float:
+def pipeline_stage(staged: Staged, name: str, env: dict[str, str] | None = None) -> float:
     """Wall time of the pipeline's train task (inside a flow run on Prefect's temporary server)."""
     from prefect import flow
 
@@ -60,7 +69,7 @@ def pipeline_stage(staged, name: str, env: dict[str, str] | None = None) -> floa
     cfg = config(staged, name, SETTINGS)
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
     digest = write_spec(spec)
-    url = layout.join(spec.run_url, layout.SPEC)
+    url = join(spec.run_url, layout.SPEC)
     timing: dict[str, float] = {}
 
     @flow(name="bench-train-stage")
@@ -81,7 +90,7 @@ def pipeline_stage(staged, name: str, env: dict[str, str] | None = None) -> floa
     return timing["seconds"]
 
 
-def detection_seconds(staged, name: str, work: Path) -> float:
+def detection_seconds(staged: Staged, name: str, work: Path) -> float:
     """From a rank's death (its own timestamp) to the train stage raising."""
     stamp = work / f"{name}.died"
     try:
@@ -91,8 +100,8 @@ def detection_seconds(staged, name: str, work: Path) -> float:
     raise AssertionError("the stage did not fail")
 
 
-def run(repeats: int) -> None:
-    """Alternate bare / pipeline runs, then the failure-detection runs; print medians."""
+def run(repeats: int) -> dict[str, float]:
+    """Alternate bare / pipeline runs, then the failure-detection runs; print and return the medians."""
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-launch-"))
     try:
         staged = stage(work / "storage")
@@ -106,19 +115,26 @@ def run(repeats: int) -> None:
             print(f"death {i + 1}: failure raised {detect[-1]:.1f} s after the rank died", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    b, o = statistics.median(bare), statistics.median(ours)
-    print(f"\nmedian of {repeats}: bare torchrun {b:.1f} s, pipeline train stage {o:.1f} s: "
-          f"+{o - b:.1f} s ({100 * (o - b) / b:.0f}%) (goal: under 10% or under 10 s)")
-    print(f"median time from a rank's death to the stage's failure: {statistics.median(detect):.1f} s "
-          "(goal: under 30 s, stretch under 5 s)")
+    b, o, d = statistics.median(bare), statistics.median(ours), statistics.median(detect)
+    print(
+        f"\nmedian of {repeats}: bare torchrun {b:.1f} s, pipeline train stage {o:.1f} s: "
+        f"+{o - b:.1f} s ({100 * (o - b) / b:.0f}%) (goal: under 10% or under 10 s)"
+    )
+    print(f"median time from a rank's death to the stage's failure: {d:.1f} s (goal: under 30 s, stretch under 5 s)")
+    return {"bare_torchrun_s": b, "pipeline_stage_s": o, "failure_detection_s": d}
 
 
-def test_launch_overhead_and_failure_detection(prefect_server) -> None:
+def test_launch_overhead_and_failure_detection(prefect_server: Any) -> None:
     """On demand (not in the default run): prints the figures."""
     run(repeats=3)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """The script's entry point; returns the printed figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    run(parser.parse_args().repeats)
+    return run(parser.parse_args(argv).repeats)
+
+
+if __name__ == "__main__":
+    main()

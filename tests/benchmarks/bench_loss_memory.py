@@ -4,7 +4,9 @@
     python tests/benchmarks/bench_loss_memory.py --rows 2 --seq 2048 --chunks 0,4096,1024,256
 
 One forward and backward of a one-layer Qwen2 (hidden 256) with a 151,936-row output layer, every position but the
-first a target, through trainer/chunked_loss.py's LossHead, each variant in a fresh process. Reported: the peak
+first a target, through trainer/chunked_loss.py's LossHead, each variant in a fresh process (a variant with chunks
+takes them only where the target logits exceed the one-pass threshold, 256 MiB: from 442 target tokens at this
+vocabulary; each line says which it took). Reported: the peak
 memory the step added, on a GPU torch.cuda.max_memory_allocated above what was allocated before the forward, on a
 CPU the process's peak resident memory above its resident memory before the forward (a lower bound when importing
 peaked higher). Nothing here asserts: it prints.
@@ -42,8 +44,15 @@ def one(chunk: int, rows: int, seq: int) -> dict:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=512, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=512,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16 if cuda else torch.float32)
     ids = torch.randint(0, VOCAB, (rows, seq), device=device)
     head = LossHead.of(model, chunk)
@@ -60,26 +69,45 @@ def one(chunk: int, rows: int, seq: int) -> dict:
         peak = torch.cuda.max_memory_allocated() / 2**30
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    return {"loss_chunk_tokens": chunk, "rows": rows, "seq": seq, "device": str(device),
-            "peak_added_gb": round(peak - before, 3), "loss": float(loss)}
+    return {
+        "loss_chunk_tokens": chunk,
+        "rows": rows,
+        "seq": seq,
+        "device": str(device),
+        "peak_added_gb": round(peak - before, 3),
+        "loss": float(loss),
+        "chunked": head.head is not None and not head.fits(rows * (seq - 1)),
+    }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
+    """The script's entry point: each variant in a child process; returns their figures as printed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--chunks", default="0,1024", help="train.loss_chunk_tokens values (0: full logits)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process of one variant
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if options.one is not None:
         print(json.dumps(one(options.one, options.rows, options.seq)))
-        return
+        return []
+    rows = []
     for chunk in (int(c) for c in options.chunks.split(",")):
-        out = subprocess.run([sys.executable, __file__, "--one", str(chunk), "--rows", str(options.rows),
-                              "--seq", str(options.seq)], check=True, capture_output=True, text=True, cwd=ROOT)
-        row = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"loss_chunk_tokens={chunk:<6} {row['rows']} x {row['seq']} tokens on {row['device']}: "
-              f"peak added {row['peak_added_gb']:.2f} GB (loss {row['loss']:.4f})", flush=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", str(chunk), "--rows", str(options.rows), "--seq", str(options.seq)],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(
+            f"loss_chunk_tokens={chunk:<6} {rows[-1]['rows']} x {rows[-1]['seq']} tokens on {rows[-1]['device']}: "
+            f"peak added {rows[-1]['peak_added_gb']:.2f} GB (loss {rows[-1]['loss']:.4f}, "
+            f"{'chunked' if rows[-1]['chunked'] else 'one pass'})",
+            flush=True,
+        )
+    return rows
 
 
 if __name__ == "__main__":

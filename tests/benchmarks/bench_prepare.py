@@ -37,14 +37,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from config.schema import DataConfig  # noqa: E402
-from tasks.data.stage import stage_dataset  # noqa: E402
+from config.sections.run_data import DataConfig
+from staging.stage import stage_dataset
 
 SAMPLE = ROOT / "data" / "sample" / "conversations.json"
 
@@ -55,7 +55,7 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> int:
     exchanges = []
     for record in json.loads(SAMPLE.read_text()):
         turns = [t for t in record["conversations"] if t["from"] != "system"]
-        exchanges += [turns[i:i + 2] for i in range(0, len(turns) - 1, 2)]
+        exchanges += [turns[i : i + 2] for i in range(0, len(turns) - 1, 2)]
     systems = [None, None, {"from": "system", "value": "You are a careful assistant. Answer briefly."}]
     written = count = 0
     with open(path, "w", encoding="utf-8") as handle:
@@ -71,12 +71,14 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> int:
 
 
 def timed(fn: Callable[[], object]) -> float:
+    """Seconds `fn` took."""
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
 
 
 def median(values: list[float]) -> float:
+    """The median of `values`."""
     return statistics.median(values)
 
 
@@ -96,23 +98,25 @@ def replaced_workflow(source: Path, target: Path, model: str, num_proc: int) -> 
     (token ids) in num_proc processes and writes Parquet."""
     from datasets import Dataset, disable_progress_bars
 
-    from tasks.data.tokenize import load_tokenizer
+    from staging.tokenize import load_tokenizer
 
     disable_progress_bars()
     tokenizer = load_tokenizer(model)
     roles = {"system": "system", "user": "user", "assistant": "assistant"}
 
     def template(batch: dict) -> dict:
-        messages = [[{"role": roles[t["from"]], "content": t["value"]} for t in turns]
-                    for turns in batch["conversations"]]
+        messages = [
+            [{"role": roles[t["from"]], "content": t["value"]} for t in turns] for turns in batch["conversations"]
+        ]
         return {"input_ids": tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)}
 
     def workflow() -> None:
         copy = target / source.name
         subprocess.run(f"cp '{source}' '{target}/' && sha256sum '{copy}' > /dev/null", shell=True, check=True)
         dataset = Dataset.from_json(str(copy), cache_dir=str(target / "hf-cache"))
-        dataset = dataset.map(template, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
-                              load_from_cache_file=False)
+        dataset = dataset.map(
+            template, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, load_from_cache_file=False
+        )
         dataset.to_parquet(str(target / "tokenized.parquet"))
 
     target.mkdir()
@@ -122,22 +126,35 @@ def replaced_workflow(source: Path, target: Path, model: str, num_proc: int) -> 
         shutil.rmtree(target)
 
 
-def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repeats: int,
-                  num_proc: int) -> dict[str, float]:
+def bench_staging(
+    source: Path, work: Path, model: str, repeats: int, stage_repeats: int, num_proc: int
+) -> dict[str, float]:
     """(a), (b) and (c)."""
-    from tasks.data.identity import digest_sources
-    from tasks.data.progress import Reporter
+    from staging.identity import digest_sources
+    from staging.progress import Reporter
 
     data = DataConfig(source=str(source), max_length=4096, num_proc=num_proc)
     baseline, digests, replaced = [], [], []
     for i in range(repeats):  # interleaved: a change in the machine's load hits both alike
         target = work / f"copy-{i}"
         target.mkdir()
-        baseline.append(timed(lambda: subprocess.run(
-            f"cp '{source}' '{target}/' && sha256sum '{target / source.name}' > /dev/null", shell=True, check=True)))
+        baseline.append(
+            timed(
+                lambda target=target: subprocess.run(
+                    f"cp '{source}' '{target}/' && sha256sum '{target / source.name}' > /dev/null",
+                    shell=True,
+                    check=True,
+                )
+            )
+        )
         shutil.rmtree(target)
-        digests.append(timed(lambda: digest_sources([("data.source", str(source))], data.digest_algorithm,
-                                                    Reporter(lambda _: None, bars=False))))
+        digests.append(
+            timed(
+                lambda: digest_sources(
+                    [("data.source", str(source))], data.digest_algorithm, Reporter(lambda _: None, bars=False)
+                )
+            )
+        )
     for i in range(stage_repeats):
         replaced.append(replaced_workflow(source, work / f"workflow-{i}", model, num_proc))
     first, phases = [], []
@@ -145,7 +162,13 @@ def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repe
         storage = work / f"storage-{i}"
         shutil.rmtree(work / f"storage-{i - 1}", ignore_errors=True)
         messages: list[str] = []
-        first.append(timed(lambda: stage_dataset(data, str(storage), model, progress=messages.append, bars=False)))
+        first.append(
+            timed(
+                lambda storage=storage, messages=messages: stage_dataset(
+                    data, str(storage), model, progress=messages.append, bars=False
+                )
+            )
+        )
         phases.append(phase_seconds(messages))
     again, no_index = [], []
     for _ in range(repeats):
@@ -155,25 +178,35 @@ def bench_staging(source: Path, work: Path, model: str, repeats: int, stage_repe
         no_index.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
     shutil.rmtree(storage)
     writing = median([p["writing"] for p in phases])
-    return {"cp_sha256sum_s": median(baseline), "replaced_workflow_s": median(replaced),
-            "stage_first_s": median(first), "digest_s": median(digests), "writing_s": writing,
-            "digest_algorithm": data.digest_algorithm, "parsing_s": median([p["reading"] for p in phases]),
-            "untokenized_s": median(digests) + median([p["reading"] + p["writing"] for p in phases]),
-            "tokenizing_s": median([p["tokenizing"] for p in phases]), "stage_again_s": median(again),
-            "stage_again_without_index_s": median(no_index), "stage_repeats": stage_repeats, "repeats": repeats,
-            "num_proc": num_proc}
+    return {
+        "cp_sha256sum_s": median(baseline),
+        "replaced_workflow_s": median(replaced),
+        "stage_first_s": median(first),
+        "digest_s": median(digests),
+        "writing_s": writing,
+        "digest_algorithm": data.digest_algorithm,
+        "parsing_s": median([p["reading"] for p in phases]),
+        "untokenized_s": median(digests) + median([p["reading"] + p["writing"] for p in phases]),
+        "tokenizing_s": median([p["tokenizing"] for p in phases]),
+        "stage_again_s": median(again),
+        "stage_again_without_index_s": median(no_index),
+        "stage_repeats": stage_repeats,
+        "repeats": repeats,
+        "num_proc": num_proc,
+    }
 
 
-def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_proc: int,
-                   repeats: int) -> dict[str, float]:
+def bench_tokenize(
+    source: Path, work: Path, model: str, megabytes: int, num_proc: int, repeats: int
+) -> dict[str, float]:
     """(c): records per second, ours (ids and labels) vs datasets.map (ids only)."""
     from datasets import Dataset, disable_progress_bars
 
-    from tasks.data.progress import Reporter
-    from tasks.data.scan import scan_sources
-    from tasks.data.spool import read_chunk
-    from tasks.data.tokenize import EncoderSettings, load_tokenizer
-    from tasks.data.workers import encode_chunks, worker_count
+    from staging.progress import Reporter
+    from staging.scan import scan_sources
+    from staging.spool import read_chunk
+    from staging.tokenize import EncoderSettings, load_tokenizer
+    from staging.workers import encode_chunks, worker_count
 
     subset = work / "subset.jsonl"
     with open(source, "rb") as src, open(subset, "wb") as dst:
@@ -195,40 +228,69 @@ def bench_tokenize(source: Path, work: Path, model: str, megabytes: int, num_pro
 
     ours, theirs = [], []
     for _ in range(repeats):  # interleaved, so that a change in the machine's load hits both sides alike
-        ours.append(timed(lambda: list(encode_chunks(spool, scan.chunks, EncoderSettings(model, data.max_length), workers))))
-        theirs.append(timed(lambda: dataset.map(template, batched=True, num_proc=num_proc, load_from_cache_file=False,
-                                                remove_columns=["messages"])))
+        ours.append(
+            timed(lambda: list(encode_chunks(spool, scan.chunks, EncoderSettings(model, data.max_length), workers)))
+        )
+        theirs.append(
+            timed(
+                lambda: dataset.map(
+                    template, batched=True, num_proc=num_proc, load_from_cache_file=False, remove_columns=["messages"]
+                )
+            )
+        )
     n = len(conversations)
-    return {"records": n, "mb": subset.stat().st_size / 1e6, "workers": workers, "repeats": repeats,
-            "ours_records_per_s": n / median(ours), "datasets_map_records_per_s": n / median(theirs)}
+    return {
+        "records": n,
+        "mb": subset.stat().st_size / 1e6,
+        "workers": workers,
+        "repeats": repeats,
+        "ours_records_per_s": n / median(ours),
+        "datasets_map_records_per_s": n / median(theirs),
+    }
 
 
 def first_pass_inputs(path: Path, data: DataConfig) -> Any:
     """What pass one reads for data.source = one local file (its digest and the source key left out)."""
-    from tasks.data.identity import Inputs, SourceFile
-    from tasks.data.streams import resolve
+    from staging.identity import Inputs, SourceFile
+    from staging.streams import resolve
 
     return Inputs([SourceFile("data.source", str(path), path.stat().st_size, "-")], {}, "-", resolve(data))
 
 
 def bench_first_pass(source: Path, work: Path, num_proc: int, repeats: int) -> dict[str, float]:
     """(f): seconds of pass one over the whole file, in one process and in num_proc (interleaved)."""
-    from tasks.data.progress import Reporter
-    from tasks.data.scan import scan_sources
+    from staging.progress import Reporter
+    from staging.scan import scan_sources
 
     seconds: dict[int, list[float]] = {1: [], num_proc: []}
     for _ in range(repeats):
         for processes in seconds:
             data = DataConfig(source=str(source), num_proc=processes)
             inputs = first_pass_inputs(source, data)
-            seconds[processes].append(timed(lambda: scan_sources(inputs, data, work / "pass.spool",
-                                                                 Reporter(lambda _: None, bars=False))))
-    return {"mb": source.stat().st_size / 1e6, "num_proc": num_proc, "repeats": repeats,
-            "one_s": median(seconds[1]), "many_s": median(seconds[num_proc])}
+            seconds[processes].append(
+                timed(
+                    lambda inputs=inputs, data=data: scan_sources(
+                        inputs, data, work / "pass.spool", Reporter(lambda _: None, bars=False)
+                    )
+                )
+            )
+    return {
+        "mb": source.stat().st_size / 1e6,
+        "num_proc": num_proc,
+        "repeats": repeats,
+        "one_s": median(seconds[1]),
+        "many_s": median(seconds[num_proc]),
+    }
 
 
-def report(size: int, records: int, staging: dict[str, float] | None,
-           tokenize: dict[str, float] | None, first_pass: dict[str, float] | None = None) -> str:
+def report(
+    size: int,
+    records: int,
+    staging: dict[str, float] | None,
+    tokenize: dict[str, float] | None,
+    first_pass: dict[str, float] | None = None,
+) -> str:
+    """The printed report of the parts measured."""
     lines = [f"input: {size / 1e9:.2f} GB JSONL, {records:,} records; {os.cpu_count()} cores"]
     if staging:
         s = staging
@@ -276,14 +338,26 @@ def report(size: int, records: int, staging: dict[str, float] | None,
     return "\n".join(lines)
 
 
-def run(gb: float, repeats: int, stage_repeats: int, tokenize_mb: int, num_proc: int, model: str | None,
-        tmp: Path, parts: str = "abcef") -> str:
+def run(
+    gb: float,
+    repeats: int,
+    stage_repeats: int,
+    tokenize_mb: int,
+    num_proc: int,
+    model: str | None,
+    tmp: Path,
+    parts: str = "abcef",
+) -> str:
     """Generate the input, run (a), (b), (c) (they share the staging runs), (e) and (f); returns the printed
     report."""
     if model is None:
         model = str(tmp / "tiny")
-        subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", model, "--corpus", str(SAMPLE)], cwd=ROOT,
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "trainer.tiny", "--out", model, "--corpus", str(SAMPLE)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     source = tmp / "input.jsonl"
     records = generate(source, int(gb * 1e9) if parts != "e" else tokenize_mb * 10**6 * 11 // 10)
     staging = bench_staging(source, tmp, model, repeats, stage_repeats, num_proc) if "a" in parts else None
@@ -298,29 +372,52 @@ def test_bench_prepare(tiny_model: str, tmp_path: Path) -> None:
     """The benchmark under pytest (`-s` shows the report); BENCH_GB, BENCH_REPEATS, BENCH_STAGE_REPEATS,
     BENCH_TOKENIZE_MB and BENCH_PARTS (abcef, abc, e or f) set what the script's options set."""
     repeats = int(os.environ.get("BENCH_REPEATS", "3"))
-    run(float(os.environ.get("BENCH_GB", "1.0")), repeats, int(os.environ.get("BENCH_STAGE_REPEATS", repeats)),
-        int(os.environ.get("BENCH_TOKENIZE_MB", "50")), 2, tiny_model, tmp_path, os.environ.get("BENCH_PARTS", "abcef"))
+    run(
+        float(os.environ.get("BENCH_GB", "1.0")),
+        repeats,
+        int(os.environ.get("BENCH_STAGE_REPEATS", repeats)),
+        int(os.environ.get("BENCH_TOKENIZE_MB", "50")),
+        2,
+        tiny_model,
+        tmp_path,
+        os.environ.get("BENCH_PARTS", "abcef"),
+    )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Script entry point."""
+def main(argv: list[str] | None = None) -> str:
+    """Script entry point; returns the printed report."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gb", type=float, default=1.0, help="size of the generated JSONL (default 1.0)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are printed")
-    parser.add_argument("--stage-repeats", type=int, default=None,
-                        help="first stagings and replaced workflows for (a)/(b) (default: --repeats; each takes "
-                        "minutes per GB on 2 cores)")
+    parser.add_argument(
+        "--stage-repeats",
+        type=int,
+        default=None,
+        help="first stagings and replaced workflows for (a)/(b) (default: --repeats; each takes "
+        "minutes per GB on 2 cores)",
+    )
     parser.add_argument("--tokenize-mb", type=int, default=50, help="input size for (c) (default 50)")
     parser.add_argument("--num-proc", type=int, default=2, help="processes, both sides (default 2)")
-    parser.add_argument("--parts", choices=("abcef", "abc", "e", "f"), default="abcef",
-                        help="which measurements: (a), (b), (c) share the staging runs; (e) and (f) are separate")
+    parser.add_argument(
+        "--parts",
+        choices=("abcef", "abc", "e", "f"),
+        default="abcef",
+        help="which measurements: (a), (b), (c) share the staging runs; (e) and (f) are separate",
+    )
     parser.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new one in $TMPDIR)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-", dir=args.tmp) as tmp:
-        run(args.gb, args.repeats, args.stage_repeats or args.repeats, args.tokenize_mb, args.num_proc, None,
-            Path(tmp), args.parts)
-    return 0
+        return run(
+            args.gb,
+            args.repeats,
+            args.stage_repeats or args.repeats,
+            args.tokenize_mb,
+            args.num_proc,
+            None,
+            Path(tmp),
+            args.parts,
+        )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

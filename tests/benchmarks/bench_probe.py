@@ -24,21 +24,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from config.schema import LaunchConfig  # noqa: E402
-from launch.phase import run_phase  # noqa: E402
-from storage import layout  # noqa: E402
-from storage.spec import WrittenSpec, write_spec  # noqa: E402
-from tasks.run import build_spec  # noqa: E402
-from tests.distributed.harness import config, stage  # noqa: E402
+from config.sections.launch import LaunchConfig
+from launch.phase import run_phase
+from pipeline.plan import build_spec
+from storage import layout
+from storage.fs import join
+from storage.spec import WrittenSpec, write_spec
+from tests.distributed.harness import Staged, config, stage
 
 SETTINGS = ["launch.nnodes=2", "train.max_steps=4", "train.save_steps=4"]
 
 
-def launch(staged, name: str, probe_mb: float) -> tuple[float, float | None]:
+def launch(staged: Staged, name: str, probe_mb: float) -> tuple[float, float | None]:
     """(wall seconds of one training launch, the probe's own seconds from preflight.json or None)."""
     cfg = config(staged, name, [*SETTINGS, f"launch.probe_mb={probe_mb}"])
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    written = WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
+    written = WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
     started = time.perf_counter()
     run_phase(written, "train", lambda _: None)
     wall = time.perf_counter() - started
@@ -47,8 +48,8 @@ def launch(staged, name: str, probe_mb: float) -> tuple[float, float | None]:
     return wall, (probe["seconds"] if probe else None)
 
 
-def run(repeats: int) -> None:
-    """Alternate launches without and with the probe; print medians and the ratio."""
+def run(repeats: int) -> dict[str, float]:
+    """Alternate launches without and with the probe; print and return the medians and the ratio."""
     default_mb = LaunchConfig.model_fields["probe_mb"].default
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-probe-"))
     try:
@@ -60,13 +61,19 @@ def run(repeats: int) -> None:
             wall, seconds = launch(staged, f"probe-{i}", default_mb)
             with_probe.append(wall)
             probe_s.append(seconds)
-            print(f"repeat {i + 1}: no probe {without[-1]:.2f} s, probe {with_probe[-1]:.2f} s "
-                  f"(the probe itself {seconds:.3f} s)", flush=True)
+            print(
+                f"repeat {i + 1}: no probe {without[-1]:.2f} s, probe {with_probe[-1]:.2f} s "
+                f"(the probe itself {seconds:.3f} s)",
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    a, b = statistics.median(without), statistics.median(with_probe)
-    print(f"\nmedian of {repeats}: launch without the probe {a:.2f} s, with launch.probe_mb={default_mb} {b:.2f} s: "
-          f"ratio {b / a:.3f} ({b - a:+.2f} s); the probe's own time (rank 0) {statistics.median(probe_s):.3f} s")
+    a, b, probe = statistics.median(without), statistics.median(with_probe), statistics.median(probe_s)
+    print(
+        f"\nmedian of {repeats}: launch without the probe {a:.2f} s, with launch.probe_mb={default_mb} {b:.2f} s: "
+        f"ratio {b / a:.3f} ({b - a:+.2f} s); the probe's own time (rank 0) {probe:.3f} s"
+    )
+    return {"without_probe_s": a, "with_probe_s": b, "ratio": b / a, "probe_s": probe}
 
 
 def test_probe_cost() -> None:
@@ -74,7 +81,12 @@ def test_probe_cost() -> None:
     run(repeats=3)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """The script's entry point; returns the printed figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    run(parser.parse_args().repeats)
+    return run(parser.parse_args(argv).repeats)
+
+
+if __name__ == "__main__":
+    main()

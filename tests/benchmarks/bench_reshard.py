@@ -8,8 +8,8 @@ A Qwen2-shaped model with the tiny tokenizer's vocabulary, widened to `--hidden`
 100 M parameters at the defaults), is fully fine-tuned for one step on 2 ranks with ZeRO-2, which writes a checkpoint
 of about 1.4 GB (fp32 weights, fp32 master copy, Adam's two moments). Then, `--repeats` times: the baseline, reading
 every byte of the checkpoint once (the least any conversion must do), and the conversion as a resume runs it
-(`trainer.reshard.convert`: DeepSpeed's ds_to_universal, then the published manifest and COMPLETE). Prints the
-medians, seconds per GB of checkpoint, and the ratio to the baseline; asserts nothing about time.
+(`trainer.checkpointing.reshard.convert`: DeepSpeed's ds_to_universal, then the published manifest and COMPLETE).
+Prints the medians, seconds per GB of checkpoint, and the ratio to the baseline; asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from storage import layout  # noqa: E402
-from storage.checkpoints import read_complete  # noqa: E402
-from tests.distributed.harness import stage, train  # noqa: E402
-from trainer.reshard import convert  # noqa: E402
+from storage import layout
+from storage.checkpoints import read_complete
+from tests.distributed.harness import stage, train
+from trainer.checkpointing.reshard import convert
 
 
 def wide_model(tiny: str, out: Path, hidden: int, layers: int) -> str:
@@ -36,9 +36,18 @@ def wide_model(tiny: str, out: Path, hidden: int, layers: int) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(tiny)
-    config.update({"hidden_size": hidden, "intermediate_size": hidden * 11 // 4, "num_hidden_layers": layers,
-                   "num_attention_heads": hidden // 64, "num_key_value_heads": 2, "head_dim": 64,
-                   "layer_types": ["full_attention"] * layers, "max_window_layers": layers})
+    config.update(
+        {
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 11 // 4,
+            "num_hidden_layers": layers,
+            "num_attention_heads": hidden // 64,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "layer_types": ["full_attention"] * layers,
+            "max_window_layers": layers,
+        }
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(out)
     return str(out)
@@ -55,15 +64,27 @@ def read_all(directory: Path) -> int:
     return total
 
 
-def run(repeats: int, hidden: int, layers: int) -> None:
+def run(repeats: int, hidden: int, layers: int) -> dict[str, float]:
+    """Train the wide model one step, then time reading its checkpoint and converting it; print and return the
+    medians."""
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-reshard-"))
     try:
         staged = stage(work / "storage")
         model = wide_model(staged.model_path, work / "wide", hidden, layers)
         staged = type(staged)(staged.storage, model, staged.dataset)
-        done = train(staged, "wide", ["launch.nnodes=2", "train.method=full", "train.max_steps=1", "train.save_steps=1",
-                                      "train.micro_batch_size=1", "train.gradient_accumulation_steps=1",
-                                      "data.max_length=64"])
+        done = train(
+            staged,
+            "wide",
+            [
+                "launch.nnodes=2",
+                "train.method=full",
+                "train.max_steps=1",
+                "train.save_steps=1",
+                "train.micro_batch_size=1",
+                "train.gradient_accumulation_steps=1",
+                "data.max_length=64",
+            ],
+        )
         ckpt = read_complete(str(done.checkpoint(1)))
         size = sum(entry["size"] for entry in ckpt.manifest["files"])
         baseline, converted = [], []
@@ -76,21 +97,30 @@ def run(repeats: int, hidden: int, layers: int) -> None:
             converted.append(seconds)
         b, c = statistics.median(baseline), statistics.median(converted)
         gb = size / 1e9
-        print(f"\ncheckpoint {gb:.2f} GB (ZeRO-2, full fine-tuning, 2 ranks), universal form {written / 1e9:.2f} GB; "
-              f"median of {repeats}: read once {b:.1f} s ({b / gb:.1f} s/GB), convert {c:.1f} s ({c / gb:.1f} s/GB): "
-              f"{c / b:.1f}x the read")
+        print(
+            f"\ncheckpoint {gb:.2f} GB (ZeRO-2, full fine-tuning, 2 ranks), universal form {written / 1e9:.2f} GB; "
+            f"median of {repeats}: read once {b:.1f} s ({b / gb:.1f} s/GB), convert {c:.1f} s ({c / gb:.1f} s/GB): "
+            f"{c / b:.1f}x the read"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return {"checkpoint_gb": gb, "universal_gb": written / 1e9, "read_s": b, "convert_s": c, "convert_s_per_gb": c / gb}
 
 
 def test_conversion_per_gb() -> None:
+    """On demand (not in the default run): prints the figures."""
     run(repeats=3, hidden=1024, layers=8)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """The script's entry point; returns the printed figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
-    args = parser.parse_args()
-    run(args.repeats, args.hidden, args.layers)
+    args = parser.parse_args(argv)
+    return run(args.repeats, args.hidden, args.layers)
+
+
+if __name__ == "__main__":
+    main()

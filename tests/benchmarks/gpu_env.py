@@ -14,12 +14,29 @@ import sys
 
 # import name -> pip distribution name
 NEEDED = {
-    "torch": "torch", "transformers": "transformers", "peft": "peft", "accelerate": "accelerate",
-    "tokenizers": "tokenizers", "safetensors": "safetensors", "jinja2": "jinja2",
-    "deepspeed": "deepspeed", "hjson": "hjson", "cpuinfo": "py-cpuinfo", "msgpack": "msgpack", "einops": "einops",
-    "ninja": "ninja", "psutil": "psutil", "packaging": "packaging", "tqdm": "tqdm",
-    "pydantic": "pydantic", "yaml": "pyyaml", "fsspec": "fsspec", "pyarrow": "pyarrow", "blake3": "blake3",
-    "orjson": "orjson", "numpy": "numpy",
+    "torch": "torch",
+    "transformers": "transformers",
+    "peft": "peft",
+    "accelerate": "accelerate",
+    "tokenizers": "tokenizers",
+    "safetensors": "safetensors",
+    "jinja2": "jinja2",
+    "deepspeed": "deepspeed",
+    "hjson": "hjson",
+    "cpuinfo": "py-cpuinfo",
+    "msgpack": "msgpack",
+    "einops": "einops",
+    "ninja": "ninja",
+    "psutil": "psutil",
+    "packaging": "packaging",
+    "tqdm": "tqdm",
+    "pydantic": "pydantic",
+    "yaml": "pyyaml",
+    "fsspec": "fsspec",
+    "pyarrow": "pyarrow",
+    "blake3": "blake3",
+    "orjson": "orjson",
+    "numpy": "numpy",
 }
 
 

@@ -4,11 +4,15 @@ config, data and world size as a Tandem spec. Run on every rank under torchrun:
     torchrun --nnodes 2 --nproc-per-node 1 ... tests/benchmarks/hf_trainer_baseline.py --spec SPEC --out FILE
 
 It uses the HF Trainer as users of Qwen's finetune.py do (padding to the longest example of each
-micro-batch, no length grouping, the model's own loss over full logits). On CPU the Trainer needs accelerate's state
-configured first, or every rank believes it is alone (a known limitation of the HF Trainer with DeepSpeed on CPU):
-PartialState(cpu=True, backend="gloo") + DEEPSPEED. On a GPU it runs as users run it, in bf16 as Tandem's trainer does.
-Rank 0 writes {"tokens": non-pad tokens seen, "seconds": summed step times, "steps": n} (and on a GPU
-"peak_memory_gb", the most its tensors held) to --out, skipping the first `--warmup` steps.
+micro-batch, no length grouping, the model's own loss over full logits). The staged rows are collated by Tandem's own
+`collate`, so a packed dataset (data.packing: several examples a row) trains the same thing on both sides: each
+example to itself (position ids restarting at every example, no attention mask, from which transformers builds the
+block-diagonal mask) and no example's first token predicted from the one before. On CPU the Trainer needs
+accelerate's state configured first, or every rank believes it is alone (a known limitation of the HF Trainer with
+DeepSpeed on CPU): PartialState(cpu=True, backend="gloo") + DEEPSPEED. On a GPU it runs as users run it, in bf16
+as Tandem's trainer does. Rank 0 writes {"tokens": non-pad tokens seen, "seconds": summed step times, "steps": n,
+"step_seconds": each step's time, "padding_fraction": of the positions collated} (and on a GPU "peak_memory_gb", the
+most its tensors held) to --out, skipping the first `--warmup` steps.
 """
 
 from __future__ import annotations
@@ -24,31 +28,31 @@ from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
+from storage.shards import Row, load_split
 from storage.spec import load_spec
-from storage.shards import row
-from trainer.data import collate, load_split
+from trainer.data import collate
 from trainer.model import load_base, make_trainable
 
 
 class StepClock(TrainerCallback):
-    """Times every optimizer step; tokens are counted by the collator."""
+    """Times every optimizer step; tokens and positions are counted by the collator."""
 
     def __init__(self, warmup: int) -> None:
-        self.warmup, self.seconds, self.started, self.steps = warmup, 0.0, 0.0, 0
-        self.tokens_at_warmup = 0
+        self.warmup, self.started = warmup, 0.0
+        self.step_seconds: list[float] = []  # after the warm-up
+        self.at_warmup = dict.fromkeys(COUNTER, 0)
 
-    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - HF callback signature
+    def on_step_begin(self, args, state, control, **kwargs):
         self.started = time.perf_counter()
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+    def on_step_end(self, args, state, control, **kwargs):
         if state.global_step > self.warmup:
-            self.seconds += time.perf_counter() - self.started
-            self.steps += 1
+            self.step_seconds.append(time.perf_counter() - self.started)
         elif state.global_step == self.warmup:
-            self.tokens_at_warmup = COUNTER["tokens"]
+            self.at_warmup = dict(COUNTER)
 
 
-COUNTER = {"tokens": 0}
+COUNTER = {"tokens": 0, "positions": 0}  # non-pad tokens and all positions (padding included) collated
 
 
 def main() -> None:
@@ -69,36 +73,67 @@ def main() -> None:
     examples = load_split(spec.dataset.url, "train")
     # A list of rows is a map-style dataset for the Trainer: the `datasets` package is not needed (a GPU machine
     # may lack it).
-    dataset = [{"input_ids": ids, "labels": labels} for ids, labels in examples]
+    dataset = [row._asdict() for row in examples]
     pad_id = int(model.config.pad_token_id)
 
     def collator(features: list[dict]) -> dict[str, torch.Tensor]:
-        """Pad to the longest example, as ours does, and count the real tokens."""
-        batch = collate([row(f["input_ids"], f["labels"]) for f in features], pad_id)
+        """Pad to the longest row, as ours does, and count the real tokens; packed rows get ours' restarting
+        position ids (no mask) and their examples' first labels masked, so both trainers learn the same targets."""
+        batch = collate([Row(**f) for f in features], pad_id)
         COUNTER["tokens"] += int(batch.attention_mask.sum())
-        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "labels": batch.labels}
+        COUNTER["positions"] += batch.attention_mask.numel()
+        return {**batch.model_inputs(torch.device("cpu")), "labels": batch.labels}
 
     clock = StepClock(args.warmup)
     arguments = TrainingArguments(
-        output_dir=f"/tmp/hf-baseline-{spec.run_id}", per_device_train_batch_size=train.micro_batch_size,
-        gradient_accumulation_steps=train.gradient_accumulation_steps, max_steps=spec.total_steps,
-        learning_rate=train.learning_rate, lr_scheduler_type=train.lr_scheduler,
-        warmup_steps=math.ceil(train.warmup_ratio * spec.total_steps), weight_decay=train.weight_decay,
-        max_grad_norm=train.max_grad_norm, seed=train.seed, adam_beta1=train.adam_beta1,
-        adam_beta2=train.adam_beta2, adam_epsilon=train.adam_epsilon, deepspeed=ds, report_to=[], save_strategy="no",
-        logging_steps=1000, dataloader_num_workers=0, remove_unused_columns=False, bf16=cuda,
+        output_dir=f"/tmp/hf-baseline-{spec.run_id}",
+        per_device_train_batch_size=train.micro_batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        max_steps=spec.total_steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=math.ceil(train.warmup_ratio * spec.total_steps),
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
+        seed=train.seed,
+        adam_beta1=train.adam_beta1,
+        adam_beta2=train.adam_beta2,
+        adam_epsilon=train.adam_epsilon,
+        deepspeed=ds,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1000,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        bf16=cuda,
         accelerator_config={"use_configured_state": not cuda},
     )
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=collator, callbacks=[clock])
     trainer.train()
-    tokens = torch.tensor([COUNTER["tokens"] - clock.tokens_at_warmup], dtype=torch.float64,
-                          device="cuda" if cuda else "cpu")
-    torch.distributed.all_reduce(tokens)
+    write_result(trainer, clock, args.out)
+
+
+def write_result(trainer: Trainer, clock: StepClock, out: str) -> None:
+    """Rank 0 writes the measurement: every rank's tokens and positions after the warm-up, summed."""
+    cuda = torch.cuda.is_available()
+    counts = torch.tensor(
+        [COUNTER[key] - clock.at_warmup[key] for key in ("tokens", "positions")],
+        dtype=torch.float64,
+        device="cuda" if cuda else "cpu",
+    )
+    torch.distributed.all_reduce(counts)
+    tokens, positions = counts.tolist()
     if trainer.is_world_process_zero():
-        result = {"tokens": tokens.item(), "seconds": clock.seconds, "steps": clock.steps}
+        result = {
+            "tokens": tokens,
+            "seconds": sum(clock.step_seconds),
+            "steps": len(clock.step_seconds),
+            "step_seconds": clock.step_seconds,
+            "padding_fraction": 1 - tokens / max(positions, 1.0),
+        }
         if cuda:
             result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-        with open(args.out, "w") as handle:
+        with open(out, "w") as handle:
             json.dump(result, handle)
 
 

@@ -69,8 +69,9 @@ class Recorder:
         self.data_lost: bool | None = None
         self.detail: dict = {}
 
-    def __call__(self, scenario: str, *, detect_s: float | None = None, data_lost: bool = False,
-                 **detail: object) -> None:
+    def __call__(
+        self, scenario: str, *, detect_s: float | None = None, data_lost: bool = False, **detail: object
+    ) -> None:
         """scenario: the table's row name; detect_s: fault to detection, when the scenario has one;
         data_lost: True when anything complete was lost or a half-written object sits under a final name."""
         self.scenario, self.detect_s, self.data_lost, self.detail = scenario, detect_s, data_lost, detail
@@ -85,17 +86,24 @@ def chaos_record(request: pytest.FixtureRequest) -> Iterator[Callable[..., None]
     if recorder.scenario is None:
         # A run that failed before recording still counts, under the test's own name.
         recorder.scenario = request.node.originalname
-    row = {"scenario": recorder.scenario, "test": request.node.nodeid, "seed": SEED,
-           "passed": bool(report and report.passed), "detect_s": recorder.detect_s,
-           "data_lost": recorder.data_lost, "duration_s": round(time.time() - started, 2),
-           "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), **recorder.detail}
+    row = {
+        "scenario": recorder.scenario,
+        "test": request.node.nodeid,
+        "seed": SEED,
+        "passed": bool(report and report.passed),
+        "detect_s": recorder.detect_s,
+        "data_lost": recorder.data_lost,
+        "duration_s": round(time.time() - started, 2),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
+        **recorder.detail,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "a") as handle:
         handle.write(json.dumps(row, default=str) + "\n")
 
 
 @pytest.fixture(scope="session")
-def chaos_reference(staged):  # noqa: ANN001, ANN201 - tests.distributed.harness types, imported lazily
+def chaos_reference(staged):
     """One uninterrupted 2-node run per session (the harness's 12 steps, a checkpoint every 4): the
     trajectory every interrupted-and-resumed run must reproduce exactly."""
     from tests.distributed.harness import train

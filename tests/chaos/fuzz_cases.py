@@ -23,11 +23,15 @@ DETECT_SAMPLE = 16
 texts = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=24).filter(lambda t: t.strip())
 blank = st.sampled_from(["", " ", "\n\t "])
 not_a_role = st.text(max_size=10).filter(lambda t: t not in ROLE_NAMES)
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.lists(st.integers(), max_size=2))
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.lists(st.integers(), max_size=2)
+)
 junk_keys = st.text(max_size=8).filter(lambda k: k not in FORMAT_KEYS)
-junk = st.recursive(scalars | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(junk_keys, inner, max_size=3),
-                    max_leaves=6)
+junk = st.recursive(
+    scalars | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(junk_keys, inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def valid(fmt: str, prompt: str, answer: str) -> dict[str, Any]:
@@ -50,11 +54,13 @@ def broken(draw: st.DrawFn, fmt: str, container: str, record: dict[str, Any]) ->
     """`record` made invalid; in Parquet only in ways that keep the column types (a row is typed)."""
     typed = container == "parquet"
     if fmt == "alpaca":
-        kinds = ["blank_output", "null_output", "blank_prompt"] + ([] if typed else
-                                                                   ["output_type", "no_output", "not_object", "junk"])
+        kinds = ["blank_output", "null_output", "blank_prompt"] + (
+            [] if typed else ["output_type", "no_output", "not_object", "junk"]
+        )
     else:
         kinds = ["blank_text", "null_text", "bad_role", "no_answer", "answer_first"] + (
-            [] if typed else ["text_type", "turns_type", "turn_type", "not_object", "junk"])
+            [] if typed else ["text_type", "turns_type", "turn_type", "not_object", "junk"]
+        )
     kind = draw(st.sampled_from(kinds))
     out = json.loads(json.dumps(record))
     if kind == "not_object":
@@ -87,10 +93,13 @@ def broken(draw: st.DrawFn, fmt: str, container: str, record: dict[str, Any]) ->
     elif kind == "answer_first":
         out[key] = list(reversed(turns))
     elif kind == "text_type":
-        turns[turn][text_key] = draw(st.one_of(st.integers(), st.booleans(), st.dictionaries(junk_keys, st.integers(),
-                                                                                           max_size=2)))
+        turns[turn][text_key] = draw(
+            st.one_of(st.integers(), st.booleans(), st.dictionaries(junk_keys, st.integers(), max_size=2))
+        )
     elif kind == "turns_type":
-        out[key] = draw(st.one_of(st.none(), st.integers(), st.text(max_size=5), st.dictionaries(junk_keys, st.integers())))
+        out[key] = draw(
+            st.one_of(st.none(), st.integers(), st.text(max_size=5), st.dictionaries(junk_keys, st.integers()))
+        )
     elif kind == "turn_type":
         turns[turn] = draw(scalars)
     return out
@@ -169,18 +178,57 @@ def data_cases(draw: st.DrawFn) -> DataCase:
 
 
 # Leaf keys of the config and values of every JSON kind; most combinations are invalid.
-CONFIG_KEYS = ["run.name", "run.storage", "data.source", "data.format", "data.eval_source", "data.on_invalid",
-               "data.max_length", "data.eval_ratio", "data.digest_algorithm", "data.shard_rows", "data.num_proc",
-               "model.name_or_path", "train.method", "train.learning_rate", "train.max_steps", "train.epochs",
-               "train.save_steps", "train.keep_latest_k", "train.resume", "train.micro_batch_size",
-               "train.gradient_accumulation_steps", "train.warmup_ratio", "train.lora.r", "train.lora.dropout",
-               "train.lora.target_modules", "deepspeed.config", "launch.backend", "launch.nnodes",
-               "launch.nproc_per_node", "launch.master_port", "launch.rdzv_timeout", "launch.retries", "launch.env",
-               "eval.batch_size", "eval.model", "register.model_name", "register.gate", "register.gate.threshold",
-               "run.storage_options", "data.storage_options"]
-config_values = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**7), st.floats(allow_nan=False),
-                          st.text(max_size=12), st.lists(st.integers(-3, 3), max_size=3),
-                          st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+CONFIG_KEYS = [
+    "run.name",
+    "run.storage",
+    "data.source",
+    "data.format",
+    "data.eval_source",
+    "data.on_invalid",
+    "data.max_length",
+    "data.eval_ratio",
+    "data.digest_algorithm",
+    "data.shard_rows",
+    "data.num_proc",
+    "model.name_or_path",
+    "train.method",
+    "train.learning_rate",
+    "train.max_steps",
+    "train.epochs",
+    "train.save_steps",
+    "train.keep_latest_k",
+    "train.resume",
+    "train.micro_batch_size",
+    "train.gradient_accumulation_steps",
+    "train.warmup_ratio",
+    "train.lora.r",
+    "train.lora.dropout",
+    "train.lora.target_modules",
+    "deepspeed.config",
+    "launch.backend",
+    "launch.nnodes",
+    "launch.nproc_per_node",
+    "launch.master_port",
+    "launch.rdzv_timeout",
+    "launch.retries",
+    "launch.env",
+    "eval.batch_size",
+    "eval.model",
+    "register.model_name",
+    "register.gate",
+    "register.gate.threshold",
+    "run.storage_options",
+    "data.storage_options",
+]
+config_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 10**7),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
 
 
 @st.composite

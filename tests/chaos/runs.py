@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from core.errors import UserError
 from storage import layout
 from storage.checkpoints import read_complete, step_of
-from config.errors import UserError
 from storage.manifest import verify_files
 
 
@@ -76,8 +76,11 @@ def half_written(storage: Path) -> list[str]:
         if path.is_file() and path.suffix == ".json" and not _parses(path.read_bytes()):
             problems.append(f"{path}: not valid JSON")
         if path.is_file() and path.name == layout.METRICS:
-            problems += [f"{path}: line {i + 1} is cut" for i, line in enumerate(path.read_text().splitlines())
-                         if not _parses(line.encode())]
+            problems += [
+                f"{path}: line {i + 1} is cut"
+                for i, line in enumerate(path.read_text().splitlines())
+                if not _parses(line.encode())
+            ]
     for manifest in (storage / "datasets").glob(f"*/{layout.MANIFEST}"):
         problems += _verify(manifest.parent)
     for run in (storage / "runs").glob("*"):

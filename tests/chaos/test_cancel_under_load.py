@@ -15,10 +15,10 @@ import time
 import uuid
 from pathlib import Path
 
-from storage.checkpoints import step_of
-from storage import layout
 from config.loader import load_config
 from launch.command import free_port
+from storage import layout
+from storage.checkpoints import step_of
 from tests.chaos.runs import half_written, processes_with_env, run_processes, steps_logged, wait_for
 from tests.flows.conftest import node_workers, pipeline_worker  # noqa: F401 - fixtures, a real cluster
 
@@ -36,8 +36,10 @@ def reached(moment: str, storage: Path, run_dir: Path) -> bool:
     if moment == "training":
         return bool(steps_logged(run_dir))
     if moment == "saving":  # a step directory without COMPLETE: shards being written (slowed to 2 s)
-        return any(step_of(p.name) is not None and not (p / layout.COMPLETE).exists()
-                   for p in (run_dir / "checkpoints").glob("step-*"))
+        return any(
+            step_of(p.name) is not None and not (p / layout.COMPLETE).exists()
+            for p in (run_dir / "checkpoints").glob("step-*")
+        )
     return (run_dir / "nodes" / "0" / "heartbeat-eval").exists()
 
 
@@ -48,7 +50,7 @@ def current(storage: Path, run_dir: Path) -> str:
     return next((m for m in reversed(MOMENTS) if reached(m, storage, run_dir)), "starting")
 
 
-def flow_run_state(run_id) -> str:  # noqa: ANN001 - a UUID
+def flow_run_state(run_id) -> str:
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
@@ -70,8 +72,14 @@ def worker_descendants(api_url: str) -> list[str]:
     return found
 
 
-def test_cancel_at_a_random_moment(node_workers, pipeline_worker, chaos_run: int, chaos_rng,  # noqa: F811
-                                   chaos_record, tmp_path) -> None:
+def test_cancel_at_a_random_moment(
+    node_workers,  # noqa: F811 - the fixture imported above
+    pipeline_worker,  # noqa: F811 - the fixture imported above
+    chaos_run: int,
+    chaos_rng,
+    chaos_record,
+    tmp_path,
+) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
@@ -81,14 +89,25 @@ def test_cancel_at_a_random_moment(node_workers, pipeline_worker, chaos_run: int
     backend = chaos_rng.choice(("local", "prefect"))
     name, storage = f"cancel-{chaos_run}", tmp_path
     run_dir = storage / "runs" / name
-    cfg = load_config(None, [f"run.storage={storage}", f"run.name={name}", f"launch.backend={backend}",
-                             "launch.nnodes=2", f"launch.master_port={free_port()}", "launch.retries=0",
-                             "train.max_steps=8", "train.save_steps=4",
-                             "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.1', TANDEM_TEST_SLOW_SAVE: '2'}"])
+    cfg = load_config(
+        None,
+        [
+            f"run.storage={storage}",
+            f"run.name={name}",
+            f"launch.backend={backend}",
+            "launch.nnodes=2",
+            f"launch.master_port={free_port()}",
+            "launch.retries=0",
+            "train.max_steps=8",
+            "train.save_steps=4",
+            "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.1', TANDEM_TEST_SLOW_SAVE: '2'}",
+        ],
+    )
     # The key makes the client's own retry of a slow request (a loaded server) the same flow run, not a second
     # pipeline on the same run that nobody cancels.
-    run = run_deployment(pipeline_worker, parameters={"config": cfg.model_dump(mode="json")}, timeout=0,
-                         idempotency_key=uuid.uuid4().hex)
+    run = run_deployment(
+        pipeline_worker, parameters={"config": cfg.model_dump(mode="json")}, timeout=0, idempotency_key=uuid.uuid4().hex
+    )
     wait_for(lambda: reached(moment, storage, run_dir), 300, f"the pipeline to reach {moment}")
     time.sleep(delay)
     observed = current(storage, run_dir)
@@ -105,9 +124,18 @@ def test_cancel_at_a_random_moment(node_workers, pipeline_worker, chaos_run: int
     finally:
         left = worker_descendants(node_workers)
     problems = half_written(storage)
-    chaos_record("cancellation under load", detect_s=stop_s, data_lost=bool(problems), moment=moment,
-                 observed=observed, delay_s=round(delay, 2), backend=backend, state=state,
-                 ranks_at_cancel=len(running), left=left)
+    chaos_record(
+        "cancellation under load",
+        detect_s=stop_s,
+        data_lost=bool(problems),
+        moment=moment,
+        observed=observed,
+        delay_s=round(delay, 2),
+        backend=backend,
+        state=state,
+        ranks_at_cancel=len(running),
+        left=left,
+    )
     assert not left
     assert state == "Cancelled", f"cancelled while {observed}, the flow run ended {state}"
     assert observed in ("starting", "staging", "registering") or running  # the cancel really met running agents

@@ -15,13 +15,16 @@ import time
 
 import pytest
 
+from storage.fs import join
 from storage.registry import read_entry, versions
 from tests.conftest import ROOT
 from tests.racing import race
 from tests.registry_helpers import claim
 
-REFUSAL = re.compile(r"^error: run (?P<name>\S+) is already running \(flow run (?P<flow>\S+) on (?P<host>\S+) pid "
-                     r"(?P<pid>\d+) since (?P<since>\S+)\); wait for it, cancel it, or choose another run\.name")
+REFUSAL = re.compile(
+    r"^error: run (?P<name>\S+) is already running \(flow run (?P<flow>\S+) on (?P<host>\S+) pid "
+    r"(?P<pid>\d+) since (?P<since>\S+)\); wait for it, cancel it, or choose another run\.name"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +37,23 @@ def api_url(prefect_server) -> str:
 
 def start_pipeline(storage: str, name: str, api_url: str) -> subprocess.Popen:
     """`python -m flows.finetune` with a short training, in the background."""
-    args = [sys.executable, "-m", "flows.finetune", "--set", f"run.storage={storage}", "--set", f"run.name={name}",
-            "--set", "train.max_steps=2", "--set", "train.save_steps=2", "--set", "launch.nnodes=1",
-            "--set", "launch.rdzv_timeout=60"]
+    args = [
+        sys.executable,
+        "-m",
+        "flows.finetune",
+        "--set",
+        f"run.storage={storage}",
+        "--set",
+        f"run.name={name}",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.save_steps=2",
+        "--set",
+        "launch.nnodes=1",
+        "--set",
+        "launch.rdzv_timeout=60",
+    ]
     env = {**os.environ, "PREFECT_API_URL": api_url, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -68,10 +85,18 @@ def test_two_pipelines_with_the_same_run_name(chaos_run, chaos_rng, chaos_record
         time.sleep(0.2)
     codes = sorted(proc.returncode for proc in procs)
     loser = next((i for i, p in enumerate(procs) if p.returncode == 2), None)
-    errors = [line for line in outputs[loser][1].splitlines() if line.startswith("error: ")] if loser is not None else []
+    errors = (
+        [line for line in outputs[loser][1].splitlines() if line.startswith("error: ")] if loser is not None else []
+    )
     lock_left = os.path.exists(os.path.join(storage, "runs", name, "LOCK"))
-    chaos_record("concurrency: two pipelines, same run.name", detect_s=refused_after, data_lost=False,
-                 skew_s=round(skew, 2), exit_codes=[p.returncode for p in procs], refusal=errors[:1])
+    chaos_record(
+        "concurrency: two pipelines, same run.name",
+        detect_s=refused_after,
+        data_lost=False,
+        skew_s=round(skew, 2),
+        exit_codes=[p.returncode for p in procs],
+        refusal=errors[:1],
+    )
     winner = 1 - loser if loser is not None else 0
     assert codes == [0, 2], {i: (p.returncode, outputs[i][1][-2000:]) for i, p in enumerate(procs)}
     assert len(errors) == 1 and "Traceback" not in outputs[loser][0] + outputs[loser][1], outputs[loser][1][-3000:]
@@ -85,9 +110,9 @@ def test_two_pipelines_with_the_same_run_name(chaos_run, chaos_rng, chaos_record
 
 
 def test_two_registrations_race(chaos_run, chaos_rng, chaos_record, s3_endpoint, s3_bucket) -> None:
-    storage = f"{s3_bucket}/tandem"
+    storage = join(s3_bucket, "tandem")
     losses = [round(chaos_rng.uniform(0.5, 3.0), 3) for _ in range(2)]
-    got = race(claim, [(storage, {"endpoint_url": s3_endpoint}, "raced", loss, f"w{i}") for i, loss in enumerate(losses)])
+    got = race(claim, [(storage, "raced", loss, f"w{i}") for i, loss in enumerate(losses)])
     whole = all(read_entry(storage, "raced", v)["writer"] == f"w{i}" for i, v in enumerate(got))
     chaos_record("concurrency: two registrations race", data_lost=not whole, versions=got)
     assert sorted(got) == [1, 2] and versions(storage, "raced") == [1, 2]

@@ -13,25 +13,29 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
+from core.errors import UserError
 from storage import layout
-from config.errors import UserError
-from storage.spec import DatasetRef
 from storage.registry import entry_url, read_entry, register_version, resolve
+from storage.spec import DatasetRef
 from tests.chaos.runs import flip_byte, run_processes
 from tests.distributed.harness import Run, Staged, train
 from tests.registry_helpers import entry
 
 
-def test_a_flipped_bit_in_a_staged_data_shard(staged: Staged, chaos_run: int, chaos_rng, chaos_record,
-                                              tmp_path) -> None:
+def test_a_flipped_bit_in_a_staged_data_shard(
+    staged: Staged, chaos_run: int, chaos_rng, chaos_record, tmp_path
+) -> None:
     storage = tmp_path / "storage"
     copy = storage / "datasets" / staged.dataset.dataset_id
     shutil.copytree(staged.dataset.url, copy)
     manifest = json.loads((copy / layout.MANIFEST).read_text())
     victim = copy / chaos_rng.choice(manifest["files"])["path"]
     _, damaged = flip_byte(victim, chaos_rng)
-    mine = Staged(storage, staged.model_path, DatasetRef(dataset_id=staged.dataset.dataset_id, url=str(copy),
-                                                         manifest_digest=staged.dataset.manifest_digest))
+    mine = Staged(
+        storage,
+        staged.model_path,
+        DatasetRef(dataset_id=staged.dataset.dataset_id, url=str(copy), manifest_digest=staged.dataset.manifest_digest),
+    )
     name = f"data-corrupt-{chaos_run}"
     with pytest.raises(UserError) as info:
         train(mine, name, ["launch.nnodes=2"])
@@ -44,8 +48,9 @@ def test_a_flipped_bit_in_a_staged_data_shard(staged: Staged, chaos_run: int, ch
     assert untouched
 
 
-def test_a_flipped_bit_in_a_checkpoint_shard(staged: Staged, chaos_reference: Run, chaos_run: int, chaos_rng,
-                                             chaos_record) -> None:
+def test_a_flipped_bit_in_a_checkpoint_shard(
+    staged: Staged, chaos_reference: Run, chaos_run: int, chaos_rng, chaos_record
+) -> None:
     name = f"ckpt-corrupt-{chaos_run}"
     run_dir = Path(staged.storage) / "runs" / name
     (run_dir / "checkpoints").mkdir(parents=True)

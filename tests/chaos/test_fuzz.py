@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from config.errors import EXIT_USER_ERROR, TandemError, UserError
 from config.loader import load_config
-from config.schema import DataConfig
-from tasks.data.stage import stage_dataset
+from config.sections.run_data import DataConfig
+from core.errors import EXIT_USER_ERROR, TandemError, UserError
+from staging.stage import stage_dataset
 from tests.chaos.fuzz_cases import DataCase, config_overrides, data_cases
 from tests.conftest import run_cli
 
@@ -30,8 +30,14 @@ CLI_EXAMPLES = 2
 
 def fuzz_settings(examples: int, shrink: bool = True) -> settings:
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
-    return settings(max_examples=examples, deadline=None, database=None, phases=phases,
-                    suppress_health_check=list(HealthCheck), print_blob=True)
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
 
 
 def files_under(root: Path) -> list[str]:
@@ -74,8 +80,13 @@ def test_fuzz_malformed_records_in_process(chaos_run, chaos_rng, chaos_record, t
     try:
         check()
     finally:
-        chaos_record("bad input: malformed records, 4 formats x 3 containers (in process)", data_lost=bool(lost),
-                     examples=examples["n"], hypothesis_seed=run_seed, seconds=round(time.monotonic() - started, 1))
+        chaos_record(
+            "bad input: malformed records, 4 formats x 3 containers (in process)",
+            data_lost=bool(lost),
+            examples=examples["n"],
+            hypothesis_seed=run_seed,
+            seconds=round(time.monotonic() - started, 1),
+        )
 
 
 def test_fuzz_invalid_config_values(chaos_run, chaos_rng, chaos_record) -> None:
@@ -99,8 +110,13 @@ def test_fuzz_invalid_config_values(chaos_run, chaos_rng, chaos_record) -> None:
     try:
         check()
     finally:
-        chaos_record("bad input: invalid config values (in process)", data_lost=False, examples=seen["n"],
-                     refused=seen["refused"], hypothesis_seed=run_seed)
+        chaos_record(
+            "bad input: invalid config values (in process)",
+            data_lost=False,
+            examples=seen["n"],
+            refused=seen["refused"],
+            hypothesis_seed=run_seed,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +141,21 @@ def test_fuzz_the_prepare_cli(chaos_run, chaos_rng, chaos_record, tiny_model, tm
         work.mkdir()
         path = case.write(work)
         storage = work / "storage"
-        result = run_cli("flows.prepare", "--data", path, "--format", case.read_as, "--storage", str(storage),
-                         "--set", f"model.name_or_path={tiny_model}", "--set", "data.max_length=64",
-                         env={"PREFECT_API_URL": api_url}, timeout=300)
+        result = run_cli(
+            "flows.prepare",
+            "--data",
+            path,
+            "--format",
+            case.read_as,
+            "--storage",
+            str(storage),
+            "--set",
+            f"model.name_or_path={tiny_model}",
+            "--set",
+            "data.max_length=64",
+            env={"PREFECT_API_URL": api_url},
+            timeout=300,
+        )
         output = result.stdout + result.stderr
         assert "Traceback" not in output, output[-3000:]
         assert result.returncode == EXIT_USER_ERROR, output[-3000:]
@@ -141,5 +169,9 @@ def test_fuzz_the_prepare_cli(chaos_run, chaos_rng, chaos_record, tiny_model, tm
     try:
         check()
     finally:
-        chaos_record("bad input: malformed records through python -m flows.prepare", data_lost=bool(lost),
-                     examples=examples["n"], hypothesis_seed=run_seed)
+        chaos_record(
+            "bad input: malformed records through python -m flows.prepare",
+            data_lost=bool(lost),
+            examples=examples["n"],
+            hypothesis_seed=run_seed,
+        )

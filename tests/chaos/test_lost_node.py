@@ -26,17 +26,27 @@ def elastic_reference(staged: Staged) -> Run:
     return train(staged, "chaos-elastic-reference", [*ELASTIC, "launch.nnodes=2"])
 
 
-def test_a_node_lost_for_good(prefect_server, staged: Staged, elastic_reference: Run, chaos_run: int, chaos_rng,
-                              chaos_record, tmp_path) -> None:
+def test_a_node_lost_for_good(
+    prefect_server, staged: Staged, elastic_reference: Run, chaos_run: int, chaos_rng, chaos_record, tmp_path
+) -> None:
     died_at = chaos_rng.randint(2, 15)
     summary, run_dir, resume_s = lost_node_pipeline(staged, f"lost-node-{chaos_run}", died_at, tmp_path)
     first, second = json.loads((run_dir / "spec.json").read_text())["attempts"]
     newest_before = 8 if died_at > 8 else 0  # checkpoints every 8 steps; node 2 dies in step `died_at`
     data_lost = second["from_step"] != newest_before
-    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-              if line.strip() and "event" not in json.loads(line)]
-    chaos_record("node lost for good: continues on the survivors", detect_s=resume_s, data_lost=data_lost,
-                 died_at=died_at, resumed_from=second["from_step"], nodes=second["nodes"])
+    losses = [
+        json.loads(line)["loss"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip() and "event" not in json.loads(line)
+    ]
+    chaos_record(
+        "node lost for good: continues on the survivors",
+        detect_s=resume_s,
+        data_lost=data_lost,
+        died_at=died_at,
+        resumed_from=second["from_step"],
+        nodes=second["nodes"],
+    )
     assert summary["registered"] and (first["world_size"], second["world_size"]) == (3, 2)
     assert not data_lost
     assert_close(losses, elastic_reference.losses(), rtol=1e-5, atol=0)

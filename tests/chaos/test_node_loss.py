@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
+from core.errors import RetryableError
 from storage.checkpoints import latest_complete
-from config.errors import RetryableError
 from tests.chaos.runs import run_processes, steps_logged, wait_for
 from tests.distributed.harness import Run, Staged, train
 
@@ -53,14 +53,24 @@ def test_a_rank_dies(staged: Staged, chaos_reference: Run, chaos_run: int, chaos
     rank, step = chaos_rng.randrange(NODES), chaos_rng.randint(1, STEPS)
     name, stamp = f"rank-dies-{chaos_run}", tmp_path / "died-at"
     with pytest.raises(RetryableError) as info:
-        train(staged, name, ["launch.nnodes=2"],
-              env={"TANDEM_TEST_EXIT_AT_STEP": f"{rank}:{step}", "TANDEM_TEST_EXIT_STAMP": str(stamp)})
+        train(
+            staged,
+            name,
+            ["launch.nnodes=2"],
+            env={"TANDEM_TEST_EXIT_AT_STEP": f"{rank}:{step}", "TANDEM_TEST_EXIT_STAMP": str(stamp)},
+        )
     detect_s = time.time() - float(stamp.read_text())
     assert str(info.value).startswith(f"train failed on node {rank}, rank {rank} exited with code 137")
     assert not run_processes(name)
     resumed_from, data_lost = resume_and_compare(staged, name, chaos_reference)
-    chaos_record("node loss: a rank dies", detect_s=detect_s, data_lost=data_lost, rank=rank, step=step,
-                 resumed_from=resumed_from)
+    chaos_record(
+        "node loss: a rank dies",
+        detect_s=detect_s,
+        data_lost=data_lost,
+        rank=rank,
+        step=step,
+        resumed_from=resumed_from,
+    )
     assert detect_s < DETECT_BOUND_S and not data_lost
 
 
@@ -80,10 +90,12 @@ def test_a_node_agent_is_killed(staged: Staged, chaos_reference: Run, chaos_run:
 
     worker = threading.Thread(target=first_attempt)
     worker.start()
-    wait_for(lambda: max(steps_logged(run_dir), default=0) >= after_step or not worker.is_alive(), 180,
-             f"step {after_step}")
-    agents = [pid for pid, cmd in run_processes(name)
-              if "torch.distributed.run" in cmd and f"--node-rank={node}" in cmd]
+    wait_for(
+        lambda: max(steps_logged(run_dir), default=0) >= after_step or not worker.is_alive(), 180, f"step {after_step}"
+    )
+    agents = [
+        pid for pid, cmd in run_processes(name) if "torch.distributed.run" in cmd and f"--node-rank={node}" in cmd
+    ]
     assert len(agents) == 1, f"node {node}'s agent not found (training already over?)"
     killed_at = time.time()
     os.killpg(agents[0], signal.SIGKILL)  # the whole node at once: agent and its ranks
@@ -97,6 +109,13 @@ def test_a_node_agent_is_killed(staged: Staged, chaos_reference: Run, chaos_run:
     assert str(failure[0]).startswith(f"train failed on node {node}, ")
     assert not run_processes(name)
     resumed_from, data_lost = resume_and_compare(staged, name, chaos_reference)
-    chaos_record("node loss: agent SIGKILLed", detect_s=detect_s, data_lost=data_lost, node=node,
-                 after_step=after_step, killed_at_step=killed_at_step, resumed_from=resumed_from)
+    chaos_record(
+        "node loss: agent SIGKILLed",
+        detect_s=detect_s,
+        data_lost=data_lost,
+        node=node,
+        after_step=after_step,
+        killed_at_step=killed_at_step,
+        resumed_from=resumed_from,
+    )
     assert detect_s < DETECT_BOUND_S and not data_lost

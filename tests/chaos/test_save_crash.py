@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
+from core.errors import RetryableError
 from storage import layout
 from storage.checkpoints import complete_checkpoints, read_complete
-from config.errors import RetryableError
 from tests.chaos.runs import run_processes
 from tests.distributed.harness import Run, Staged, train
 
@@ -23,14 +23,19 @@ POINTS = ("after_shard", "before_complete")
 OVERRIDES = ["launch.nnodes=2", "train.keep_latest_k=1"]
 
 
-def test_a_crash_mid_save(staged: Staged, chaos_reference: Run, chaos_run: int, chaos_rng, chaos_record,
-                          tmp_path) -> None:
+def test_a_crash_mid_save(
+    staged: Staged, chaos_reference: Run, chaos_run: int, chaos_rng, chaos_record, tmp_path
+) -> None:
     point, step = chaos_rng.choice(POINTS), chaos_rng.choice(SAVE_STEPS)
     rank = chaos_rng.randrange(2) if point == "after_shard" else 0  # only rank 0 writes COMPLETE
     name, stamp = f"save-crash-{chaos_run}", tmp_path / "died-at"
     with pytest.raises(RetryableError) as info:
-        train(staged, name, OVERRIDES, env={"TANDEM_TEST_EXIT_IN_SAVE": f"{rank}:{step}:{point}",
-                                            "TANDEM_TEST_EXIT_STAMP": str(stamp)})
+        train(
+            staged,
+            name,
+            OVERRIDES,
+            env={"TANDEM_TEST_EXIT_IN_SAVE": f"{rank}:{step}:{point}", "TANDEM_TEST_EXIT_STAMP": str(stamp)},
+        )
     detect_s = time.time() - float(stamp.read_text())
     assert f"train failed on node {rank}, " in str(info.value)
     assert not run_processes(name)
@@ -50,6 +55,13 @@ def test_a_crash_mid_save(staged: Staged, chaos_reference: Run, chaos_run: int, 
         assert f"resumed from step {step - 4} " in log
     assert_close(resumed.losses(), chaos_reference.losses(), rtol=1e-9, atol=1e-9)
     assert [c.step for c in complete_checkpoints(str(run_dir))] == [12]
-    chaos_record("kill during checkpoint save", detect_s=detect_s, data_lost=data_lost, rank=rank, step=step,
-                 point=point, survivors=survivors)
+    chaos_record(
+        "kill during checkpoint save",
+        detect_s=detect_s,
+        data_lost=data_lost,
+        rank=rank,
+        step=step,
+        point=point,
+        survivors=survivors,
+    )
     assert not data_lost, f"complete checkpoints after the crash: {survivors}"

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
+from core.errors import TandemError
 from storage import layout
 from storage.digest import digest_bytes
-from config.errors import TandemError
+from storage.fs import RETRY_ENV, Location, filesystem, join, read_bytes
 from storage.manifest import verify_files
-from storage.fs import RETRY_ENV, filesystem, read_bytes
 from storage.registry import read_entry, register_version, versions
 from tests.distributed.harness import stage, train
 from tests.registry_helpers import entry
@@ -34,7 +34,7 @@ def retried(text: str, run_url: str) -> set[str]:
     return {f"{op} {url.replace(run_url + '/', '')}" for op, url in RETRY_LINE.findall(text)}
 
 
-def audit(storage: str) -> dict[str, list[str]]:
+def audit(storage: Location) -> dict[str, list[str]]:
     """What the bucket holds under final names: {"complete": [...], "incomplete": [...], "broken": [...]}.
 
     complete: directories whose marker (COMPLETE or the dataset manifest) checks out against every file;
@@ -47,40 +47,40 @@ def audit(storage: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"complete": [], "incomplete": [], "broken": []}
     dirs = {p.rsplit("/", 1)[0] for p in paths}
     for directory in sorted(dirs):
-        url = f"s3://{directory}"
+        url = storage.with_url(f"s3://{directory}")
         name = directory.rsplit("/", 1)[1]
         parent = directory.rsplit("/", 2)[1]
         if name.startswith("step-") or name == "final":
             if f"{directory}/{layout.COMPLETE}" not in paths:
-                out["incomplete"].append(url)
+                out["incomplete"].append(str(url))
                 continue
-            raw = read_bytes(f"{url}/{layout.MANIFEST}")
+            raw = read_bytes(join(url, layout.MANIFEST))
             manifest = json.loads(raw)
-            marker = read_bytes(f"{url}/{layout.COMPLETE}").decode().strip()
+            marker = read_bytes(join(url, layout.COMPLETE)).decode().strip()
             try:
                 assert marker == digest_bytes(raw, manifest["digest_algorithm"]), "COMPLETE != manifest digest"
                 verify_files(url, manifest, mode="full")
-                out["complete"].append(url)
+                out["complete"].append(str(url))
             except (AssertionError, TandemError) as exc:
                 out["broken"].append(f"{url}: {exc}")
         elif parent == "datasets" and name != "by-source":
             if f"{directory}/{layout.MANIFEST}" not in paths:
-                out["incomplete"].append(url)
+                out["incomplete"].append(str(url))
                 continue
             try:
-                verify_files(url, json.loads(read_bytes(f"{url}/{layout.MANIFEST}")), mode="full")
-                out["complete"].append(url)
+                verify_files(url, json.loads(read_bytes(join(url, layout.MANIFEST))), mode="full")
+                out["complete"].append(str(url))
             except TandemError as exc:
                 out["broken"].append(f"{url}: {exc}")
     for path in paths:
         if "/registry/" in path and path.endswith(".json"):
-            doc = json.loads(read_bytes(f"s3://{path}"))
+            doc = json.loads(read_bytes(storage.with_url(f"s3://{path}")))
             if doc.get("schema") not in (layout.REGISTRY_SCHEMA, layout.CHAMPION_SCHEMA):
                 out["broken"].append(f"s3://{path}: not a whole registry document")
     return out
 
 
-def _reached(metrics_url: str, step: int, delay_s: float) -> bool:
+def _reached(metrics_url: Location, step: int, delay_s: float) -> bool:
     """True `delay_s` seconds after metrics.jsonl first shows `step` (read directly, with no retries of ours)."""
     fs, path = filesystem(metrics_url)
     fs.invalidate_cache(path)
@@ -91,17 +91,16 @@ def _reached(metrics_url: str, step: int, delay_s: float) -> bool:
     return True
 
 
-def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppable, monkeypatch,
-                                       caplog) -> None:
+def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppable, monkeypatch, caplog) -> None:
     endpoint, bucket = s3_stoppable
-    storage = f"{bucket}/tandem"
-    staged = stage(storage)
+    storage = join(bucket, "tandem")
+    staged = stage(str(storage), options=dict(storage.options))
     monkeypatch.setenv(RETRY_ENV, "60")
     # The fault point is a random training step (between its metrics line and the next one: saves, metrics,
     # the supervisor's reads), plus a random fraction of a second.
     at_step, after, length = chaos_rng.randint(1, STEPS - 1), chaos_rng.uniform(0.0, 1.0), chaos_rng.uniform(2.0, 8.0)
     name = f"outage-{chaos_run}"
-    metrics = f"{storage}/runs/{name}/{layout.METRICS}"
+    metrics = join(storage, f"runs/{name}/{layout.METRICS}")
     outage = endpoint.outage(0.0, length, when=lambda: _reached(metrics, at_step, after))
     with caplog.at_level(logging.WARNING, logger="storage.fs"):
         run = train(staged, name, ["launch.nnodes=2"])
@@ -119,13 +118,22 @@ def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_st
     steps = [r["step"] for r in run.metrics() if "event" not in r]
     lost = bool(found["broken"]) or steps != list(range(1, STEPS + 1))
     url = run.spec.run_url
-    by_ranks = set().union(*(retried(read_bytes(f"{url}/nodes/{n}/log.txt").decode(errors="replace"), url)
-                             for n in range(2)))
+    by_ranks = set().union(
+        *(retried(read_bytes(join(run.spec.run, f"nodes/{n}/log.txt")).decode(errors="replace"), url) for n in range(2))
+    )
     by_supervisor = retried("\n".join(r.getMessage() for r in caplog.records), url)
-    chaos_record("storage: S3 down 2-8 s mid-run", data_lost=lost, outage_at_step=at_step,
-                 outage_s=round(length, 1), outage_hit_training=hit, complete=len(found["complete"]),
-                 incomplete=found["incomplete"], broken=found["broken"], retried_by_ranks=sorted(by_ranks)[:12],
-                 retried_by_supervisor=sorted(by_supervisor)[:6])
+    chaos_record(
+        "storage: S3 down 2-8 s mid-run",
+        data_lost=lost,
+        outage_at_step=at_step,
+        outage_s=round(length, 1),
+        outage_hit_training=hit,
+        complete=len(found["complete"]),
+        incomplete=found["incomplete"],
+        broken=found["broken"],
+        retried_by_ranks=sorted(by_ranks)[:12],
+        retried_by_supervisor=sorted(by_supervisor)[:6],
+    )
     assert not found["broken"], found["broken"]
     assert steps == list(range(1, STEPS + 1))  # one uninterrupted trajectory, nothing lost or repeated
     complete = {url.rsplit("/", 1)[1] for url in found["complete"]}
@@ -137,8 +145,8 @@ def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_st
 
 def test_s3_down_for_good_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppable, monkeypatch) -> None:
     endpoint, bucket = s3_stoppable
-    storage = f"{bucket}/tandem"
-    staged = stage(storage)
+    storage = join(bucket, "tandem")
+    staged = stage(str(storage), options=dict(storage.options))
     budget = 10
     monkeypatch.setenv(RETRY_ENV, str(budget))
     after = chaos_rng.uniform(1.0, 8.0)
@@ -149,9 +157,17 @@ def test_s3_down_for_good_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppab
     first_line = str(info.value).splitlines()[0]
     endpoint.start()  # to audit what the failed run left
     found = audit(storage)
-    chaos_record("storage: S3 down for good mid-run", detect_s=round(detect, 1), data_lost=bool(found["broken"]),
-                 outage_at_s=round(after, 1), budget_s=budget, error=first_line, complete=len(found["complete"]),
-                 incomplete=len(found["incomplete"]), broken=found["broken"])
+    chaos_record(
+        "storage: S3 down for good mid-run",
+        detect_s=round(detect, 1),
+        data_lost=bool(found["broken"]),
+        outage_at_s=round(after, 1),
+        budget_s=budget,
+        error=first_line,
+        complete=len(found["complete"]),
+        incomplete=len(found["incomplete"]),
+        broken=found["broken"],
+    )
     assert "storage unreachable" in first_line, str(info.value)[-3000:]
     assert f"is the endpoint at {endpoint.url} up? check AWS_ENDPOINT_URL" in first_line, first_line
     assert not found["broken"], found["broken"]

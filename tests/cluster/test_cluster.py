@@ -22,8 +22,9 @@ pytestmark = pytest.mark.cluster
 
 
 def cluster(command: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "tools/cluster.sh", command], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["bash", "tools/cluster.sh", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def pids(state) -> dict[str, int]:
@@ -48,8 +49,12 @@ def off_loopback_address() -> str | None:
 
 def api_status(api: str, auth: str | None = None) -> int:
     """The HTTP status of a read of the Prefect API, with or without basic auth."""
-    return status_of(urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", method="POST",
-                                            headers={"Content-Type": "application/json"}), auth)
+    return status_of(
+        urllib.request.Request(
+            f"{api}/flow_runs/filter", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+        ),
+        auth,
+    )
 
 
 def status_of(request: urllib.request.Request | str, auth: str | None = None) -> int:
@@ -64,8 +69,10 @@ def status_of(request: urllib.request.Request | str, auth: str | None = None) ->
         return exc.code
 
 
-@pytest.mark.skipif(shutil.which("initdb") is None and not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                    reason="PostgreSQL is not installed")
+@pytest.mark.skipif(
+    shutil.which("initdb") is None and not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+    reason="PostgreSQL is not installed",
+)
 @pytest.mark.parametrize("where", ["loopback", "off-loopback"])
 def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str) -> None:
     """On 127.0.0.1, and bound to an address beyond loopback, where the Prefect API requires the auth string that
@@ -76,10 +83,18 @@ def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str
         pytest.skip("this machine has no address beyond loopback")
     state = ROOT / ".tandem" / f"test-cluster-{where}"  # not under /tmp: the postgres user must reach its data
     shutil.rmtree(state, ignore_errors=True)
-    ports = {"TANDEM_PREFECT_PORT": free_port(), "TANDEM_PG_PORT": free_port(), "TANDEM_S3_PORT": free_port(),
-             "TANDEM_MLFLOW_PORT": free_port()}
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_", "MLFLOW_"))},
-           **{k: str(v) for k, v in ports.items()}, "TANDEM_CLUSTER_DIR": str(state), "TANDEM_CLUSTER_HOST": host}
+    ports = {
+        "TANDEM_PREFECT_PORT": free_port(),
+        "TANDEM_PG_PORT": free_port(),
+        "TANDEM_S3_PORT": free_port(),
+        "TANDEM_MLFLOW_PORT": free_port(),
+    }
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_", "MLFLOW_"))},
+        **{k: str(v) for k, v in ports.items()},
+        "TANDEM_CLUSTER_DIR": str(state),
+        "TANDEM_CLUSTER_HOST": host,
+    }
     started: dict[str, int] = {}
     try:
         up = cluster("up", env)
@@ -109,27 +124,73 @@ def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str
             assert f'export PREFECT_API_AUTH_STRING="$(cat {auth_file})"' in up.stdout and secret not in up.stdout
             assert (api_status(api), api_status(api, "tandem:wrong"), api_status(api, secret)) == (401, 401, 200)
             auth = {"PREFECT_API_AUTH_STRING": secret}
-        run_env = {**env, "PREFECT_API_URL": api, "PREFECT_HOME": str(state / "client"), **auth,
-                   "AWS_ENDPOINT_URL": f"http://{host}:{ports['TANDEM_S3_PORT']}", "AWS_ACCESS_KEY_ID": "tandem",
-                   "AWS_SECRET_ACCESS_KEY": "tandem", "AWS_DEFAULT_REGION": "us-east-1"}
+        run_env = {
+            **env,
+            "PREFECT_API_URL": api,
+            "PREFECT_HOME": str(state / "client"),
+            **auth,
+            "AWS_ENDPOINT_URL": f"http://{host}:{ports['TANDEM_S3_PORT']}",
+            "AWS_ACCESS_KEY_ID": "tandem",
+            "AWS_SECRET_ACCESS_KEY": "tandem",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         submitted = subprocess.run(
-            [sys.executable, "-m", "flows.submit", "finetune/manual", "--wait", "--set", "run.storage=s3://tandem/t",
-             "--set", "run.name=cluster", "--set", "launch.backend=prefect", "--set", f"launch.master_port={free_port()}",
-             "--set", "train.max_steps=4", "--set", "train.save_steps=4"],
-            cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=900)
+            [
+                sys.executable,
+                "-m",
+                "flows.submit",
+                "finetune/manual",
+                "--wait",
+                "--set",
+                "run.storage=s3://tandem/t",
+                "--set",
+                "run.name=cluster",
+                "--set",
+                "launch.backend=prefect",
+                "--set",
+                f"launch.master_port={free_port()}",
+                "--set",
+                "train.max_steps=4",
+                "--set",
+                "train.save_steps=4",
+            ],
+            cwd=ROOT,
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert "Completed (registered tandem-tiny v0001" in submitted.stdout
-        listing = subprocess.run([sys.executable, "-c", "import boto3; print(boto3.client('s3').get_object("
-                                  "Bucket='tandem', Key='t/runs/cluster/eval.json')['Body'].read().decode())"],
-                                 env=run_env, capture_output=True, text=True, timeout=60)
+        listing = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import boto3; print(boto3.client('s3').get_object("
+                "Bucket='tandem', Key='t/runs/cluster/eval.json')['Body'].read().decode())",
+            ],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert '"tandem.eval/1"' in listing.stdout, listing.stderr
         # The pipeline worker tracked the run in the cluster's MLflow (MLFLOW_TRACKING_URI) and mirrored the model.
         mirrored = subprocess.run(
-            [sys.executable, "-c", "from mlflow import MlflowClient; import sys; c = MlflowClient(sys.argv[1]); "
-             "r = c.search_runs([c.get_experiment_by_name('tandem').experiment_id])[0]; "
-             "print(r.info.run_name, r.data.metrics['eval/loss'] > 0, "
-             "c.get_model_version_by_alias('tandem-tiny', 'champion').version)", mlflow_uri],
-            env={**run_env, **mlflow_auth}, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "from mlflow import MlflowClient; import sys; c = MlflowClient(sys.argv[1]); "
+                "r = c.search_runs([c.get_experiment_by_name('tandem').experiment_id])[0]; "
+                "print(r.info.run_name, r.data.metrics['eval/loss'] > 0, "
+                "c.get_model_version_by_alias('tandem-tiny', 'champion').version)",
+                mlflow_uri,
+            ],
+            env={**run_env, **mlflow_auth},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert mirrored.stdout.split() == ["cluster", "True", "1"], mirrored.stdout + mirrored.stderr
     finally:
         down = cluster("down", env)

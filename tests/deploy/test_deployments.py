@@ -53,12 +53,24 @@ def test_the_form_schema_on_the_server_is_typed(deployed) -> None:
     assert (node.work_pool_name, node.work_queue_name) == ("tandem-nodes", "node-0")
 
 
-@pytest.mark.parametrize(("section", "key", "value", "expected"), [
-    ("train", "learning_rate", -1, "'config.train.learning_rate'. Failure reason: -1 is less than or equal to the "
-                                   "minimum of 0.0"),
-    ("train", "method", "bogus", "'config.train.method'. Failure reason: 'bogus' is not one of ['full', 'lora', 'qlora']"),
-    ("launch", "nnodes", "two", "'config.launch.nnodes'. Failure reason: 'two' is not of type 'integer'"),
-])
+@pytest.mark.parametrize(
+    ("section", "key", "value", "expected"),
+    [
+        (
+            "train",
+            "learning_rate",
+            -1,
+            "'config.train.learning_rate'. Failure reason: -1 is less than or equal to the minimum of 0.0",
+        ),
+        (
+            "train",
+            "method",
+            "bogus",
+            "'config.train.method'. Failure reason: 'bogus' is not one of ['full', 'lora', 'qlora']",
+        ),
+        ("launch", "nnodes", "two", "'config.launch.nnodes'. Failure reason: 'two' is not of type 'integer'"),
+    ],
+)
 def test_an_invalid_value_is_refused_naming_the_field(deployed, tmp_path, section, key, value, expected) -> None:
     from prefect.exceptions import PrefectHTTPStatusError
 
@@ -81,9 +93,21 @@ def test_a_run_from_the_api_matches_the_cli_run(deployed, tiny_model, tmp_path) 
     """Both at once: `python -m flows.finetune` against the same server, and finetune/manual through its worker."""
     cli_storage, api_storage = tmp_path / "cli", tmp_path / "api"
     small = [*SMALL, f"model.name_or_path={tiny_model}"]  # the session's tiny model: built once, not per run
-    cli = subprocess.Popen([sys.executable, "-m", "flows.finetune", *(a for s in small for a in ("--set", s)),
-                            "--set", f"run.storage={cli_storage}"], cwd=ROOT, env=deployed.env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.finetune",
+            *(a for s in small for a in ("--set", s)),
+            "--set",
+            f"run.storage={cli_storage}",
+        ],
+        cwd=ROOT,
+        env=deployed.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     config = load_config(None, [*small, f"run.storage={api_storage}"]).model_dump(mode="json")
     with client_of(deployed) as client:
         deployment = client.read_deployment_by_name("finetune/manual")
@@ -97,7 +121,9 @@ def test_a_run_from_the_api_matches_the_cli_run(deployed, tiny_model, tmp_path) 
     assert state.message == "registered tandem-tiny v0001 (champion)"
     assert cli.returncode == 0, cli_output[-3000:]
 
-    specs = [json.loads((storage / "runs" / "same" / "spec.json").read_text()) for storage in (cli_storage, api_storage)]
+    specs = [
+        json.loads((storage / "runs" / "same" / "spec.json").read_text()) for storage in (cli_storage, api_storage)
+    ]
     assert specs[0]["dataset"]["dataset_id"] == specs[1]["dataset"]["dataset_id"]
     manifests = [json.loads((Path(spec["dataset"]["url"]) / "manifest.json").read_text()) for spec in specs]
     assert manifests[0]["files"] == manifests[1]["files"]  # the same staged bytes (created_at differs)

@@ -9,7 +9,8 @@ import yaml
 from cronsim import CronSim
 
 from config.loader import preset_path, read_yaml
-from config.schema import FinetuneConfig, LaunchConfig
+from config.schema import FinetuneConfig
+from config.sections.launch import LaunchConfig
 from tests.conftest import ROOT
 
 
@@ -51,4 +52,5 @@ def test_code_comes_from_the_workers_checkout() -> None:
     document = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     assert document["build"] is None and document["push"] is None
     assert document["pull"] == [
-        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TANDEM_ROOT }}"}}]
+        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TANDEM_ROOT }}"}}
+    ]

@@ -15,9 +15,22 @@ pytestmark = pytest.mark.e2e
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENSHOT = ROOT / ".tandem" / "artifacts" / "finetune-manual-form.png"
 # Titles and descriptions the form must render (from config/schema.py and config/sections/), top to bottom.
-EXPECTED = ["Parameters", "config", "A whole fine-tuning run: prepare, train, evaluate, register.",
-            "Storage", "fsspec URL shared by every node", "Max Length", "Train", "Method",
-            "Which parameters are trained.", "Learning Rate", "Peak learning rate.", "Launch", "Backend", "Nnodes"]
+EXPECTED = [
+    "Parameters",
+    "config",
+    "A whole fine-tuning run: prepare, train, evaluate, register.",
+    "Storage",
+    "fsspec URL shared by every node",
+    "Max Length",
+    "Train",
+    "Method",
+    "Which parameters are trained.",
+    "Learning Rate",
+    "Peak learning rate.",
+    "Launch",
+    "Backend",
+    "Nnodes",
+]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (tools/install-test-services.sh installs it)")

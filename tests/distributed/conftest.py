@@ -18,8 +18,17 @@ def reference(staged: Staged) -> Run:
 
     Every trajectory test compares against it (tests/distributed/test_trainer.py, test_s3_checkpoints.py), and the
     evaluator's tests evaluate its checkpoint and export (test_evaluate.py)."""
-    return train(staged, "ref", ["launch.nnodes=2", "train.keep_latest_k=2", "eval.generate_samples=3",
-                                 "eval.batch_size=4", "eval.max_new_tokens=12"])
+    return train(
+        staged,
+        "ref",
+        [
+            "launch.nnodes=2",
+            "train.keep_latest_k=2",
+            "eval.generate_samples=3",
+            "eval.batch_size=4",
+            "eval.max_new_tokens=12",
+        ],
+    )
 
 
 @pytest.fixture(scope="session")

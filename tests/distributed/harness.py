@@ -9,32 +9,44 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage import layout
 from config.loader import load_config
 from config.schema import FinetuneConfig
-from storage.spec import DatasetRef, Spec, write_spec
-from storage.fs import read_bytes
-from tasks.data.stage import stage_dataset
-from launch.local_nodes import run_local_nodes
-from launch.preflight import run_preflight
-from tasks.prepare import resolve_model
-from tasks.run import build_spec
+from launch.backends.local import run_local_job
+from launch.job import PhaseJob
+from pipeline.models import resolve_model
+from pipeline.plan import build_spec
+from staging.stage import stage_dataset
+from storage import layout
+from storage.fs import Location, join, read_bytes
+from storage.spec import DatasetRef, Spec, publish_spec
 
 # Small and fast: 12 steps of 2 micro-batches x 2 examples per rank, a checkpoint every 4 steps.
 BASE_OVERRIDES = [
-    "train.max_steps=12", "train.save_steps=4", "train.micro_batch_size=2", "train.gradient_accumulation_steps=2",
-    "train.learning_rate=0.003", "train.warmup_ratio=0.1", "train.lora.dropout=0.1", "train.log_steps=1",
-    "data.max_length=128", "launch.rdzv_timeout=60",
+    "train.max_steps=12",
+    "train.save_steps=4",
+    "train.micro_batch_size=2",
+    "train.gradient_accumulation_steps=2",
+    "train.learning_rate=0.003",
+    "train.warmup_ratio=0.1",
+    "train.lora.dropout=0.1",
+    "train.log_steps=1",
+    "data.max_length=128",
+    "launch.rdzv_timeout=60",
 ]
 
 # The elastic runs (tests/distributed/test_elastic.py, tests/chaos/test_lost_node.py): 16 steps of 12 rows, a checkpoint
 # at 8 and 16, LoRA dropout 0. Global batch 12 divides into micro-batches of 2 on 1, 2 and 3 ranks (accumulation 6, 3
 # and 2), so the trajectory depends on the seed, the step and the global batch alone.
-ELASTIC = ["train.max_steps=16", "train.save_steps=8", "train.global_batch_size=12", "train.micro_batch_size=2",
-           "train.lora.dropout=0"]
+ELASTIC = [
+    "train.max_steps=16",
+    "train.save_steps=8",
+    "train.global_batch_size=12",
+    "train.micro_batch_size=2",
+    "train.lora.dropout=0",
+]
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,12 @@ class Staged:
     storage: Path | str
     model_path: str
     dataset: DatasetRef
+    options: dict[str, str] = field(default_factory=dict)  # run.storage_options (an object store's endpoint)
+
+    @property
+    def root(self) -> Location:
+        """The storage with its options, as the pipeline reaches it."""
+        return Location(str(self.storage), self.options)
 
 
 @dataclass(frozen=True)
@@ -61,43 +79,51 @@ class Run:
         return [r["loss"] for r in self.metrics() if "event" not in r]
 
     def metrics(self) -> list[dict]:
-        text = read_bytes(layout.join(self.spec.run_url, layout.METRICS)).decode()
+        text = read_bytes(join(self.spec.run, layout.METRICS)).decode()
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def checkpoint(self, step: int) -> Path:
         return Path(layout.checkpoint_dir(self.spec.run_url, step))
 
 
-def stage(storage: Path | str, model: str = "tiny", overrides: list[str] = ()) -> Staged:
-    """Stage the sample data (or `data.source` in `overrides`) under `storage` for `model` (by default the tiny
-    model, built under `storage`)."""
-    cfg = load_config(None, [f"run.storage={storage}", f"model.name_or_path={model}", *BASE_OVERRIDES, *overrides])
+def storage_settings(storage: Path | str, options: dict[str, str]) -> list[str]:
+    """run.storage, and run.storage_options when there are any."""
+    return [f"run.storage={storage}", *([f"run.storage_options={json.dumps(options)}"] if options else [])]
+
+
+def stage(
+    storage: Path | str, model: str = "tiny", overrides: list[str] = (), options: dict[str, str] | None = None
+) -> Staged:
+    """Stage the sample data (or `data.source` in `overrides`) under `storage` (reached with `options`, an object
+    store's endpoint) for `model` (by default the tiny model, built under `storage`)."""
+    options = options or {}
+    cfg = load_config(
+        None, [*storage_settings(storage, options), f"model.name_or_path={model}", *BASE_OVERRIDES, *overrides]
+    )
     model_path = resolve_model(cfg)
-    return Staged(storage, model_path, stage_dataset(cfg.data, cfg.run.storage, model_path))
+    return Staged(storage, model_path, stage_dataset(cfg.data, layout.root(cfg.run), model_path), options)
 
 
 def config(staged: Staged, name: str, overrides: list[str]) -> FinetuneConfig:
     """The test config: base overrides, then the test's own."""
-    return load_config(None, [f"run.storage={staged.storage}", f"run.name={name}", *BASE_OVERRIDES, *overrides])
+    return load_config(
+        None, [*storage_settings(staged.storage, staged.options), f"run.name={name}", *BASE_OVERRIDES, *overrides]
+    )
 
 
 def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str, str] | None = None) -> Run:
-    """Write the spec and run `python -m trainer` on every node; raises like the pipeline does."""
+    """Write the spec and run `python -m trainer` on every node through the local backend (each node's preflight,
+    claim and agent, progress and stalls followed); raises like the pipeline does."""
     cfg = config(staged, name, list(overrides))
-    spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    digest = write_spec(spec)
-    spec_url = layout.join(spec.run_url, layout.SPEC)
+    written = publish_spec(build_spec(cfg, name, staged.model_path, staged.dataset))
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
-        run_local_nodes(spec.run_url, cfg.launch, "trainer", ["--spec", spec_url], "train", lambda _: None,
-                        on_progress=lambda _: None,
-                        preflight=lambda plan: run_preflight(spec, spec_url, plan, expected_spec_digest=digest,
-                                                             info=lambda _: None))
+        run_local_job(PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
     finally:
         os.environ.clear()
         os.environ.update(old)
-    return Run(spec, spec_url)
+    return Run(written.spec, written.url)
 
 
 def eval_exported(run: Run) -> float:
@@ -106,12 +132,21 @@ def eval_exported(run: Run) -> float:
     two agreeing is also the chunked evaluation agreeing with the unfused one."""
     import torch
 
-    from trainer.data import load_split
-    from trainer.evaluate import load_for_eval, local_sums
+    from storage.shards import load_split
+    from trainer.eval_model import load_for_eval
+    from trainer.evaluate import local_sums
 
-    model = load_for_eval(layout.final_dir(run.spec.run_url), run.spec, torch.device("cpu"))
-    sums = local_sums(model, load_split(run.spec.dataset.url, "eval"), rank=0, world=1, batch_size=8,
-                      pad_id=int(model.config.pad_token_id), device=torch.device("cpu"), loss_chunk_tokens=0)
+    model = load_for_eval(layout.final_dir(run.spec.run), run.spec, torch.device("cpu"))
+    sums = local_sums(
+        model,
+        load_split(run.spec.dataset_dir, "eval"),
+        rank=0,
+        world=1,
+        batch_size=8,
+        pad_id=int(model.config.pad_token_id),
+        device=torch.device("cpu"),
+        loss_chunk_tokens=0,
+    )
     return sums[0] / sums[1]
 
 
@@ -122,20 +157,41 @@ TOOL_CALL_DATA = ["data.max_length=600", "data.packing=true"]
 def tool_call_conversations(n: int) -> list[dict]:
     """ShareGPT tool-calling records as LLaMA-Factory's glaive demo has them: a `tools` column (JSON text), the call
     as a `function_call` turn, its result as an `observation` turn, then the answer."""
-    tools = json.dumps([{"name": "add", "description": "Add two integers", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}])
-    return [{"tools": tools, "conversations": [
-        {"from": "human", "value": f"What is {a} plus {b}?"},
-        {"from": "function_call", "value": json.dumps({"name": "add", "arguments": {"a": a, "b": b}})},
-        {"from": "observation", "value": str(a + b)},
-        {"from": "gpt", "value": f"{a} plus {b} is {a + b}."}]} for a, b in ((i, 3 * i + 7) for i in range(n))]
+    tools = json.dumps(
+        [
+            {
+                "name": "add",
+                "description": "Add two integers",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            }
+        ]
+    )
+    return [
+        {
+            "tools": tools,
+            "conversations": [
+                {"from": "human", "value": f"What is {a} plus {b}?"},
+                {"from": "function_call", "value": json.dumps({"name": "add", "arguments": {"a": a, "b": b}})},
+                {"from": "observation", "value": str(a + b)},
+                {"from": "gpt", "value": f"{a} plus {b} is {a + b}."},
+            ],
+        }
+        for a, b in ((i, 3 * i + 7) for i in range(n))
+    ]
 
 
 def seconds_from_loss_to_resume(run_dir: Path, stamp: Path) -> float:
     """From the moment node 2's rank died (its EXIT_STAMP) to the survivors' trainer starting its steps (after its
     resume, when there was a checkpoint to resume from)."""
-    line = [line for line in (run_dir / "nodes" / "0" / "log.txt").read_text().splitlines()
-            if "trainer.loop: training" in line][-1]
+    line = [
+        line
+        for line in (run_dir / "nodes" / "0" / "log.txt").read_text().splitlines()
+        if "trainer.loop: training" in line
+    ][-1]
     logged = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
     return logged - float(stamp.read_text())
 
@@ -149,10 +205,24 @@ def lost_node_pipeline(staged: Staged, name: str, died_at: int, tmp: Path) -> tu
     from flows.finetune import finetune
 
     lost, stamp = tmp / f"{name}-node-2-lost", tmp / f"{name}-died-at"
-    cfg = config(staged, name, [*ELASTIC, f"model.name_or_path={staged.model_path}", "launch.nnodes=3",
-                                "launch.min_nnodes=2", "launch.retries=2", "launch.retry_delay_s=0"])
-    faults = {"TANDEM_TEST_EXIT_AT_STEP": f"2:{died_at}", "TANDEM_TEST_EXIT_ONCE": str(lost),
-              "TANDEM_TEST_EXIT_STAMP": str(stamp), "TANDEM_TEST_LOST_NODE": f"2:{lost}"}
+    cfg = config(
+        staged,
+        name,
+        [
+            *ELASTIC,
+            f"model.name_or_path={staged.model_path}",
+            "launch.nnodes=3",
+            "launch.min_nnodes=2",
+            "launch.retries=2",
+            "launch.retry_delay_s=0",
+        ],
+    )
+    faults = {
+        "TANDEM_TEST_EXIT_AT_STEP": f"2:{died_at}",
+        "TANDEM_TEST_EXIT_ONCE": str(lost),
+        "TANDEM_TEST_EXIT_STAMP": str(stamp),
+        "TANDEM_TEST_LOST_NODE": f"2:{lost}",
+    }
     with pytest.MonkeyPatch.context() as patch:
         for key, value in faults.items():
             patch.setenv(key, value)

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from config.loader import load_config
+from launch.phase import run_phase
+from pipeline.lineage import registry_entry
+from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete
-from config.loader import load_config
+from storage.fs import join, read_json
 from storage.manifest import read_manifest
-from storage.spec import DatasetRef, WrittenSpec, load_spec, write_spec
-from storage.fs import read_json
-from launch.phase import run_phase
-from tasks.register import registry_entry
 from storage.registry import read_entry, register_version
-from tasks.run import build_spec
-from tests.fixtures.make_compat_run import (FIXTURE, OVERRIDES, PLACEHOLDER, REPO_PLACEHOLDER, ROOT, RUN,
-                                            rewrite_text)
+from storage.spec import DatasetRef, WrittenSpec, load_spec, write_spec
+from tests.fixtures.make_compat_run import FIXTURE, OVERRIDES, PLACEHOLDER, REPO_PLACEHOLDER, ROOT, RUN, rewrite_text
+
 
 def materialize(storage: Path) -> None:
     """Copy the fixture to `storage` with the placeholders replaced by real paths."""
@@ -33,18 +33,18 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
     materialize(storage)
     run_url = layout.run_dir(str(storage), RUN)
     old_eval = json.loads((storage / "runs" / RUN / layout.EVAL).read_text())
-    spec, spec_digest = load_spec(layout.join(run_url, layout.SPEC))
+    spec, spec_digest = load_spec(join(run_url, layout.SPEC))
     manifest, manifest_digest = read_manifest(spec.dataset.url, layout.DATASET_SCHEMA)
     dataset = DatasetRef(dataset_id=manifest["dataset_id"], url=spec.dataset.url, manifest_digest=manifest_digest)
     spec = spec.model_copy(update={"dataset": dataset})
     spec_digest = write_spec(spec)
-    spec_url = layout.join(run_url, layout.SPEC)
+    spec_url = join(run_url, layout.SPEC)
 
     # Evaluate the old checkpoint: the same all-reduced sums as the code that wrote it.
     checkpoint = latest_complete(run_url)
     assert checkpoint is not None and checkpoint.step == 4
-    run_phase(WrittenSpec(spec, spec_url, spec_digest), "eval", lambda _: None, model_url=checkpoint.url)
-    metrics = read_json(layout.join(run_url, layout.EVAL))
+    run_phase(WrittenSpec(spec, spec_url, spec_digest), "eval", lambda _: None, model_url=str(checkpoint.url))
+    metrics = read_json(join(run_url, layout.EVAL))
     assert metrics["schema"] == layout.EVAL_SCHEMA
     for key in ("target_tokens", "correct_tokens", "examples", "world_size"):
         assert metrics[key] == old_eval[key], key
@@ -58,9 +58,16 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
     assert doc["lineage"]["dataset_manifest_digest"] == manifest_digest
 
     # Resume: two more steps continue from step 4; retention (keep_latest_k=1) then drops step 4.
-    cfg = load_config(None, [f"run.storage={storage}", f"run.name={RUN}", f"model.name_or_path={spec.model_path}",
-                             f"data.source={storage / 'sources' / 'conversations.json'}",
-                             *[o.replace("train.max_steps=4", "train.max_steps=6") for o in OVERRIDES]])
+    cfg = load_config(
+        None,
+        [
+            f"run.storage={storage}",
+            f"run.name={RUN}",
+            f"model.name_or_path={spec.model_path}",
+            f"data.source={storage / 'sources' / 'conversations.json'}",
+            *[o.replace("train.max_steps=4", "train.max_steps=6") for o in OVERRIDES],
+        ],
+    )
     resumed = build_spec(cfg, RUN, spec.model_path, dataset)
     digest = write_spec(resumed)
     run_phase(WrittenSpec(resumed, spec_url, digest), "train", lambda _: None)
@@ -70,4 +77,3 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
     final = latest_complete(run_url)
     assert final is not None and final.step == 6
     assert [p.name for p in (storage / "runs" / RUN / "checkpoints").iterdir()] == ["step-00000006"]
-

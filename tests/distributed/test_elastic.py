@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
-from config.errors import RetryableError, UserError
+from core.errors import RetryableError, UserError
 from storage.checkpoints import latest_complete, read_complete, read_universal
-from tasks.loss_curve import read_metrics
+from storage.metrics import read_metrics
 from tests.chaos.runs import run_processes, steps_logged, wait_for
 from tests.distributed.harness import ELASTIC, Run, Staged, lost_node_pipeline, train
 from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
@@ -62,7 +62,8 @@ def test_one_two_and_three_ranks_give_the_same_trajectory(staged: Staged, two_ra
     assert_close(one.losses(), two_ranks.losses(), rtol=RTOL, atol=0)
     assert_close(three_ranks.losses(), two_ranks.losses(), rtol=RTOL, atol=0)
     assert [r["lr"] for r in one.metrics() if "event" not in r] == [
-        r["lr"] for r in two_ranks.metrics() if "event" not in r]
+        r["lr"] for r in two_ranks.metrics() if "event" not in r
+    ]
 
 
 def test_two_ranks_resume_on_three_and_three_on_two(staged: Staged, two_ranks: Run, three_ranks: Run) -> None:
@@ -85,8 +86,8 @@ def test_two_ranks_resume_on_three_and_three_on_two(staged: Staged, two_ranks: R
     # one rank without a process group: what every rank of such a resume runs first).
     import torch
 
+    from trainer.checkpointing.reshard import universal_form
     from trainer.distributed import Dist
-    from trainer.reshard import universal_form
 
     marker = up.checkpoint(8) / "universal" / "COMPLETE"
     written_at = marker.stat().st_mtime_ns
@@ -111,14 +112,24 @@ def test_another_method_and_stage_are_still_refused(staged: Staged, two_ranks: R
     unit-tested in tests/unit/test_elastic_config.py)."""
     ds = deepspeed_json(tmp_path_factory, QWEN_ZERO3)
     with pytest.raises(UserError) as info:
-        train(staged, "elastic-other-layout", [*ELASTIC, "launch.nnodes=3", "train.method=full",
-                                               f"deepspeed.config={ds}", f"train.resume={two_ranks.checkpoint(8)}"])
+        train(
+            staged,
+            "elastic-other-layout",
+            [
+                *ELASTIC,
+                "launch.nnodes=3",
+                "train.method=full",
+                f"deepspeed.config={ds}",
+                f"train.resume={two_ranks.checkpoint(8)}",
+            ],
+        )
     assert "its ZeRO stage 2 (this run: 3) and train.method lora (this run: full) differ" in str(info.value)
     assert not (two_ranks.checkpoint(8) / "universal").exists()
 
 
-def test_a_node_lost_for_good_the_run_completes_on_the_survivors(prefect_server, staged: Staged, two_ranks: Run,
-                                                                 tmp_path: Path) -> None:
+def test_a_node_lost_for_good_the_run_completes_on_the_survivors(
+    prefect_server, staged: Staged, two_ranks: Run, tmp_path: Path
+) -> None:
     """3 nodes, node 2 lost for good at a random step: the retry finds it failing preflight and continues on 2
     nodes from the newest complete checkpoint, onto the uninterrupted trajectory; the spec.json of the attempt, the
     registry lineage and the model card record both attempts."""
@@ -140,8 +151,9 @@ def test_a_node_lost_for_good_the_run_completes_on_the_survivors(prefect_server,
     assert "attempt 2: nodes 0,1 (2 ranks) from step" in card and "node 2 left out: node 2: unreachable" in card
 
 
-def test_a_sigterm_to_one_nodes_agent_saves_an_emergency_checkpoint_and_the_retry_resumes(staged: Staged,
-                                                                                          two_ranks: Run) -> None:
+def test_a_sigterm_to_one_nodes_agent_saves_an_emergency_checkpoint_and_the_retry_resumes(
+    staged: Staged, two_ranks: Run
+) -> None:
     """A spot machine's notice: a real SIGTERM to node 1's torchrun agent mid-run. Every rank stops at the next step
     boundary with an emergency checkpoint of that step, the job ends retryable, and the retry resumes from it onto the
     uninterrupted trajectory. train.save_every_minutes (0.6 s here) also saved between the step checkpoints."""

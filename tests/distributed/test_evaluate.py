@@ -11,9 +11,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from config.errors import UserError
-from config.schema import LaunchConfig
-from launch.local_nodes import run_local_nodes
+from config.sections.launch import LaunchConfig
+from core.errors import UserError
+from launch.backends.local import run_local_job
+from launch.job import PhaseJob
+from storage.spec import WrittenSpec, load_spec
 from tests.distributed.harness import Run, Staged
 
 METRICS = ("loss", "perplexity", "token_accuracy")
@@ -23,8 +25,10 @@ COUNTS = ("target_tokens", "correct_tokens", "examples")
 def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
     """Run the evaluator on one node with `nproc` ranks, as the pipeline's evaluate task does; eval.json."""
     launch = LaunchConfig(nnodes=1, nproc_per_node=nproc, rdzv_timeout=60)
-    run_local_nodes(run.spec.run_url, launch, "trainer.evaluate",
-                    ["--spec", run.spec_url, "--model", str(model_url)], "eval", lambda _: None)
+    # The ranks read the run's spec.json; only the launcher sees this world size (no preflight before eval).
+    spec = run.spec.model_copy(update={"config": run.spec.config.model_copy(update={"launch": launch})})
+    written = WrittenSpec(spec, run.spec_url, load_spec(run.spec_url)[1])
+    run_local_job(PhaseJob(written, "eval", str(model_url)), lambda _: None)
     return json.loads((run.run_dir / "eval.json").read_text())
 
 
@@ -55,6 +59,7 @@ def test_eval_split_size_divides_by_neither_2_nor_3(staged: Staged) -> None:
     assert records % 2 and records % 3, f"the exactness test needs an eval split not divisible by 2 or 3, got {records}"
 
 
+@pytest.mark.multirun
 def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> None:
     """Exact: the 2-rank result is of the checkpoint, so it also holds the checkpoint to the export."""
     single = by_world[1][0]
@@ -69,6 +74,7 @@ def test_metrics_are_identical_on_1_2_and_3_ranks(by_world, staged: Staged) -> N
     assert single["token_accuracy"] == single["correct_tokens"] / single["target_tokens"]
 
 
+@pytest.mark.multirun
 def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world) -> None:
     one, three = by_world[1][1], by_world[3][1]
     assert [s["index"] for s in one] == [0, 1, 2]
@@ -78,6 +84,7 @@ def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world
     assert all(s["reference"].count("<|im_end|>") == 1 for s in one)  # the first answer only
 
 
+@pytest.mark.multirun
 def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
     result, final = by_world[2][0], by_world[1][0]
     assert result["model_kind"] == "checkpoint" and final["model_kind"] == "export"
@@ -85,6 +92,7 @@ def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
     assert_close([result[k] for k in METRICS], [final[k] for k in METRICS], rtol=1e-7, atol=0)
 
 
+@pytest.mark.multirun
 def test_checkpoint_eval_equals_final_eval_zero3(zero3: Run) -> None:
     from_checkpoint = evaluate(zero3, zero3.checkpoint(12), 2)
     from_final = evaluate(zero3, zero3.run_dir / "final", 2)
@@ -95,16 +103,21 @@ def test_checkpoint_eval_equals_final_eval_zero3(zero3: Run) -> None:
 
 
 def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
-    from trainer.evaluate import load_for_eval
+    from trainer.eval_model import load_for_eval
 
     partial = tmp_path / "step-00000012"
     shutil.copytree(lora.checkpoint(12), partial, symlinks=True)
     (partial / "COMPLETE").unlink()
     with pytest.raises(UserError, match=r"the checkpoint is not complete \(no COMPLETE matching its manifest.json\)"):
         load_for_eval(str(partial), lora.spec, torch.device("cpu"))
-    with pytest.raises(UserError, match="only complete checkpoints .* and exports .* can be evaluated"):
+    with pytest.raises(UserError, match=r"only complete checkpoints .* and exports .* can be evaluated"):
         load_for_eval(str(tmp_path), lora.spec, torch.device("cpu"))
-    full_spec = lora.spec.model_copy(update={"config": lora.spec.config.model_copy(update={
-        "train": lora.spec.config.train.model_copy(update={"method": "full"})})})
+    full_spec = lora.spec.model_copy(
+        update={
+            "config": lora.spec.config.model_copy(
+                update={"train": lora.spec.config.train.model_copy(update={"method": "full"})}
+            )
+        }
+    )
     with pytest.raises(UserError, match="a lora checkpoint, but the spec trains full"):
         load_for_eval(str(lora.checkpoint(12)), full_spec, torch.device("cpu"))

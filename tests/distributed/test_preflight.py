@@ -4,17 +4,20 @@ Real sockets on 127.0.0.1, real files; no torchrun is needed to reach these chec
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 
 import pytest
 
-from storage import layout
-from config.errors import RetryableError, UserError
-from storage.spec import write_spec
+from core.errors import RetryableError, UserError
 from launch.command import free_port
-from launch.preflight import NodePlan, check_port_free, run_preflight
-from tasks.run import build_spec
+from launch.job import NodePlan
+from launch.preflight import check_port_free, run_preflight
+from pipeline.plan import build_spec
+from storage import layout
+from storage.fs import join
+from storage.spec import write_spec
 from tests.distributed.harness import Staged, config, stage
 
 
@@ -23,7 +26,7 @@ def prepared(staged: Staged):
     """A written spec for a 2-node job, its URL and digest."""
     spec = build_spec(config(staged, "preflight", ["launch.nnodes=2"]), "preflight", staged.model_path, staged.dataset)
     digest = write_spec(spec)
-    return spec, layout.join(spec.run_url, layout.SPEC), digest
+    return spec, join(spec.run_url, layout.SPEC), digest
 
 
 def check(prepared, plan: NodePlan, digest: str | None = None) -> dict:
@@ -33,9 +36,21 @@ def check(prepared, plan: NodePlan, digest: str | None = None) -> dict:
 
 def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
     report = check(prepared, NodePlan(0, 2, 1, "127.0.0.1", free_port()))
-    assert set(report["checks"]) == {"world size", "code version", "spec digest", "master address", "master port",
-                                     "gpus", "dataset", "storage", "environment", "forwarded environment",
-                                     "interface", "hostname", "fabric"}
+    assert set(report["checks"]) == {
+        "world size",
+        "code version",
+        "spec digest",
+        "master address",
+        "master port",
+        "gpus",
+        "dataset",
+        "storage",
+        "environment",
+        "forwarded environment",
+        "interface",
+        "hostname",
+        "fabric",
+    }
     # On 127.0.0.1 the route goes through the loopback interface, which both variables then name for the ranks.
     assert report["checks"]["interface"] == "lo (routes to 127.0.0.1; set as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)"
     assert not report["checks"]["hostname"].startswith("warning:")  # every node on this machine: nothing to warn
@@ -70,17 +85,26 @@ def test_a_port_whose_last_connections_linger_in_time_wait_is_free() -> None:
 
 def test_unreachable_master(prepared) -> None:
     spec, url, digest = prepared
-    quick = spec.model_copy(update={"config": spec.config.model_copy(update={
-        "launch": spec.config.launch.model_copy(update={"rdzv_timeout": 2})})})
+    quick = spec.model_copy(
+        update={
+            "config": spec.config.model_copy(
+                update={"launch": spec.config.launch.model_copy(update={"rdzv_timeout": 2})}
+            )
+        }
+    )
     port = free_port()
-    with pytest.raises(RetryableError, match=rf"^node 1: cannot reach 127.0.0.1:{port} \(connection refused\) "
-                                             "— is node 0 up and the port open\\?$"):
-        run_preflight(quick, url, NodePlan(1, 2, 1, "127.0.0.1", port), expected_spec_digest=digest,
-                      info=lambda _: None)
+    with pytest.raises(
+        RetryableError,
+        match=rf"^node 1: cannot reach 127.0.0.1:{port} \(connection refused\) "
+        "— is node 0 up and the port open\\?$",
+    ):
+        run_preflight(
+            quick, url, NodePlan(1, 2, 1, "127.0.0.1", port), expected_spec_digest=digest, info=lambda _: None
+        )
 
 
 def test_unresolvable_master(prepared) -> None:
-    with pytest.raises(UserError, match="node 1: cannot resolve master address no-such-host.invalid"):
+    with pytest.raises(UserError, match=re.escape("node 1: cannot resolve master address no-such-host.invalid")):
         check(prepared, NodePlan(1, 2, 1, "no-such-host.invalid", free_port()))
 
 
@@ -97,10 +121,14 @@ def test_another_spec_on_this_node(prepared) -> None:
 def test_different_code_on_this_node(prepared) -> None:
     spec, url, _ = prepared
     other = spec.model_copy(update={"code_version": "0.0.9+0123456789ab"})
-    with pytest.raises(UserError, match=r"node 0: code version .* differs from 0.0.9\+0123456789ab in spec.json; "
-                                        "install the same Tandem commit on every node"):
-        run_preflight(other, url, NodePlan(0, 2, 1, "127.0.0.1", free_port()), expected_spec_digest=None,
-                      info=lambda _: None)
+    with pytest.raises(
+        UserError,
+        match=r"node 0: code version .* differs from 0.0.9\+0123456789ab in spec.json; "
+        "install the same Tandem commit on every node",
+    ):
+        run_preflight(
+            other, url, NodePlan(0, 2, 1, "127.0.0.1", free_port()), expected_spec_digest=None, info=lambda _: None
+        )
 
 
 def test_corrupted_dataset_file(tmp_path, tiny_model) -> None:
@@ -112,5 +140,10 @@ def test_corrupted_dataset_file(tmp_path, tiny_model) -> None:
     data[64] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(UserError, match=rf"node 0: {shard}: blake3 digest mismatch: expected [0-9a-f]+, got [0-9a-f]+"):
-        run_preflight(spec, layout.join(spec.run_url, layout.SPEC), NodePlan(0, 2, 1, "127.0.0.1", free_port()),
-                      expected_spec_digest=digest, info=lambda _: None)
+        run_preflight(
+            spec,
+            join(spec.run_url, layout.SPEC),
+            NodePlan(0, 2, 1, "127.0.0.1", free_port()),
+            expected_spec_digest=digest,
+            info=lambda _: None,
+        )

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from torch.testing import assert_close
 
+from core.errors import RetryableError
 from storage import layout
 from storage.checkpoints import complete_checkpoints
 from storage.digest import digest_bytes
-from config.errors import RetryableError
+from storage.fs import exists, join, listdir, read_bytes
 from storage.manifest import verify_files
-from storage.fs import exists, join, listdir, read_bytes, set_storage_options
 from tests.distributed.harness import Run, Staged, eval_exported, stage, train
 
 SETTINGS = ["launch.nnodes=2", "train.keep_latest_k=1"]  # the reference's 12 steps, a checkpoint every 4
@@ -22,16 +22,15 @@ def s3_staged(s3_endpoint) -> Staged:
     import s3fs
 
     s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}).mkdir("tandem-ckpt")
-    storage = "s3://tandem-ckpt/store"
-    set_storage_options(storage, {"client_kwargs": {"endpoint_url": s3_endpoint}})
-    return stage(storage)
+    return stage("s3://tandem-ckpt/store", options={"endpoint_url": s3_endpoint})
 
 
+@pytest.mark.multirun
 def test_checkpoints_on_s3_are_whole_resumable_and_retained(s3_staged: Staged, reference: Run) -> None:
     """The same run as the local reference (tests/distributed/conftest.py), on S3, with rank 1 dying at step 6."""
     with pytest.raises(RetryableError, match="rank 1 exited with code 137"):
         train(s3_staged, "s3-run", SETTINGS, env={"TANDEM_TEST_EXIT_AT_STEP": "1:6"})
-    run_url = layout.run_dir(str(s3_staged.storage), "s3-run")
+    run_url = layout.run_dir(s3_staged.root, "s3-run")
     assert [c.step for c in complete_checkpoints(run_url)] == [4]
 
     resumed = train(s3_staged, "s3-run", SETTINGS)

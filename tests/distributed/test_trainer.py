@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from torch.testing import assert_close
 
-from config.errors import RetryableError, UserError
-from config.schema import TrainConfig
+from config.sections.model_train import TrainConfig
+from core.errors import RetryableError, UserError
+from launch.node import failure_exit_code
 from tests.distributed.harness import TOOL_CALL_DATA, Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2
+
 
 def qwen_json(tmp_path: Path, content: dict) -> str:
     path = tmp_path / "ds_config.json"
@@ -36,13 +38,16 @@ def test_loss_falls_and_retention_keeps_exactly_k(reference: Run) -> None:
     assert all((reference.run_dir / "checkpoints" / n / "COMPLETE").exists() for n in names)
 
 
+@pytest.mark.multirun
 def test_node_layout_does_not_change_the_trajectory(staged: Staged, reference: Run) -> None:
     one_node = train(staged, "layout-1x2", ["launch.nnodes=1", "launch.nproc_per_node=2"])
     assert_close(one_node.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
 
 
-def test_resume_skips_incomplete_and_corrupt_checkpoints_and_reproduces_the_trajectory(staged: Staged,
-                                                                                        reference: Run) -> None:
+@pytest.mark.multirun
+def test_resume_skips_incomplete_and_corrupt_checkpoints_and_reproduces_the_trajectory(
+    staged: Staged, reference: Run
+) -> None:
     """Rank 1 dies at step 9, after checkpoints 4 and 8; step 8 then loses its COMPLETE marker. The next run resumes
     from step 4 (a checkpoint without COMPLETE does not exist) and reproduces the reference exactly. A corrupt
     shard in step 12 is then caught by its digest: the run after resumes from step 8 and keeps the corrupt one aside;
@@ -112,11 +117,15 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
 
 
 def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, reference: Run) -> None:
-    # Both train with the chunked loss (ZeRO-3's with its chunk count agreed across ranks), so the same trajectory
-    # is also the chunked loss under ZeRO-3 training as under ZeRO-2 (and as the full logits, qwen_zero2_slow_rank).
+    # Both train with the loss from the last hidden states, in one pass at the tiny vocabulary (ZeRO-3's through its
+    # partitioned path, the choice agreed across ranks), so the same trajectory is also that loss under ZeRO-3
+    # training as under ZeRO-2 (and as the full logits, qwen_zero2_slow_rank). Chunks: tests/unit/test_chunked_loss*.
     chunk = TrainConfig.model_fields["loss_chunk_tokens"].default
-    logged = f"loss: chunks of {chunk} target tokens (train.loss_chunk_tokens), their count agreed across ranks"
-    assert f"{logged} (ZeRO-3)" in (zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
+    logged = (
+        f"in chunks of {chunk} target tokens (train.loss_chunk_tokens), the choice and the chunk count agreed "
+        "across ranks (ZeRO-3)"
+    )
+    assert logged in (zero3.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(zero3.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
     from safetensors.torch import load_file
 
@@ -132,18 +141,27 @@ def qwen_zero2_slow_rank(staged: Staged, tmp_path_factory) -> Run:
     """Qwen's ZeRO-2 JSON as it is, with rank 1 sleeping 0.1 s per micro-batch and a straggler check every 2
     steps, and reaching the final export 3 s after rank 0: a slow rank changes the timing, never the trajectory,
     so one run serves the three tests below. Its loss takes the full logits (train.loss_chunk_tokens=0), the
-    reference's and the ZeRO-3 run's the chunked loss: the same trajectory is also the chunked loss training as the
-    unfused one does."""
+    reference's and the ZeRO-3 run's the loss from the last hidden states: the same trajectory is also that loss
+    training as the unfused one does."""
     ds_config = qwen_json(tmp_path_factory.mktemp("qwen-zero2"), QWEN_ZERO2)
-    return train(staged, "qwen-zero2", ["launch.nnodes=2", f"deepspeed.config={ds_config}",
-                                        "train.straggler_check_steps=2", "train.loss_chunk_tokens=0"],
-                 env={"TANDEM_TEST_SLOW_RANK": "1:0.1", "TANDEM_TEST_LATE_EXPORT": "1:3"})
+    return train(
+        staged,
+        "qwen-zero2",
+        [
+            "launch.nnodes=2",
+            f"deepspeed.config={ds_config}",
+            "train.straggler_check_steps=2",
+            "train.loss_chunk_tokens=0",
+        ],
+        env={"TANDEM_TEST_SLOW_RANK": "1:0.1", "TANDEM_TEST_LATE_EXPORT": "1:3"},
+    )
 
 
 def test_qwen_zero2_json_loads_unchanged(qwen_zero2_slow_rank: Run, reference: Run) -> None:
-    # The reference's loss is the chunked one, this run's the full-logits one (see the fixture).
+    # The reference's loss is the one from the last hidden states, this run's the full-logits one (see the fixture).
     chunk = TrainConfig.model_fields["loss_chunk_tokens"].default
-    assert f"loss: chunks of {chunk} target tokens" in (reference.run_dir / "nodes" / "0" / "log.txt").read_text()
+    logged = f"beyond that in chunks of {chunk} target tokens (train.loss_chunk_tokens)"
+    assert logged in (reference.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert "loss: from full logits" in (qwen_zero2_slow_rank.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert_close(qwen_zero2_slow_rank.losses(), reference.losses(), rtol=1e-5, atol=1e-5)
 
@@ -155,6 +173,7 @@ def test_a_rank_late_to_the_export_joins_it(qwen_zero2_slow_rank: Run) -> None:
     assert (final / "COMPLETE").exists() and json.loads((final / "manifest.json").read_text())["step"] == 12
 
 
+@pytest.mark.multirun
 def test_micro_batch_and_accumulation_are_interchangeable(staged: Staged) -> None:
     common = ["launch.nnodes=2", "train.lora.dropout=0", "train.max_steps=6", "train.save_steps=6"]
     small = train(staged, "mb1x4", [*common, "train.micro_batch_size=1", "train.gradient_accumulation_steps=4"])
@@ -163,8 +182,11 @@ def test_micro_batch_and_accumulation_are_interchangeable(staged: Staged) -> Non
 
 
 def test_qlora_trains_on_cpu_and_exports_merged_weights(staged: Staged) -> None:
-    run = train(staged, "qlora", ["launch.nnodes=2", "train.method=qlora", "train.export_merged=true",
-                                  "train.gradient_checkpointing=true"])
+    run = train(
+        staged,
+        "qlora",
+        ["launch.nnodes=2", "train.method=qlora", "train.export_merged=true", "train.gradient_checkpointing=true"],
+    )
     losses = run.losses()
     assert losses[-1] < losses[0] - 0.1
     from transformers import AutoModelForCausalLM
@@ -180,11 +202,22 @@ def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged) -> N
     assert manifest["records"]["rejected"] == 0 and manifest["records"]["staged"] == 41
     train_split = manifest["splits"]["train"]
     assert manifest["packing"] and train_split["rows"] == (train_split["records"] + 1) // 2
-    run = train(tool_calls, "full-zero3", ["launch.nnodes=2", "train.method=full", "train.learning_rate=0.001",
-                                           "deepspeed.config=config/deepspeed/zero3.json", *TOOL_CALL_DATA])
+    run = train(
+        tool_calls,
+        "full-zero3",
+        [
+            "launch.nnodes=2",
+            "train.method=full",
+            "train.learning_rate=0.001",
+            "deepspeed.config=config/deepspeed/zero3.json",
+            *TOOL_CALL_DATA,
+        ],
+    )
     assert run.losses()[-1] < run.losses()[0] - 0.2
-    # Trained and evaluated with the chunked loss: eval_exported's full logits agreeing with final_eval checks it.
-    assert "their count agreed across ranks (ZeRO-3)" in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
+    # Trained and evaluated with the loss from the last hidden states (ZeRO-3's partitioned path): eval_exported's
+    # full logits agreeing with final_eval checks it.
+    logged = "the choice and the chunk count agreed across ranks (ZeRO-3)"
+    assert logged in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
     # A step is 8 rows (2 x 2 x 2 ranks), a row two conversations but the epoch's odd one out: tokens count them all.
     assert all(r["tokens"] > 15 * 290 for r in run.metrics() if "event" not in r)
     assert (run.run_dir / "final" / "model.safetensors").stat().st_size > 0
@@ -205,8 +238,12 @@ def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> No
 
     started = time.monotonic()
     with pytest.raises(RetryableError) as info:
-        train(staged, "stall", ["launch.nnodes=2", "launch.stall_timeout=5", "train.max_steps=6"],
-              env={"TANDEM_TEST_STALL_AT_STEP": "1:3"})
+        train(
+            staged,
+            "stall",
+            ["launch.nnodes=2", "launch.stall_timeout=5", "train.max_steps=6"],
+            env={"TANDEM_TEST_STALL_AT_STEP": "1:3"},
+        )
     message = str(info.value)
     assert message.startswith("training stalled: no new step for")
     assert "last step 2" in message and "node 1 rank 1 is the slowest" in message
@@ -217,14 +254,22 @@ def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> No
     assert leftovers.returncode == 1, leftovers.stdout  # every rank of every node is gone
 
 
-@pytest.mark.parametrize(("fault", "message"), [
-    # every rank sees the all-reduced NaN, so either node may report it
-    ("TANDEM_TEST_NAN_AT_STEP", r"train failed on node (0, rank 0|1, rank 1): training diverged: the loss is nan "
-                                r"at step 3 on every rank; lower train\.learning_rate"),
-    ("TANDEM_TEST_OOM_AT_STEP", r"train failed on node 1, rank 1: out of memory on node 1 \("),
-], ids=["diverged", "out-of-memory"])
-def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(staged: Staged, fault: str,
-                                                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        # every rank sees the all-reduced NaN, so either node may report it
+        (
+            "TANDEM_TEST_NAN_AT_STEP",
+            r"train failed on node (0, rank 0|1, rank 1): training diverged: the loss is nan "
+            r"at step 3 on every rank; lower train\.learning_rate",
+        ),
+        ("TANDEM_TEST_OOM_AT_STEP", r"train failed on node 1, rank 1: out of memory on node 1 \("),
+    ],
+    ids=["diverged", "out-of-memory"],
+)
+def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(
+    staged: Staged, fault: str, message: str
+) -> None:
     """A NaN loss, and the error a GPU raises when out of memory (raised on CPU by a fault hook: there is no GPU
     here), stop the job as a UserError (not retried) whose first line says where and what to change; the
     step's weights are never saved, so the newest complete checkpoint is the one before."""
@@ -240,3 +285,9 @@ def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(staged: 
         assert "lower train.micro_batch_size" in first_line
     run_url = str(Path(staged.storage) / "runs" / name)
     assert latest_complete(run_url).step == 2
+    # Every local node ran the node lifecycle: the failed node left the note that stops its peers and recorded its
+    # error's exit code in status.json, and no node still claims its rank.
+    note = json.loads((Path(run_url) / "nodes" / "stop.json").read_text())
+    reported = int(re.match(r"train failed on node (\d+)", first_line)[1])
+    assert note["exit_code"] == 2 and failure_exit_code(run_url, reported) == 2
+    assert not list(Path(run_url).glob("nodes/*/claim.json"))

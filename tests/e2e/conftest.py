@@ -14,9 +14,18 @@ def pipeline(prefect_server, mlflow_server, tmp_path_factory):
     from flows.finetune import finetune
 
     storage = tmp_path_factory.mktemp("storage")
-    cfg = load_config(None, [f"run.storage={storage}", "run.name=e2e", "eval.generate_samples=2",
-                             f"track.mlflow_uri={mlflow_server.uri}", "track.mlflow_experiment=e2e",
-                             "track.tensorboard=true", "track.wandb=true"])
+    cfg = load_config(
+        None,
+        [
+            f"run.storage={storage}",
+            "run.name=e2e",
+            "eval.generate_samples=2",
+            f"track.mlflow_uri={mlflow_server.uri}",
+            "track.mlflow_experiment=e2e",
+            "track.tensorboard=true",
+            "track.wandb=true",
+        ],
+    )
     with pytest.MonkeyPatch.context() as patch:  # W&B writes its run files only, under {run}/wandb/
         patch.setenv("WANDB_MODE", "offline")
         patch.setenv("WANDB_SILENT", "true")

@@ -28,7 +28,7 @@ def test_dataset_manifest_digests_match_the_files(pipeline) -> None:
 
 
 def test_checkpoint_is_complete_and_consistent(pipeline) -> None:
-    storage, summary = pipeline
+    _, summary = pipeline
     ckpt = Path(summary["checkpoint_url"])
     assert ckpt.name == "step-00000030"
     raw = (ckpt / "manifest.json").read_bytes()
@@ -91,6 +91,8 @@ def test_metrics_table_artifact_was_published(pipeline) -> None:
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["eval-metrics"])))
-    ours = [a for a in artifacts if ", run e2e: " in (a.description or "")]  # the session's server holds other tests' runs too
+    ours = [
+        a for a in artifacts if ", run e2e: " in (a.description or "")
+    ]  # the session's server holds other tests' runs too
     assert ours and ours[0].type == "table"
     assert "token_accuracy" in json.dumps(ours[0].data)

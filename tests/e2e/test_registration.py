@@ -27,13 +27,25 @@ def reruns(pipeline, mlflow_server):
     registry = storage / "registry" / "tandem-tiny"
     before = files_under(registry)
     base = [f"run.storage={storage}", "run.name=e2e"]
-    rejected = finetune(load_config(None, [*base, "register.gate={metric: loss, direction: min, threshold: 0.5}",
-                                           f"track.mlflow_uri={mlflow_server.uri}",
-                                           "track.mlflow_experiment=e2e-rejected"]), return_state=True)
+    rejected = finetune(
+        load_config(
+            None,
+            [
+                *base,
+                "register.gate={metric: loss, direction: min, threshold: 0.5}",
+                f"track.mlflow_uri={mlflow_server.uri}",
+                "track.mlflow_experiment=e2e-rejected",
+            ],
+        ),
+        return_state=True,
+    )
     after_rejection = files_under(registry)
-    accepted = finetune(load_config(None, [*base, "eval.model=checkpoint",
-                                           "register.gate={metric: loss, direction: min, threshold: 100}"]),
-                        return_state=True)
+    accepted = finetune(
+        load_config(
+            None, [*base, "eval.model=checkpoint", "register.gate={metric: loss, direction: min, threshold: 100}"]
+        ),
+        return_state=True,
+    )
     return before, rejected, after_rejection, accepted
 
 
@@ -93,7 +105,7 @@ def test_a_run_that_passes_the_gate_registers_the_next_version(pipeline, reruns)
 
 
 def test_registered_lora_model_loads_back_and_reproduces_its_eval_loss(pipeline) -> None:
-    from storage.model_card import load_snippet
+    from pipeline.model_card import load_snippet
 
     storage, summary = pipeline
     entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
@@ -108,14 +120,21 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     """`model` evaluated in this process on the run's eval split gives the entry's counts and loss."""
     import torch
 
+    from storage.shards import load_split
     from storage.spec import load_spec
-    from trainer.data import load_split
     from trainer.evaluate import local_sums
 
     spec, _ = load_spec(str(Path(run_url) / "spec.json"))
-    loss_sum, targets, _, examples = local_sums(model, load_split(spec.dataset.url, "eval"), rank=0, world=1,
-                                                batch_size=3, pad_id=int(model.config.pad_token_id),
-                                                device=torch.device("cpu"), loss_chunk_tokens=0)
+    loss_sum, targets, _, examples = local_sums(
+        model,
+        load_split(spec.dataset.url, "eval"),
+        rank=0,
+        world=1,
+        batch_size=3,
+        pad_id=int(model.config.pad_token_id),
+        device=torch.device("cpu"),
+        loss_chunk_tokens=0,
+    )
     # Full logits here, the chunked loss (train.loss_chunk_tokens) in the pipeline's evaluation: the same figure.
     assert (targets, examples) == (entry["metrics"]["target_tokens"], entry["metrics"]["examples"])
     assert_close(loss_sum / targets, entry["metrics"]["loss"], rtol=1e-7, atol=0)
@@ -124,7 +143,7 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
 def test_loss_curve_and_model_card_are_in_the_run_directory(pipeline) -> None:
     from PIL import Image
 
-    storage, summary = pipeline
+    _, summary = pipeline
     run = Path(summary["run_url"])
     assert summary["loss_plot"] == str(run / "loss.png")
     assert Image.open(run / "loss.png").format == "PNG"
@@ -145,15 +164,28 @@ def read_artifact(key: str):
 
 
 def test_model_card_and_link_artifacts_were_published(pipeline) -> None:
-    storage, summary = pipeline
+    _, summary = pipeline
     # The server is the session's: other tests' runs may publish cards for their own tandem-tiny v0001.
-    cards = [a.data for a in read_artifact("model-card")
-             if a.data.startswith("# tandem-tiny v0001\n") and summary["model_url"] in a.data]
+    cards = [
+        a.data
+        for a in read_artifact("model-card")
+        if a.data.startswith("# tandem-tiny v0001\n") and summary["model_url"] in a.data
+    ]
     assert len(cards) == 1
     card = cards[0]
-    for needle in ("## Data", summary["dataset_id"], "## Method and configuration", "| LoRA | r 16, alpha 32",
-                   "## Metrics", f"{summary['eval']['loss']:.4f}", "## Lineage", "dataset_manifest_digest",
-                   "![loss curve](loss.png)", "PeftModel.from_pretrained(base,", summary["model_url"]):
+    for needle in (
+        "## Data",
+        summary["dataset_id"],
+        "## Method and configuration",
+        "| LoRA | r 16, alpha 32",
+        "## Metrics",
+        f"{summary['eval']['loss']:.4f}",
+        "## Lineage",
+        "dataset_manifest_digest",
+        "![loss curve](loss.png)",
+        "PeftModel.from_pretrained(base,",
+        summary["model_url"],
+    ):
         assert needle in card, needle
     links = [a.data for a in read_artifact("model")]
     assert f"[tandem-tiny v0001](file://{summary['model_url']})" in links
@@ -166,8 +198,10 @@ def test_the_model_is_an_asset_materialized_from_the_staged_dataset(pipeline, re
     storage, summary = pipeline
     model_key = f"file://{summary['model_url']}"
     dataset_key = f"file://{storage}/datasets/{summary['dataset_id']}"
-    event_filter = EventFilter(event=EventNameFilter(name=["prefect.asset.materialization.succeeded"]),
-                               resource=EventResourceFilter(id=[model_key]))
+    event_filter = EventFilter(
+        event=EventNameFilter(name=["prefect.asset.materialization.succeeded"]),
+        resource=EventResourceFilter(id=[model_key]),
+    )
     deadline, events = time.monotonic() + 60, []
     while time.monotonic() < deadline and len(events) < 2:  # events reach the server in batches: poll
         with get_client(sync_client=True) as client:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from config.errors import UserError
 from config.loader import load_config
+from core.errors import UserError
 
 pytestmark = pytest.mark.e2e
 
@@ -14,9 +14,17 @@ pytestmark = pytest.mark.e2e
 def test_bad_input_is_not_retried(prefect_server, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
-    cfg = load_config(None, [f"run.storage={tmp_path}", "run.name=not-retried", f"model.name_or_path={tiny_model}",
-                             "launch.retries=2",
-                             "launch.retry_delay_s=0", f"train.resume={tmp_path}/no-such-checkpoint"])
+    cfg = load_config(
+        None,
+        [
+            f"run.storage={tmp_path}",
+            "run.name=not-retried",
+            f"model.name_or_path={tiny_model}",
+            "launch.retries=2",
+            "launch.retry_delay_s=0",
+            f"train.resume={tmp_path}/no-such-checkpoint",
+        ],
+    )
     with pytest.raises(UserError, match="not a complete checkpoint"):
         finetune(cfg)
     log = (tmp_path / "runs" / "not-retried" / "nodes" / "0" / "log.txt").read_text()

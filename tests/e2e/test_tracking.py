@@ -85,13 +85,15 @@ def test_tensorboard_events_hold_every_step(pipeline) -> None:
     events.Reload()
     steps = step_lines(run)
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
-        (r["step"], pytest.approx(r["loss"])) for r in steps]
+        (r["step"], pytest.approx(r["loss"])) for r in steps
+    ]
     assert [e.step for e in events.Scalars("eval/loss")] == [30]
     assert events.Scalars("eval/loss")[0].value == pytest.approx(summary["eval"]["loss"])
 
 
-def test_the_registered_version_and_champion_are_mirrored_and_load_back(pipeline, mlflow_run, mlflow_server,
-                                                                         monkeypatch) -> None:
+def test_the_registered_version_and_champion_are_mirrored_and_load_back(
+    pipeline, mlflow_run, mlflow_server, monkeypatch
+) -> None:
     """Tandem's v0001 (the champion) is MLflow's version 1 of tandem-tiny with its lineage, the `champion` alias
     names it, the mapping is recorded beside Tandem's entry, and the MLflow model loads back as the same LoRA model:
     its eval loss is the recorded one."""
@@ -125,7 +127,7 @@ def test_a_mirror_mlflow_cannot_take_stays_pending_until_sync_completes_it(pipel
     from mlflow import MlflowClient
 
     from storage.registry import promote, register_version
-    from tasks.tracking.mlflow_registry import sync
+    from tracking.mlflow_registry import sync
 
     storage, _ = pipeline
     first = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
@@ -167,31 +169,40 @@ def test_wandb_offline_run_files_hold_every_step_the_config_and_lineage(pipeline
     steps = step_lines(run)
     assert [(r["_step"], r["train/loss"]) for r in rows] == [(s["step"], pytest.approx(s["loss"])) for s in steps]
     assert rows[-1]["eval/loss"] == pytest.approx(summary["eval"]["loss"])
-    config = {item.key: item.value_json for r in records(path) if r.WhichOneof("record_type") == "config"
-              for item in r.config.update}
+    config = {
+        item.key: item.value_json
+        for r in records(path)
+        if r.WhichOneof("record_type") == "config"
+        for item in r.config.update
+    }
     assert json.loads(config["train.method"]) == "lora" and json.loads(config["resolved.world_size"]) == "2"
     entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
-    summaries = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for r in records(path)
-                 if r.WhichOneof("record_type") == "summary" for item in r.summary.update}
+    summaries = {
+        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+        for r in records(path)
+        if r.WhichOneof("record_type") == "summary"
+        for item in r.summary.update
+    }
     assert summaries["tandem.spec_digest"] == entry["lineage"]["spec_digest"]
 
 
-def test_files_reach_an_experiment_whose_artifacts_live_on_s3(pipeline, mlflow_server, s3_endpoint, s3_bucket,
-                                                              monkeypatch) -> None:
+def test_files_reach_an_experiment_whose_artifacts_live_on_s3(
+    pipeline, mlflow_server, s3_endpoint, s3_bucket, monkeypatch
+) -> None:
     """MLflow with its artifact store on S3 (the experiment's artifact location on the session's S3 endpoint): the
     sink's files land in the bucket and read back through MLflow's client."""
     from mlflow import MlflowClient
 
-    from storage.fs import filesystem
-    from tasks.tracking.mlflow_sink import MlflowSink
-    from tasks.tracking.sink import RunInfo, Tracker
+    from storage.fs import Location, filesystem
+    from tracking.mlflow_sink import MlflowSink
+    from tracking.sink import RunInfo, Tracker
 
     _, summary = pipeline
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3_endpoint)
     client = MlflowClient(mlflow_server.uri)
     client.create_experiment("on-s3", artifact_location=f"{s3_bucket}/mlflow")
     sink = MlflowSink(mlflow_server.uri, "on-s3")
-    tracker = Tracker([sink], RunInfo("on-s3", summary["run_url"], None, None))
+    tracker = Tracker([sink], RunInfo("on-s3", Location(summary["run_url"]), None, None))
     plot = str(Path(summary["run_url"]) / "loss.png")
     tracker.call(lambda s: s.log_file(plot, "loss.png"))
     assert tracker.close("FINISHED", timeout_s=60) == []
@@ -206,9 +217,11 @@ def test_an_unreachable_mlflow_server_stops_the_run_before_anything_is_written(p
     done = run_cli("flows.finetune", "--set", f"run.storage={tmp_path}", "--set", f"track.mlflow_uri={uri}")
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert lines == [f"error: track.mlflow_uri: MLflow at {uri} is not reachable ([Errno 111] Connection refused); "
-                     "start it (mlflow server --host 127.0.0.1 --port 5000), fix track.mlflow_uri / "
-                     "MLFLOW_TRACKING_URI, or set track.mlflow_uri=off to train without MLflow"]
+    assert lines == [
+        f"error: track.mlflow_uri: MLflow at {uri} is not reachable ([Errno 111] Connection refused); "
+        "start it (mlflow server --host 127.0.0.1 --port 5000), fix track.mlflow_uri / "
+        "MLFLOW_TRACKING_URI, or set track.mlflow_uri=off to train without MLflow"
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -261,8 +274,8 @@ def test_a_tracking_outage_is_retried_in_the_background_and_every_step_lands_onc
     the last step MLflow holds."""
     from mlflow import MlflowClient
 
-    from tasks.tracking.mlflow_sink import MlflowSink
-    from tasks.tracking.sink import RunInfo, Tracker
+    from tracking.mlflow_sink import MlflowSink
+    from tracking.sink import RunInfo, Tracker
 
     path = Forwarder(int(mlflow_server.uri.rsplit(":", 1)[1]))
     run = RunInfo("outage", "/nowhere/runs/outage", None, None)
@@ -286,14 +299,17 @@ def test_a_tracking_outage_is_retried_in_the_background_and_every_step_lands_onc
 
 
 def test_a_server_that_never_comes_back_leaves_the_record_incomplete_with_a_warning() -> None:
-    from tasks.tracking.mlflow_sink import MlflowSink
-    from tasks.tracking.sink import RunInfo, Tracker
+    from tracking.mlflow_sink import MlflowSink
+    from tracking.sink import RunInfo, Tracker
 
     tracker = Tracker([MlflowSink(f"http://127.0.0.1:{free_port()}", "gone")], RunInfo("gone", "/x", None, None))
     tracker.steps(steps(1, 3, 0.0))
     [line] = tracker.close("FINISHED", timeout_s=3)  # 3 steps and the end of the run
-    assert re.fullmatch(r"MLflow: 4 update\(s\) not delivered within 3 s \(\d+ failed attempt\(s\)\); its record of "
-                        r"run gone is incomplete, Tandem's files are not", line), line
+    assert re.fullmatch(
+        r"MLflow: 4 update\(s\) not delivered within 3 s \(\d+ failed attempt\(s\)\); its record of "
+        r"run gone is incomplete, Tandem's files are not",
+        line,
+    ), line
 
 
 def wait_for(condition, timeout_s: float = 60) -> None:

@@ -30,7 +30,8 @@ def deploy(pool: str, entrypoint: str, name: str) -> None:
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     Flow.from_source(source=str(ROOT), entrypoint=entrypoint).deploy(
-        name=name, work_pool_name=pool, build=False, push=False, print_next_steps=False)
+        name=name, work_pool_name=pool, build=False, push=False, print_next_steps=False
+    )
 
 
 def start_workers(server: PrefectServer, pool: str, queues: dict[str, str | None]) -> list:
@@ -40,8 +41,9 @@ def start_workers(server: PrefectServer, pool: str, queues: dict[str, str | None
     workers = []
     for name, queue in queues.items():
         args = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--name", name]
-        workers.append(spawn([*args, "--work-queue", queue] if queue else args, server.env,
-                             server.logs / f"worker-{name}.log"))
+        workers.append(
+            spawn([*args, "--work-queue", queue] if queue else args, server.env, server.logs / f"worker-{name}.log")
+        )
     deadline = time.monotonic() + WORKER_START_S
     with get_client(sync_client=True) as client:
         while {w.name for w in client.read_workers_for_work_pool(pool)} < set(queues):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from storage.checkpoints import latest_complete
 from config.loader import load_config
 from launch.command import free_port
+from storage.checkpoints import latest_complete
 
 # Two pipeline runs (about a minute of a worker): a suite of its own, after the default run (make test-suites).
 pytestmark = [pytest.mark.e2e, pytest.mark.cancel]
@@ -42,18 +42,29 @@ def state_name(run_id) -> str:
 # Each backend once, and each value of launch.checkpoint_on_cancel once: the save on cancel happens in the ranks
 # (trainer/cancel.py) whichever backend stopped them, so the two cases cover every path.
 @pytest.mark.parametrize(("backend", "save"), [("local", False), ("prefect", True)])
-def test_cancel_while_training_leaves_no_process(pipeline_worker, tmp_path, tiny_model, backend: str,
-                                                 save: bool) -> None:
+def test_cancel_while_training_leaves_no_process(
+    pipeline_worker, tmp_path, tiny_model, backend: str, save: bool
+) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
     name = f"cancel-{backend}-{'save' if save else 'nosave'}"
-    cfg = load_config(None, [f"run.storage={tmp_path}", f"run.name={name}", f"model.name_or_path={tiny_model}",
-                             f"launch.backend={backend}",
-                             "launch.nnodes=2", f"launch.master_port={free_port()}", "train.max_steps=100000",
-                             "train.save_steps=100000", "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.05'}",
-                             f"launch.checkpoint_on_cancel={str(save).lower()}"])
+    cfg = load_config(
+        None,
+        [
+            f"run.storage={tmp_path}",
+            f"run.name={name}",
+            f"model.name_or_path={tiny_model}",
+            f"launch.backend={backend}",
+            "launch.nnodes=2",
+            f"launch.master_port={free_port()}",
+            "train.max_steps=100000",
+            "train.save_steps=100000",
+            "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.05'}",
+            f"launch.checkpoint_on_cancel={str(save).lower()}",
+        ],
+    )
     run = run_deployment(pipeline_worker, parameters={"config": cfg.model_dump(mode="json")}, timeout=0)
     metrics = Path(tmp_path) / "runs" / name / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180, "training to start")

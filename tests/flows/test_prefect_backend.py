@@ -12,19 +12,27 @@ from uuid import UUID
 
 import pytest
 
-from storage.checkpoints import latest_complete
-from config.errors import RetryableError
 from config.loader import load_config
+from core.errors import RetryableError
 from launch.command import free_port
+from storage.checkpoints import latest_complete
 
 pytestmark = pytest.mark.e2e
 
 
 def settings(storage, name: str, model: str, extra: list[str]) -> list[str]:
-    return [f"run.storage={storage}", f"run.name={name}", f"model.name_or_path={model}", "launch.backend=prefect",
-            "launch.nnodes=2",
-            f"launch.master_port={free_port()}", "launch.rdzv_timeout=60", "train.max_steps=6", "train.save_steps=3",
-            *extra]
+    return [
+        f"run.storage={storage}",
+        f"run.name={name}",
+        f"model.name_or_path={model}",
+        "launch.backend=prefect",
+        "launch.nnodes=2",
+        f"launch.master_port={free_port()}",
+        "launch.rdzv_timeout=60",
+        "train.max_steps=6",
+        "train.save_steps=3",
+        *extra,
+    ]
 
 
 def node_runs(flow_run_name_prefix: str) -> list:
@@ -44,27 +52,43 @@ def stopped_at(flow_run_id: UUID) -> datetime:
         return min(state.timestamp for state in client.read_flow_run_states(flow_run_id) if state.is_final())
 
 
-def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_workers, tmp_path,
-                                                                          tiny_model) -> None:
+@pytest.mark.cancel
+def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_workers, tmp_path, tiny_model) -> None:
     """Rank 1 dies once at step 4: the train task fails as retryable, Prefect retries it (launch.retries=1), new node
     flow runs resume from the newest complete checkpoint (step 2) and the run trains, evaluates and registers."""
     from flows.finetune import finetune
 
     marker = tmp_path / "died-once"
-    summary = finetune(load_config(None, settings(tmp_path, "via-workers", tiny_model, [
-        "train.save_steps=2", "launch.retries=1", "launch.retry_delay_s=0",
-        f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:4', TANDEM_TEST_EXIT_ONCE: '{marker}'}}"])))
+    summary = finetune(
+        load_config(
+            None,
+            settings(
+                tmp_path,
+                "via-workers",
+                tiny_model,
+                [
+                    "train.save_steps=2",
+                    "launch.retries=1",
+                    "launch.retry_delay_s=0",
+                    f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:4', TANDEM_TEST_EXIT_ONCE: '{marker}'}}",
+                ],
+            ),
+        )
+    )
     assert marker.exists()  # rank 1 really died once
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v0001")
     assert latest_complete(summary["run_url"]).step == 6
     run_dir = tmp_path / "runs" / "via-workers"
     assert "resumed from step 2" in (run_dir / "nodes" / "0" / "log.txt").read_text()
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if "event" not in line]
+    steps = [
+        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "event" not in line
+    ]
     assert steps == [1, 2, 3, 4, 5, 6]  # one uninterrupted trajectory
     runs = sorted(node_runs("via-workers-train-node"), key=lambda r: r.created)
     assert [(r.name, r.work_queue_name) for r in runs[:2]] == [  # both attempts ran on the nodes' own queues
-        ("via-workers-train-node0", "node-0"), ("via-workers-train-node1", "node-1")]
+        ("via-workers-train-node0", "node-0"),
+        ("via-workers-train-node1", "node-1"),
+    ]
     first, retry = runs[:2], runs[2:]
     assert any(r.state.name != "Completed" for r in first)  # the attempt the lost rank failed
     # The retry was sent only once every node of the failed attempt had stopped (node 0 is usually still running when
@@ -72,7 +96,9 @@ def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_
     # never overlapped.
     assert min(r.created for r in retry) >= max(stopped_at(r.id) for r in first)
     assert sorted((r.name, r.work_queue_name, r.state.name) for r in retry) == [
-        ("via-workers-train-node0", "node-0", "Completed"), ("via-workers-train-node1", "node-1", "Completed")]
+        ("via-workers-train-node0", "node-0", "Completed"),
+        ("via-workers-train-node1", "node-1", "Completed"),
+    ]
     preflight = json.loads((run_dir / "nodes" / "1" / "preflight.json").read_text())
     assert preflight["checks"]["master port"].endswith("reachable")
 
@@ -80,8 +106,12 @@ def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_
 def test_a_dead_node_fails_the_pipeline_fast_and_leaves_no_process(node_workers, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
-    cfg = load_config(None, settings(tmp_path, "dead-node", tiny_model, ["launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:4'}",
-                                                             "train.max_steps=40"]))
+    cfg = load_config(
+        None,
+        settings(
+            tmp_path, "dead-node", tiny_model, ["launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:4'}", "train.max_steps=40"]
+        ),
+    )
     started = time.monotonic()
     with pytest.raises(RetryableError) as info:
         finetune(cfg)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from config.errors import UserError
 from config.loader import load_config
+from core.errors import UserError
 from storage.manifest import verify_dataset
 from tasks.prepare import prepare_dataset
 from tests.datafiles import arithmetic, qwen, write_jsonl
@@ -35,8 +35,10 @@ def stage_once(cfg, model_path: str) -> tuple[str, object]:
 def test_task_cache_hits_for_unchanged_input_and_misses_when_files_are_gone(results, tmp_path, tiny_model) -> None:
     source = write_jsonl(tmp_path / "d.jsonl", arithmetic(40))
     storage = tmp_path / "storage"
-    cfg = load_config(None, [f"data.source={source}", f"run.storage={storage}", "data.max_length=128",
-                             f"model.name_or_path={tiny_model}"])
+    cfg = load_config(
+        None,
+        [f"data.source={source}", f"run.storage={storage}", "data.max_length=128", f"model.name_or_path={tiny_model}"],
+    )
     name, first = stage_once(cfg, tiny_model)
     assert name == "Completed"  # nothing staged yet: no key, nothing cached
     name, second = stage_once(cfg, tiny_model)
@@ -70,7 +72,8 @@ def test_bad_data_fails_the_flow_with_the_location(results, tmp_path, tiny_model
     from flows.prepare import prepare
 
     source = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(3), qwen(("user", "no answer"))])
-    cfg = load_config(None, [f"data.source={source}", f"run.storage={tmp_path / 's'}",
-                             f"model.name_or_path={tiny_model}"])
+    cfg = load_config(
+        None, [f"data.source={source}", f"run.storage={tmp_path / 's'}", f"model.name_or_path={tiny_model}"]
+    )
     with pytest.raises(UserError, match=rf"^{source}:4: no assistant turn"):
         prepare(cfg)

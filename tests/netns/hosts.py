@@ -169,9 +169,7 @@ def build(root: Path, count: int) -> Machines:
     (root / "ssh_config").write_text(CLIENT_CONF.format(subnet=SUBNET, root=root))
     for path in (root / "id_ed25519", root / "host_key"):
         path.chmod(0o600)
-    sshd = [subprocess.Popen(["ip", "netns", "exec", m.namespace, "/usr/sbin/sshd", "-D", "-e", "-f",
-                              str(root / f"sshd-{m.index}.conf")], stderr=open(root / f"sshd-{m.index}.log", "w"))
-            for m in machines]
+    sshd = [start_sshd(m.namespace, root / f"sshd-{m.index}.conf", root / f"sshd-{m.index}.log", "w") for m in machines]
     for machine in machines:
         _wait_for_port(machine.addr, 22)
     return Machines(root, machines, sshd)
@@ -191,17 +189,48 @@ def _wait_for_port(addr: str, port: int, timeout_s: float = 20.0) -> None:
 
 def shape(machine: Machine, rate: str) -> None:
     """Rate-limit the traffic to this machine (tbf on its bridge-side veth); rate like '100mbit'."""
-    _run("tc", "qdisc", "replace", "dev", machine.veth, "root", "tbf", "rate", rate, "burst", "32kbit",
-         "latency", "400ms")
-    _run("ip", "netns", "exec", machine.namespace, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
-         rate, "burst", "32kbit", "latency", "400ms")
+    _run(
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        machine.veth,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        "32kbit",
+        "latency",
+        "400ms",
+    )
+    _run(
+        "ip",
+        "netns",
+        "exec",
+        machine.namespace,
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        "eth0",
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        "32kbit",
+        "latency",
+        "400ms",
+    )
 
 
 def unshape(machine: Machine) -> None:
     """Remove the rate limit."""
     subprocess.run(["tc", "qdisc", "del", "dev", machine.veth, "root"], capture_output=True)
-    subprocess.run(["ip", "netns", "exec", machine.namespace, "tc", "qdisc", "del", "dev", "eth0", "root"],
-                   capture_output=True)
+    subprocess.run(
+        ["ip", "netns", "exec", machine.namespace, "tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True
+    )
 
 
 def vanish(machines: Machines, machine: Machine) -> None:
@@ -217,9 +246,7 @@ def restore(machines: Machines, machine: Machine) -> None:
     """Start the machine's sshd again (after `vanish`)."""
     root = machines.root
     conf = root / f"sshd-{machine.index}.conf"
-    machines.sshd[machine.index] = subprocess.Popen(
-        ["ip", "netns", "exec", machine.namespace, "/usr/sbin/sshd", "-D", "-e", "-f", str(conf)],
-        stderr=open(root / f"sshd-{machine.index}.log", "a"))
+    machines.sshd[machine.index] = start_sshd(machine.namespace, conf, root / f"sshd-{machine.index}.log", "a")
     _wait_for_port(machine.addr, 22)
 
 
@@ -232,3 +259,11 @@ def partition(machine: Machine) -> None:
 def heal(machine: Machine) -> None:
     """Bring the machine's link back (after `partition`)."""
     _run("ip", "link", "set", "dev", machine.veth, "up")
+
+
+def start_sshd(namespace: str, conf: Path, log: Path, mode: str) -> subprocess.Popen:
+    """sshd in the foreground inside a namespace, its messages to `log` (the child keeps its own handle)."""
+    with open(log, mode) as stderr:
+        return subprocess.Popen(
+            ["ip", "netns", "exec", namespace, "/usr/sbin/sshd", "-D", "-e", "-f", str(conf)], stderr=stderr
+        )

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from config.errors import UserError
+from core.errors import UserError
 from launch.phase import run_phase
+from pipeline.plan import build_spec
 from storage import layout
+from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
-from tasks.run import build_spec
 from tests.distributed.harness import Staged, config
 from tests.netns.hosts import Machines, shape, unshape
 
@@ -22,11 +23,19 @@ RATE_MBIT = 200
 
 def probe(staged: Staged, machines: Machines, name: str, overrides: list[str]) -> None:
     """Run the probe phase over ssh on three namespaces."""
-    cfg = config(staged, name, ["launch.backend=ssh", f"launch.hosts=[{', '.join(machines.hosts(3))}]",
-                                f"launch.ssh_options=[{', '.join(machines.ssh_options)}]", "launch.probe_mb=4",
-                                *overrides])
+    cfg = config(
+        staged,
+        name,
+        [
+            "launch.backend=ssh",
+            f"launch.hosts=[{', '.join(machines.hosts(3))}]",
+            f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
+            "launch.probe_mb=4",
+            *overrides,
+        ],
+    )
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    written = WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
+    written = WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
     lines: list[str] = []
     try:
         run_phase(written, "probe", lines.append)
@@ -40,15 +49,21 @@ def test_the_probe_names_a_shaped_node_as_the_slow_one(staged: Staged, machines:
     shape(slow, f"{RATE_MBIT}mbit")
     try:
         with pytest.raises(UserError) as failed:
-            probe(staged, machines, "probe-shaped", ["launch.require_bandwidth=true",
-                                                     f"launch.min_bandwidth_gbps={2 * RATE_MBIT / 1000}"])
+            probe(
+                staged,
+                machines,
+                "probe-shaped",
+                ["launch.require_bandwidth=true", f"launch.min_bandwidth_gbps={2 * RATE_MBIT / 1000}"],
+            )
     finally:
         unshape(slow)
     message = str(failed.value).splitlines()[0]
     assert f"network probe: node 2 (vm, {slow.addr}) is slow: " in message, message
     assert "below launch.min_bandwidth_gbps=0.4" in message and "unset launch.require_bandwidth" in message
-    reports = [json.loads((staged.storage / "runs" / "probe-shaped" / "nodes" / str(r) / "preflight.json").read_text())
-               for r in range(3)]
+    reports = [
+        json.loads((staged.storage / "runs" / "probe-shaped" / "nodes" / str(r) / "preflight.json").read_text())
+        for r in range(3)
+    ]
     figures = reports[2]["checks"]["bandwidth"]
     print("shaped:", json.dumps(figures))
     assert all(r["checks"]["bandwidth"] == figures for r in reports)  # every node records the job's figures

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import RetryableError, UserError
 from config.loader import load_config
+from core.errors import RetryableError, UserError
 from launch.phase import run_phase
+from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete
+from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
-from tasks.run import build_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config
 from tests.netns.hosts import Machine, Machines, _cmdline, heal, partition, restore, vanish
@@ -60,18 +61,31 @@ class CommandLines:
                     self.in_environment |= f"TANDEM_CANARY_TOKEN={SECRET}".encode() in environ
 
 
-def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefect_server, tiny_model, tmp_path,
-                                                      monkeypatch) -> None:
+def test_the_pipeline_runs_over_ssh_across_namespaces(
+    machines: Machines, prefect_server, tiny_model, tmp_path, monkeypatch
+) -> None:
     from flows.finetune import finetune
 
     monkeypatch.setenv("TANDEM_CANARY_TOKEN", SECRET)  # a credential forwarded by name (launch.forward_env)
-    cfg = load_config(None, [
-        f"run.storage={tmp_path}", "run.name=over-ssh", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
-        f"launch.hosts=[{', '.join(machines.hosts(2))}]", f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
-        "launch.nproc_per_node=1", "train.max_steps=4", "train.save_steps=2", "launch.rdzv_timeout=60",
-        "launch.retries=1", "launch.retry_delay_s=0",
-        "launch.forward_env=[TANDEM_CANARY_TOKEN]",
-        f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:3', TANDEM_TEST_EXIT_ONCE: '{tmp_path / 'died-once'}'}}"])
+    cfg = load_config(
+        None,
+        [
+            f"run.storage={tmp_path}",
+            "run.name=over-ssh",
+            f"model.name_or_path={tiny_model}",
+            "launch.backend=ssh",
+            f"launch.hosts=[{', '.join(machines.hosts(2))}]",
+            f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
+            "launch.nproc_per_node=1",
+            "train.max_steps=4",
+            "train.save_steps=2",
+            "launch.rdzv_timeout=60",
+            "launch.retries=1",
+            "launch.retry_delay_s=0",
+            "launch.forward_env=[TANDEM_CANARY_TOKEN]",
+            f"launch.env={{TANDEM_TEST_EXIT_AT_STEP: '1:3', TANDEM_TEST_EXIT_ONCE: '{tmp_path / 'died-once'}'}}",
+        ],
+    )
     assert cfg.launch.nnodes == 2 and cfg.launch.rendezvous_addr == machines.machines[0].addr
     started = time.monotonic()
     with CommandLines(machines) as lines:
@@ -86,7 +100,7 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(machines: Machines, prefec
     assert log.index("checkpoint step 2 complete") < log.index("[c10d] The debug level is set to DETAIL")
     # The forwarded credential reached the nodes without appearing on any command line there, or in preflight.json.
     assert lines.in_environment
-    assert any("launch.ssh_bootstrap" in line for line in lines.seen)
+    assert any("launch.backends.ssh_bootstrap" in line for line in lines.seen)
     assert not [line for line in lines.seen if SECRET in line]
     run = tmp_path / "runs" / "over-ssh"
     for rank in (0, 1):
@@ -110,13 +124,27 @@ class ElasticPipeline:
     def __init__(self, machines: Machines, tiny_model: str, tmp_path: Path, name: str) -> None:
         from flows.finetune import finetune
 
-        cfg = load_config(None, [
-            f"run.storage={tmp_path}", f"run.name={name}", f"model.name_or_path={tiny_model}", "launch.backend=ssh",
-            f"launch.hosts=[{', '.join(machines.hosts(3))}]",
-            f"launch.ssh_options=[{', '.join(machines.ssh_options)}]", "launch.nproc_per_node=1",
-            "launch.min_nnodes=2", "train.global_batch_size=24", "train.max_steps=8", "train.save_steps=2",
-            "launch.rdzv_timeout=60", "launch.retries=1", "launch.retry_delay_s=0", "launch.ssh_connect_timeout=5",
-            "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.5'}"])
+        cfg = load_config(
+            None,
+            [
+                f"run.storage={tmp_path}",
+                f"run.name={name}",
+                f"model.name_or_path={tiny_model}",
+                "launch.backend=ssh",
+                f"launch.hosts=[{', '.join(machines.hosts(3))}]",
+                f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
+                "launch.nproc_per_node=1",
+                "launch.min_nnodes=2",
+                "train.global_batch_size=24",
+                "train.max_steps=8",
+                "train.save_steps=2",
+                "launch.rdzv_timeout=60",
+                "launch.retries=1",
+                "launch.retry_delay_s=0",
+                "launch.ssh_connect_timeout=5",
+                "launch.env={TANDEM_TEST_SLOW_RANK: '0:0.5'}",
+            ],
+        )
         self.run_dir = tmp_path / "runs" / name
         self.outcome: dict = {}
 
@@ -152,8 +180,9 @@ class ElasticPipeline:
         assert f"resumed from step {second['from_step']}" in (self.run_dir / "nodes" / "0" / "log.txt").read_text()
 
 
-def test_a_host_lost_for_good_the_run_finishes_on_the_others(machines: Machines, prefect_server, tiny_model,
-                                                             tmp_path) -> None:
+def test_a_host_lost_for_good_the_run_finishes_on_the_others(
+    machines: Machines, prefect_server, tiny_model, tmp_path
+) -> None:
     """3 hosts, launch.min_nnodes=2: mid-training the third host vanishes (every process there, its sshd too). The
     retry probes the hosts over ssh, leaves the lost one out naming it, and finishes on the other two from the newest
     complete checkpoint (3 ranks' checkpoint resumed on 2, same global batch); nothing is left running anywhere."""
@@ -170,7 +199,8 @@ def test_a_host_lost_for_good_the_run_finishes_on_the_others(machines: Machines,
 
 
 def test_a_host_cut_off_the_network_stops_itself_and_the_run_finishes_on_the_others(
-        machines: Machines, prefect_server, tiny_model, tmp_path) -> None:
+    machines: Machines, prefect_server, tiny_model, tmp_path
+) -> None:
     """As above, but the third host's link goes down: nothing refuses or resets, its packets are lost and its
     processes run on. The launcher gives up on its ssh connection, the retry leaves the host out and finishes on the
     other two; the cut-off host, no longer hearing from the launcher, stops its own node, so nothing of the run is
@@ -199,15 +229,28 @@ def test_a_host_cut_off_the_network_stops_itself_and_the_run_finishes_on_the_oth
 
 def ssh_spec(staged: Staged, machines: Machines, name: str, hosts: list[str], overrides: list[str]) -> WrittenSpec:
     """A training spec for the ssh backend on these hosts (the session's staged data and model)."""
-    cfg = config(staged, name, ["launch.backend=ssh", f"launch.hosts=[{', '.join(hosts)}]",
-                                f"launch.ssh_options=[{', '.join(machines.ssh_options)}]", *overrides])
+    cfg = config(
+        staged,
+        name,
+        [
+            "launch.backend=ssh",
+            f"launch.hosts=[{', '.join(hosts)}]",
+            f"launch.ssh_options=[{', '.join(machines.ssh_options)}]",
+            *overrides,
+        ],
+    )
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    return WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), write_spec(spec))
+    return WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
 
 
 def test_a_killed_node_fails_the_job_within_seconds_naming_its_host(staged: Staged, machines: Machines) -> None:
-    written = ssh_spec(staged, machines, "ssh-kill", machines.hosts(2), [
-        "train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"])
+    written = ssh_spec(
+        staged,
+        machines,
+        "ssh-kill",
+        machines.hosts(2),
+        ["train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"],
+    )
     metrics = staged.storage / "runs" / "ssh-kill" / "metrics.jsonl"
     outcome: dict = {}
 
@@ -244,9 +287,11 @@ def test_an_ssh_refusal_is_one_line_naming_the_host_and_the_fix(staged: Staged, 
     written = ssh_spec(staged, machines, "ssh-refused", hosts, [])
     with pytest.raises(UserError) as refused:
         run_phase(written, "train", lambda _: None)
-    assert str(refused.value) == (f"node 1 (nobody@{machines.machines[1].addr}): Permission denied (publickey). — "
-                                  "install this machine's key on it (ssh-copy-id), or name the key with "
-                                  "launch.ssh_options=[-i, KEY]")
+    assert str(refused.value) == (
+        f"node 1 (nobody@{machines.machines[1].addr}): Permission denied (publickey). — "
+        "install this machine's key on it (ssh-copy-id), or name the key with "
+        "launch.ssh_options=[-i, KEY]"
+    )
     assert machines.strays() == {}
 
 
@@ -255,15 +300,23 @@ def test_duplicate_node_ranks_by_hand_stop_every_node_within_seconds(staged: Sta
     cfg = config(staged, "by-hand-dup", ["launch.nnodes=3"])
     spec = build_spec(cfg, "by-hand-dup", staged.model_path, staged.dataset)
     write_spec(spec)
-    spec_url = layout.join(spec.run_url, layout.SPEC)
+    spec_url = join(spec.run_url, layout.SPEC)
     first = machines.machines[0].addr
     nodes = []
     started = time.monotonic()
     for machine, rank in zip(machines.machines, (0, 1, 1), strict=True):
-        command = (f"cd {ROOT} && NNODES=3 NODE_RANK={rank} MASTER_ADDR={first} MASTER_PORT=29411 "
-                   f"{sys.executable} -m flows.node --spec {spec_url}")
-        nodes.append(subprocess.Popen(["ssh", *machines.ssh_options, "-o", "BatchMode=yes", machine.addr, command],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        command = (
+            f"cd {ROOT} && NNODES=3 NODE_RANK={rank} MASTER_ADDR={first} MASTER_PORT=29411 "
+            f"{sys.executable} -m flows.node --spec {spec_url}"
+        )
+        nodes.append(
+            subprocess.Popen(
+                ["ssh", *machines.ssh_options, "-o", "BatchMode=yes", machine.addr, command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
         time.sleep(1.0)  # as a person would start them, one after the other
     outputs = [_output(node, 90) for node in nodes]
     elapsed = time.monotonic() - started
@@ -291,8 +344,13 @@ def _output(process: subprocess.Popen, timeout_s: float) -> str:
 
 def test_a_cancelled_launch_leaves_nothing_running_on_any_host(staged: Staged, machines: Machines) -> None:
     """Ctrl-C (or a cancelled flow run) while the nodes train: every connection closes, every node stops."""
-    written = ssh_spec(staged, machines, "ssh-cancel", machines.hosts(2), [
-        "train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"])
+    written = ssh_spec(
+        staged,
+        machines,
+        "ssh-cancel",
+        machines.hosts(2),
+        ["train.max_steps=40", "launch.env={TANDEM_TEST_SLOW_RANK: '1:0.3'}"],
+    )
 
     def interrupt(_record: dict) -> None:
         raise KeyboardInterrupt

@@ -68,10 +68,12 @@ def api_contents() -> dict[str, list]:
         while batch := client.read_logs(limit=200, offset=offset):
             logs += batch
             offset += len(batch)
-        return {"logs": [log.model_dump(mode="json") for log in logs],
-                "flow_runs": [run.model_dump(mode="json") for run in client.read_flow_runs(limit=200)],
-                "artifacts": [a.model_dump(mode="json") for a in client.read_artifacts(limit=200)],
-                "variables": [v.model_dump(mode="json") for v in client.read_variables()]}
+        return {
+            "logs": [log.model_dump(mode="json") for log in logs],
+            "flow_runs": [run.model_dump(mode="json") for run in client.read_flow_runs(limit=200)],
+            "artifacts": [a.model_dump(mode="json") for a in client.read_artifacts(limit=200)],
+            "variables": [v.model_dump(mode="json") for v in client.read_variables()],
+        }
 
 
 def node_preflight_logs(api: dict[str, list]) -> list[str]:
@@ -93,8 +95,11 @@ def world(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator
         with temporary_settings({PREFECT_API_URL: server.api_url, PREFECT_API_AUTH_STRING: auth}):
             deploy(POOL, "flows/node.py:node", "node")
             # The prefect backend's channel: the node workers' own environment.
-            workers = start_workers(replace(server, env={**server.env, NAME: world.canary}), POOL,
-                                    {f"canary-node-{rank}": f"node-{rank}" for rank in (0, 1)})
+            workers = start_workers(
+                replace(server, env={**server.env, NAME: world.canary}),
+                POOL,
+                {f"canary-node-{rank}": f"node-{rank}" for rank in (0, 1)},
+            )
             try:
                 run_everything(world, tiny_model)
                 world.api = api_contents()
@@ -110,18 +115,33 @@ def world(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator
 
 
 def run_everything(world: World, tiny_model: str) -> None:
-    common = [f"run.storage={world.storage}", f"model.name_or_path={tiny_model}", "train.max_steps=4",
-              "train.save_steps=4", "launch.rdzv_timeout=60", f"launch.forward_env=[{NAME}]",
-              f"launch.env={{TANDEM_TEST_ENV_DIGEST: {NAME}}}"]
+    common = [
+        f"run.storage={world.storage}",
+        f"model.name_or_path={tiny_model}",
+        "train.max_steps=4",
+        "train.save_steps=4",
+        "launch.rdzv_timeout=60",
+        f"launch.forward_env=[{NAME}]",
+        f"launch.env={{TANDEM_TEST_ENV_DIGEST: {NAME}}}",
+    ]
     with_canary = {**world.server.env, NAME: world.canary}
     world.outputs["local"] = finetune(with_canary, *common, "run.name=canary-local")
-    world.outputs["workers"] = finetune(world.server.env, *common, "run.name=canary-workers",
-                                        "launch.backend=prefect", f"launch.master_port={free_port()}")
-    world.outputs["missing"] = finetune(with_canary, *common, "run.name=canary-missing",
-                                        f"launch.forward_env=[{NAME}, TANDEM_ABSENT]")
+    world.outputs["workers"] = finetune(
+        world.server.env,
+        *common,
+        "run.name=canary-workers",
+        "launch.backend=prefect",
+        f"launch.master_port={free_port()}",
+    )
+    world.outputs["missing"] = finetune(
+        with_canary, *common, "run.name=canary-missing", f"launch.forward_env=[{NAME}, TANDEM_ABSENT]"
+    )
     world.outputs["refused"] = finetune(  # one CLI start for both: the loader reports every refused key at once
-        with_canary, *common, f"launch.env={{HF_TOKEN: {world.refused}}}",
-        f"run.storage_options={{endpoint_url: 'http://127.0.0.1:9', secret: {world.refused}}}")
+        with_canary,
+        *common,
+        f"launch.env={{HF_TOKEN: {world.refused}}}",
+        f"run.storage_options={{endpoint_url: 'http://127.0.0.1:9', secret: {world.refused}}}",
+    )
 
 
 def test_ranks_receive_the_forwarded_value_on_both_backends(world: World) -> None:
@@ -145,8 +165,11 @@ def test_a_name_missing_on_the_nodes_is_one_line_before_training(world: World) -
     done = world.outputs["missing"]
     assert done.returncode == 2, done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert errors and errors[0].startswith("error: node 0 (") and "launch.forward_env names TANDEM_ABSENT, not set" \
-        in errors[0], done.stderr
+    assert (
+        errors
+        and errors[0].startswith("error: node 0 (")
+        and "launch.forward_env names TANDEM_ABSENT, not set" in errors[0]
+    ), done.stderr
     assert not (world.storage / "runs" / "canary-missing" / "checkpoints").exists()  # stopped before training
 
 
@@ -157,7 +180,10 @@ def test_a_credential_in_the_config_is_refused_without_echoing_it(world: World) 
     for key in ("launch.env.HF_TOKEN", "run.storage_options.secret"):
         assert f"{key} looks like a credential" in done.stderr
     assert sorted(p.name for p in (world.storage / "runs").iterdir()) == [  # the refused run made nothing
-        "canary-local", "canary-missing", "canary-workers"]
+        "canary-local",
+        "canary-missing",
+        "canary-workers",
+    ]
 
 
 def test_no_canary_anywhere(world: World) -> None:
@@ -168,11 +194,22 @@ def test_no_canary_anywhere(world: World) -> None:
     digest = hashlib.sha256(world.canary.encode()).hexdigest()
     # The scan finds what is there: the digest the ranks wrote, in exactly the files they wrote it to.
     assert {p.name for p in files if digest.encode() in p.read_bytes()} == {
-        "env-digest-rank-00000.txt", "env-digest-rank-00001.txt"}
+        "env-digest-rank-00000.txt",
+        "env-digest-rank-00001.txt",
+    }
     names = {path.name for path in files}
     # The scan covers what matters: the database, spec.json, the nodes' logs and status, the workers' logs.
-    assert {"prefect.db", "spec.json", "log.txt", "status.json", "preflight.json", "worker-canary-node-1.log",
-            "server.log", "model_card.md", "v0001.json"} <= names
+    assert {
+        "prefect.db",
+        "spec.json",
+        "log.txt",
+        "status.json",
+        "preflight.json",
+        "worker-canary-node-1.log",
+        "server.log",
+        "model_card.md",
+        "v0001.json",
+    } <= names
     database = (world.home / "prefect.db").read_bytes()
     assert b"canary-workers-train-node1" in database  # what a leak would sit next to is really in it
     leaks = [f"{path}: {needle}" for path in files for needle in needles if needle.encode() in path.read_bytes()]
@@ -190,8 +227,8 @@ def rendered_sbatch(world: World) -> str:
     """The slurm backend's script for the local run's spec, rendered with the canary in this process's environment."""
     import os
 
-    from launch.phase import PhaseJob
-    from launch.slurm_nodes import render_sbatch, sbatch_command
+    from launch.backends.slurm import render_sbatch, sbatch_command
+    from launch.job import PhaseJob
     from storage.spec import WrittenSpec, load_spec
 
     url = str(world.storage / "runs" / "canary-local" / "spec.json")
@@ -206,10 +243,14 @@ def rendered_sbatch(world: World) -> str:
 
 def test_the_api_refuses_requests_without_the_auth_string(world: World) -> None:
     """Prefect's basic auth as the cluster uses it: 401 without the string or with a wrong one; /health stays open."""
+
     def status(path: str, auth: str | None, method: str = "POST") -> int:
-        request = urllib.request.Request(f"{world.server.api_url}/{path}", method=method,
-                                         data=b"{}" if method == "POST" else None,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{world.server.api_url}/{path}",
+            method=method,
+            data=b"{}" if method == "POST" else None,
+            headers={"Content-Type": "application/json"},
+        )
         if auth:
             request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
         try:

@@ -52,8 +52,9 @@ def slurm_cluster(tmp_path_factory) -> Iterator[Path]:
     """Start munged, slurmctld and slurmd; sets SLURM_CONF for this process and its children."""
     missing = [tool for tool in ("munged", "slurmctld", "slurmd", "sbatch") if shutil.which(tool) is None]
     if missing or os.geteuid() != 0:
-        pytest.skip(f"needs root and Debian's slurm-wlm + munge ({', '.join(missing) or 'not root'}); "
-                    ".ci/run installs them")
+        pytest.skip(
+            f"needs root and Debian's slurm-wlm + munge ({', '.join(missing) or 'not root'}); .ci/run installs them"
+        )
     root = tmp_path_factory.mktemp("slurm")
     for sub in ("state", "spool"):
         (root / sub).mkdir()
@@ -61,12 +62,27 @@ def slurm_cluster(tmp_path_factory) -> Iterator[Path]:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     conf = root / "slurm.conf"
-    conf.write_text(CONF.format(root=root, ctld_port=free_port(), d_port=free_port(), host=socket.gethostname(),
-                                cpus=os.cpu_count()))
+    conf.write_text(
+        CONF.format(
+            root=root, ctld_port=free_port(), d_port=free_port(), host=socket.gethostname(), cpus=os.cpu_count()
+        )
+    )
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    daemons = [subprocess.Popen(["munged", "-F", "--force", f"--key-file={key}", f"--socket={root}/munge.socket",
-                                 f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
-                                 f"--seed-file={root}/munged.seed"], env=env)]
+    daemons = [
+        subprocess.Popen(
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={root}/munge.socket",
+                f"--pid-file={root}/munged.pid",
+                f"--log-file={root}/munged.log",
+                f"--seed-file={root}/munged.seed",
+            ],
+            env=env,
+        )
+    ]
     time.sleep(1)
     daemons.append(subprocess.Popen(["slurmctld", "-D", "-c", "-i"], env=env))
     time.sleep(2)

@@ -9,34 +9,53 @@ import subprocess
 
 import pytest
 
+from config.loader import load_config
+from core.errors import RetryableError
+from launch.backends.slurm import render_sbatch
+from launch.command import free_port
+from launch.job import PhaseJob
+from launch.phase import run_phase
+from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete
-from config.errors import RetryableError
-from config.loader import load_config
+from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
-from launch.command import free_port
-from launch.phase import PhaseJob, run_phase
-from tasks.run import build_spec
-from launch.slurm_nodes import render_sbatch
 from tests.distributed.harness import Staged, config
 
 
 def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
-    cfg = config(staged, "render", ["launch.backend=slurm", "launch.nnodes=4", "launch.nproc_per_node=8",
-                                    "launch.master_port=6001", "launch.slurm_args=[--partition=gpu, --time=24:00:00]",
-                                    "launch.env={NCCL_SOCKET_IFNAME: ib0}"])
+    cfg = config(
+        staged,
+        "render",
+        [
+            "launch.backend=slurm",
+            "launch.nnodes=4",
+            "launch.nproc_per_node=8",
+            "launch.master_port=6001",
+            "launch.slurm_args=[--partition=gpu, --time=24:00:00]",
+            "launch.env={NCCL_SOCKET_IFNAME: ib0}",
+        ],
+    )
     spec = build_spec(cfg, "render", staged.model_path, staged.dataset)
-    script = render_sbatch(PhaseJob(WrittenSpec(spec, "/shared/runs/render/spec.json", "ab" * 32), "train"),
-                           output="/shared/out-%j.txt")
+    script = render_sbatch(
+        PhaseJob(WrittenSpec(spec, "/shared/runs/render/spec.json", "ab" * 32), "train"), output="/shared/out-%j.txt"
+    )
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
-    for expected in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=gpu",
-                     "#SBATCH --time=24:00:00", "#SBATCH --output=/shared/out-%j.txt",
-                     'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                     "export MASTER_PORT=6001", "export NNODES=$SLURM_JOB_NUM_NODES", "export GPUS_PER_NODE=8",
-                     "export NCCL_SOCKET_IFNAME=ib0"):
+    for expected in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=24:00:00",
+        "#SBATCH --output=/shared/out-%j.txt",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_PORT=6001",
+        "export NNODES=$SLURM_JOB_NUM_NODES",
+        "export GPUS_PER_NODE=8",
+        "export NCCL_SOCKET_IFNAME=ib0",
+    ):
         assert expected in lines, expected
-    srun = script[script.index("srun"):]
+    srun = script[script.index("srun") :]
     assert "--nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1" in srun
     assert "export NODE_RANK=$SLURM_NODEID; exec" in srun
     assert "-m flows.node --spec /shared/runs/render/spec.json --phase train --spec-digest " + "ab" * 32 in srun
@@ -46,10 +65,22 @@ def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
 def test_the_pipeline_runs_through_sbatch(slurm_cluster, prefect_server, tmp_path, tiny_model) -> None:
     from flows.finetune import finetune
 
-    summary = finetune(load_config(None, [
-        f"run.storage={tmp_path}", "run.name=via-slurm", f"model.name_or_path={tiny_model}", "launch.backend=slurm",
-        "launch.nnodes=1",
-        "launch.nproc_per_node=2", f"launch.master_port={free_port()}", "train.max_steps=4", "train.save_steps=2"]))
+    summary = finetune(
+        load_config(
+            None,
+            [
+                f"run.storage={tmp_path}",
+                "run.name=via-slurm",
+                f"model.name_or_path={tiny_model}",
+                "launch.backend=slurm",
+                "launch.nnodes=1",
+                "launch.nproc_per_node=2",
+                f"launch.master_port={free_port()}",
+                "train.max_steps=4",
+                "train.save_steps=2",
+            ],
+        )
+    )
     assert latest_complete(summary["run_url"]).step == 4
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")
     jobs = sorted(p.name for p in (tmp_path / "runs" / "via-slurm" / "slurm").iterdir())
@@ -57,15 +88,26 @@ def test_the_pipeline_runs_through_sbatch(slurm_cluster, prefect_server, tmp_pat
 
 
 def test_a_failing_rank_fails_the_job_with_its_output(slurm_cluster, staged: Staged) -> None:
-    cfg = config(staged, "slurm-fail", ["launch.backend=slurm", "launch.nnodes=1", "launch.nproc_per_node=2",
-                                        f"launch.master_port={free_port()}", "train.max_steps=8",
-                                        "launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:3'}"])
+    cfg = config(
+        staged,
+        "slurm-fail",
+        [
+            "launch.backend=slurm",
+            "launch.nnodes=1",
+            "launch.nproc_per_node=2",
+            f"launch.master_port={free_port()}",
+            "train.max_steps=8",
+            "launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:3'}",
+        ],
+    )
     spec = build_spec(cfg, "slurm-fail", staged.model_path, staged.dataset)
     digest = write_spec(spec)
     with pytest.raises(RetryableError) as info:
-        run_phase(WrittenSpec(spec, layout.join(spec.run_url, layout.SPEC), digest), "train", lambda _: None)
+        run_phase(WrittenSpec(spec, join(spec.run_url, layout.SPEC), digest), "train", lambda _: None)
     message = str(info.value)
-    assert message.startswith("train: SLURM job ") and " ended FAILED (exit 75:0): train failed on node 0, " \
-        "rank 1 exited with code 137" in message
+    assert (
+        message.startswith("train: SLURM job ")
+        and " ended FAILED (exit 75:0): train failed on node 0, rank 1 exited with code 137" in message
+    )
     queued = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout
     assert queued.strip() == ""

@@ -9,23 +9,23 @@ import time
 
 import pytest
 
-from config.errors import UserError
+from core.errors import UserError
 from storage.conditional import create_exclusive
-from storage.fs import exists, read_bytes, set_storage_options
+from storage.fs import Location, exists, join, read_bytes
 from storage.run_lock import RunLock
 from tests.racing import race
 
 
 @pytest.fixture(params=["local", "s3"])
-def run_url(request, tmp_path) -> str:
-    """A run directory on a local folder or in a new bucket on the S3 endpoint."""
+def run_url(request, tmp_path) -> Location:
+    """A run directory on a local folder or in a new bucket on the S3 endpoint (with the endpoint as its option)."""
     if request.param == "local":
-        return str(tmp_path / "runs" / "r1")
-    return request.getfixturevalue("s3_bucket") + "/tandem/runs/r1"
+        return Location(str(tmp_path / "runs" / "r1"))
+    return join(request.getfixturevalue("s3_bucket"), "tandem/runs/r1")
 
 
-def holder(run_url: str) -> dict:
-    return json.loads(read_bytes(run_url + "/LOCK"))
+def holder(run_url: Location) -> dict:
+    return json.loads(read_bytes(join(run_url, "LOCK")))
 
 
 def test_a_second_pipeline_is_refused_until_the_first_ends(run_url) -> None:
@@ -38,7 +38,7 @@ def test_a_second_pipeline_is_refused_until_the_first_ends(run_url) -> None:
         assert "\n" not in message
         assert message.startswith("run r1 is already running (flow run flow-a on ")
         assert "; wait for it, cancel it, or choose another run.name" in message
-    assert not exists(run_url + "/LOCK")
+    assert not exists(join(run_url, "LOCK"))
     with RunLock(run_url, "r1", "flow-b", lease_s=60).hold():  # a sequential re-run continues the run
         assert holder(run_url)["flow_run_id"] == "flow-b"
 
@@ -46,7 +46,7 @@ def test_a_second_pipeline_is_refused_until_the_first_ends(run_url) -> None:
 def test_the_lock_is_released_when_the_body_fails(run_url) -> None:
     with pytest.raises(RuntimeError, match="training failed"), RunLock(run_url, "r1", "flow-a", lease_s=60).hold():
         raise RuntimeError("training failed")
-    assert not exists(run_url + "/LOCK")
+    assert not exists(join(run_url, "LOCK"))
 
 
 def test_an_expired_lease_is_taken_over_and_a_live_one_is_renewed(run_url, caplog) -> None:
@@ -63,14 +63,13 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_renewed(run_url, caplo
 
 
 def test_an_unreadable_lock_counts_as_expired(run_url) -> None:
-    assert create_exclusive(run_url + "/LOCK", b"not json")
+    assert create_exclusive(join(run_url, "LOCK"), b"not json")
     with RunLock(run_url, "r1", "flow-a", lease_s=60).hold():
         assert holder(run_url)["flow_run_id"] == "flow-a"
 
 
-def try_lock(run_url: str, options: dict[str, str], name: str) -> str:
+def try_lock(run_url: Location, name: str) -> str:
     """Acquire in a child process (and keep it: the process ends holding it); 'held' or the refusal."""
-    set_storage_options(run_url.split("/tandem/")[0], options)
     try:
         RunLock(run_url, "r1", name, lease_s=60).acquire()
     except UserError as exc:
@@ -78,9 +77,8 @@ def try_lock(run_url: str, options: dict[str, str], name: str) -> str:
     return "held"
 
 
-def test_racing_pipelines_exactly_one_wins(run_url, request) -> None:
-    options = {"endpoint_url": request.getfixturevalue("s3_endpoint")} if run_url.startswith("s3://") else {}
-    results = race(try_lock, [(run_url, options, f"flow-{i}") for i in range(3)])
+def test_racing_pipelines_exactly_one_wins(run_url) -> None:
+    results = race(try_lock, [(run_url, f"flow-{i}") for i in range(3)])
     assert results.count("held") == 1, results
     winner = f"flow-{results.index('held')}"
     assert holder(run_url)["flow_run_id"] == winner

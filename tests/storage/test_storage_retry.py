@@ -9,10 +9,18 @@ import threading
 
 import pytest
 
-from config.errors import EXIT_RETRYABLE, UserError
+from core.errors import EXIT_RETRYABLE, UserError
 from storage.conditional import create_exclusive
-from storage.fs import (RETRY_ENV, StorageUnavailable, is_transient, read_bytes, retry_budget, set_storage_options,
-                        write_bytes_atomic)
+from storage.fs import (
+    RETRY_ENV,
+    Location,
+    StorageUnavailable,
+    is_transient,
+    join,
+    read_bytes,
+    retry_budget,
+    write_bytes_atomic,
+)
 from tests.s3_faults import LoseOneAnswer
 
 # botocore and s3fs retry connection errors themselves for about 8 s; one attempt each leaves the retries
@@ -26,9 +34,8 @@ def retries_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatch, caplog) -> None:
     endpoint, bucket = s3_stoppable
-    set_storage_options(bucket, {"endpoint_url": endpoint.url, **ONE_ATTEMPT})
     monkeypatch.setenv(RETRY_ENV, "30")
-    url = f"{bucket}/runs/r/metrics.jsonl"
+    url = Location(f"{bucket}/runs/r/metrics.jsonl", {"endpoint_url": endpoint.url, **ONE_ATTEMPT})
     body = b"x" * 100_000
     endpoint.stop()
     threading.Timer(2.0, endpoint.start).start()
@@ -41,8 +48,7 @@ def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatc
 
 def test_a_permanent_outage_fails_with_one_line_naming_the_endpoint(s3_stoppable, monkeypatch) -> None:
     endpoint, bucket = s3_stoppable
-    set_storage_options(bucket, {"endpoint_url": endpoint.url, **ONE_ATTEMPT})
-    url = f"{bucket}/datasets/d/manifest.json"
+    url = Location(f"{bucket}/datasets/d/manifest.json", {"endpoint_url": endpoint.url, **ONE_ATTEMPT})
     write_bytes_atomic(url, b"{}")
     monkeypatch.setenv(RETRY_ENV, "1.5")
     endpoint.stop()
@@ -58,7 +64,7 @@ def test_what_a_retry_cannot_change_is_raised_at_once(s3_stoppable, monkeypatch,
     _, bucket = s3_stoppable
     monkeypatch.setenv(RETRY_ENV, "30")
     with caplog.at_level(logging.WARNING, logger="storage.fs"), pytest.raises(FileNotFoundError):
-        read_bytes(f"{bucket}/no/such/object")
+        read_bytes(join(bucket, "no/such/object"))
     assert not retries_logged(caplog)
     assert not is_transient(PermissionError(13, "denied")) and is_transient(ConnectionRefusedError(111, "refused"))
 
@@ -67,8 +73,7 @@ def test_an_exclusive_create_whose_answer_was_lost_is_still_ours(s3_stoppable) -
     endpoint, bucket = s3_stoppable
     proxy = LoseOneAnswer(endpoint.port, lambda head: head.startswith(b"PUT ") and b"if-none-match" in head.lower())
     try:
-        set_storage_options(bucket, {"endpoint_url": proxy.url})
-        url = f"{bucket}/registry/m/v0001.json"
+        url = Location(f"{bucket}/registry/m/v0001.json", {"endpoint_url": proxy.url})
         assert create_exclusive(url, b'{"writer": "a"}')  # the PUT landed; its answer did not
         assert proxy.lost, "the proxy never dropped an answer: the test did not test anything"
         assert read_bytes(url) == b'{"writer": "a"}'

@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from config.schema import TrainConfig
+from config.sections.model_train import TrainConfig
+from pipeline.plan import total_steps
 from storage.shards import Row, row
-from storage.spec import total_steps
 from trainer.data import deal_by_length, rank_micro_batches, step_indices
 
 

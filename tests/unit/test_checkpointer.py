@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage.checkpoints import CompleteCheckpoint
-from trainer.checkpointer import Checkpointer, Policy
+from trainer.checkpointing.policy import Checkpointer, Policy
 
 
 class FakeIO:
@@ -49,10 +49,20 @@ def test_saves_every_save_steps_and_the_last_step_then_exports_it() -> None:
     checkpointer = Checkpointer(io, Policy(save_steps=4, total_steps=10, keep_latest_k=2), is_main=True)
     assert checkpointer.resume() == 0
     events = run(checkpointer, 0, 10)
-    assert io.calls == [("save", 4), ("retain", 2), ("save", 8), ("retain", 2), ("save", 10), ("retain", 2),
-                        ("export", 10)]
-    assert [(e["event"], e["step"], e["bytes"]) for e in events] == [("checkpoint", 4, 400), ("checkpoint", 8, 800),
-                                                                     ("checkpoint", 10, 1000)]
+    assert io.calls == [
+        ("save", 4),
+        ("retain", 2),
+        ("save", 8),
+        ("retain", 2),
+        ("save", 10),
+        ("retain", 2),
+        ("export", 10),
+    ]
+    assert [(e["event"], e["step"], e["bytes"]) for e in events] == [
+        ("checkpoint", 4, 400),
+        ("checkpoint", 8, 800),
+        ("checkpoint", 10, 1000),
+    ]
 
 
 def test_only_rank_0_applies_retention() -> None:

@@ -1,9 +1,12 @@
-"""The chunked loss (trainer/chunked_loss.py) equals the full-logits one: the summed loss, every trainable gradient
-(LoRA and full fine-tuning, the output layer tied or not, LoRA on the output layer) and the evaluation sums; and no
-tensor as wide as the vocabulary ever holds more than one chunk of positions. In process, on the built-in tiny
-model's shape in float32. The same comparisons with real ZeRO-2 and ZeRO-3 engines on 2 ranks whose chunk counts
-differ are tests/unit/test_chunked_loss_zero3.py's; the ZeRO-2 and ZeRO-3 runs of tests/distributed train with it
-(the reference's and the zero3 run's trajectories match the full-logits qwen-zero2 run's)."""
+"""The loss from the last hidden states (trainer/chunked_loss.py), chunked or in one pass, equals the full-logits one:
+the summed loss, every trainable gradient (LoRA and full fine-tuning, the output layer tied or not, LoRA on the output
+layer) and the evaluation sums; chunked, no tensor as wide as the vocabulary ever holds more than one chunk of
+positions; and which of the two a micro-batch takes follows the size of its target logits. In process, on the
+built-in tiny model's shape in float32. Its 2,048-token vocabulary takes one pass at the default threshold, so the
+chunked path is forced here (`one_pass_max_bytes=0`). The same comparisons with real ZeRO-2 and ZeRO-3 engines on
+2 ranks whose chunk counts differ are tests/unit/test_chunked_loss_zero3.py's; the ZeRO-2 and ZeRO-3 runs of
+tests/distributed train with it, in one pass (the reference's and the zero3 run's trajectories match the full-logits
+qwen-zero2 run's)."""
 
 from __future__ import annotations
 
@@ -14,13 +17,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from config.schema import TrainConfig
+from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX
 from trainer import tiny
-from trainer.chunked_loss import LossHead
+from trainer.chunked_loss import LOGIT_BYTES, LossHead
 from trainer.model import make_trainable
 
 CHUNK = 16  # several chunks per batch, the last one short
+CHUNKED, ONE_PASS = 0, None  # one_pass_max_bytes: 0 chunks every micro-batch; None: the default threshold
 VOCAB = tiny.RECIPE["vocab_size"]
 WEIGHT_T = (tiny.RECIPE["hidden_size"], VOCAB)
 
@@ -48,54 +52,71 @@ def batch(rows: int = 3, width: int = 40) -> tuple[torch.Tensor, torch.Tensor, t
     return ids, mask, labels
 
 
-def loss_and_grads(model: Any, chunk_tokens: int, inputs: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def head_of(model: Any, chunk_tokens: int, one_pass_max_bytes: int | None = CHUNKED) -> LossHead:
+    """LossHead.of, chunked (0), at the default threshold (None) or at a given one."""
+    return LossHead.of(
+        model, chunk_tokens, **({} if one_pass_max_bytes is None else {"one_pass_max_bytes": one_pass_max_bytes})
+    )
+
+
+def loss_and_grads(
+    model: Any, chunk_tokens: int, inputs: tuple, one_pass_max_bytes: int | None = CHUNKED
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ids, mask, labels = inputs
     model.zero_grad(set_to_none=True)
-    head = LossHead.of(model, chunk_tokens)
+    head = head_of(model, chunk_tokens, one_pass_max_bytes)
     loss = head.summed(model(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device)), labels)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize(("method", "tied", "targets"), [
-    ("lora", False, None),                # Tandem's default targets: every attention and MLP projection
-    ("lora", False, ["q_proj", "lm_head"]),  # a LoRA-wrapped output layer is called as a module, LoRA included
-    ("full", False, None),
-    ("full", True, None),                 # the output layer is the input embedding: both uses add to one gradient
-])
-def test_chunked_loss_and_gradients_equal_the_full_logits_ones(method: str, tied: bool, targets: list[str] | None):
+@pytest.mark.parametrize("one_pass_max_bytes", [CHUNKED, ONE_PASS], ids=["chunked", "one-pass"])
+@pytest.mark.parametrize(
+    ("method", "tied", "targets"),
+    [
+        ("lora", False, None),  # Tandem's default targets: every attention and MLP projection
+        ("lora", False, ["q_proj", "lm_head"]),  # a LoRA-wrapped output layer is called as a module, LoRA included
+        ("full", False, None),
+        ("full", True, None),  # the output layer is the input embedding: both uses add to one gradient
+    ],
+)
+def test_chunked_loss_and_gradients_equal_the_full_logits_ones(
+    method: str, tied: bool, targets: list[str] | None, one_pass_max_bytes: int | None
+):
     model = build(method, tied=tied, lora_targets=targets)
     inputs = batch()
     assert int((inputs[2][:, 1:] != IGNORE_INDEX).sum()) % CHUNK  # the last chunk is a short one
     full_loss, full_grads = loss_and_grads(model, 0, inputs)
-    chunked_loss, chunked_grads = loss_and_grads(model, CHUNK, inputs)
+    chunked_loss, chunked_grads = loss_and_grads(model, CHUNK, inputs, one_pass_max_bytes)
     torch.testing.assert_close(chunked_loss, full_loss, rtol=1e-5, atol=0)
     assert chunked_grads.keys() == full_grads.keys() and full_grads
     for name, grad in full_grads.items():
         assert grad.abs().max() > 0, name  # every compared gradient carries signal
         # rtol 1e-5, with the absolute slack scaled to the tensor: elements near zero differ by rounding alone.
-        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()),
-                                   msg=name)
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()), msg=name)
 
 
-def test_chunked_evaluation_sums_equal_the_full_logits_ones() -> None:
+@pytest.mark.parametrize("one_pass_max_bytes", [CHUNKED, ONE_PASS], ids=["chunked", "one-pass"])
+def test_chunked_evaluation_sums_equal_the_full_logits_ones(one_pass_max_bytes: int | None) -> None:
     model = build("lora").eval()
     ids, mask, labels = batch()
     with torch.no_grad():
         sums = {}
         for chunk in (0, CHUNK):
-            head = LossHead.of(model, chunk)
-            sums[chunk] = head.eval_sums(model(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device)),
-                                         labels)
+            head = head_of(model, chunk, one_pass_max_bytes)
+            sums[chunk] = head.eval_sums(
+                model(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device)), labels
+            )
     (full_loss, full_targets, full_correct), (loss, targets, correct) = sums[0], sums[CHUNK]
     assert (targets, correct) == (full_targets, full_correct) and targets == int((labels[:, 1:] != IGNORE_INDEX).sum())
     assert loss == pytest.approx(full_loss, rel=1e-6)
 
 
-def test_a_batch_without_targets_gives_zero_loss_and_zero_gradients() -> None:
+@pytest.mark.parametrize("one_pass_max_bytes", [CHUNKED, ONE_PASS], ids=["chunked", "one-pass"])
+def test_a_batch_without_targets_gives_zero_loss_and_zero_gradients(one_pass_max_bytes: int | None) -> None:
     model = build("full")
     ids, mask, labels = batch()
-    loss, grads = loss_and_grads(model, CHUNK, (ids, mask, torch.full_like(labels, IGNORE_INDEX)))
+    loss, grads = loss_and_grads(model, CHUNK, (ids, mask, torch.full_like(labels, IGNORE_INDEX)), one_pass_max_bytes)
     assert float(loss) == 0.0
     # The output layer is reached (DeepSpeed needs every trained weight in the backward pass), with zero gradient.
     assert all(float(g.abs().max()) == 0.0 for g in grads.values()) and "lm_head.weight" in grads
@@ -109,7 +130,7 @@ class WidestLogits(TorchDispatchMode):
         super().__init__()
         self.largest = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor) and vocab_wide(leaf):
@@ -121,6 +142,21 @@ def vocab_wide(tensor: torch.Tensor) -> bool:
     return tensor.dim() > 0 and tensor.shape[-1] == VOCAB and tensor.shape != WEIGHT_T
 
 
+def widest_and_kept(model: Any, chunk_tokens: int, inputs: tuple, one_pass_max_bytes: int | None) -> tuple[int, int]:
+    """(elements of the widest vocabulary-wide tensor made, elements of those saved for the backward pass) over a
+    forward and backward pass."""
+    kept = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal kept
+        kept += tensor.numel() if vocab_wide(tensor) else 0
+        return tensor
+
+    with WidestLogits() as mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss_and_grads(model, chunk_tokens, inputs, one_pass_max_bytes)
+    return mode.largest, kept
+
+
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_no_tensor_as_wide_as_the_vocabulary_holds_more_than_one_chunk(method: str) -> None:
     """Forward and backward: the full-logits loss makes batch x positions x vocabulary tensors; the chunked one
@@ -128,16 +164,23 @@ def test_no_tensor_as_wide_as_the_vocabulary_holds_more_than_one_chunk(method: s
     recomputes each chunk there), so at most one chunk's logits and their gradient exist at a time."""
     model = build(method)
     inputs = batch(rows=2, width=256)
-    widest, kept = {}, {}
-    for chunk in (0, 64):
-        kept[chunk] = 0
+    widest, kept = widest_and_kept(model, 0, inputs, CHUNKED)
+    assert widest >= 2 * 255 * VOCAB and kept >= 2 * 255 * VOCAB
+    assert widest_and_kept(model, 64, inputs, CHUNKED) == (64 * VOCAB, 0)
 
-        def pack(tensor: torch.Tensor, chunk: int = chunk) -> torch.Tensor:
-            kept[chunk] += tensor.numel() if vocab_wide(tensor) else 0
-            return tensor
 
-        with WidestLogits() as mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss_and_grads(model, chunk, inputs)
-        widest[chunk] = mode.largest
-    assert widest[0] >= 2 * 255 * VOCAB and kept[0] >= 2 * 255 * VOCAB
-    assert widest[64] == 64 * VOCAB and kept[64] == 0
+def test_chunks_are_chosen_by_the_size_of_a_micro_batchs_target_logits() -> None:
+    """A micro-batch whose float32 target logits fit in one_pass_max_bytes takes them in one pass over its target
+    positions only, kept for the backward pass (no recomputation); a larger one is chunked, nothing kept. At the
+    default threshold the tiny vocabulary's micro-batches all take one pass."""
+    model = build("lora")
+    small, large = batch(rows=1, width=64), batch(rows=2, width=256)
+    targets = {
+        name: int((inputs[2][:, 1:] != IGNORE_INDEX).sum()) for name, inputs in (("small", small), ("large", large))
+    }
+    threshold = targets["small"] * VOCAB * LOGIT_BYTES  # the small batch's logits exactly
+    widest, kept = widest_and_kept(model, 64, small, threshold)
+    assert widest == targets["small"] * VOCAB and kept >= targets["small"] * VOCAB
+    assert targets["large"] > 64 and widest_and_kept(model, 64, large, threshold) == (64 * VOCAB, 0)
+    widest, kept = widest_and_kept(model, 64, large, ONE_PASS)
+    assert widest == targets["large"] * VOCAB and kept >= targets["large"] * VOCAB

@@ -4,9 +4,11 @@ the count is agreed across ranks: under ZeRO-3 every call of the output layer is
 
 One launch of 2 processes (this file run as a module, one per rank) builds an engine per stage and method (LoRA with
 the output layer among its targets, full fine-tuning) on tests/unit/test_chunked_loss.py's tiny model, and compares
-on every rank the chunked summed loss and every trainable parameter's full gradient (averaged over the ranks, read
-after backward and before the step) with the full-logits ones at rtol 1e-5 in float32; and, under ZeRO-3, the
-evaluation sums, one rank having no target at all."""
+on every rank the summed loss and every trainable parameter's full gradient (averaged over the ranks, read after
+backward and before the step) with the full-logits ones at rtol 1e-5 in float32: chunked (forced: the tiny vocabulary
+takes one pass at the default threshold), in one pass, and at a threshold between the two ranks' target logits, where
+each rank alone would choose differently (under ZeRO-3 the choice is agreed, or the ranks' all-gathers mismatch); and,
+under ZeRO-3, the evaluation sums, chunked, one rank having no target at all."""
 
 from __future__ import annotations
 
@@ -46,12 +48,26 @@ def launch(tmp_path: Path) -> list[dict]:
         port = sock.getsockname()[1]
     procs = []
     for rank in range(WORLD):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
-               "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(WORLD),
+            "LOCAL_WORLD_SIZE": str(WORLD),
+            "OMP_NUM_THREADS": "1",
+        }
         log = (tmp_path / f"rank-{rank}.log").open("w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.unit.test_chunked_loss_zero3", str(tmp_path)],
-                                      cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.unit.test_chunked_loss_zero3", str(tmp_path)],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     try:
         codes = [proc.wait(timeout=max(1.0, deadline - time.monotonic())) for proc in procs]
@@ -70,6 +86,7 @@ def launch(tmp_path: Path) -> list[dict]:
 
 
 # ---- one rank (python -m tests.unit.test_chunked_loss_zero3 OUT_DIR) ----
+
 
 def rank_batch(rank: int, *, targets: bool = True) -> tuple:
     """test_chunked_loss's batch, its prompts longer on rank 1 (fewer targets, fewer chunks of CHUNK); no target at
@@ -96,32 +113,43 @@ def engine_for(stage: int, method: str) -> Any:
     import deepspeed
     import torch
 
-    from trainer.model import LORA_TARGETS
     from tests.unit.test_chunked_loss import build
+    from trainer.model import LORA_TARGETS
 
     model = build(method, lora_targets=[*LORA_TARGETS["qwen2"], "lm_head"] if method == "lora" else None)
     params = [p for p in model.parameters() if p.requires_grad]
-    config = {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
-              "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config,
-                                      optimizer=torch.optim.SGD(params, lr=0.0))
+    config = {
+        "train_micro_batch_size_per_gpu": 3,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**6,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+    }
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=params, config=config, optimizer=torch.optim.SGD(params, lr=0.0)
+    )
     return engine
 
 
-def loss_and_grads(engine: Any, chunk_tokens: int, inputs: tuple) -> tuple[Any, dict[str, Any]]:
+def loss_and_grads(
+    engine: Any, chunk_tokens: int, inputs: tuple, one_pass_max_bytes: int | None = 0
+) -> tuple[Any, dict[str, Any]]:
     """The summed loss and every trainable parameter's full gradient after DeepSpeed's backward (before the step)."""
     from deepspeed.utils import safe_get_full_grad
 
-    from trainer.chunked_loss import LossHead
+    from tests.unit.test_chunked_loss import head_of
 
     ids, mask, labels = inputs
-    head = LossHead.of(engine, chunk_tokens)
+    head = head_of(engine, chunk_tokens, one_pass_max_bytes)
     assert (head.head is None) == (chunk_tokens == 0)
     assert head.partitioned == (chunk_tokens > 0 and engine.zero_optimization_stage() == 3)
     loss = head.summed(engine(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device)), labels)
     engine.backward(loss)
-    grads = {name: safe_get_full_grad(param).clone() for name, param in engine.module.named_parameters()
-             if param.requires_grad}
+    grads = {
+        name: safe_get_full_grad(param).clone()
+        for name, param in engine.module.named_parameters()
+        if param.requires_grad
+    }
     for name, param in engine.module.named_parameters():
         if param.requires_grad:  # the whole gradient, not this rank's partition of it
             assert grads[name].shape == getattr(param, "ds_shape", param.shape), name
@@ -130,19 +158,28 @@ def loss_and_grads(engine: Any, chunk_tokens: int, inputs: tuple) -> tuple[Any, 
 
 
 def compare_training(engine: Any, inputs: tuple) -> int:
-    """Chunked vs full logits on one engine; the number of gradients compared."""
+    """Chunked, one pass, and a threshold the ranks alone would disagree on, each vs full logits on one engine; the
+    number of gradients compared."""
     import torch
 
-    from tests.unit.test_chunked_loss import CHUNK
+    from tests.unit.test_chunked_loss import CHUNK, CHUNKED, ONE_PASS, VOCAB
+    from trainer.chunked_loss import LOGIT_BYTES
 
     full_loss, full_grads = loss_and_grads(engine, 0, inputs)
-    chunked_loss, chunked_grads = loss_and_grads(engine, CHUNK, inputs)
-    torch.testing.assert_close(chunked_loss, full_loss, rtol=1e-5, atol=0)
-    assert chunked_grads.keys() == full_grads.keys() and full_grads
-    for name, grad in full_grads.items():
-        assert grad.abs().max() > 0, name
-        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()),
-                                   msg=name)
+    between = target_count(rank_batch(1)[2]) * VOCAB * LOGIT_BYTES  # rank 1's own logits fit, rank 0's do not
+    for one_pass_max_bytes in (CHUNKED, ONE_PASS, between):
+        loss, grads = loss_and_grads(engine, CHUNK, inputs, one_pass_max_bytes)
+        torch.testing.assert_close(loss, full_loss, rtol=1e-5, atol=0)
+        assert grads.keys() == full_grads.keys() and full_grads
+        for name, grad in full_grads.items():
+            assert grad.abs().max() > 0, name
+            torch.testing.assert_close(
+                grads[name],
+                grad,
+                rtol=1e-5,
+                atol=1e-5 * float(grad.abs().max()),
+                msg=f"{name}, one_pass_max_bytes={one_pass_max_bytes}",
+            )
     return len(full_grads)
 
 
@@ -150,15 +187,14 @@ def compare_evaluation(engine: Any, inputs: tuple) -> None:
     """eval_sums, chunked vs full logits, on a ZeRO-3 engine in eval mode."""
     import torch
 
-    from tests.unit.test_chunked_loss import CHUNK
-    from trainer.chunked_loss import LossHead
+    from tests.unit.test_chunked_loss import CHUNK, head_of
 
     ids, mask, labels = inputs
     engine.eval()
     sums = {}
     with torch.no_grad():
         for chunk in (0, CHUNK):
-            head = LossHead.of(engine, chunk)
+            head = head_of(engine, chunk)
             out = engine(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device))
             sums[chunk] = head.eval_sums(out, labels)
     (full_loss, full_targets, full_correct), (loss, targets, correct) = sums[0], sums[CHUNK]

@@ -7,10 +7,12 @@ import json
 import pytest
 
 from config.deepspeed import read_deepspeed_json, resolve_from_runtime, resolve_from_train
-from config.errors import UserError
 from config.loader import PRESETS_DIR, load_config
-from config.schema import FinetuneConfig, TrainConfig
+from config.schema import FinetuneConfig
+from config.sections.model_train import TrainConfig
+from core.errors import UserError
 from tests.qwen_configs import QWEN_ZERO2, QWEN_ZERO3
+
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
 def test_every_preset_validates_and_starts_with_its_command(preset: str) -> None:
@@ -29,8 +31,11 @@ def test_every_preset_validates_and_starts_with_its_command(preset: str) -> None
 def test_gpu_presets_mirror_qwen_scripts() -> None:
     import yaml
 
-    for name, method, lr, stage in (("qwen-7b-lora", "lora", 3e-4, 2), ("qwen-7b-qlora", "qlora", 3e-4, 2),
-                                    ("qwen-14b-full", "full", 1e-5, 3)):
+    for name, method, lr, stage in (
+        ("qwen-7b-lora", "lora", 3e-4, 2),
+        ("qwen-7b-qlora", "qlora", 3e-4, 2),
+        ("qwen-14b-full", "full", 1e-5, 3),
+    ):
         cfg = FinetuneConfig.model_validate(yaml.safe_load((PRESETS_DIR / f"{name}.yaml").read_text()))
         assert (cfg.train.method, cfg.train.learning_rate) == (method, lr)
         assert (cfg.train.micro_batch_size, cfg.train.gradient_accumulation_steps) == (2, 8)
@@ -103,12 +108,15 @@ def test_unresolvable_auto_names_the_key() -> None:
         resolve_from_runtime({"zero_optimization": {"stage": "auto"}}, bf16=False, hidden_size=8)
 
 
-@pytest.mark.parametrize(("setting", "environ", "expected"), [
-    (None, {}, None),  # unset, no variable: MLflow is off
-    (None, {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://mlflow:5000"),
-    ("http://other:5000", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://other:5000"),
-    ("off", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, None),  # off even when the variable is set
-])
+@pytest.mark.parametrize(
+    ("setting", "environ", "expected"),
+    [
+        (None, {}, None),  # unset, no variable: MLflow is off
+        (None, {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://mlflow:5000"),
+        ("http://other:5000", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://other:5000"),
+        ("off", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, None),  # off even when the variable is set
+    ],
+)
 def test_track_mlflow_uri_falls_back_to_the_environment_unless_off(setting, environ, expected) -> None:
     cfg = load_config(None, [f"track.mlflow_uri={setting}"] if setting else [])
     assert cfg.track.mlflow_tracking_uri(environ) == expected
@@ -129,9 +137,13 @@ def test_a_tracking_extra_that_is_not_installed_is_named_in_one_line(tmp_path) -
 
     from tests.conftest import ROOT
 
-    code = ("import sys; sys.modules['mlflow'] = None\n"
-            "from config.loader import load_config\nfrom tasks.tracking import check_tracking\n"
-            "check_tracking(load_config(None, ['track.mlflow_uri=http://127.0.0.1:1']))")
+    code = (
+        "import sys; sys.modules['mlflow'] = None\n"
+        "from config.loader import load_config\nfrom tracking import check_tracking\n"
+        "check_tracking(load_config(None, ['track.mlflow_uri=http://127.0.0.1:1']))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert ("config.errors.UserError: track.mlflow_uri: MLflow is not installed in this environment: "
-            "pip install 'tandem[mlflow]' (or set track.mlflow_uri=off)") in done.stderr
+    assert (
+        "core.errors.UserError: track.mlflow_uri: MLflow is not installed in this environment: "
+        "pip install 'tandem[mlflow]' (or set track.mlflow_uri=off)"
+    ) in done.stderr

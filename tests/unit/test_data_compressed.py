@@ -13,10 +13,10 @@ import blake3
 import pytest
 import zstandard
 
-from config.errors import UserError
-from config.schema import DataConfig
+from config.sections.run_data import DataConfig
+from core.errors import UserError
+from staging.stage import stage_dataset
 from storage.manifest import read_manifest
-from tasks.data.stage import stage_dataset
 from tests.datafiles import arithmetic, qwen
 
 CODECS = {
@@ -68,11 +68,16 @@ def test_a_bad_record_or_a_corrupt_file_names_the_compressed_file(tmp_path, tiny
     path = compressed(tmp_path / "d.jsonl.xz", "\n".join(lines).encode())
     with pytest.raises(UserError) as info:
         stage(DataConfig(source=str(path)), tmp_path / "s", tiny_model)
-    assert str(info.value) == (f"{path}:6: conversations[1].value: expected a string, got int "
-                               "(or set data.on_invalid=skip to skip invalid records)")
+    assert str(info.value) == (
+        f"{path}:6: conversations[1].value: expected a string, got int "
+        "(or set data.on_invalid=skip to skip invalid records)"
+    )
     corrupt = tmp_path / "c.jsonl.gz"
     corrupt.write_bytes(gzip.compress(b"\n".join(line.encode() for line in lines))[:-20])  # cut short
-    with pytest.raises(UserError, match=rf"^{corrupt}: not a readable gzip file \(.+\); check the file or its "
-                                        r"extension$"):
+    with pytest.raises(
+        UserError,
+        match=rf"^{corrupt}: not a readable gzip file \(.+\); check the file or its "
+        r"extension$",
+    ):
         stage(DataConfig(source=str(corrupt)), tmp_path / "s", tiny_model)
     assert not list((tmp_path / "s").glob("datasets/ds-*"))

@@ -8,27 +8,53 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import UserError
 from config.loader import load_config
-from tasks.data.records import read_records
-from tasks.data.sources import expand
-from tests.datafiles import openai, qwen, write_json, write_jsonl, write_parquet
+from core.errors import UserError
+from staging.sources import expand
+from tests.datafiles import openai, qwen, read_records, write_json, write_jsonl, write_parquet
 
 # One conversation (system, two exchanges) written in each of the four formats.
 SAME_CONVERSATION = {
-    "qwen": qwen(("system", "Be brief."), ("user", "Add 2 and 3."), ("assistant", "5."), ("user", "Times 4?"),
-                 ("assistant", "20.")),
-    "sharegpt": {"system": "Be brief.", "conversations": [
-        {"from": "human", "value": "Add 2 and 3."}, {"from": "gpt", "value": "5."},
-        {"from": "human", "value": "Times 4?"}, {"from": "gpt", "value": "20."}]},
-    "openai": openai(("system", "Be brief."), ("user", "Add 2 and 3."),
-                     ("assistant", "5."), ("user", "Times 4?"), ("assistant", "20.")),
-    "alpaca": {"instruction": "Times 4?", "input": "", "output": "20.", "system": "Be brief.",
-               "history": [["Add 2 and 3.", "5."]]},
+    "qwen": qwen(
+        ("system", "Be brief."),
+        ("user", "Add 2 and 3."),
+        ("assistant", "5."),
+        ("user", "Times 4?"),
+        ("assistant", "20."),
+    ),
+    "sharegpt": {
+        "system": "Be brief.",
+        "conversations": [
+            {"from": "human", "value": "Add 2 and 3."},
+            {"from": "gpt", "value": "5."},
+            {"from": "human", "value": "Times 4?"},
+            {"from": "gpt", "value": "20."},
+        ],
+    },
+    "openai": openai(
+        ("system", "Be brief."),
+        ("user", "Add 2 and 3."),
+        ("assistant", "5."),
+        ("user", "Times 4?"),
+        ("assistant", "20."),
+    ),
+    "alpaca": {
+        "instruction": "Times 4?",
+        "input": "",
+        "output": "20.",
+        "system": "Be brief.",
+        "history": [["Add 2 and 3.", "5."]],
+    },
 }
-EXPECTED = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."},
-                         {"role": "assistant", "content": "5."}, {"role": "user", "content": "Times 4?"},
-                         {"role": "assistant", "content": "20."}]}
+EXPECTED = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "5."},
+        {"role": "user", "content": "Times 4?"},
+        {"role": "assistant", "content": "20."},
+    ]
+}
 WRITERS = {"jsonl": write_jsonl, "json": write_json, "parquet": write_parquet}
 
 
@@ -45,23 +71,35 @@ def test_every_format_and_file_kind_gives_the_same_conversation(tmp_path, fmt, k
 
 def test_sharegpt_tools_function_calls_and_observations(tmp_path) -> None:
     tools = [{"name": "add", "description": "Add two numbers", "parameters": {"type": "object"}}]
-    record = {"tools": json.dumps(tools), "conversations": [
-        {"from": "human", "value": "Add 2 and 3."},
-        {"from": "function_call", "value": json.dumps({"name": "add", "arguments": {"a": 2, "b": 3}})},
-        {"from": "observation", "value": "5"},
-        {"from": "gpt", "value": "It is 5."}]}
+    record = {
+        "tools": json.dumps(tools),
+        "conversations": [
+            {"from": "human", "value": "Add 2 and 3."},
+            {"from": "function_call", "value": json.dumps({"name": "add", "arguments": {"a": 2, "b": 3}})},
+            {"from": "observation", "value": "5"},
+            {"from": "gpt", "value": "It is 5."},
+        ],
+    }
     [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [record]), "auto")
-    assert got.conversation == {"tools": tools, "messages": [
-        {"role": "user", "content": "Add 2 and 3."},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
-        {"role": "tool", "content": "5"},
-        {"role": "assistant", "content": "It is 5."}]}
+    assert got.conversation == {
+        "tools": tools,
+        "messages": [
+            {"role": "user", "content": "Add 2 and 3."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}],
+            },
+            {"role": "tool", "content": "5"},
+            {"role": "assistant", "content": "It is 5."},
+        ],
+    }
 
 
 def test_openai_content_may_be_text_parts(tmp_path) -> None:
-    record = openai(("user", [{"type": "text", "text": "Add 2"}, {"type": "text", "text": "and 3."}]),
-                    ("assistant", "5."))
+    record = openai(
+        ("user", [{"type": "text", "text": "Add 2"}, {"type": "text", "text": "and 3."}]), ("assistant", "5.")
+    )
     [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [record]), "auto")
     assert got.conversation["messages"][0] == {"role": "user", "content": "Add 2\nand 3."}
 
@@ -71,27 +109,54 @@ def test_llamafactory_v1_parts_and_loss_weight_are_the_openai_form(tmp_path) -> 
         return [{"type": kind, "value": value} for kind, value in items]
 
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
-    v1 = {"messages": [
-        {"role": "system", "content": parts(("text", "Be brief."), ("tools", json.dumps(tools))), "loss_weight": 0.0},
-        {"role": "user", "content": parts(("text", "Add 2"), ("text", "and 3.")), "loss_weight": 0.0},
-        {"role": "assistant", "content": parts(("tool_call", json.dumps({"name": "add", "arguments": {"a": 2}}))),
-         "loss_weight": 0.0},
-        {"role": "tool", "content": parts(("text", "5"))},
-        {"role": "assistant", "content": parts(("reasoning", "2 + 3 = 5."), ("text", "It is 5.")), "loss_weight": 1.0},
-    ]}
+    v1 = {
+        "messages": [
+            {
+                "role": "system",
+                "content": parts(("text", "Be brief."), ("tools", json.dumps(tools))),
+                "loss_weight": 0.0,
+            },
+            {"role": "user", "content": parts(("text", "Add 2"), ("text", "and 3.")), "loss_weight": 0.0},
+            {
+                "role": "assistant",
+                "content": parts(("tool_call", json.dumps({"name": "add", "arguments": {"a": 2}}))),
+                "loss_weight": 0.0,
+            },
+            {"role": "tool", "content": parts(("text", "5"))},
+            {
+                "role": "assistant",
+                "content": parts(("reasoning", "2 + 3 = 5."), ("text", "It is 5.")),
+                "loss_weight": 1.0,
+            },
+        ]
+    }
     [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [v1]), "auto")
-    assert got.conversation == {"tools": tools, "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Add 2\nand 3."},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}], "weight": 0},
-        {"role": "tool", "content": "5"},
-        {"role": "assistant", "content": "It is 5.", "reasoning_content": "2 + 3 = 5."}]}
+    assert got.conversation == {
+        "tools": tools,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Add 2\nand 3."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}],
+                "weight": 0,
+            },
+            {"role": "tool", "content": "5"},
+            {"role": "assistant", "content": "It is 5.", "reasoning_content": "2 + 3 = 5."},
+        ],
+    }
 
 
 def test_openai_weight_zero_turns_are_kept_but_marked(tmp_path) -> None:
-    record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey", "weight": 0},
-                           {"role": "user", "content": "Add 1 and 1"}, {"role": "assistant", "content": "2"}]}
+    record = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hey", "weight": 0},
+            {"role": "user", "content": "Add 1 and 1"},
+            {"role": "assistant", "content": "2"},
+        ]
+    }
     [got] = read_records(write_jsonl(tmp_path / "d.jsonl", [record]), "openai")
     assert got.conversation["messages"][1] == {"role": "assistant", "content": "Hey", "weight": 0}
     assert "weight" not in got.conversation["messages"][3]
@@ -100,18 +165,20 @@ def test_openai_weight_zero_turns_are_kept_but_marked(tmp_path) -> None:
 def test_alpaca_joins_instruction_and_input(tmp_path) -> None:
     record = {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"}
     [got] = read_records(write_json(tmp_path / "d.json", [record]), "auto")
-    assert got.conversation == {"messages": [{"role": "user", "content": "Add the numbers.\n2 and 3"},
-                                             {"role": "assistant", "content": "5"}]}
+    assert got.conversation == {
+        "messages": [{"role": "user", "content": "Add the numbers.\n2 and 3"}, {"role": "assistant", "content": "5"}]
+    }
 
 
 def test_text_records_are_plain_text(tmp_path) -> None:
-    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Once upon a time.", "meta": {"source": "web"}},
-                                             {"text": "  "}, {"text": 3}])
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"text": "Once upon a time.", "meta": {"source": "web"}}, {"text": "  "}, {"text": 3}]
+    )
     records = read_records(write_jsonl(tmp_path / "ok.jsonl", [{"text": "Once upon a time."}]), "auto")
     assert [r.conversation for r in records] == [{"text": "Once upon a time."}]
     with pytest.raises(UserError, match=rf"^{path}:2: text: empty text "):
         read_records(path, "text")
-    from tasks.data.formats import InvalidRecord, normalize_text
+    from staging.formats import InvalidRecord, normalize_text
 
     with pytest.raises(InvalidRecord, match=r"^text: expected a string, got int$"):
         normalize_text({"text": 3})
@@ -126,7 +193,11 @@ def test_auto_decides_per_file_in_a_directory_and_a_glob(tmp_path) -> None:
     records = read_records(str(tmp_path), "auto")
     assert [r.conversation for r in records] == [EXPECTED] * 4
     assert [Path(r.location.split("#")[0].split(":")[0].split("[")[0]).name for r in records] == [
-        "alpaca.json", "openai.jsonl", "qwen.parquet", "sharegpt.jsonl"]
+        "alpaca.json",
+        "openai.jsonl",
+        "qwen.parquet",
+        "sharegpt.jsonl",
+    ]
     assert len(read_records(str(tmp_path / "*.jsonl"), "auto")) == 2
 
 
@@ -134,8 +205,10 @@ def test_auto_explains_when_it_cannot_tell(tmp_path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
     with pytest.raises(UserError) as info:
         read_records(path, "auto")
-    assert str(info.value) == (f"cannot tell the format of {path}: records have keys ['completion', 'prompt']; "
-                               "pass --format qwen|sharegpt|openai|alpaca|text (data.format)")
+    assert str(info.value) == (
+        f"cannot tell the format of {path}: records have keys ['completion', 'prompt']; "
+        "pass --format qwen|sharegpt|openai|alpaca|text (data.format)"
+    )
     garbage = tmp_path / "g.jsonl"
     garbage.write_text("{oops\n")
     with pytest.raises(UserError, match=r"^cannot tell the format of .*g.jsonl: its first records are not valid JSON"):
@@ -152,16 +225,27 @@ GOOD = qwen(("user", "hi"), ("assistant", "hello"))
     ("record", "reason"),
     [
         (qwen(("user", "hi")), "no assistant turn"),
-        (qwen(("system", "s"), ("assistant", "hi"), ("user", "x"), ("assistant", "y")),
-         "roles out of order: turn 1 is 'assistant', expected 'user'"),
-        (qwen(("user", "hi"), ("user", "again"), ("assistant", "x")),
-         "roles out of order: turn 1 is 'user', expected 'assistant'"),
-        (qwen(("user", "hi"), ("assistant", "x"), ("user", "more")),
-         "the last turn is 'user'; a conversation must end with the assistant"),
+        (
+            qwen(("system", "s"), ("assistant", "hi"), ("user", "x"), ("assistant", "y")),
+            "roles out of order: turn 1 is 'assistant', expected 'user'",
+        ),
+        (
+            qwen(("user", "hi"), ("user", "again"), ("assistant", "x")),
+            "roles out of order: turn 1 is 'user', expected 'assistant'",
+        ),
+        (
+            qwen(("user", "hi"), ("assistant", "x"), ("user", "more")),
+            "the last turn is 'user'; a conversation must end with the assistant",
+        ),
         (qwen(("user", "hi"), ("assistant", "  ")), "conversations[1].value: empty text"),
-        (qwen(("user", "hi"), ("robot", "x")), "conversations[1]: 'from' must be one of ['assistant', 'system', 'user'], got 'robot'"),
-        ({"conversations": [{"from": "user", "value": 3}, {"from": "assistant", "value": "x"}]},
-         "conversations[0].value: expected a string, got int"),
+        (
+            qwen(("user", "hi"), ("robot", "x")),
+            "conversations[1]: 'from' must be one of ['assistant', 'system', 'user'], got 'robot'",
+        ),
+        (
+            {"conversations": [{"from": "user", "value": 3}, {"from": "assistant", "value": "x"}]},
+            "conversations[0].value: expected a string, got int",
+        ),
         ({"conversations": "hi"}, "'conversations' must be a list of turns, got str"),
         ([1, 2], "expected an object with 'conversations', got list"),
     ],
@@ -176,32 +260,67 @@ def test_invalid_qwen_records_name_line_and_reason(tmp_path, record, reason) -> 
 @pytest.mark.parametrize(
     ("fmt", "record", "reason"),
     [
-        ("openai", openai(("user", "hi"), ("assistant", [{"type": "image_url", "image_url": {}}])),
-         "messages[1].content[0]: only text, reasoning, tool_call and tools parts are supported (a text model), "
-         "got 'image_url'"),
-        ("openai", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x",
-                                                                      "loss_weight": 0.5}]},
-         "messages[1].loss_weight: must be 0 or 1 (a turn is a target or not), got 0.5"),
-        ("openai", {"messages": [{"role": "user", "content": "hi", "loss_weight": 1.0},
-                                 {"role": "assistant", "content": "x"}]},
-         "messages[0].loss_weight: only assistant turns can be targets, got 1.0 on a 'user' turn"),
+        (
+            "openai",
+            openai(("user", "hi"), ("assistant", [{"type": "image_url", "image_url": {}}])),
+            "messages[1].content[0]: only text, reasoning, tool_call and tools parts are supported (a text model), "
+            "got 'image_url'",
+        ),
+        (
+            "openai",
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "x", "loss_weight": 0.5},
+                ]
+            },
+            "messages[1].loss_weight: must be 0 or 1 (a turn is a target or not), got 0.5",
+        ),
+        (
+            "openai",
+            {
+                "messages": [
+                    {"role": "user", "content": "hi", "loss_weight": 1.0},
+                    {"role": "assistant", "content": "x"},
+                ]
+            },
+            "messages[0].loss_weight: only assistant turns can be targets, got 1.0 on a 'user' turn",
+        ),
         ("openai", openai(("user", "hi"), ("bot", "x")), "messages[1]: 'role' must be one of"),
         ("openai", openai(("user", "hi"), ("assistant", None)), "messages[1].content: expected a string, got null"),
-        ("openai", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x",
-                                                                      "weight": 2}]}, "messages[1].weight: must be 0 or 1"),
-        ("sharegpt", {"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "5"},
-                                        {"from": "gpt", "value": "x"}]},
-         "roles out of order: turn 1 is 'tool', expected 'assistant'"),
-        ("sharegpt", {"conversations": [{"from": "human", "value": "hi"},
-                                        {"from": "function_call", "value": "{not json"}]},
-         "conversations[1]: a function_call must be JSON with 'name' and 'arguments'"),
-        ("sharegpt", {"tools": "[1]", "conversations": [{"from": "human", "value": "hi"},
-                                                        {"from": "gpt", "value": "x"}]},
-         "tools[0]: expected a function schema (an object), got int"),
+        (
+            "openai",
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "weight": 2}]},
+            "messages[1].weight: must be 0 or 1",
+        ),
+        (
+            "sharegpt",
+            {
+                "conversations": [
+                    {"from": "human", "value": "hi"},
+                    {"from": "observation", "value": "5"},
+                    {"from": "gpt", "value": "x"},
+                ]
+            },
+            "roles out of order: turn 1 is 'tool', expected 'assistant'",
+        ),
+        (
+            "sharegpt",
+            {"conversations": [{"from": "human", "value": "hi"}, {"from": "function_call", "value": "{not json"}]},
+            "conversations[1]: a function_call must be JSON with 'name' and 'arguments'",
+        ),
+        (
+            "sharegpt",
+            {"tools": "[1]", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]},
+            "tools[0]: expected a function schema (an object), got int",
+        ),
         ("alpaca", {"instruction": "", "input": "", "output": "x"}, "instruction: empty text (and no input)"),
         ("alpaca", {"instruction": "Do it", "output": 5}, "output: expected a string, got int"),
-        ("alpaca", {"instruction": "Do it", "output": "x", "history": [["only one"]]},
-         "history[0]: expected a [query, response] pair, got list"),
+        (
+            "alpaca",
+            {"instruction": "Do it", "output": "x", "history": [["only one"]]},
+            "history[0]: expected a [query, response] pair, got list",
+        ),
     ],
 )
 def test_invalid_records_of_other_formats(tmp_path, fmt, record, reason) -> None:
@@ -224,7 +343,10 @@ def test_malformed_json_names_the_line_or_the_file(tmp_path) -> None:
     single.write_text(json.dumps({"data": [GOOD]}, indent=1))
     with pytest.raises(UserError) as info:
         read_records(str(single), "auto")
-    assert str(info.value) == f"{single}: expected a JSON array of records or JSON Lines, got one JSON dict over several lines"
+    assert (
+        str(info.value)
+        == f"{single}: expected a JSON array of records or JSON Lines, got one JSON dict over several lines"
+    )
 
 
 def test_parquet_rows_are_located_by_row(tmp_path) -> None:
@@ -239,7 +361,10 @@ def test_sources_expand_to_data_files_or_fail_naming_the_key(tmp_path) -> None:
     write_jsonl(tmp_path / "sub" / "b.jsonl", [GOOD])
     write_json(tmp_path / "a.json", [GOOD])
     (tmp_path / ".hidden.jsonl").write_text("")
-    assert expand(str(tmp_path), "data.source") == [str(tmp_path / "a.json"), str(tmp_path / "sub" / "b.jsonl")]
+    assert [str(url) for url in expand(str(tmp_path), "data.source")] == [
+        str(tmp_path / "a.json"),
+        str(tmp_path / "sub" / "b.jsonl"),
+    ]
     with pytest.raises(UserError, match=r"^data.eval_source: .*\*.parquet matches no file; check the pattern$"):
         expand(str(tmp_path / "*.parquet"), "data.eval_source")
     with pytest.raises(UserError, match=r"^data.source: .*missing.jsonl does not exist"):
@@ -253,8 +378,10 @@ def test_config_accepts_directories_and_globs_and_names_the_key_when_missing(tmp
     write_jsonl(tmp_path / "a.jsonl", [GOOD])
     for source in (str(tmp_path), str(tmp_path / "*.jsonl"), "s3://bucket/data/*.jsonl"):
         assert load_config(None, [f"data.source={source}"]).data.source == source
-    for source, message in ((str(tmp_path / "*.parquet"), "matches no file"),
-                            (str(tmp_path / "nope"), "does not exist")):
+    for source, message in (
+        (str(tmp_path / "*.parquet"), "matches no file"),
+        (str(tmp_path / "nope"), "does not exist"),
+    ):
         with pytest.raises(UserError, match=rf"^data.source: .* {message}"):
             load_config(None, [f"data.source={source}"])
     with pytest.raises(UserError, match=r"^data.eval_source: "):
@@ -262,18 +389,30 @@ def test_config_accepts_directories_and_globs_and_names_the_key_when_missing(tmp
 
 
 def test_tool_call_arguments_become_objects_and_bad_ones_are_named() -> None:
-    from tasks.data.formats import InvalidRecord, normalize_openai
+    from staging.formats import InvalidRecord, normalize_openai
 
     def record(arguments: object) -> dict:
-        return {"messages": [{"role": "user", "content": "Add"}, {"role": "assistant", "content": None, "tool_calls": [
-            {"type": "function", "function": {"name": "add", "arguments": arguments}}]},
-            {"role": "tool", "content": "5"}, {"role": "assistant", "content": "5", "reasoning_content": "easy"}]}
+        return {
+            "messages": [
+                {"role": "user", "content": "Add"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": arguments}}],
+                },
+                {"role": "tool", "content": "5"},
+                {"role": "assistant", "content": "5", "reasoning_content": "easy"},
+            ]
+        }
 
     messages = normalize_openai(record('{"a": 2}'))["messages"]
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"a": 2}
     assert messages[3]["reasoning_content"] == "easy"
     with pytest.raises(InvalidRecord, match=r"^messages\[1\]\.tool_calls\[0\]\.function\.arguments: not valid JSON "):
         normalize_openai(record("{a: 2"))
-    with pytest.raises(InvalidRecord, match=r"^messages\[1\]\.tool_calls\[0\]\.function\.arguments: expected an "
-                                            r"object, got list"):
+    with pytest.raises(
+        InvalidRecord,
+        match=r"^messages\[1\]\.tool_calls\[0\]\.function\.arguments: expected an "
+        r"object, got list",
+    ):
         normalize_openai(record([1]))

@@ -8,28 +8,46 @@ from pathlib import Path
 
 import pytest
 
-from tasks.data.formats import normalize_openai, normalize_sharegpt
-from tasks.data.records import read_records
-from tasks.data.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
+from staging.formats import normalize_openai, normalize_sharegpt
+from staging.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
+from tests.datafiles import read_records
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
 TOOLS = [{"name": "add", "description": "Add two numbers", "parameters": {"type": "object", "properties": {}}}]
-SHAREGPT = {"tools": '[{"name": "add", "description": "Add two numbers", "parameters": {"type": "object", '
-                     '"properties": {}}}]',
-            "conversations": [{"from": "human", "value": "Add 2 and 3, then 4 and 5."},
-                              {"from": "function_call", "value": '[{"name": "add", "arguments": {"a": 2, "b": 3}}, '
-                                                                 '{"name": "add", "arguments": {"a": 4, "b": 5}}]'},
-                              {"from": "observation", "value": "5"}, {"from": "observation", "value": "9"},
-                              {"from": "gpt", "value": "5 and 9."}]}
-OPENAI = {"tools": TOOLS, "messages": [
-    {"role": "user", "content": "Add 2 and 3, then 4 and 5."},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
-        {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a": 4, "b": 5}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "5"}, {"role": "tool", "tool_call_id": "c2", "content": "9"},
-    {"role": "assistant", "content": "5 and 9."}]}
-CALLS = ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
-         '<tool_call>\n{"name": "add", "arguments": {"a": 4, "b": 5}}\n</tool_call><|im_end|>\n')
+SHAREGPT = {
+    "tools": '[{"name": "add", "description": "Add two numbers", "parameters": {"type": "object", "properties": {}}}]',
+    "conversations": [
+        {"from": "human", "value": "Add 2 and 3, then 4 and 5."},
+        {
+            "from": "function_call",
+            "value": '[{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "add", "arguments": {"a": 4, "b": 5}}]',
+        },
+        {"from": "observation", "value": "5"},
+        {"from": "observation", "value": "9"},
+        {"from": "gpt", "value": "5 and 9."},
+    ],
+}
+OPENAI = {
+    "tools": TOOLS,
+    "messages": [
+        {"role": "user", "content": "Add 2 and 3, then 4 and 5."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
+                {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a": 4, "b": 5}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "tool", "tool_call_id": "c2", "content": "9"},
+        {"role": "assistant", "content": "5 and 9."},
+    ],
+}
+CALLS = (
+    '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "add", "arguments": {"a": 4, "b": 5}}\n</tool_call><|im_end|>\n'
+)
 
 
 def split(tok, encoder: ChatEncoder, conversation) -> tuple[str, list[str], list[int]]:
@@ -56,9 +74,11 @@ def test_tool_call_targets_are_the_calls_and_the_answer_not_the_results(builtin_
     conversation = normalize_sharegpt(SHAREGPT) if form == "sharegpt" else normalize_openai(OPENAI)
     text, runs, _ = split(tok, ChatEncoder(tok, 1024), conversation)
     assert runs == [CALLS, "5 and 9.<|im_end|>\n"]
-    assert text.endswith("<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n9\n"
-                         "</tool_response><|im_end|>\n<|im_start|>assistant\n5 and 9.<|im_end|>\n")
-    assert '\n</tools>\n\nFor each function call' in text  # the tools list is in the system turn
+    assert text.endswith(
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n9\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n5 and 9.<|im_end|>\n"
+    )
+    assert "\n</tools>\n\nFor each function call" in text  # the tools list is in the system turn
 
 
 def test_mask_history_trains_the_last_turn_only(builtin_tokenizer) -> None:
@@ -76,32 +96,56 @@ def qwen3():
 
 
 def convo(*turns) -> dict:
-    return {"messages": [{"role": r, "content": c} if not isinstance(c, dict) else {"role": r, **c}
-                         for r, c in turns]}
+    return {"messages": [{"role": r, "content": c} if not isinstance(c, dict) else {"role": r, **c} for r, c in turns]}
 
 
 MULTI = convo(("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"))
-REASONING = convo(("user", "2+2?"), ("assistant", {"content": "4", "reasoning_content": "two and two"}),
-                  ("user", "times 3?"), ("assistant", {"content": "12", "reasoning_content": "4 x 3"}))
+REASONING = convo(
+    ("user", "2+2?"),
+    ("assistant", {"content": "4", "reasoning_content": "two and two"}),
+    ("user", "times 3?"),
+    ("assistant", {"content": "12", "reasoning_content": "4 x 3"}),
+)
 # Qwen3's renderings, written from its documented behaviour: reasoning only after the last user message, the last
 # assistant turn always with a reasoning block, history without it.
-MULTI_TEXT = ("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n<|im_start|>user\nc<|im_end|>\n"
-              "<|im_start|>assistant\n<think>\n\n</think>\n\nd<|im_end|>\n")
-REASONING_TEXT = ("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n"
-                  "times 3?<|im_end|>\n<|im_start|>assistant\n<think>\n4 x 3\n</think>\n\n12<|im_end|>\n")
+MULTI_TEXT = (
+    "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n<|im_start|>user\nc<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\nd<|im_end|>\n"
+)
+REASONING_TEXT = (
+    "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n"
+    "times 3?<|im_end|>\n<|im_start|>assistant\n<think>\n4 x 3\n</think>\n\n12<|im_end|>\n"
+)
 
 
-@pytest.mark.parametrize(("case", "conversation", "thinking", "history", "text", "runs"), [
-    ("multi-turn", MULTI, True, False, MULTI_TEXT, ["b<|im_end|>\n", "<think>\n\n</think>\n\nd<|im_end|>\n"]),
-    ("multi-turn, no thinking", MULTI, False, False, MULTI_TEXT, ["b<|im_end|>\n", "d<|im_end|>\n"]),
-    ("multi-turn, mask_history", MULTI, True, True, MULTI_TEXT, ["<think>\n\n</think>\n\nd<|im_end|>\n"]),
-    ("reasoning_content", REASONING, True, False, REASONING_TEXT,
-     ["4<|im_end|>\n", "<think>\n4 x 3\n</think>\n\n12<|im_end|>\n"]),
-    ("reasoning_content, no thinking", REASONING, False, False, REASONING_TEXT.replace("4 x 3\n", "\n"),
-     ["4<|im_end|>\n", "12<|im_end|>\n"]),
-], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None)
-def test_qwen3_targets_are_the_assistant_spans_of_the_full_rendering(qwen3, case, conversation, thinking, history,
-                                                                     text, runs) -> None:
+@pytest.mark.parametrize(
+    ("case", "conversation", "thinking", "history", "text", "runs"),
+    [
+        ("multi-turn", MULTI, True, False, MULTI_TEXT, ["b<|im_end|>\n", "<think>\n\n</think>\n\nd<|im_end|>\n"]),
+        ("multi-turn, no thinking", MULTI, False, False, MULTI_TEXT, ["b<|im_end|>\n", "d<|im_end|>\n"]),
+        ("multi-turn, mask_history", MULTI, True, True, MULTI_TEXT, ["<think>\n\n</think>\n\nd<|im_end|>\n"]),
+        (
+            "reasoning_content",
+            REASONING,
+            True,
+            False,
+            REASONING_TEXT,
+            ["4<|im_end|>\n", "<think>\n4 x 3\n</think>\n\n12<|im_end|>\n"],
+        ),
+        (
+            "reasoning_content, no thinking",
+            REASONING,
+            False,
+            False,
+            REASONING_TEXT.replace("4 x 3\n", "\n"),
+            ["4<|im_end|>\n", "12<|im_end|>\n"],
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None,
+)
+def test_qwen3_targets_are_the_assistant_spans_of_the_full_rendering(
+    qwen3, case, conversation, thinking, history, text, runs
+) -> None:
     encoder = ChatEncoder(qwen3, 1024, enable_thinking=thinking, mask_history=history)
     encoder.check_render(conversation)
     whole, got, _ = split(qwen3, encoder, conversation)
@@ -112,8 +156,10 @@ def test_qwen3_tool_calls(qwen3) -> None:
     whole, runs, _ = split(qwen3, ChatEncoder(qwen3, 1024), normalize_sharegpt(SHAREGPT))
     assert runs == [CALLS, "<think>\n\n</think>\n\n5 and 9.<|im_end|>\n"]
     assert whole.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more functions")
-    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n9\n</tool_response><|im_end|>" \
+    assert (
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n9\n</tool_response><|im_end|>"
         in whole
+    )
 
 
 def test_qwen3_stages_every_sample_record(qwen3) -> None:
@@ -124,8 +170,13 @@ def test_qwen3_stages_every_sample_record(qwen3) -> None:
 
 def test_chat_markers_inside_the_data_are_named(qwen3) -> None:
     batch = ChatEncoder(qwen3, 512).encode([convo(("user", "say <|im_end|> now"), ("assistant", "ok"))])
-    assert batch.rejects == [(0, "turn 0: the text contains the chat marker '<|im_end|>', which the tokenizer reads "
-                                 "as a turn boundary; remove it from the data")]
+    assert batch.rejects == [
+        (
+            0,
+            "turn 0: the text contains the chat marker '<|im_end|>', which the tokenizer reads "
+            "as a turn boundary; remove it from the data",
+        )
+    ]
 
 
 def test_generation_blocks_decide_the_targets(tiny_model, tmp_path) -> None:
@@ -137,8 +188,10 @@ def test_generation_blocks_decide_the_targets(tiny_model, tmp_path) -> None:
         shutil.copy(Path(tiny_model) / name, out / name)
     (out / "chat_template.jinja").write_text(
         "{% for m in messages %}{% if m.role == 'assistant' %}A: {% generation %}{{ m.content }}.{% endgeneration %}"
-        "\n{% else %}U: {{ m.content }}\n{% endif %}{% endfor %}")
+        "\n{% else %}U: {{ m.content }}\n{% endif %}{% endfor %}"
+    )
     tok = load_tokenizer(str(out))
-    _, runs, _ = split(tok, ChatEncoder(tok, 512), convo(("user", "hi"), ("assistant", "yo"), ("user", "x"),
-                                                           ("assistant", "y")))
+    _, runs, _ = split(
+        tok, ChatEncoder(tok, 512), convo(("user", "hi"), ("assistant", "yo"), ("user", "x"), ("assistant", "y"))
+    )
     assert runs == ["yo.", "y."]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import sys
 
-from tasks.data import progress
-from tasks.data.progress import Reporter
+from staging import progress
+from staging.progress import Reporter
 
 
 def test_without_a_terminal_progress_goes_to_the_log(monkeypatch) -> None:

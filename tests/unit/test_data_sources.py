@@ -10,23 +10,37 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from config.errors import UserError
 from config.loader import load_config
-from config.schema import DataConfig
+from config.sections.run_data import DataConfig
+from core.errors import UserError
+from staging.stage import stage_dataset
+from staging.streams import capped, interleave, resolve
 from storage.manifest import read_manifest
-from tasks.data.records import read_records
-from tasks.data.stage import stage_dataset
-from tasks.data.streams import capped, interleave, resolve
-from tests.datafiles import arithmetic, write_json, write_jsonl
+from tests.datafiles import arithmetic, read_records, write_json, write_jsonl
 
-EXPECTED = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."},
-                         {"role": "assistant", "content": "5."}]}
+EXPECTED = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "5."},
+    ]
+}
 RENAMED_ALPACA = {"question": "Add 2", "context": "and 3.", "answer": "5.", "sys": "Be brief."}
 ALPACA_COLUMNS = {"prompt": "question", "query": "context", "response": "answer", "system": "sys"}
-RENAMED_CHAT = {"dialog": [{"speaker": "sys", "text": "Be brief."}, {"speaker": "me", "text": "Add 2 and 3."},
-                           {"speaker": "bot", "text": "5."}]}
-CHAT_TAGS = {"role_tag": "speaker", "content_tag": "text", "user_tag": "me", "assistant_tag": "bot",
-             "system_tag": "sys"}
+RENAMED_CHAT = {
+    "dialog": [
+        {"speaker": "sys", "text": "Be brief."},
+        {"speaker": "me", "text": "Add 2 and 3."},
+        {"speaker": "bot", "text": "5."},
+    ]
+}
+CHAT_TAGS = {
+    "role_tag": "speaker",
+    "content_tag": "text",
+    "user_tag": "me",
+    "assistant_tag": "bot",
+    "system_tag": "sys",
+}
 
 
 def read(source: str, data: DataConfig) -> list[dict]:
@@ -37,8 +51,9 @@ def read(source: str, data: DataConfig) -> list[dict]:
 def test_columns_and_tags_rename_a_formats_keys(tmp_path) -> None:
     alpaca = write_jsonl(tmp_path / "a.jsonl", [RENAMED_ALPACA])
     data = DataConfig(format="alpaca", columns=ALPACA_COLUMNS)
-    assert read(alpaca, data) == [{"messages": [EXPECTED["messages"][0], {"role": "user", "content": "Add 2\nand 3."},
-                                                EXPECTED["messages"][2]]}]
+    assert read(alpaca, data) == [
+        {"messages": [EXPECTED["messages"][0], {"role": "user", "content": "Add 2\nand 3."}, EXPECTED["messages"][2]]}
+    ]
     chat = write_jsonl(tmp_path / "c.jsonl", [RENAMED_CHAT])
     for fmt in ("sharegpt", "openai", "qwen"):
         assert read(chat, DataConfig(format=fmt, columns={"messages": "dialog"}, tags=CHAT_TAGS)) == [EXPECTED], fmt
@@ -48,8 +63,11 @@ def test_columns_and_tags_rename_a_formats_keys(tmp_path) -> None:
     bad = write_jsonl(tmp_path / "b.jsonl", [RENAMED_ALPACA, {**RENAMED_ALPACA, "answer": 5}])
     with pytest.raises(UserError, match=rf"^{bad}:2: answer \(column response\): expected a string, got int "):
         read(bad, data)
-    with pytest.raises(UserError, match=r"^data.source: column 'query' is not one of format sharegpt's: messages, "
-                                        r"system, tools$"):
+    with pytest.raises(
+        UserError,
+        match=r"^data.source: column 'query' is not one of format sharegpt's: messages, "
+        r"system, tools$",
+    ):
         read(chat, DataConfig(format="sharegpt", columns={"query": "x"}))
     with pytest.raises(ValidationError, match=r"data.columns/tags rename the keys of one format: set data.format"):
         DataConfig(columns={"prompt": "question"})
@@ -64,16 +82,24 @@ def write_catalog(folder: Path) -> Path:
     write_jsonl(folder / "sub" / "chat.jsonl", [RENAMED_CHAT] * 4)
     (folder / "corpus.jsonl.gz").write_bytes(gzip.compress(b'{"body": "Once upon a time."}\n' * 3))
     catalog = folder / "dataset_info.json"
-    catalog.write_text(json.dumps({
-        "qa": {"file_name": "qa.json", "columns": ALPACA_COLUMNS},
-        "qa_few": {"file_name": "qa.json", "columns": ALPACA_COLUMNS, "num_samples": 2},
-        "chat": {"file_name": "sub/chat.jsonl", "formatting": "sharegpt", "columns": {"messages": "dialog"},
-                 "tags": CHAT_TAGS},
-        "corpus": {"file_name": "corpus.jsonl.gz", "columns": {"prompt": "body"}},
-        "hub_only": {"hf_hub_url": "someone/some-data"},
-        "held_out": {"file_name": "qa.json", "split": "test"},
-        "pairs": {"file_name": "qa.json", "ranking": True},
-    }))
+    catalog.write_text(
+        json.dumps(
+            {
+                "qa": {"file_name": "qa.json", "columns": ALPACA_COLUMNS},
+                "qa_few": {"file_name": "qa.json", "columns": ALPACA_COLUMNS, "num_samples": 2},
+                "chat": {
+                    "file_name": "sub/chat.jsonl",
+                    "formatting": "sharegpt",
+                    "columns": {"messages": "dialog"},
+                    "tags": CHAT_TAGS,
+                },
+                "corpus": {"file_name": "corpus.jsonl.gz", "columns": {"prompt": "body"}},
+                "hub_only": {"hf_hub_url": "someone/some-data"},
+                "held_out": {"file_name": "qa.json", "split": "test"},
+                "pairs": {"file_name": "qa.json", "ranking": True},
+            }
+        )
+    )
     return catalog
 
 
@@ -90,9 +116,9 @@ def test_dataset_info_entries_give_file_format_mapping_and_cap(tmp_path) -> None
     assert read(f"{catalog}#corpus", DataConfig()) == [{"text": "Once upon a time."}] * 3
     errors = {
         "hub_only": "the entry names a hub dataset (hf_hub_url: someone/some-data), which Tandem does not download; "
-                    "download its files and give them as data.source, or add a file_name",
+        "download its files and give them as data.source, or add a file_name",
         "held_out": "split 'test'; a data file holds one split, 'train', as LLaMA-Factory reads it: give held-out "
-                    "data as data.eval_source",
+        "data as data.eval_source",
         "pairs": "a ranking (preference) dataset; Tandem stages supervised data only",
         "missing": "no entry 'missing' in the file; its entries: chat, corpus, held_out, hub_only, pairs, qa, qa_few",
     }
@@ -118,16 +144,20 @@ def test_interleave_takes_records_by_weight_until_the_first_source_runs_out() ->
 
 
 def stage(data: DataConfig, storage: Path, model: str, messages: list[str] | None = None):
-    return stage_dataset(data, str(storage), model, progress=(messages.append if messages is not None
-                                                               else lambda _: None), bars=False)
+    return stage_dataset(
+        data, str(storage), model, progress=(messages.append if messages is not None else lambda _: None), bars=False
+    )
 
 
 def test_several_sources_are_mixed_and_counted_each(tmp_path, tiny_model) -> None:
     chats = write_jsonl(tmp_path / "chats.jsonl", arithmetic(30))
     catalog = write_catalog(tmp_path / "lf")
     qa = write_jsonl(tmp_path / "qa.jsonl", [{**RENAMED_ALPACA, "question": f"Add {i}"} for i in range(30)])
-    sources = [{"source": chats, "weight": 2}, {"source": qa, "format": "alpaca", "columns": ALPACA_COLUMNS},
-               {"source": f"{catalog}#qa_few"}]
+    sources = [
+        {"source": chats, "weight": 2},
+        {"source": qa, "format": "alpaca", "columns": ALPACA_COLUMNS},
+        {"source": f"{catalog}#qa_few"},
+    ]
     data = DataConfig(sources=sources, max_length=96, eval_ratio=0.2)
     messages: list[str] = []
     concat = stage(data, tmp_path / "s", tiny_model, messages)
@@ -135,8 +165,10 @@ def test_several_sources_are_mixed_and_counted_each(tmp_path, tiny_model) -> Non
     mix = manifest["mix"]
     assert mix["strategy"] == "concat"
     assert [(s["key"], s["format"], s["records"], s["weight"]) for s in mix["sources"]] == [
-        ("data.sources[0]", "auto", 30, 2.0), ("data.sources[1]", "alpaca", 30, 1.0),
-        ("data.sources[2]", "alpaca", 2, 1.0)]  # num_samples: 2 of the entry's 5
+        ("data.sources[0]", "auto", 30, 2.0),
+        ("data.sources[1]", "alpaca", 30, 1.0),
+        ("data.sources[2]", "alpaca", 2, 1.0),
+    ]  # num_samples: 2 of the entry's 5
     assert mix["sources"][2]["entry"] == f"{catalog}#qa_few" and manifest["records"]["read"] == 62
     assert [s["format"] for s in manifest["sources"]] == ["qwen", "alpaca", "alpaca"]
     assert f"data.sources[2] ({catalog}#qa_few): 2 records, at most 2" in messages
@@ -153,5 +185,7 @@ def test_several_sources_are_mixed_and_counted_each(tmp_path, tiny_model) -> Non
     from flows.prepare import summary_rows  # the CLI's summary: one row per source
 
     assert [value for name, value in summary_rows(interleaved) if name == "source"] == [
-        f"data.sources[0] ({chats}): 5 records, 0 rejected", f"data.sources[1] ({qa}): 3 records, 0 rejected",
-        f"data.sources[2] ({catalog}#qa_few): 2 records, 0 rejected"]
+        f"data.sources[0] ({chats}): 5 records, 0 rejected",
+        f"data.sources[1] ({qa}): 3 records, 0 rejected",
+        f"data.sources[2] ({catalog}#qa_few): 2 records, 0 rejected",
+    ]

@@ -14,12 +14,12 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from config.errors import UserError
-from storage.manifest import read_manifest, verify_dataset, verify_files
-from config.schema import DataConfig
+from config.sections.run_data import DataConfig
+from core.errors import UserError
+from staging import spool, workers
+from staging.stage import stage_dataset
 from storage import shards
-from tasks.data import spool, workers
-from tasks.data.stage import stage_dataset
+from storage.manifest import read_manifest, verify_dataset, verify_files
 from tests.datafiles import arithmetic, qwen, write_json, write_jsonl
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
@@ -27,8 +27,9 @@ SCHEMA = "tandem.dataset/1"
 
 
 def stage(data: DataConfig, storage: Path, model: str, messages: list[str] | None = None):
-    return stage_dataset(data, str(storage), model, progress=(messages.append if messages is not None else
-                                                               lambda _: None), bars=False)
+    return stage_dataset(
+        data, str(storage), model, progress=(messages.append if messages is not None else lambda _: None), bars=False
+    )
 
 
 def examples(url: str, split: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -38,8 +39,10 @@ def examples(url: str, split: str) -> list[tuple[tuple[int, ...], tuple[int, ...
     for entry in manifest["files"]:
         if entry["path"].startswith(f"{split}/"):
             table = pq.read_table(Path(url) / entry["path"])
-            out += [(tuple(i), tuple(la)) for i, la in zip(table.column("input_ids").to_pylist(),
-                                                          table.column("labels").to_pylist(), strict=True)]
+            out += [
+                (tuple(i), tuple(la))
+                for i, la in zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True)
+            ]
     return out
 
 
@@ -48,8 +51,12 @@ def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model)
     ref = stage(data, tmp_path / "s", tiny_model)
     manifest, digest = read_manifest(ref.url, SCHEMA)
     assert digest == ref.manifest_digest and manifest["dataset_id"] == ref.dataset_id
-    assert [f["path"] for f in manifest["files"]] == ["train/shard-00000.parquet", "train/shard-00001.parquet",
-                                                      "train/shard-00002.parquet", "eval/shard-00000.parquet"]
+    assert [f["path"] for f in manifest["files"]] == [
+        "train/shard-00000.parquet",
+        "train/shard-00001.parquet",
+        "train/shard-00002.parquet",
+        "eval/shard-00000.parquet",
+    ]
     verify_files(ref.url, manifest, mode="full")
     for split, counts in manifest["splits"].items():
         rows = examples(ref.url, split)
@@ -88,8 +95,13 @@ def test_dataset_id_follows_what_shapes_the_bytes_and_nothing_else(tmp_path, tin
     shutil.copytree(tiny_model, template)
     (template / "chat_template.jinja").write_text((template / "chat_template.jinja").read_text() + "{# v2 #}")
     edited = [dict(r) for r in records]
-    edited[7] = {**edited[7], "conversations": [*edited[7]["conversations"][:-1], {
-        "from": "assistant", "value": edited[7]["conversations"][-1]["value"] + "!"}]}
+    edited[7] = {
+        **edited[7],
+        "conversations": [
+            *edited[7]["conversations"][:-1],
+            {"from": "assistant", "value": edited[7]["conversations"][-1]["value"] + "!"},
+        ],
+    }
     changed = {
         "a record": (base.model_copy(update={"source": write_json(tmp_path / "b.json", edited)}), tiny_model),
         "the template": (base, str(template)),
@@ -104,8 +116,9 @@ def test_dataset_id_follows_what_shapes_the_bytes_and_nothing_else(tmp_path, tin
     moved.mkdir()
     # The same records as JSON Lines, without their 'id' field, in another directory: the same dataset.
     same = {
-        "the file's format and place": base.model_copy(update={"source": write_jsonl(
-            moved / "c.jsonl", [{"conversations": r["conversations"]} for r in records])}),
+        "the file's format and place": base.model_copy(
+            update={"source": write_jsonl(moved / "c.jsonl", [{"conversations": r["conversations"]} for r in records])}
+        ),
         "num_proc and on_invalid": base.model_copy(update={"num_proc": 2, "on_invalid": "skip"}),
     }
     for what, data in same.items():
@@ -126,8 +139,12 @@ def test_split_is_decided_by_each_record_alone(tmp_path, tiny_model) -> None:
 
 def test_eval_source_is_the_eval_split(tmp_path, tiny_model) -> None:
     train, held_out = arithmetic(50), arithmetic(10, start=500)
-    data = DataConfig(source=write_jsonl(tmp_path / "t.jsonl", train), eval_ratio=0.5,
-                      eval_source=write_json(tmp_path / "e.json", held_out), max_length=64)
+    data = DataConfig(
+        source=write_jsonl(tmp_path / "t.jsonl", train),
+        eval_ratio=0.5,
+        eval_source=write_json(tmp_path / "e.json", held_out),
+        max_length=64,
+    )
     ref = stage(data, tmp_path / "s", tiny_model)
     manifest, _ = read_manifest(ref.url, SCHEMA)
     assert (manifest["splits"]["train"]["records"], manifest["splits"]["eval"]["records"]) == (50, 10)
@@ -138,10 +155,16 @@ def test_eval_source_is_the_eval_split(tmp_path, tiny_model) -> None:
 def test_skip_puts_every_rejected_record_in_rejects_jsonl(tmp_path, tiny_model) -> None:
     path = tmp_path / "d.jsonl"
     good = arithmetic(30)
-    lines = [json.dumps(r) for r in good[:10]] + [
-        "{broken", json.dumps(qwen(("user", "no answer"))), json.dumps(qwen(("user", "x"), ("assistant", ""))),
-        json.dumps(qwen(("user", "word " * 100), ("assistant", "too late"))),
-    ] + [json.dumps(r) for r in good[10:]]
+    lines = (
+        [json.dumps(r) for r in good[:10]]
+        + [
+            "{broken",
+            json.dumps(qwen(("user", "no answer"))),
+            json.dumps(qwen(("user", "x"), ("assistant", ""))),
+            json.dumps(qwen(("user", "word " * 100), ("assistant", "too late"))),
+        ]
+        + [json.dumps(r) for r in good[10:]]
+    )
     path.write_text("\n".join(lines) + "\n")
     data = DataConfig(source=str(path), max_length=64, on_invalid="skip", eval_ratio=0.2)
     ref = stage(data, tmp_path / "s", tiny_model)
@@ -165,8 +188,10 @@ def test_skip_puts_every_rejected_record_in_rejects_jsonl(tmp_path, tiny_model) 
 
 
 def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_model) -> None:
-    long_answer, long_prompt = qwen(("user", "hi"), ("assistant", "word " * 80)), qwen(("user", "word " * 80),
-                                                                                      ("assistant", "ok"))
+    long_answer, long_prompt = (
+        qwen(("user", "hi"), ("assistant", "word " * 80)),
+        qwen(("user", "word " * 80), ("assistant", "ok")),
+    )
     path = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(20), long_answer, long_prompt])
     data = DataConfig(source=path, max_length=64, eval_ratio=0)
     truncated = stage(data, tmp_path / "s", tiny_model)
@@ -182,32 +207,44 @@ def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_
     assert manifest["records"] == {"read": 22, "staged": 20, "rejected": 0, "dropped": 2}
     rejects = [orjson.loads(line) for line in (Path(dropped.url) / "rejects.jsonl").read_bytes().splitlines()]
     assert [r["location"] for r in rejects] == [f"{path}:21", f"{path}:22"]
-    assert all(re.fullmatch(r"\d+ tokens, longer than data.max_length=64 \(data.excess_length=drop\)", r["reason"])
-               for r in rejects)
+    assert all(
+        re.fullmatch(r"\d+ tokens, longer than data.max_length=64 \(data.excess_length=drop\)", r["reason"])
+        for r in rejects
+    )
 
     with pytest.raises(UserError) as info:
         stage(data.model_copy(update={"excess_length": "fail"}), tmp_path / "s", tiny_model)
-    assert re.fullmatch(rf"{re.escape(path)}:21: \d+ tokens, longer than data.max_length=64; raise "
-                        r"data.max_length, or set data.excess_length=truncate \(or drop\)", str(info.value))
+    assert re.fullmatch(
+        rf"{re.escape(path)}:21: \d+ tokens, longer than data.max_length=64; raise "
+        r"data.max_length, or set data.excess_length=truncate \(or drop\)",
+        str(info.value),
+    )
     assert len(list((tmp_path / "s").glob("datasets/ds-*"))) == 2  # nothing left of the failed staging
     only_long = write_jsonl(tmp_path / "long.jsonl", [long_answer, long_prompt])
     with pytest.raises(UserError) as info:
-        stage(DataConfig(source=only_long, max_length=64, eval_ratio=0, excess_length="drop"), tmp_path / "s",
-              tiny_model)
-    assert str(info.value) == (f"data.source {only_long}: no record of the train split could be tokenized; 2 dropped "
-                               "as longer than data.max_length=64 (data.excess_length=drop); raise data.max_length or set "
-                               "data.excess_length=truncate")
+        stage(
+            DataConfig(source=only_long, max_length=64, eval_ratio=0, excess_length="drop"), tmp_path / "s", tiny_model
+        )
+    assert str(info.value) == (
+        f"data.source {only_long}: no record of the train split could be tokenized; 2 dropped "
+        "as longer than data.max_length=64 (data.excess_length=drop); raise data.max_length or set "
+        "data.excess_length=truncate"
+    )
 
 
 def test_an_empty_result_is_an_error(tmp_path, tiny_model) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [qwen(("user", "a")), qwen(("user", "b"))])
     with pytest.raises(UserError) as info:
         stage(DataConfig(source=path, on_invalid="skip"), tmp_path / "s", tiny_model)
-    assert str(info.value) == (f"data.source {path}: no usable records (2 rejected; the first: {path}:1: "
-                               "no assistant turn)")
+    assert str(info.value) == (
+        f"data.source {path}: no usable records (2 rejected; the first: {path}:1: no assistant turn)"
+    )
     one = write_jsonl(tmp_path / "one.jsonl", arithmetic(1))
-    with pytest.raises(UserError, match=r"the eval split is empty: no record fell into eval with "
-                                        r"data.eval_ratio=0.1 \(1 records\)"):
+    with pytest.raises(
+        UserError,
+        match=r"the eval split is empty: no record fell into eval with "
+        r"data.eval_ratio=0.1 \(1 records\)",
+    ):
         stage(DataConfig(source=one), tmp_path / "s", tiny_model)
     assert not list((tmp_path / "s").glob("datasets/ds-*"))
 
@@ -281,8 +318,10 @@ def test_verification_names_the_file_and_the_digests(tmp_path, tiny_model) -> No
     actual = blake3.blake3(bytes(body)).hexdigest()
     with pytest.raises(UserError) as info:
         verify_dataset(ref.url, "full")
-    assert str(info.value) == (f"{shard}: blake3 digest mismatch: expected {entry['digest']}, got {actual}; "
-                               "the file is corrupt or was modified, re-stage it")
+    assert str(info.value) == (
+        f"{shard}: blake3 digest mismatch: expected {entry['digest']}, got {actual}; "
+        "the file is corrupt or was modified, re-stage it"
+    )
     shard.write_bytes(bytes(body) + b"x")
     with pytest.raises(UserError, match=rf"^{shard}: size {entry['size'] + 1} != expected {entry['size']}"):
         verify_dataset(ref.url, "size")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config.schema import LaunchConfig
+from config.sections.launch import LaunchConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -106,27 +106,41 @@ def test_compose_node_workers_serve_the_launch_queues() -> None:
 
 
 def test_compose_config_is_valid() -> None:
-    done = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE), "config", "--quiet"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [tool("docker-compose"), "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_dockerfiles_pass_hadolint() -> None:
-    done = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", *map(str, DOCKERFILES)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [tool("hadolint"), "--failure-threshold", "warning", *map(str, DOCKERFILES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 PUBLIC = DOCKER / "compose.public.yaml"
-PUBLIC_ENV = {"TANDEM_BIND": "10.0.0.5", "PREFECT_API_AUTH_STRING": "tandem:0123456789abcdef",
-              "MINIO_ROOT_PASSWORD": "minio-0123456789", "POSTGRES_PASSWORD": "pg-0123456789",
-              "MLFLOW_TRACKING_PASSWORD": "mlflow-0123456789"}
+PUBLIC_ENV = {
+    "TANDEM_BIND": "10.0.0.5",
+    "PREFECT_API_AUTH_STRING": "tandem:0123456789abcdef",
+    "MINIO_ROOT_PASSWORD": "minio-0123456789",
+    "POSTGRES_PASSWORD": "pg-0123456789",
+    "MLFLOW_TRACKING_PASSWORD": "mlflow-0123456789",
+}
 
 
 def compose_public(env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in PUBLIC_ENV and not k.startswith("MINIO_")}
-    return subprocess.run([tool("docker-compose"), "-f", str(COMPOSE), "-f", str(PUBLIC), "config", "--format", "json"],
-                          capture_output=True, text=True, timeout=60, env={**clean, **env})
+    return subprocess.run(
+        [tool("docker-compose"), "-f", str(COMPOSE), "-f", str(PUBLIC), "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **env},
+    )
 
 
 @pytest.mark.parametrize("missing", sorted(PUBLIC_ENV))

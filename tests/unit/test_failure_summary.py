@@ -32,8 +32,10 @@ def test_the_rank_torchrun_terminated_is_not_the_culprit() -> None:
 
 
 def test_a_ranks_own_error_line_wins() -> None:
-    log = "2026-11-21 23:40:00,000 [rank 1/2 vm] ERROR trainer: data.source x.json: no records\n" + \
-        TORCHRUN_REPORT.replace("137 (pid", "2 (pid")
+    log = (
+        "2026-11-21 23:40:00,000 [rank 1/2 vm] ERROR trainer: data.source x.json: no records\n"
+        + TORCHRUN_REPORT.replace("137 (pid", "2 (pid")
+    )
     assert failure_summary(log) == ("rank 1: data.source x.json: no records", 2)
 
 
@@ -43,8 +45,8 @@ def test_no_report_at_all() -> None:
 
 # A rank of node 1 whose peer on node 0 advertised 127.0.0.1 (captured from two network namespaces without an
 # interface variable: the machine's hostname resolves to 127.0.0.1).
-GLOO_LOOPBACK = """[/gloo/transport/tcp/debug_logger.cc:9] ERROR failed to connect, willRetry=0, retry=4, retryLimit=3, \
-rank=1, size=2, local=[127.0.0.1]:17027, remote=[127.0.0.1]:11170$1, error=SO_ERROR: Connection refused, \
+GLOO_LOOPBACK = """[/gloo/transport/tcp/debug_logger.cc:9] ERROR failed to connect, willRetry=0, retry=4, \
+retryLimit=3, rank=1, size=2, local=[127.0.0.1]:17027, remote=[127.0.0.1]:11170$1, error=SO_ERROR: Connection refused, \
 remote=[127.0.0.1]:11170$1
 RuntimeError: Gloo connectFullMesh failed with [/gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: \
 Connection refused, remote=[127.0.0.1]:11170$1
@@ -61,16 +63,22 @@ Root Cause (first observed failure):
 def test_a_rank_that_cannot_reach_a_loopback_peer_is_told_why() -> None:
     summary, code = failure_summary(GLOO_LOOPBACK)
     assert code == 1
-    assert summary.startswith("rank 1 exited with code 1: cannot connect to its peer at 127.0.0.1:11170 from "
-                              "127.0.0.1:17027 (timed out connecting: SO_ERROR: Connection refused); likely cause: a "
-                              "node advertised a loopback address")
+    assert summary.startswith(
+        "rank 1 exited with code 1: cannot connect to its peer at 127.0.0.1:11170 from "
+        "127.0.0.1:17027 (timed out connecting: SO_ERROR: Connection refused); likely cause: a "
+        "node advertised a loopback address"
+    )
 
 
 def test_a_refused_connection_and_a_timeout_get_their_own_causes() -> None:
     refused, _ = failure_summary(GLOO_LOOPBACK.replace("127.0.0.1", "10.0.0.7"))
     assert "peer at 10.0.0.7:11170 from 10.0.0.7:17027" in refused and "nothing listens there" in refused
-    nccl = "NCCL WARN socketStartConnect: Connect to 10.0.0.9<43211> failed : Connection timed out\n" + \
-        GLOO_LOOPBACK.split("Root Cause", 1)[1]
+    nccl = (
+        "NCCL WARN socketStartConnect: Connect to 10.0.0.9<43211> failed : Connection timed out\n"
+        + GLOO_LOOPBACK.split("Root Cause", 1)[1]
+    )
     timed_out, _ = failure_summary("Root Cause" + nccl)
-    assert "cannot connect to its peer at 10.0.0.9:43211 (Connection timed out); likely cause: the traffic does " \
-           "not get through: a firewall" in timed_out
+    assert (
+        "cannot connect to its peer at 10.0.0.9:43211 (Connection timed out); likely cause: the traffic does "
+        "not get through: a firewall" in timed_out
+    )

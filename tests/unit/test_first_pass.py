@@ -9,10 +9,10 @@ from pathlib import Path
 
 import blake3
 
-from config.schema import DataConfig
+from config.sections.run_data import DataConfig
+from staging import firstpass, workers
+from staging.stage import stage_dataset
 from storage.manifest import read_manifest
-from tasks.data import firstpass, workers
-from tasks.data.stage import stage_dataset
 from tests.datafiles import write_json
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
@@ -23,9 +23,13 @@ def stage_in_one_and_two_processes(data: DataConfig, tmp_path: Path, model: str)
     staged, said = {}, {}
     for processes in (1, 2):
         said[processes] = []
-        staged[processes] = stage_dataset(data.model_copy(update={"num_proc": processes}),
-                                          str(tmp_path / f"s{processes}"), model, progress=said[processes].append,
-                                          bars=False)
+        staged[processes] = stage_dataset(
+            data.model_copy(update={"num_proc": processes}),
+            str(tmp_path / f"s{processes}"),
+            model,
+            progress=said[processes].append,
+            bars=False,
+        )
     return staged, said
 
 
@@ -55,8 +59,9 @@ def test_one_and_two_processes_stage_the_same_bytes(tmp_path, tiny_model, monkey
     assert (Path(one.url) / "rejects.jsonl").read_bytes() == (Path(two.url) / "rejects.jsonl").read_bytes()
 
 
-def test_mapped_compressed_and_mixed_sources_stage_the_same_bytes_in_two_processes(tmp_path, tiny_model,
-                                                                                   monkeypatch) -> None:
+def test_mapped_compressed_and_mixed_sources_stage_the_same_bytes_in_two_processes(
+    tmp_path, tiny_model, monkeypatch
+) -> None:
     # Workers map columns and tags as one process does, and name the user's keys in the same file:line rejects; a
     # compressed file is read as one stream (never cut into blocks) and digested as stored.
     monkeypatch.setattr(firstpass, "BLOCK_BYTES", 2048)
@@ -64,8 +69,10 @@ def test_mapped_compressed_and_mixed_sources_stage_the_same_bytes_in_two_process
     monkeypatch.setattr(workers, "MIN_CHUNKS_PER_WORKER", 1)
     qa = [{"question": f"{i} + {i}?", "answer": str(2 * i)} for i in range(150)]
     qa[70]["answer"] = 7  # line 71: not a string
-    chats = [{"conversations": [{"role": "user", "content": f"say {i}"}, {"role": "bot", "content": str(i)}]}
-             for i in range(400)]
+    chats = [
+        {"conversations": [{"role": "user", "content": f"say {i}"}, {"role": "bot", "content": str(i)}]}
+        for i in range(400)
+    ]
     chats[30]["conversations"][1]["role"] = "robot"  # line 31: an unknown role
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
     (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
@@ -74,13 +81,26 @@ def test_mapped_compressed_and_mixed_sources_stage_the_same_bytes_in_two_process
     (tmp_path / "sample.jsonl.gz").write_bytes(gzip.compress(plain[:half]) + gzip.compress(plain[half:]))
     assert not firstpass.splittable(str(tmp_path / "sample.jsonl.gz"))
     assert firstpass.splittable(str(tmp_path / "qa.jsonl"))
-    data = DataConfig(sources=[
-        {"source": str(tmp_path / "qa.jsonl"), "format": "alpaca", "columns": {"prompt": "question",
-                                                                               "response": "answer"}},
-        {"source": str(tmp_path / "chats.jsonl"), "format": "sharegpt", "weight": 2, "max_records": 350,
-         "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "bot"}},
-        {"source": str(tmp_path / "sample.jsonl.gz"), "weight": 0.5},
-    ], mix="interleave", max_length=128, on_invalid="skip")
+    data = DataConfig(
+        sources=[
+            {
+                "source": str(tmp_path / "qa.jsonl"),
+                "format": "alpaca",
+                "columns": {"prompt": "question", "response": "answer"},
+            },
+            {
+                "source": str(tmp_path / "chats.jsonl"),
+                "format": "sharegpt",
+                "weight": 2,
+                "max_records": 350,
+                "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "bot"},
+            },
+            {"source": str(tmp_path / "sample.jsonl.gz"), "weight": 0.5},
+        ],
+        mix="interleave",
+        max_length=128,
+        on_invalid="skip",
+    )
     staged, said = stage_in_one_and_two_processes(data, tmp_path, tiny_model)
     assert "reading 3 files in 2 processes" in said[2]
     one, two = staged[1], staged[2]

@@ -1,65 +1,235 @@
-"""The import directions of docs/architecture.md: flows -> tasks -> launch/storage/config; trainer -> storage/config;
-nothing under trainer/, storage/ or config/ imports prefect; config/ imports no torch and no fsspec."""
+"""The package layout of docs/architecture.md, held against the code: which package may import which (whole
+directories, no special cases), what only some packages may import (Prefect, torch, fsspec), no import cycle anywhere
+in the production code (imports inside functions included), no alias re-exports, no private helper imported from
+another module, and no function over 50 lines."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from core.checkout import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
-OURS = {"config", "storage", "launch", "trainer", "tasks", "flows"}
+# Each package and the packages of ours it may import: arrows point down this table only.
+ALLOWED = {
+    "core": set(),
+    "config": {"core"},
+    "storage": {"core", "config"},
+    "staging": {"core", "config", "storage"},
+    "tracking": {"core", "config", "storage"},
+    "pipeline": {"core", "config", "storage"},
+    "launch": {"core", "config", "storage"},
+    "trainer": {"core", "config", "storage"},
+    "tasks": {"core", "config", "storage", "staging", "tracking", "pipeline", "launch"},
+    "flows": {"core", "config", "storage", "staging", "tracking", "pipeline", "launch", "tasks"},
+}
+# Third-party packages only some of ours may import: Prefect above the libraries (and the prefect launch backend),
+# torch and DeepSpeed on the ranks (and MLflow's model flavour, which loads a model), fsspec below config.
+THIRD_PARTY = {
+    "prefect": {"tasks", "flows", "launch/backends/prefect.py"},
+    "torch": {"trainer", "tracking/mlflow_model.py"},
+    "deepspeed": {"trainer"},
+    "fsspec": {"storage", "staging", "tracking", "pipeline", "launch", "trainer", "tasks", "flows"},
+}
+MAX_FUNCTION_LINES = 50
 
 
-def imported_roots(package: str) -> dict[str, set[str]]:
-    """Top-level module names imported anywhere in a package, per file."""
-    found: dict[str, set[str]] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(ROOT))] = names
-    return found
+def sources() -> Iterator[tuple[str, Path]]:
+    """(package, file) of every production module."""
+    for package in ALLOWED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield package, path
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> Iterator[tuple[str, list[str]]]:
+    """(module, names) of every absolute import in a file, wherever it stands (inside functions too)."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module, [alias.name for alias in node.names]
+
+
+def allowed_here(rule: set[str], path: Path) -> bool:
+    relative = str(path.relative_to(ROOT))
+    return any(relative == entry or relative.startswith(f"{entry}/") for entry in rule)
 
 
 def test_required_top_level_exists() -> None:
-    for name in ("pyproject.toml", "README.md", "flows", "tasks", "trainer", "config", "storage", "launch", "tests",
-                 "docker", "docs/architecture.md"):
+    for name in (
+        "pyproject.toml",
+        "README.md",
+        "flows",
+        "tasks",
+        "trainer",
+        "config",
+        "storage",
+        "launch",
+        "tests",
+        "docker",
+        "docs/architecture.md",
+    ):
         assert (ROOT / name).exists(), name
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [
-    ("config", {"torch", "deepspeed", "fsspec", "s3fs", "prefect", "storage", "launch", "trainer", "tasks", "flows"}),
-    ("storage", {"prefect", "torch", "deepspeed", "launch", "trainer", "tasks", "flows"}),
-    ("trainer", {"prefect", "launch", "tasks", "flows"}),
-    ("launch", {"torch", "deepspeed", "trainer", "tasks", "flows"}),
-    ("tasks", {"flows", "trainer"}),
-    ("flows", {"trainer"}),
-])
-def test_imports_point_down(package: str, forbidden: set[str]) -> None:
-    offenders = {path: sorted(names & forbidden) for path, names in imported_roots(package).items()
-                 if names & forbidden}
-    assert not offenders, f"{package}/ must not import {sorted(forbidden)}: {offenders}"
+def test_every_package_is_installed_and_versioned() -> None:
+    """pyproject.toml installs every package of ALLOWED, and the code version digests every one of them."""
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {name.rstrip("*") for name in include} == set(ALLOWED) == set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_point_down(package: str) -> None:
+    offenders = {}
+    for owner, path in sources():
+        if owner != package:
+            continue
+        ours = {module.split(".")[0] for module, _ in imports(path)} & set(ALLOWED)
+        if bad := ours - ALLOWED[package] - {package}:
+            offenders[str(path.relative_to(ROOT))] = sorted(bad)
+    assert not offenders, f"{package}/ may import only {sorted(ALLOWED[package])} of ours: {offenders}"
+
+
+@pytest.mark.parametrize("library", sorted(THIRD_PARTY))
+def test_third_party_stays_where_it_belongs(library: str) -> None:
+    offenders = [
+        str(path.relative_to(ROOT))
+        for _, path in sources()
+        if any(module.split(".")[0] == library for module, _ in imports(path))
+        and not allowed_here(THIRD_PARTY[library], path)
+    ]
+    assert not offenders, f"only {sorted(THIRD_PARTY[library])} may import {library}: {offenders}"
 
 
 def test_tasks_are_thin() -> None:
-    """Every module directly under tasks/ defines a Prefect task (tasks/data/ holds the staging library)."""
-    plain = [path.name for path in (ROOT / "tasks").glob("*.py")
-             if path.name != "__init__.py" and not re.search(r"^\s*@(task|materialize)\b", path.read_text(), re.M)]
-    assert not plain, f"tasks/ holds only @task modules; move these to the package they belong to: {plain}"
+    """tasks/ is one flat folder of Prefect task modules: each defines a task, and libraries live beside the flows."""
+    assert not [p for p in (ROOT / "tasks").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    plain = [
+        path.name
+        for path in (ROOT / "tasks").glob("*.py")
+        if path.name != "__init__.py" and not re.search(r"^\s*@(task|materialize)\b", path.read_text(), re.M)
+    ]
+    assert not plain, f"tasks/ holds only @task modules; move these to the library they belong to: {plain}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Production module -> the production modules it imports (a package's import counts as its __init__)."""
+    modules = {module_name(path): path for _, path in sources()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for module, names in imports(path):
+            if module in modules:
+                targets.add(module)
+            # `from package import module` imports the submodule
+            targets.update(f"{module}.{n}" for n in names if f"{module}.{n}" in modules)
+        graph[name] = targets - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    """No production module reaches itself through imports, counting imports inside functions."""
+    assert not cycles(import_graph())
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def defined_names(path: Path) -> set[str]:
+    """Names a module defines at its top level (functions, classes, assignments), not those it imports."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                elements = target.elts if isinstance(target, ast.Tuple) else [target]
+                names.update(e.id for e in elements if isinstance(e, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def test_names_are_imported_from_where_they_are_defined() -> None:
+    """No alias re-exports (a name is imported from the module that defines it) and no private helper (`_name`) is
+    imported from another module."""
+    modules = {module_name(path): path for _, path in sources()}
+    offenders = []
+    for _, path in sources():
+        for module, names in imports(path):
+            if module not in modules:
+                continue
+            defined = defined_names(modules[module])
+            for name in names:
+                if f"{module}.{name}" in modules:
+                    continue  # a submodule
+                if name not in defined:
+                    offenders.append(f"{path.relative_to(ROOT)}: {name} is not defined in {module}")
+                elif name.startswith("_"):
+                    offenders.append(f"{path.relative_to(ROOT)}: imports the private {module}.{name}")
+    assert not offenders, offenders
+
+
+def test_functions_are_short() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for _, path in sources()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 def test_the_trainer_and_the_gpu_benchmark_import_without_prefect() -> None:
     """A GPU machine without Prefect runs the trainer and tests/benchmarks/bench_gpu.py from a checkout
     (tests/benchmarks/GPU.md): their modules import with Prefect made unimportable, in a fresh interpreter."""
-    import subprocess
-    import sys
-
     code = """
 import importlib, sys
 class NoPrefect:
@@ -68,7 +238,8 @@ class NoPrefect:
             raise ImportError("Prefect is not installed on this machine")
 sys.meta_path.insert(0, NoPrefect())
 for module in ("trainer.__main__", "trainer.loop", "trainer.evaluate", "trainer.samples", "trainer.tiny",
-               "tests.benchmarks.bench_gpu", "tests.benchmarks.bench_train", "tasks.data.stage", "config.loader"):
+               "tests.benchmarks.bench_gpu", "tests.benchmarks.bench_train", "staging.stage", "pipeline.plan",
+               "pipeline.models", "config.loader"):
     importlib.import_module(module)
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -18,13 +18,15 @@ def greedy(model_dir: Path, ids: dict) -> str:
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=64, do_sample=False)
-    return AutoTokenizer.from_pretrained(model_dir).decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    return AutoTokenizer.from_pretrained(model_dir).decode(
+        out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
+    )
 
 
 def served(model_dir: Path, where: Path, prompts: list[str]) -> list[str]:
     import mlflow.pyfunc
 
-    from tasks.tracking.mlflow_registry import save_pyfunc
+    from tracking.mlflow_registry import save_pyfunc
 
     save_pyfunc(str(model_dir), str(where))
     return mlflow.pyfunc.load_model(str(where)).predict(prompts)
@@ -42,8 +44,9 @@ def test_predictions_are_greedy_completions_of_the_prompt_as_trained(tiny_model,
     assert (tokenizer.chat_template is not None) == template
     prompt = "What is the capital of France?"
     if template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
     else:
         ids = tokenizer(prompt, return_tensors="pt")
     expected = greedy(model_dir, ids)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from config.errors import EXIT_RETRYABLE, EXIT_USER_ERROR, RetryableError, UserError
-from launch.diagnose import error_for
+from core.errors import EXIT_RETRYABLE, EXIT_USER_ERROR, RetryableError, UserError
 from launch.claim import NodeClaim
-from launch.node import _root_cause, clear_failure, failure_exit_code, record_failure
+from launch.diagnose import error_for
+from launch.node import clear_failure, failure_exit_code, record_failure, root_cause
 from storage import layout
 
 
@@ -46,14 +46,16 @@ def test_a_node_whose_ranks_lost_their_peers_to_a_non_retryable_failure_names_th
     first = NodeClaim(run, 1, 3, "10.0.0.2")
     second = NodeClaim(run, 1, 3, "10.0.0.3")
     lost = RetryableError("train failed on node 1, Failed to recv, got 0 bytes")
-    assert _root_cause(first, lost) is lost  # no note yet: its own error
+    assert root_cause(first, lost) is lost  # no note yet: its own error
     second.stop_all("duplicate NODE_RANK=1: nodes on a and on b were both started as node 1", EXIT_USER_ERROR)
-    cause = _root_cause(first, lost)
+    cause = root_cause(first, lost)
     assert isinstance(cause, UserError)
-    assert str(cause) == (f"node 1 stopped: node 1 on {second.name} failed: duplicate NODE_RANK=1: nodes on a and "
-                          "on b were both started as node 1")
+    assert str(cause) == (
+        f"node 1 stopped: node 1 on {second.name} failed: duplicate NODE_RANK=1: nodes on a and "
+        "on b were both started as node 1"
+    )
     own = UserError("bad data on node 1")
-    assert _root_cause(first, own) is own  # its own 'retry cannot help' error stands
+    assert root_cause(first, own) is own  # its own 'retry cannot help' error stands
 
 
 def test_a_retryable_peer_failure_does_not_replace_a_nodes_own_error(tmp_path) -> None:
@@ -61,4 +63,4 @@ def test_a_retryable_peer_failure_does_not_replace_a_nodes_own_error(tmp_path) -
     mine, peer = NodeClaim(run, 0, 2, "10.0.0.1"), NodeClaim(run, 1, 2, "10.0.0.2")
     peer.stop_all("train failed on node 1, rank 1 was killed by SIGKILL", EXIT_RETRYABLE)
     own = RetryableError("train failed on node 0, rank 0 was killed by SIGKILL")
-    assert _root_cause(mine, own) is own
+    assert root_cause(mine, own) is own

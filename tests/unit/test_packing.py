@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from config.schema import DataConfig
+from config.sections.run_data import DataConfig
 from flows.prepare import summary_rows
+from staging.packing import first_fit_decreasing, packing_enabled
+from staging.stage import stage_dataset
 from storage.manifest import read_manifest
 from storage.shards import Row, examples_of, load_split
-from tasks.data.packing import first_fit_decreasing, packing_enabled
-from tasks.data.stage import stage_dataset
 from tests.distributed.harness import tool_call_conversations
-from trainer.data import collate
 from trainer.chunked_loss import LossHead
+from trainer.data import collate
 from trainer.evaluate import local_sums
 from trainer.loop import summed_loss
 
@@ -44,10 +44,16 @@ def test_first_fit_decreasing_fills_rows_in_a_fixed_order() -> None:
     assert sum(1 for row in packed if sum(many[i] for i in row) <= 64) <= 1
 
 
-@pytest.mark.parametrize(("setting", "formats", "packed"), [
-    (None, ["qwen"], False), (None, ["text"], True), (None, ["text", "qwen"], False), (True, ["sharegpt"], True),
-    (False, ["text"], False),
-])
+@pytest.mark.parametrize(
+    ("setting", "formats", "packed"),
+    [
+        (None, ["qwen"], False),
+        (None, ["text"], True),
+        (None, ["text", "qwen"], False),
+        (True, ["sharegpt"], True),
+        (False, ["text"], False),
+    ],
+)
 def test_packing_is_on_for_plain_text_unless_set(setting: bool | None, formats: list[str], packed: bool) -> None:
     assert packing_enabled(DataConfig(packing=setting), formats) is packed
 
@@ -63,15 +69,23 @@ def test_packing_unset_follows_the_resolved_format_of_every_input(how: str, tmp_
     source = tmp_path / "notes.jsonl"
     records = json.loads(SAMPLE.read_text())[:40] if how == "chat" else text_records(40)
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
-    (tmp_path / "dataset_info.json").write_text(json.dumps(
-        {"notes": {"file_name": "notes.jsonl", "formatting": "alpaca", "columns": {"prompt": "text"}}}))
-    data = {"data.format": DataConfig(source=str(source), format="text"),
-            "data.sources": DataConfig(sources=[{"source": str(source), "format": "text"}]),
-            "dataset_info.json": DataConfig(source=f"{tmp_path / 'dataset_info.json'}#notes"),
-            "detected": DataConfig(source=str(source)),
-            "chat": DataConfig(source=str(source))}[how]
-    ref = stage_dataset(data.model_copy(update={"max_length": 128, "eval_ratio": 0.2}), str(tmp_path / "s"),
-                        tiny_model, progress=lambda _: None, bars=False)
+    (tmp_path / "dataset_info.json").write_text(
+        json.dumps({"notes": {"file_name": "notes.jsonl", "formatting": "alpaca", "columns": {"prompt": "text"}}})
+    )
+    data = {
+        "data.format": DataConfig(source=str(source), format="text"),
+        "data.sources": DataConfig(sources=[{"source": str(source), "format": "text"}]),
+        "dataset_info.json": DataConfig(source=f"{tmp_path / 'dataset_info.json'}#notes"),
+        "detected": DataConfig(source=str(source)),
+        "chat": DataConfig(source=str(source)),
+    }[how]
+    ref = stage_dataset(
+        data.model_copy(update={"max_length": 128, "eval_ratio": 0.2}),
+        str(tmp_path / "s"),
+        tiny_model,
+        progress=lambda _: None,
+        bars=False,
+    )
     manifest = read_manifest(ref.url, "tandem.dataset/1")[0]
     assert manifest["packing"] is (how != "chat")
     assert [name for name, _ in summary_rows(ref)].count("packing") == (how != "chat")
@@ -85,9 +99,16 @@ def both(tmp_path_factory, tiny_model) -> dict[bool, object]:
     (source / "chat.json").write_text(json.dumps(records))
     (source / "tools.json").write_text(json.dumps(tool_call_conversations(12)))
     storage = tmp_path_factory.mktemp("pack-storage")
-    return {packing: stage_dataset(DataConfig(source=str(source), max_length=512, eval_ratio=0.25, packing=packing),
-                                   str(storage), tiny_model, progress=lambda _: None, bars=False)
-            for packing in (False, True)}
+    return {
+        packing: stage_dataset(
+            DataConfig(source=str(source), max_length=512, eval_ratio=0.25, packing=packing),
+            str(storage),
+            tiny_model,
+            progress=lambda _: None,
+            bars=False,
+        )
+        for packing in (False, True)
+    }
 
 
 def as_examples(rows: list[Row]) -> Counter:
@@ -110,12 +131,15 @@ def test_packed_shards_hold_the_same_examples_in_fewer_rows(both) -> None:
         for key in ("tokens", "target_tokens"):
             assert counts[key] == plain["splits"][split][key]
     # A global batch counts rows: the reference a run's step count comes from carries the packed rows.
-    assert packed.split_records == {"train": manifest["splits"]["train"]["rows"],
-                                    "eval": manifest["splits"]["eval"]["rows"]}
+    assert packed.split_records == {
+        "train": manifest["splits"]["train"]["rows"],
+        "eval": manifest["splits"]["eval"]["rows"],
+    }
     splits = manifest["splits"]
     assert dict(summary_rows(packed))["packing"] == (
         f"train {splits['train']['records']} records in {splits['train']['rows']} rows, eval "
-        f"{splits['eval']['records']} records in {splits['eval']['rows']} rows of up to 512 tokens")
+        f"{splits['eval']['records']} records in {splits['eval']['rows']} rows of up to 512 tokens"
+    )
     assert "packing" not in dict(summary_rows(unpacked))
 
 
@@ -123,8 +147,13 @@ def test_packing_is_fixed_by_the_dataset_id(both, tmp_path, tiny_model) -> None:
     source = Path(read_manifest(both[True].url, "tandem.dataset/1")[0]["sources"][0]["url"]).parent
     copy = tmp_path / "moved"
     shutil.copytree(source, copy)
-    ref = stage_dataset(DataConfig(source=str(copy), max_length=512, eval_ratio=0.25, packing=True),
-                        str(tmp_path / "s"), tiny_model, progress=lambda _: None, bars=False)
+    ref = stage_dataset(
+        DataConfig(source=str(copy), max_length=512, eval_ratio=0.25, packing=True),
+        str(tmp_path / "s"),
+        tiny_model,
+        progress=lambda _: None,
+        bars=False,
+    )
     assert ref.dataset_id == both[True].dataset_id
     for split in ("train", "eval"):
         assert load_split(ref.url, split) == load_split(both[True].url, split)
@@ -147,8 +176,11 @@ def test_a_packed_rows_training_loss_is_the_sum_of_its_examples_alone(both, mode
     # Plain text's labels (every token a target): an example's first token must not be predicted from the end of
     # the one before it.
     first, second = examples_of(rows[:1])[:2]
-    text = Row(first.input_ids + second.input_ids, first.input_ids + second.input_ids,
-               [len(first.input_ids), len(second.input_ids)])
+    text = Row(
+        first.input_ids + second.input_ids,
+        first.input_ids + second.input_ids,
+        [len(first.input_ids), len(second.input_ids)],
+    )
     # One packed row, a micro-batch of two packed rows of different lengths (padding after the shorter), and text.
     for batch_rows in ([tool_rows[0]], [rows[0], rows[-1]], [text]):
         packed = collate(batch_rows, pad_id)
@@ -169,9 +201,11 @@ def test_packed_and_unpacked_eval_give_the_same_metrics(both, model, chunk_token
     pad_id = int(model.config.pad_token_id)
     packed_rows, plain_rows = load_split(both[True].url, "eval"), load_split(both[False].url, "eval")
     assert len(packed_rows) < len(plain_rows)
-    packed = local_sums(model, packed_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU,
-                        loss_chunk_tokens=chunk_tokens)
-    plain = local_sums(model, plain_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU,
-                       loss_chunk_tokens=chunk_tokens)
+    packed = local_sums(
+        model, packed_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU, loss_chunk_tokens=chunk_tokens
+    )
+    plain = local_sums(
+        model, plain_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU, loss_chunk_tokens=chunk_tokens
+    )
     assert packed[0] == pytest.approx(plain[0], rel=1e-5)
     assert packed[1:] == plain[1:]  # target tokens, correct tokens, examples

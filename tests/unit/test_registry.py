@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from config.errors import UserError
 from config.loader import load_config
-from config.schema import GateConfig
-from storage.gate import check_gate
+from config.sections.results import GateConfig
+from core.errors import UserError
+from pipeline.gate import check_gate
 from storage.registry import champion, promote, read_entry, register_version, resolve, versions
 from tests.conftest import run_cli
 from tests.registry_helpers import entry
@@ -25,13 +25,19 @@ def registered(storage: str, *losses: float) -> None:
         promote(storage, "m", version, read_entry(storage, "m", version)["metrics"], "loss", "min")
 
 
-@pytest.mark.parametrize(("gate", "passed", "message"), [
-    ({"threshold": 2.0}, False, "not registered: eval_loss 2.31 > threshold 2.0"),
-    ({"threshold": 2.5}, True, "passed: eval_loss 2.31 <= threshold 2.5"),
-    ({"metric": "token_accuracy", "direction": "max", "threshold": 0.5}, False,
-     "not registered: eval_token_accuracy 0.42 < threshold 0.5"),
-    ({"metric": "perplexity", "threshold": 20}, True, "passed: eval_perplexity 10.07 <= threshold 20.0"),
-])
+@pytest.mark.parametrize(
+    ("gate", "passed", "message"),
+    [
+        ({"threshold": 2.0}, False, "not registered: eval_loss 2.31 > threshold 2.0"),
+        ({"threshold": 2.5}, True, "passed: eval_loss 2.31 <= threshold 2.5"),
+        (
+            {"metric": "token_accuracy", "direction": "max", "threshold": 0.5},
+            False,
+            "not registered: eval_token_accuracy 0.42 < threshold 0.5",
+        ),
+        ({"metric": "perplexity", "threshold": 20}, True, "passed: eval_perplexity 10.07 <= threshold 20.0"),
+    ],
+)
 def test_threshold_gate_both_ways(tmp_path, gate: dict, passed: bool, message: str) -> None:
     result = check_gate(GateConfig(**gate), METRICS, str(tmp_path), "m")
     assert (result.passed, result.message) == (passed, message)
@@ -51,17 +57,26 @@ def test_champion_gate_both_ways(tmp_path) -> None:
     assert better.passed and better.message == "passed: eval_loss 1.9 beats champion v0002 (2.0)"
 
 
-@pytest.mark.parametrize(("override", "expected"), [
-    ("register.gate={threshold: 2.0, better_than: champion}",
-     "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than"),
-    ("register.gate={metric: loss}",
-     "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than"),
-    ("register.gate={metric: token_accuracy, threshold: 0.5}",
-     "register.gate.direction must be max for token_accuracy, got min"),
-    ("register.gate={better_than: best}", "register.gate.better_than: Input should be 'champion'"),
-    ("eval.generate_samples=-1", "eval.generate_samples: Input should be greater than or equal to 0"),
-    ("eval.model=latest", "eval.model: Input should be 'final' or 'checkpoint'"),
-])
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "register.gate={threshold: 2.0, better_than: champion}",
+            "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than",
+        ),
+        (
+            "register.gate={metric: loss}",
+            "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than",
+        ),
+        (
+            "register.gate={metric: token_accuracy, threshold: 0.5}",
+            "register.gate.direction must be max for token_accuracy, got min",
+        ),
+        ("register.gate={better_than: best}", "register.gate.better_than: Input should be 'champion'"),
+        ("eval.generate_samples=-1", "eval.generate_samples: Input should be greater than or equal to 0"),
+        ("eval.model=latest", "eval.model: Input should be 'final' or 'checkpoint'"),
+    ],
+)
 def test_bad_gate_and_eval_config_is_one_line_naming_the_key(override: str, expected: str) -> None:
     with pytest.raises(UserError) as info:
         load_config(None, [override])
@@ -71,7 +86,13 @@ def test_bad_gate_and_eval_config_is_one_line_naming_the_key(override: str, expe
 def test_resolve_names_versions_and_the_champion(tmp_path) -> None:
     storage = str(tmp_path)
     registered(storage, 2.5, 2.0, 2.2)
-    assert [resolve(storage, ref)["version"] for ref in ("m", "m:1", "m:v2", "m:v0003", "m:champion")] == [3, 1, 2, 3, 2]
+    assert [resolve(storage, ref)["version"] for ref in ("m", "m:1", "m:v2", "m:v0003", "m:champion")] == [
+        3,
+        1,
+        2,
+        3,
+        2,
+    ]
     with pytest.raises(UserError, match=r"m:v0009 is not registered under .* \(versions: v0001, v0002, v0003\)"):
         resolve(storage, "m:9")
     with pytest.raises(UserError, match=r"other: no such model in .*registry \(models: m\)"):
@@ -86,14 +107,16 @@ def test_registry_cli_lists_and_shows_without_a_prefect_server(tmp_path) -> None
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     assert lines[0].split() == ["model", "version", "created", "loss", "perplexity", "token_accuracy", "champion"]
-    assert [line.split()[:2] + line.split()[3:4] for line in lines[1:]] == [["m", "v0001", "2.5000"],
-                                                                            ["m", "v0002", "2.0000"]]
+    assert [line.split()[:2] + line.split()[3:4] for line in lines[1:]] == [
+        ["m", "v0001", "2.5000"],
+        ["m", "v0002", "2.0000"],
+    ]
     assert lines[2].endswith("*") and not lines[1].endswith("*")
 
     shown = run_cli("flows.registry", "--storage", storage, "show", "m:champion", env=env, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("m v0002 (champion)\n")
-    doc = json.loads(shown.stdout[shown.stdout.index("{"):shown.stdout.index("\nHow to load")])
+    doc = json.loads(shown.stdout[shown.stdout.index("{") : shown.stdout.index("\nHow to load")])
     assert doc == read_entry(storage, "m", 2)
     assert 'model = PeftModel.from_pretrained(base, "/models/w1")' in shown.stdout
 
@@ -111,7 +134,8 @@ def test_a_registry_that_is_empty_lists_nothing(tmp_path) -> None:
 def test_loss_curve_plots_train_steps_and_eval_points(tmp_path) -> None:
     from PIL import Image
 
-    from tasks.loss_curve import loss_series, read_metrics, write_loss_plot
+    from pipeline.loss_curve import loss_series, write_loss_plot
+    from storage.metrics import read_metrics
 
     run = tmp_path / "run"
     run.mkdir()

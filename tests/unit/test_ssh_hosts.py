@@ -5,16 +5,17 @@ own interfaces, and the node claim that catches a duplicate NODE_RANK."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import pytest
 
-from config.errors import RetryableError, UserError
 from config.hosts import Host, parse_host, parse_hostfile, read_hostfile
 from config.loader import load_config
+from core.errors import RetryableError, UserError
+from launch.backends.ssh_errors import ssh_failure
 from launch.claim import NodeClaim
 from launch.network import check_interfaces, interface_environment, route_interface
-from launch.ssh_errors import ssh_failure
 
 
 def test_host_entries() -> None:
@@ -28,7 +29,9 @@ def test_host_entries() -> None:
 
 def test_hostfiles_deepspeed_and_pbs() -> None:
     assert parse_hostfile("# cluster\nworker-1 slots=8\nworker-2 slots=8 max_slots=8\n\n", "hf") == [
-        (Host("worker-1"), 8), (Host("worker-2"), 8)]
+        (Host("worker-1"), 8),
+        (Host("worker-2"), 8),
+    ]
     assert parse_hostfile("n1\nn1\nn2\nn2\n", "PBS_NODEFILE") == [(Host("n1"), 2), (Host("n2"), 2)]
     with pytest.raises(ValueError, match=r"hf:2: 'gpus=8' is not understood; write 'host slots=N'"):
         parse_hostfile("a slots=1\nb gpus=8\n", "hf")
@@ -57,15 +60,17 @@ def test_the_hosts_decide_the_shape_and_the_master(tmp_path) -> None:
         load_config(None, ["launch.backend=ssh", "launch.hosts=[g1, g2]", "launch.nnodes=3"])
     with pytest.raises(UserError, match=r"launch.nproc_per_node=2 contradicts launch.hostfile \(slots=4 per host\)"):
         load_config(None, ["launch.backend=ssh", f"launch.hostfile={tmp_path / 'hf'}", "launch.nproc_per_node=2"])
-    with pytest.raises(UserError, match="launch.backend=ssh needs launch.hosts"):
+    with pytest.raises(UserError, match=re.escape("launch.backend=ssh needs launch.hosts")):
         load_config(None, ["launch.backend=ssh"])
 
 
 def test_ssh_failures_are_one_line_with_the_fix() -> None:
     denied = ssh_failure("node 1 (10.0.0.2)", 255, "root@10.0.0.2: Permission denied (publickey).\n")
     assert isinstance(denied, UserError)
-    assert str(denied) == ("node 1 (10.0.0.2): Permission denied (publickey). — install this machine's key on it "
-                           "(ssh-copy-id), or name the key with launch.ssh_options=[-i, KEY]")
+    assert str(denied) == (
+        "node 1 (10.0.0.2): Permission denied (publickey). — install this machine's key on it "
+        "(ssh-copy-id), or name the key with launch.ssh_options=[-i, KEY]"
+    )
     down = ssh_failure("node 2 (gpu3)", 255, "ssh: connect to host gpu3 port 22: Connection timed out\n")
     assert isinstance(down, RetryableError) and "the host does not answer" in str(down)
     assert "ssh failed (weird)" in str(ssh_failure("node 0 (a)", 255, "weird\n"))
@@ -76,8 +81,11 @@ def test_the_interface_is_the_one_that_routes_to_the_master() -> None:
     assert interface_environment("127.0.0.1", {}) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
     assert interface_environment("127.0.0.1", {"NCCL_SOCKET_IFNAME": "eth9"}) == {}  # the user's choice stays
     assert check_interfaces(0, "127.0.0.1", {}).startswith("lo (routes to 127.0.0.1;")
-    with pytest.raises(UserError, match=r"node 1: GLOO_SOCKET_IFNAME=nosuch0: this host has no interface nosuch0 "
-                                        r"\(it has: .*lo 127.0.0.1"):
+    with pytest.raises(
+        UserError,
+        match=r"node 1: GLOO_SOCKET_IFNAME=nosuch0: this host has no interface nosuch0 "
+        r"\(it has: .*lo 127.0.0.1",
+    ):
         check_interfaces(1, "127.0.0.1", {"GLOO_SOCKET_IFNAME": "nosuch0"})
     assert "(set by you)" in check_interfaces(1, "127.0.0.1", {"NCCL_SOCKET_IFNAME": "^docker,lo"})
 
@@ -89,9 +97,12 @@ def test_a_second_live_claim_on_a_rank_names_both_nodes(tmp_path) -> None:
     second = NodeClaim(run, 1, 3, "10.0.0.3")
     host = socket.gethostname()
     # Another live process on this host holds it: not stale (a real duplicate), whatever host it claims from.
-    with pytest.raises(UserError, match=rf"duplicate NODE_RANK=1: nodes on {host} \(10.0.0.2\) and on {host} "
-                                        r"\(10.0.0.3\) were both started as node 1; give every node a unique "
-                                        r"NODE_RANK in 0..2"):
+    with pytest.raises(
+        UserError,
+        match=rf"duplicate NODE_RANK=1: nodes on {host} \(10.0.0.2\) and on {host} "
+        r"\(10.0.0.3\) were both started as node 1; give every node a unique "
+        r"NODE_RANK in 0..2",
+    ):
         _as_other_process(second.take)
     first.release()
     second.take()  # released: free again

@@ -1,0 +1,62 @@
+"""The job and node types every part of launch/ shares: what one phase runs on every node (`PhaseJob`), one node's
+place in it (`NodePlan`), the module and arguments the ranks run, and the signature of a backend.
+
+The bottom of launch/: it imports no backend and nothing that imports one, so that launch/phase.py may import the
+backends and the backends may import this module without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from storage.spec import WrittenSpec
+
+# phase -> the module torchrun runs on every rank ("probe": only the network probe, e.g. to test a cluster's links)
+MODULES = {"train": "trainer", "eval": "trainer.evaluate", "probe": "trainer.probe"}
+
+Info = Callable[[str], None]
+OnProgress = Callable[[dict[str, Any]], None]
+
+
+def trainer_args(spec_url: str, phase: str, model_url: str | None = None) -> list[str]:
+    """The arguments of `python -m trainer` / `python -m trainer.evaluate` for a phase."""
+    return ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node is asked to run: its place in the job and where the rendezvous is."""
+
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class PhaseJob:
+    """What every node of one phase runs: the written spec, the phase, and for eval the model to evaluate."""
+
+    written: WrittenSpec
+    phase: str  # "train" | "eval" | "probe"
+    model_url: str | None = None
+
+    @property
+    def module(self) -> str:
+        """The module torchrun runs on every rank."""
+        return MODULES[self.phase]
+
+    @property
+    def args(self) -> list[str]:
+        """The arguments of that module."""
+        return trainer_args(str(self.written.url), self.phase, self.model_url)
+
+
+class Backend(Protocol):
+    """A launch backend: gets the job's module running on every node and returns when all of them finished, or
+    raises naming the first node that failed (UserError: retrying cannot help; RetryableError: it may)."""
+
+    def __call__(self, job: PhaseJob, info: Info, on_progress: OnProgress | None = None, /) -> None: ...

@@ -1,0 +1,56 @@
+"""What a registry entry says about a model: its metrics, where it is, and its lineage (data, config, code,
+checkpoint, flow run, layout)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.checkout import code_version
+from storage.checkpoints import CompleteCheckpoint
+from storage.fs import Where, is_local, local_path
+from storage.spec import Spec
+
+METRIC_KEYS = ("loss", "perplexity", "token_accuracy", "loss_sum", "target_tokens", "correct_tokens", "examples")
+
+
+def lineage(
+    spec: Spec, spec_digest: str, checkpoint: CompleteCheckpoint, flow_run_id: str | None = None
+) -> dict[str, Any]:
+    """Where the model came from: data, config, code, checkpoint, flow run, layout."""
+    return {
+        "dataset_id": spec.dataset.dataset_id,
+        "dataset_manifest_digest": spec.dataset.manifest_digest,
+        "spec_digest": spec_digest,
+        "code_version": code_version(),
+        "checkpoint_manifest_digest": checkpoint.manifest_digest,
+        "flow_run_id": flow_run_id,
+        "nnodes": spec.config.launch.nnodes,
+        "world_size": spec.world_size,
+        **({"attempts": [a.model_dump() for a in spec.attempts]} if spec.attempts else {}),
+    }
+
+
+def browser_link(url: Where) -> str:
+    """A URL a browser or the Prefect UI can show: file:// for local paths, the URL itself otherwise."""
+    return f"file://{local_path(url)}" if is_local(url) else str(url)
+
+
+def registry_entry(
+    spec: Spec,
+    spec_digest: str,
+    checkpoint: CompleteCheckpoint,
+    model_url: Where,
+    metrics: dict[str, Any],
+    flow_run_id: str | None = None,
+) -> dict[str, Any]:
+    """The registry document's body (the registry adds schema, model, version, created_at)."""
+    return {
+        "metrics": {key: metrics[key] for key in METRIC_KEYS},
+        "model_url": str(model_url),
+        "checkpoint_url": str(checkpoint.url),
+        "evaluated_url": metrics["model_url"],
+        "base_model": spec.model_path,
+        "method": spec.config.train.method,
+        "run_url": spec.run_url,
+        "lineage": lineage(spec, spec_digest, checkpoint, flow_run_id),
+    }

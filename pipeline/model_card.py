@@ -1,0 +1,125 @@
+"""The model card (markdown): data, method, config highlights, metrics, lineage, and how to load it.
+
+Plain functions: the register task publishes the card as a Prefect artifact and writes it to
+{run}/model_card.md; the registry CLI prints the loading snippet of `load_snippet`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from config.chat_template import template_digest
+from config.deepspeed import zero_stage
+from core.redact import mask_text
+from storage import layout
+from storage.fs import Where
+from storage.spec import Spec
+
+METRIC_ROWS = (
+    ("loss", "eval loss (nats per target token)", "{:.4f}"),
+    ("perplexity", "perplexity", "{:.2f}"),
+    ("token_accuracy", "token accuracy", "{:.4f}"),
+    ("target_tokens", "target tokens", "{}"),
+    ("correct_tokens", "correct tokens", "{}"),
+    ("examples", "eval examples", "{}"),
+)
+
+
+def load_snippet(entry: dict[str, Any]) -> str:
+    """Python that loads a registered model with transformers (+ PEFT for an adapter)."""
+    model_url = entry["model_url"]
+    lines = ["from transformers import AutoModelForCausalLM, AutoTokenizer", ""]
+    if entry.get("method", "lora") in ("lora", "qlora"):
+        lines[0:0] = ["from peft import PeftModel"]
+        lines += [
+            f'base = AutoModelForCausalLM.from_pretrained("{entry["base_model"]}")',
+            f'model = PeftModel.from_pretrained(base, "{model_url}")  # .merge_and_unload() for plain weights',
+        ]
+    else:
+        lines += [f'model = AutoModelForCausalLM.from_pretrained("{model_url}")']
+    lines += [f'tokenizer = AutoTokenizer.from_pretrained("{model_url}")']
+    if "://" in model_url:
+        lines[0:0] = [f"# from_pretrained needs a local directory: copy {model_url} first (e.g. aws s3 sync)"]
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
+    return "\n".join(["| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows)])
+
+
+def chat_template_row(spec: Spec) -> str:
+    """Which chat template the model was trained with (and its export carries)."""
+    if spec.chat_template is None:
+        return "the base model's own"
+    return f"`{spec.config.model.chat_template}` (sha256 `{template_digest(spec.chat_template)[:16]}`)"
+
+
+def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
+    """The settings a reader needs to judge the model."""
+    cfg, train = spec.config, spec.config.train
+    rows: list[tuple[str, Any]] = [
+        ("method", train.method),
+        ("base model", f"`{spec.model_path}`"),
+        ("optimizer steps", spec.total_steps),
+        (
+            "global batch",
+            f"{cfg.global_batch(spec.world_size)} rows = {train.micro_batch_size} x "
+            f"{cfg.accumulation_steps(spec.world_size)} accumulation x {spec.world_size} ranks",
+        ),
+        ("learning rate", f"{train.learning_rate:g} ({train.lr_scheduler}, warmup {train.warmup_ratio:g})"),
+        ("max length", cfg.data.max_length),
+        ("chat template", chat_template_row(spec)),
+        (
+            "reasoning / history",
+            f"enable_thinking {str(cfg.data.enable_thinking).lower()}, "
+            f"mask_history {str(cfg.data.mask_history).lower()}",
+        ),
+        ("DeepSpeed", f"ZeRO-{zero_stage(spec.deepspeed)}"),
+        ("nodes x ranks", f"{cfg.launch.nnodes} x {cfg.launch.nproc_per_node}"),
+    ]
+    if spec.attempts:  # an elastic run: each launch's nodes, world size and starting step
+        rows.append(("attempts", "; ".join(a.describe() for a in spec.attempts)))
+    if train.method != "full":
+        rows.insert(1, ("LoRA", f"r {train.lora.r}, alpha {train.lora.alpha}, dropout {train.lora.dropout:g}"))
+    return rows
+
+
+def model_card(spec: Spec, entry: dict[str, Any], splits: dict[str, Any], loss_plot: Where | None) -> str:
+    """The whole card for a registered version."""
+    metrics, lineage = entry["metrics"], entry["lineage"]
+    title = f"{entry['model']} v{entry['version']:04d}"
+    data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
+    data_rows += [
+        (f"{split} split", f"{c['records']} records, {c['target_tokens']} target tokens") for split, c in splits.items()
+    ]
+    metric_rows = [(label, fmt.format(metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
+    parts = [
+        f"# {title}",
+        f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "
+        f"registered {entry['created_at']}.",
+        "## Data",
+        _table(data_rows),
+        "## Method and configuration",
+        _table(config_highlights(spec)),
+        "## Metrics",
+        f"All-reduced over {lineage['world_size']} eval ranks (sums divided once).",
+        _table(metric_rows),
+    ]
+    if loss_plot:
+        parts += ["## Loss curve", f"![loss curve]({layout.LOSS_PLOT})", f"`{loss_plot}`"]
+    parts += [
+        "## Lineage",
+        _table([(key, f"`{value}`") for key, value in lineage.items() if key != "attempts"]),
+        "## How to load",
+        f"```python\n{load_snippet(entry)}\n```",
+        "## Where",
+        _table(
+            [
+                ("model", f"`{entry['model_url']}`"),
+                ("checkpoint", f"`{entry['checkpoint_url']}`"),
+                ("registry entry", f"`{entry['url']}`"),
+            ]
+        ),
+    ]
+    # A source URL or path may carry a password (https://user:pass@host/...): the card is published and kept.
+    return mask_text("\n\n".join(parts) + "\n")

@@ -1,0 +1,56 @@
+"""Planning a run: its identity (`new_run_id`) and its resolution into the spec every node and rank reads
+(`build_spec`: world size, DeepSpeed "auto" values, total steps, absolute locations). Free of Prefect, so that what
+builds a spec without it (the GPU benchmark on a machine without Prefect) can."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from datetime import UTC, datetime
+
+from config.chat_template import resolve_chat_template
+from config.deepspeed import read_deepspeed_json, resolve_from_train
+from config.schema import FinetuneConfig
+from config.sections.model_train import TrainConfig
+from core.checkout import code_version
+from storage import layout
+from storage.manifest import read_manifest
+from storage.shards import split_rows
+from storage.spec import DatasetRef, Spec
+
+
+def new_run_id(cfg: FinetuneConfig) -> str:
+    """run.name when set (re-running it continues that run), else time + a short random suffix."""
+    if cfg.run.name:
+        return cfg.run.name
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
+    """train.max_steps when set, else enough steps for train.epochs passes over the train split."""
+    if train.max_steps is not None:
+        return train.max_steps
+    # With train.global_batch_size the rows per step, hence the step count and the schedule, ignore the world size.
+    per_step = train.global_batch_size or train.micro_batch_size * train.gradient_accumulation_steps * world_size
+    return max(1, math.ceil(train.epochs * train_records / per_step))
+
+
+def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
+    """Resolve the config once: world size, DeepSpeed "auto" values, total steps, absolute locations."""
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    train_records = dataset.records("train")
+    if train_records is None:  # a reference read back from spec.json carries no counts
+        train_records = split_rows(read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"])
+    steps = total_steps(cfg.train, train_records, cfg.world_size)
+    return Spec(
+        run_id=run_id,
+        run_url=layout.run_dir(cfg.run.storage, run_id),
+        config=cfg,
+        deepspeed=ds,
+        world_size=cfg.world_size,
+        total_steps=steps,
+        model_path=model_path,
+        dataset=dataset,
+        code_version=code_version(),
+        chat_template=resolve_chat_template(cfg.model.chat_template),
+    )

@@ -1,0 +1,123 @@
+"""What a staged dataset is named after, and what finds it again.
+
+- The dataset id digests what determines the staged bytes: the normalized records in order, the tokenizer
+  (its files, the chat template among them), max_length and excess_length, the split settings, the shard size,
+  the digest algorithm, whether the examples are packed (data.packing as resolved for the formats found), and the
+  rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
+  changing data.num_proc, changes none of these, so it names the same dataset.
+- The source key digests the inputs instead: the source files' digests and URLs, how each source is read (format,
+  columns, tags, weight, cap, the dataset_info.json entry it came from) and mixed, plus the same settings.
+  It is computed without parsing a record, and `{storage}/datasets/by-source/{key}.json` maps it to the
+  dataset id, so unchanged input is found again in the time it takes to digest the source files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from config.sections.run_data import DataConfig
+from staging.progress import Reporter
+from staging.sources import expand
+from staging.streams import Stream, resolve
+from storage import layout
+from storage.digest import digest_bytes, hasher
+from storage.fs import Location, read_range, size
+
+# Bump when normalization or tokenization changes what is staged for the same input and settings.
+PIPELINE_VERSION = 4
+READ_BLOCK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One data file: which config key it came from, and its size and digest."""
+
+    key: str  # the stream's config key (staging/streams.py)
+    url: Location
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything staging depends on, known before a record is parsed."""
+
+    files: list[SourceFile]
+    fingerprint: dict[str, Any]
+    source_key: str
+    streams: list[Stream]
+
+
+def shaping(data: DataConfig) -> dict[str, Any]:
+    """The settings that shape the staged bytes (not where the data is read from, nor how fast)."""
+    split = {"eval_source": True} if data.eval_source else {"eval_ratio": data.eval_ratio}
+    return {
+        "max_length": data.max_length,
+        "shard_rows": data.shard_rows,
+        "digest_algorithm": data.digest_algorithm,
+        "split": split,
+        "enable_thinking": data.enable_thinking,
+        "mask_history": data.mask_history,
+        "excess_length": data.excess_length,
+    }
+
+
+def source_files(streams: list[Stream]) -> list[tuple[str, Location]]:
+    """(config key, location) of every data file of every stream, in stream order."""
+    return [(stream.key, url) for stream in streams for url in expand(stream.location, stream.key)]
+
+
+def digest_sources(files: list[tuple[str, Location]], algorithm: str, reporter: Reporter) -> list[SourceFile]:
+    """Size and digest of every source file (read once, in large blocks)."""
+    sizes = [size(url) for _, url in files]
+    out = []
+    with reporter.phase("digesting sources", sum(sizes), "B") as phase:
+        for (key, url), total in zip(files, sizes, strict=True):
+            h = hasher(algorithm)
+            offset = 0
+            while block := read_range(url, offset, offset + READ_BLOCK):  # retried block by block
+                offset += len(block)
+                h.update(block)
+                phase.update(len(block))
+            out.append(SourceFile(key, url, total, h.hexdigest()))
+    return out
+
+
+def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) -> Inputs:
+    """The source files with their digests, and the source key over them and the settings."""
+    streams = resolve(data)
+    files = digest_sources(source_files(streams), data.digest_algorithm, reporter)
+    doc = {
+        "pipeline": PIPELINE_VERSION,
+        "files": [[f.key, str(f.url), f.digest] for f in files],
+        "streams": [stream.describe() for stream in streams],
+        "mix": data.mix,
+        "on_invalid": data.on_invalid,
+        "packing": data.packing,
+        "shaping": shaping(data),
+        "tokenizer": fingerprint,
+    }
+    return Inputs(files, fingerprint, digest_bytes(json.dumps(doc, sort_keys=True).encode(), "blake3")[:32], streams)
+
+
+def in_eval(record_digest: bytes, eval_ratio: float) -> bool:
+    """Deterministic split: a record goes to eval when its digest falls below the ratio."""
+    return int.from_bytes(record_digest[:4], "big") / 0x1_0000_0000 < eval_ratio
+
+
+def dataset_id(
+    records_digest: str, rejects_digest: str | None, fingerprint: dict[str, Any], data: DataConfig, packed: bool
+) -> str:
+    """`ds-<16 hex>` over what determines the staged bytes."""
+    identity = {
+        "packing": packed,
+        "schema": layout.DATASET_SCHEMA,
+        "pipeline": PIPELINE_VERSION,
+        "records": records_digest,
+        "rejects": rejects_digest,
+        "tokenizer": fingerprint,
+        **shaping(data),
+    }
+    return "ds-" + digest_bytes(json.dumps(identity, sort_keys=True).encode(), "blake3")[:16]

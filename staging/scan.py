@@ -1,0 +1,242 @@
+"""Pass one of staging: read every source file (the sources mixed as data.mix says), normalize and validate its
+records, digest each one, decide its split, and spool it for the tokenizer. Nothing is dropped silently: every
+record read is either spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at the first
+one); what a cap or data.mix=interleave leaves unread is said per file and per source. The per-record work of
+plain JSON Lines files runs in data.num_proc processes (staging/firstpass.py), which give the records back in
+file order, so the mix, the caps, the spool and the rejects do not depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from config.sections.run_data import DataConfig
+from core.errors import UserError
+from staging import firstpass
+from staging.firstpass import Digested
+from staging.identity import Inputs, in_eval
+from staging.progress import Reporter
+from staging.records import DataFile, Reject, open_file
+from staging.sources import ByteCounter
+from staging.spool import Chunk, SpoolWriter
+from staging.streams import Stream, capped, interleave, label
+from staging.workers import pool_of, worker_count
+
+EVAL, TRAIN = 1, 0
+MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
+
+
+@dataclass
+class Scan:
+    """The spooled records (in chunks), each one's split, the rejects and per-source counts."""
+
+    chunks: list[Chunk]
+    splits: bytearray  # EVAL or TRAIN per spooled record
+    records_digest: str
+    rejects: list[Reject] = field(default_factory=list)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    streams: list[dict[str, Any]] = field(default_factory=list)  # per configured source: how read, what it gave
+
+    @property
+    def spooled(self) -> int:
+        """Records that passed validation."""
+        return len(self.splits)
+
+
+@dataclass
+class Spooler:
+    """Pass one's sink: each valid record digested and spooled with its split, each reject kept (or raised with
+    `on_invalid: fail`), counted per file."""
+
+    data: DataConfig
+    writer: SpoolWriter
+    counts: list[list[int]]  # per file: valid records, rejected
+    splits: bytearray = field(default_factory=bytearray)
+    rejects: list[Reject] = field(default_factory=list)
+    records_hash: Any = field(default_factory=blake3.blake3)
+
+    def take(self, index: int, key: str, item: Digested | Reject) -> None:
+        """One run of records (or a reject) of file `index`, from the stream `key`."""
+        if isinstance(item, Reject):
+            if self.data.on_invalid == "fail":
+                raise item.error()
+            self.rejects.append(item)
+            self.counts[index][1] += 1
+            return
+        role = b"e" if key == "data.eval_source" else b"s"
+        digests = item.digest_list()
+        self.records_hash.update(b"".join(role + digest for digest in digests))
+        self.splits += bytes(
+            EVAL if role == b"e" or (not self.data.eval_source and in_eval(digest, self.data.eval_ratio)) else TRAIN
+            for digest in digests
+        )
+        self.writer.add_lines(item.lines, item.sizes)
+        self.counts[index][0] += item.count
+
+
+def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
+    """Read, validate, digest and spool every record of every stream, mixed as data.mix says (the per-record work
+    of plain JSON Lines files in data.num_proc processes, staging/firstpass.py)."""
+    files = inputs.files
+    sink = Spooler(data, SpoolWriter(spool), [[0, 0] for _ in files])
+    blocks = sum(-(-f.size // firstpass.BLOCK_BYTES) for f in files if firstpass.splittable(f.url))
+    processes = worker_count(data.num_proc, blocks)
+    reporter.info(
+        f"reading {len(files)} file{'s' if len(files) > 1 else ''} in {processes} "
+        f"process{'es' if processes > 1 else ''}"
+    )
+    with (
+        reporter.phase("reading", sum(f.size for f in files), "B") as phase,
+        pool_of(processes) if processes > 1 else contextlib.nullcontext() as pool,
+    ):
+        reader = Reader(inputs, data.mix, phase.update, pool, processes)
+        for index, item in reader.mixed():
+            sink.take(index, files[index].key, item)
+    sources = source_rows(inputs, reader.opened, sink.counts)
+    report(sources, reader.opened, inputs.streams, data, reporter)
+    scan = Scan(
+        sink.writer.close(),
+        sink.splits,
+        sink.records_hash.hexdigest(),
+        sink.rejects,
+        sources,
+        mix(sources, inputs.streams),
+    )
+    check_splits(scan, data)
+    return scan
+
+
+@dataclass
+class Reader:
+    """The records of every stream in the order data.mix gives them, each file opened as the mix reaches it."""
+
+    inputs: Inputs
+    strategy: str  # data.mix
+    progress: ByteCounter
+    pool: ProcessPoolExecutor | None
+    processes: int
+    opened: dict[int, DataFile] = field(default_factory=dict)
+
+    def mixed(self) -> Iterator[tuple[int, Digested | Reject]]:
+        """(file index, a run of records or a reject): the train streams mixed, then the eval streams, each capped."""
+        streams = self.inputs.streams
+        interleaving = self.strategy == "interleave" and sum(not s.is_eval for s in streams) > 1
+        train = [capped(self.items_of(s, interleaving), s.max_records) for s in streams if not s.is_eval]
+        weights = [s.weight for s in streams if not s.is_eval]
+        mixed = interleave(train, weights) if interleaving else itertools.chain(*train)
+        evals = [capped(self.items_of(s, interleaving), s.max_records) for s in streams if s.is_eval]
+        for _, item in itertools.chain(mixed, *evals):
+            yield item
+
+    def items_of(self, stream: Stream, interleaving: bool) -> Iterator[tuple[bool, tuple[int, Digested | Reject]]]:
+        """(counts toward a cap, (file index, item)) of one stream's files in order."""
+        # Runs of records as the files give them; one record at a time where a cap or interleave counts them.
+        one_by_one = stream.max_records is not None or (interleaving and not stream.is_eval)
+        for index, source in enumerate(self.inputs.files):
+            if source.key != stream.key:
+                continue
+            # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
+            counter = (lambda _: None) if firstpass.splittable(source.url) else self.progress
+            self.opened[index] = open_file(source.url, stream.mapping, counter)
+            items = firstpass.digest_file(self.opened[index], stream.mapping, self.progress, self.pool, self.processes)
+            for item in items:
+                if isinstance(item, Reject):
+                    yield False, (index, item)
+                else:
+                    yield from ((True, (index, run)) for run in (item.singles() if one_by_one else (item,)))
+
+
+def source_rows(inputs: Inputs, opened: dict[int, DataFile], counts: list[list[int]]) -> list[dict[str, Any]]:
+    """One row per source file for the manifest's `sources`: where, what, and the records it gave."""
+    return [
+        {
+            "url": str(f.url),
+            "size": f.size,
+            "digest": f.digest,
+            "key": f.key,
+            "format": opened[i].format if i in opened else None,
+            "records": kept,
+            "rejected": rejected,
+        }
+        for i, (f, (kept, rejected)) in enumerate(zip(inputs.files, counts, strict=True))
+    ]
+
+
+def mix(sources: list[dict[str, Any]], streams: list[Stream]) -> list[dict[str, Any]]:
+    """Each stream with how it is read and the records it gave (the manifest's `mix.sources`)."""
+    out = []
+    for stream in streams:
+        mine = [s for s in sources if s["key"] == stream.key]
+        out.append(
+            {
+                **stream.describe(),
+                "files": len(mine),
+                "records": sum(s["records"] for s in mine),
+                "rejected": sum(s["rejected"] for s in mine),
+            }
+        )
+    return out
+
+
+def report(
+    sources: list[dict[str, Any]],
+    opened: dict[int, DataFile],
+    streams: list[Stream],
+    data: DataConfig,
+    reporter: Reporter,
+) -> None:
+    """One line per file (a summary beyond MAX_FILE_LINES files), then one per stream when there are several."""
+    if len(sources) <= MAX_FILE_LINES:
+        for index, source in enumerate(sources):
+            if index not in opened:
+                reporter.info(
+                    f"{source['url']}: not read (data.mix=interleave stopped when the first source ran out)"
+                    if data.mix == "interleave"
+                    else f"{source['url']}: not read (its source's cap reached)"
+                )
+                continue
+            reporter.info(
+                f"{source['url']}: {source['format']} ({opened[index].reason}), {source['records']} records"
+                + (f", {source['rejected']} rejected" if source["rejected"] else "")
+            )
+    else:
+        formats = collections.Counter(s["format"] for s in sources if s["format"])
+        reporter.info(f"{len(sources)} files: " + ", ".join(f"{n} {fmt}" for fmt, n in sorted(formats.items())))
+    if len(streams) > 1:
+        for entry in mix(sources, streams):
+            cap = f", at most {entry['max_records']}" if entry["max_records"] else ""
+            mixed = data.mix == "interleave" and entry["key"] != "data.eval_source"
+            weight = f", weight {entry['weight']:g}" if mixed else ""
+            reporter.info(
+                f"{entry['key']} ({entry['entry'] or entry['source']}): {entry['records']} records{weight}{cap}"
+            )
+
+
+def check_splits(scan: Scan, data: DataConfig) -> None:
+    """An empty result, or an empty split that the settings ask for, is an error that says what to change."""
+    if not scan.spooled:
+        first = f"; the first: {scan.rejects[0].location}: {scan.rejects[0].reason}" if scan.rejects else ""
+        raise UserError(f"{label(data)}: no usable records ({len(scan.rejects)} rejected{first})")
+    evals = sum(scan.splits)
+    if evals == scan.spooled:
+        why = "it has no usable records" if data.eval_source else f"all {scan.spooled} records fell into eval"
+        raise UserError(f"{label(data)}: the train split is empty ({why}); add records or lower data.eval_ratio")
+    if not evals and (data.eval_source or data.eval_ratio > 0):
+        where = (
+            "data.eval_source has no usable records"
+            if data.eval_source
+            else (f"no record fell into eval with data.eval_ratio={data.eval_ratio} ({scan.spooled} records)")
+        )
+        raise UserError(
+            f"{label(data)}: the eval split is empty: {where}; add records, raise "
+            "data.eval_ratio, or set it to 0 to train without eval"
+        )

@@ -1,0 +1,256 @@
+"""Where records come from: `data.source` (a file, a directory, a glob or any fsspec URL) expanded into data
+files, and readers for JSON arrays, JSON Lines and Parquet that give every record its exact location:
+`path:line` (JSONL, 1-based), `path[index]` (JSON array) and `path#row` (Parquet, 0-based).
+
+A JSON or JSON Lines file may be compressed (`.gz`, `.bz2`, `.xz`, `.zst`, told by the extension as fsspec's
+`compression="infer"` does): it is read as its content, decompressed as a stream over the same retried block
+reads, and its locations count the lines of the content. Digests (staging/identity.py) are of the bytes as
+stored.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import orjson
+from fsspec.utils import infer_compression
+
+from core.errors import TandemError, UserError
+from storage.fs import Location, Where, at, filesystem, is_local, read_bytes, read_range, with_retries
+
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+GLOB_CHARS = "*?["
+BLOCK = 8 * 1024 * 1024
+BOM = b"\xef\xbb\xbf"
+PARQUET_BATCH = 4096
+ByteCounter = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Unparsable:
+    """A record that is not valid JSON; `reason` says why (the reader keeps going)."""
+
+    reason: str
+
+
+def has_glob(url: Where) -> bool:
+    """Whether a URL is a glob pattern."""
+    return any(char in str(url) for char in GLOB_CHARS)
+
+
+def _is_data_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return not name.startswith((".", "_")) and content_name(name).lower().endswith(DATA_SUFFIXES)
+
+
+def compression(url: Where) -> str | None:
+    """The stream compression of a file, from its extension (gzip, bz2, xz, zstd), or None."""
+    name = infer_compression(str(url)) if str(url).lower().endswith(COMPRESSED_SUFFIXES) else None
+    return None if name in (None, "zip") else name
+
+
+def content_name(url: Where) -> str:
+    """A file's name without its compression extension: what its content is (`a.jsonl.gz` -> `a.jsonl`)."""
+    return str(url).rsplit(".", 1)[0] if compression(url) else str(url)
+
+
+def _decompressing(name: str, raw: IO[bytes]) -> IO[bytes]:
+    """A reader of the decompressed stream (every member or frame of it, as the command-line tools do)."""
+    if name == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    import fsspec.compression
+
+    return fsspec.compression.compr[name](raw, mode="rb")  # gzip, bz2, lzma/xz from the standard library
+
+
+class _StoredBytes(io.RawIOBase):
+    """A stored file read forward, each block one ranged read retried on its own; counts the bytes read."""
+
+    def __init__(self, url: Where, on_bytes: ByteCounter) -> None:
+        self.url, self.on_bytes, self.offset = url, on_bytes, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        block = read_range(self.url, self.offset, self.offset + len(buffer))
+        buffer[: len(block)] = block
+        self.offset += len(block)
+        self.on_bytes(len(block))
+        return len(block)
+
+
+def _blocks(url: Where, on_bytes: ByteCounter, size: int = BLOCK) -> Iterator[bytes]:
+    """A file's content in blocks of `size` (decompressed when it is compressed); `on_bytes` counts the bytes
+    read from storage."""
+    name = compression(url)
+    if name is None:
+        offset = 0
+        while block := read_range(url, offset, offset + size):
+            offset += len(block)
+            on_bytes(len(block))
+            yield block
+        return
+    with _decompressing(name, io.BufferedReader(_StoredBytes(url, on_bytes), BLOCK)) as stream:
+        while True:
+            try:
+                block = stream.read(size)
+            except TandemError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - each codec has its own errors (BadGzipFile, LZMAError, ZstdError)
+                raise UserError(f"{url}: not a readable {name} file ({exc}); check the file or its extension") from None
+            if not block:
+                return
+            yield block
+
+
+def content(url: Where, on_bytes: ByteCounter = lambda _: None) -> bytes:
+    """A file's whole content, decompressed when it is compressed."""
+    if compression(url) is None:
+        body = read_bytes(url)
+        on_bytes(len(body))
+        return body
+    return b"".join(_blocks(url, on_bytes))
+
+
+def expand(where: Where, key: str) -> list[Location]:
+    """The data files of a source, sorted, each reached with the source's options; a UserError naming `key` when
+    there are none."""
+    source = at(where)
+    fs, path = filesystem(source)
+    kind, files = with_retries("list", source, lambda: _listing(fs, path, has_glob(source)))
+    if kind == "glob" and not files:
+        raise UserError(f"{key}: {source} matches no file; check the pattern")
+    if kind == "dir" and not files:
+        raise UserError(f"{key}: directory {source} holds no {'/'.join(DATA_SUFFIXES)} files (compressed or not)")
+    if kind == "missing":
+        raise UserError(f"{key}: {source} does not exist; give an existing file, directory, glob or URL")
+    return [source.with_url(p if is_local(source) else fs.unstrip_protocol(p)) for p in sorted(files)]
+
+
+def _listing(fs: object, path: str, glob: bool) -> tuple[str, list[str]]:
+    """(glob|dir|file|missing, data files): one attempt at listing a source."""
+    if glob:
+        found = fs.glob(path, detail=True)  # type: ignore[attr-defined]
+        return "glob", [p for p, info in found.items() if info["type"] == "file"]
+    if fs.isdir(path):  # type: ignore[attr-defined]
+        return "dir", [p for p in fs.find(path) if _is_data_file(p)]  # type: ignore[attr-defined]
+    if fs.exists(path):  # type: ignore[attr-defined]
+        return "file", [path]
+    return "missing", []
+
+
+def file_kind(url: Where) -> str:
+    """jsonl, json (an array) or parquet: from the suffix (of the content), else from the first bytes."""
+    lower = content_name(url).lower()
+    if lower.endswith((".parquet", ".pq")):
+        return "parquet"
+    if lower.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    head = next(_blocks(url, lambda _: None, size=64 * 1024), b"")
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    return "json" if head.removeprefix(BOM).lstrip()[:1] == b"[" else "jsonl"
+
+
+def read_file(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    """(location, parsed record or Unparsable) for every record of a data file, in file order."""
+    kind = file_kind(url)
+    if kind == "parquet" and compression(url):
+        raise UserError(
+            f"{url}: a compressed Parquet file; Parquet compresses its own columns, so store it "
+            "uncompressed (or give JSON Lines)"
+        )
+    if kind == "parquet":
+        return _read_parquet(url, on_bytes)
+    if kind == "json":
+        return _read_json_array(url, on_bytes)
+    return _read_jsonl(url, on_bytes)
+
+
+def _lines(url: Where, on_bytes: ByteCounter) -> Iterator[bytes]:
+    """The lines of a file (without the newline), read in large blocks: fast on local disks and object stores.
+    Each block is one ranged read, retried on its own after a transient storage fault."""
+    rest = b""
+    for block in _blocks(url, on_bytes):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        yield from lines
+    if rest:
+        yield rest
+
+
+def parse_line(url: Where, lineno: int, line: bytes) -> tuple[str, object] | None:
+    """(location, parsed record or Unparsable) of one line of a JSON Lines file; None for a blank line."""
+    if lineno == 1:
+        line = line.removeprefix(BOM)
+    if not line.strip():
+        return None
+    try:
+        return f"{url}:{lineno}", orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return f"{url}:{lineno}", Unparsable(f"malformed JSON ({exc.msg}, column {exc.colno})")
+
+
+def _read_jsonl(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    parsed_any = False
+    for lineno, line in enumerate(_lines(url, on_bytes), start=1):
+        item = parse_line(url, lineno, line)
+        if item is None:
+            continue
+        if isinstance(item[1], Unparsable) and not parsed_any:
+            _refuse_single_document(url)
+        parsed_any = parsed_any or not isinstance(item[1], Unparsable)
+        yield item
+
+
+def _refuse_single_document(url: Where) -> None:
+    """A file that is one JSON document over several lines is not JSON Lines: say so, not 'malformed line 1'."""
+    try:
+        doc = orjson.loads(content(url).removeprefix(BOM))
+    except orjson.JSONDecodeError:
+        return
+    raise UserError(
+        f"{url}: expected a JSON array of records or JSON Lines, got one JSON {type(doc).__name__} over several lines"
+    )
+
+
+def _read_json_array(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    raw = content(url, on_bytes)
+    try:
+        records = orjson.loads(raw.removeprefix(BOM))
+    except orjson.JSONDecodeError as exc:
+        # One broken array loses every record after the error: that is a file to fix, not a record to skip.
+        raise UserError(f"{url}:{exc.lineno}: malformed JSON ({exc.msg}, column {exc.colno}); fix the file") from None
+    if not isinstance(records, list):
+        raise UserError(f"{url}: expected a JSON array of records or JSON Lines, got a JSON {type(records).__name__}")
+    for index, record in enumerate(records):
+        yield f"{url}[{index}]", record
+
+
+def _read_parquet(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    import pyarrow.parquet as pq
+
+    fs, path = filesystem(url)
+    size = fs.size(path)
+    with fs.open(path, "rb") as handle:
+        try:
+            parquet = pq.ParquetFile(handle)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError for anything not Parquet
+            raise UserError(f"{url}: not a readable Parquet file ({exc})") from None
+        total = max(parquet.metadata.num_rows, 1)
+        row = reported = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH):
+            for record in batch.to_pylist():
+                yield f"{url}#{row}", record
+                row += 1
+            done = size * row // total
+            on_bytes(done - reported)
+            reported = done

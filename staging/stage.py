@@ -1,0 +1,332 @@
+"""Stage a dataset: validate, tokenize once, split, write Parquet shards, rejects and the manifest (last).
+
+    sources --digest--> source key --by-source index--> already staged?  (no record parsed)
+            --read, validate, digest (num_proc), spool--> dataset id --manifest there?--> already staged
+            --tokenize (num_proc)--> [pack (data.packing)] --> shards --> rejects.jsonl --> manifest.json --> index
+
+The dataset id names what determines the bytes (see staging/identity.py), so unchanged input finds its
+complete copy and any change makes a new dataset. A directory without manifest.json is an interrupted
+staging: it is cleared and staged again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from config.sections.run_data import DataConfig
+from core.errors import UserError
+from staging.identity import Inputs, dataset_id, survey
+from staging.packing import PackingWriter, packing_enabled
+from staging.progress import Reporter
+from staging.records import RecordError, Reject
+from staging.scan import EVAL, Scan, scan_sources
+from staging.streams import label
+from staging.tokenize import EncoderSettings, tokenizer_fingerprint
+from staging.workers import ChunkResult, encode_chunks, worker_count
+from storage import layout
+from storage.digest import digest_bytes
+from storage.fs import (
+    Where,
+    exists,
+    filesystem,
+    find_sizes,
+    is_local,
+    join,
+    read_bytes,
+    read_json,
+    remove,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+from storage.manifest import read_manifest, verify_files
+from storage.shards import FileEntry, SplitWriter, split_rows
+from storage.spec import DatasetRef
+
+log = logging.getLogger(__name__)
+
+
+def stage_dataset(
+    data: DataConfig,
+    storage: Where,
+    model_path: str,
+    progress: Callable[[str], None] = log.info,
+    bars: bool | None = None,
+    chat_template: str | None = None,
+) -> DatasetRef:
+    """Stage data.source under {storage}/datasets/{id}; reuse a complete copy if there is one. `chat_template`
+    (model.chat_template's text) replaces the tokenizer's template."""
+    reporter = Reporter(progress, bars)
+    fingerprint = tokenizer_fingerprint(model_path, chat_template)
+    inputs = survey(data, fingerprint, reporter)
+    found = find_staged(storage, inputs.source_key, reporter)
+    if found is not None:
+        return found
+    with tempfile.TemporaryDirectory(prefix="tandem-prepare-") as tmp:
+        spool = Path(tmp) / "records.spool"
+        scan = scan_sources(inputs, data, spool, reporter)
+        rejects_digest = digest_bytes(rejects_jsonl(scan.rejects), "blake3") if scan.rejects else None
+        packed = packing_enabled(data, (source["format"] for source in scan.sources if source["records"]))
+        name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data, packed)
+        base = layout.dataset_dir(storage, name)
+        ref = reuse(base, name, reporter)
+        if ref is None:
+            clear(base)
+            try:
+                settings = EncoderSettings(
+                    model_path,
+                    data.max_length,
+                    chat_template,
+                    data.enable_thinking,
+                    data.mask_history,
+                    data.excess_length,
+                )
+                ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter, packed)
+            except Exception:
+                clear(base)  # it failed on its own data: no later run completes this directory
+                raise
+    write_json_atomic(
+        layout.dataset_index(storage, inputs.source_key), {"schema": layout.DATASET_INDEX_SCHEMA, "dataset_id": name}
+    )
+    return ref
+
+
+def find_staged(storage: Where, source_key: str, reporter: Reporter) -> DatasetRef | None:
+    """The complete dataset that these very inputs were staged to, if any."""
+    index = layout.dataset_index(storage, source_key)
+    if not exists(index):
+        return None
+    doc = read_json(index)
+    if doc.get("schema") != layout.DATASET_INDEX_SCHEMA:
+        return None
+    return reuse(layout.dataset_dir(storage, doc["dataset_id"]), doc["dataset_id"], reporter)
+
+
+def reuse(base: Where, name: str, reporter: Reporter) -> DatasetRef | None:
+    """A reference to a complete staged copy (manifest there, every file present with its size), or None."""
+    if not exists(join(base, layout.MANIFEST)):
+        return None
+    manifest, manifest_digest = read_manifest(base, layout.DATASET_SCHEMA)
+    try:
+        verify_files(base, manifest, mode="size")
+    except UserError as exc:
+        reporter.info(f"dataset {name} is damaged ({exc}); staging it again")
+        return None
+    reporter.info(f"dataset {name} already staged at {base}")
+    return DatasetRef(
+        dataset_id=name,
+        url=str(base),
+        manifest_digest=manifest_digest,
+        split_records={split: split_rows(c) for split, c in manifest["splits"].items()},
+    )
+
+
+def clear(base: Where) -> None:
+    """Remove a dataset directory, its manifest first, so that a half-removed one is never complete."""
+    if not exists(base):
+        return
+    remove(join(base, layout.MANIFEST))
+    remove(base, recursive=True)
+
+
+def rejects_jsonl(rejects: list[Reject]) -> bytes:
+    """rejects.jsonl: one {"location", "reason"} per line."""
+    return b"".join(orjson.dumps({"location": r.location, "reason": r.reason}) + b"\n" for r in rejects)
+
+
+def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWriter | PackingWriter]) -> None:
+    """Send a tokenized chunk's examples to the writer of their split, in record order."""
+    batch = result.batch
+    if not len(batch.kept):
+        return
+    is_eval = splits[result.chunk.first + batch.kept] == EVAL
+    token_is_eval = np.repeat(is_eval, batch.lengths)
+    for split, rows, tokens in (("eval", is_eval, token_is_eval), ("train", ~is_eval, ~token_is_eval)):
+        writers[split].add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows])
+
+
+def write_dataset(
+    base: Where,
+    name: str,
+    scan: Scan,
+    inputs: Inputs,
+    data: DataConfig,
+    settings: EncoderSettings,
+    spool: Path,
+    reporter: Reporter,
+    packed: bool,
+) -> DatasetRef:
+    """Tokenize the spool into shards (packed into rows when `packed`), then write rejects.jsonl and, last, the
+    manifest."""
+    files, counts, rejects = write_shards(base, scan, data, settings, spool, reporter, packed)
+    check_counts(counts, data)
+    if rejects:
+        body = rejects_jsonl(rejects)
+        write_bytes_atomic(join(base, layout.REJECTS), body)
+        files.append({"path": layout.REJECTS, "size": len(body), "digest": digest_bytes(body, data.digest_algorithm)})
+        reporter.info(f"{len(rejects)} records rejected or dropped; see {join(base, layout.REJECTS)}")
+    manifest = build_manifest(name, files, counts, scan, inputs, data, rejects, packed)
+    raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
+    reporter.info(
+        f"staged dataset {name} at {base}: "
+        + ", ".join(
+            f"{split} {c['records']} records"
+            + (f" packed into {c['rows']} rows" if packed else "")
+            + f" / {c['tokens']} tokens"
+            for split, c in counts.items()
+        )
+    )
+    return DatasetRef(
+        dataset_id=name,
+        url=str(base),
+        manifest_digest=digest_bytes(raw, data.digest_algorithm),
+        split_records={split: c["rows"] for split, c in counts.items()},
+    )
+
+
+def write_shards(
+    base: Where,
+    scan: Scan,
+    data: DataConfig,
+    settings: EncoderSettings,
+    spool: Path,
+    reporter: Reporter,
+    packed: bool,
+) -> tuple[list[FileEntry], dict[str, dict[str, int]], list[Reject]]:
+    """Tokenize the spool in data.num_proc processes into each split's shards: (the shards, each split's counts, the
+    rejects of both passes)."""
+    verb = "written" if is_local(base) else "uploaded"
+    written: list[FileEntry] = []
+    rejects = list(scan.rejects)
+    splits = np.frombuffer(bytes(scan.splits), dtype=np.uint8)
+    processes = worker_count(data.num_proc, len(scan.chunks))
+    reporter.info(f"tokenizing {scan.spooled} records in {processes} process{'es' if processes > 1 else ''}")
+    results = encode_chunks(spool, scan.chunks, settings, processes)
+    with reporter.phase("tokenizing", scan.spooled, "records") as phase:
+
+        def on_write(entry: FileEntry) -> None:
+            written.append(entry)
+            seconds = sum(w.seconds for w in writers.values())
+            phase.annotate(
+                f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb} in {seconds:.1f} s"
+            )
+
+        writers = {split: split_writer(base, split, data, on_write, packed, spool.parent) for split in layout.SPLITS}
+        dropped = dict.fromkeys(layout.SPLITS, 0)
+        for result in results:
+            keep_rejects(result, splits, data, rejects, dropped)
+            route(result, splits, writers)
+            phase.update(result.chunk.count)
+        files = [entry for split in layout.SPLITS for entry in writers[split].close()]
+    counts = {split: {**writer.counts, "dropped": dropped[split]} for split, writer in writers.items()}
+    return files, counts, rejects
+
+
+def keep_rejects(
+    result: ChunkResult, splits: np.ndarray, data: DataConfig, rejects: list[Reject], dropped: dict[str, int]
+) -> None:
+    """A tokenized chunk's rejects and over-long records into `rejects` (counting the dropped per split), or raised
+    when data.on_invalid / data.excess_length say fail."""
+    for reject in result.rejects:
+        if data.on_invalid == "fail":
+            raise reject.error()
+        rejects.append(reject)
+    for index, over in result.dropped:
+        if data.excess_length == "fail":
+            raise RecordError(
+                f"{over.location}: {over.reason}; raise data.max_length, or set data.excess_length=truncate (or drop)"
+            )
+        rejects.append(Reject(over.location, f"{over.reason} (data.excess_length=drop)"))
+        dropped["eval" if splits[result.chunk.first + index] == EVAL else "train"] += 1
+
+
+def split_writer(
+    base: Where, split: str, data: DataConfig, on_write: Callable[[FileEntry], None], packed: bool, workdir: Path
+) -> SplitWriter | PackingWriter:
+    """The writer of one split's shards: examples row by row, or spooled and packed into rows of max_length."""
+    writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed)
+    return PackingWriter(writer, data.max_length, workdir) if packed else writer
+
+
+def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
+    """Splits emptied by records the tokenizer could not use are as much an error as splits read empty."""
+    for split in layout.SPLITS:
+        if counts[split]["records"] or (split == "eval" and not (data.eval_source or data.eval_ratio > 0)):
+            continue
+        dropped = counts[split]["dropped"]
+        why = (
+            f"{dropped} dropped as longer than data.max_length={data.max_length} (data.excess_length=drop); "
+            "raise data.max_length or set data.excess_length=truncate"
+            if dropped
+            else "see the rejects (data.on_invalid=skip) for the reasons"
+        )
+        raise UserError(f"{label(data)}: no record of the {split} split could be tokenized; {why}")
+
+
+def build_manifest(
+    name: str,
+    files: list[FileEntry],
+    counts: dict[str, dict[str, int]],
+    scan: Scan,
+    inputs: Inputs,
+    data: DataConfig,
+    rejects: list[Reject],
+    packed: bool,
+) -> dict[str, Any]:
+    """The dataset manifest (docs/architecture.md), with the record accounting: read = staged + rejected +
+    dropped."""
+    staged = sum(c["records"] for c in counts.values())
+    dropped = sum(c["dropped"] for c in counts.values())
+    return {
+        "schema": layout.DATASET_SCHEMA,
+        "dataset_id": name,
+        "digest_algorithm": data.digest_algorithm,
+        "files": files,
+        "splits": counts,
+        "records": {
+            "read": scan.spooled + len(scan.rejects),
+            "staged": staged,
+            "rejected": len(rejects) - dropped,
+            "dropped": dropped,
+        },
+        "rejects": layout.REJECTS if rejects else None,
+        "sources": scan.sources,
+        "mix": {"strategy": data.mix, "sources": scan.streams},
+        "tokenizer": inputs.fingerprint,
+        "max_length": data.max_length,
+        "packing": packed,
+        "split": {"eval_source": data.eval_source} if data.eval_source else {"eval_ratio": data.eval_ratio},
+        "shard_rows": data.shard_rows,
+        "source_key": inputs.source_key,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def staged_state(data: DataConfig, storage: Where, model_path: str, chat_template: str | None = None) -> str | None:
+    """A digest of the inputs and of the staged dataset they map to (its manifest and the files present);
+    None when nothing complete is staged for them. Prefect's task cache is keyed on it."""
+    inputs = survey(data, tokenizer_fingerprint(model_path, chat_template), Reporter(log.debug, bars=False))
+    index = layout.dataset_index(storage, inputs.source_key)
+    if not exists(index):
+        return None
+    base = layout.dataset_dir(storage, read_json(index)["dataset_id"])
+    manifest_url = join(base, layout.MANIFEST)
+    if not exists(manifest_url):
+        return None
+    _, path = filesystem(base)
+    present = sorted((p[len(path) :], size) for p, size in find_sizes(base).items())
+    state = {
+        "source_key": inputs.source_key,
+        "storage": str(storage),
+        "files": present,
+        "manifest": digest_bytes(read_bytes(manifest_url), "blake3"),
+    }
+    return digest_bytes(json.dumps(state, sort_keys=True).encode(), "blake3")

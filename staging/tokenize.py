@@ -1,0 +1,407 @@
+"""Tokenize conversations once, with the model's chat template (or model.chat_template), masking labels to the
+assistant turns.
+
+The template is rendered once for the whole conversation and the assistant turns' character spans are found in
+that rendering (staging/spans.py says how, and where a span starts and ends). A token is a target when its
+start offset falls inside such a span; all others get -100 (Hugging Face's convention: the model shifts labels by
+one internally). Conversations are tokenized in batches by the fast tokenizer's backend, and the spans are mapped
+to token ranges by searching token starts, never token by token: starts summed from the ids' byte lengths for
+byte-level BPE tokenizers (staging/offsets.py), else the offsets the backend tracks. Where tiktoken reproduces the
+tokenizer (staging/ranked_bpe.py: Qwen's among others) it encodes, about 3.6 times faster than the backend. An
+example longer than data.max_length keeps the window staging/length.py chooses (data.excess_length: truncate), or
+is returned as dropped (drop, fail).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jinja2 import TemplateError
+
+from core.errors import UserError
+from staging import length
+from staging import spans as locate
+from staging.formats import Conversation, InvalidRecord, Message
+from staging.offsets import ByteOffsets, first_tokens_at
+from staging.ranked_bpe import RankedBPE
+from storage.digest import digest_bytes
+from storage.shards import IGNORE_INDEX
+
+DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "vocab.txt",
+)
+
+
+@dataclass
+class EncodedBatch:
+    """Token ids and labels of the kept conversations of a batch, flat, with per-example lengths."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    kept: np.ndarray  # indices (in the batch) of the conversations encoded
+    rejects: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
+    dropped: list[tuple[int, str]] = field(default_factory=list)  # over-long, by data.excess_length: drop or fail
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What a tokenizing process needs (picklable, for the worker processes)."""
+
+    model_path: str
+    max_length: int
+    chat_template: str | None = None  # model.chat_template's text; None: the tokenizer's own
+    enable_thinking: bool = True
+    mask_history: bool = False
+    excess_length: str = "truncate"
+
+    def encoder(self) -> ChatEncoder:
+        """A ChatEncoder with the tokenizer loaded."""
+        return ChatEncoder(
+            load_tokenizer(self.model_path, self.chat_template, require_template=False),
+            self.max_length,
+            enable_thinking=self.enable_thinking,
+            mask_history=self.mask_history,
+            excess_length=self.excess_length,
+            name=self.model_path,
+        )
+
+
+def load_tokenizer(model_path: str, chat_template: str | None = None, *, require_template: bool = True) -> Any:
+    """The model's tokenizer (a fast one: offsets are needed to place the labels), with `chat_template` if given.
+    Without `require_template` a tokenizer without a chat template is returned as it is (a base model's, for
+    plain-text data); ChatEncoder then refuses chat records with `no_template_error`'s message."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(
+            f"model.name_or_path {model_path}: the tokenizer is not a fast (tokenizers) one; "
+            "add its tokenizer.json (Tandem needs token offsets to place the labels)"
+        )
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if tokenizer.chat_template is None and require_template:
+        raise no_template_error(model_path)
+    return tokenizer
+
+
+def no_template_error(model_path: str) -> UserError:
+    """Chat data for a tokenizer without a chat template (plain-text data needs none)."""
+    return UserError(
+        f"model.name_or_path {model_path}: the tokenizer has no chat template, which chat data is "
+        "rendered with; add chat_template.jinja to the model directory or set model.chat_template "
+        "(plain-text data, data.format text, needs none)"
+    )
+
+
+class ChatEncoder:
+    """Renders conversations with a tokenizer's chat template and encodes them with its fast backend."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_length: int,
+        *,
+        enable_thinking: bool = True,
+        mask_history: bool = False,
+        excess_length: str = "truncate",
+        byte_offsets: bool = True,
+        ranked_bpe: bool = True,
+        name: str = "",
+    ) -> None:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.enable_thinking = enable_thinking
+        self.mask_history = mask_history
+        self.excess_length = excess_length
+        self.backend = tokenizer.backend_tokenizer
+        # tokenizer(text) switches these off per call; calling the backend directly must do the same.
+        self.backend.no_truncation()
+        self.backend.no_padding()
+        spec = json.loads(self.backend.to_str())  # the tokenizer.json (Qwen's: 7 MB), parsed once for both
+        self.offsets = ByteOffsets.of(self.backend, spec) if byte_offsets else None
+        self.ranked = RankedBPE.of(self.backend, spec) if ranked_bpe and self.offsets is not None else None
+        self.special = dict(tokenizer.special_tokens_map)
+        self._compile = _compile_jinja_template
+        self._templates: dict[bool, tuple[Any, dict[str, Any]]] = {}
+        self.document_end = document_end(tokenizer)
+        self.name = name  # the model's path, for the error a tokenizer without a chat template gives chat data
+        self.has_template = tokenizer.chat_template is not None
+        source = tokenizer.get_chat_template(None, None) if self.has_template else ""
+        self.generation_blocks = locate.uses_generation_blocks(source)
+        self.chatml = (
+            self.has_template and not self.generation_blocks and locate.is_chatml(lambda m, g: self.render(m, None, g))
+        )
+
+    def _variables(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> dict[str, Any]:
+        return {
+            "messages": messages,
+            "tools": tools,
+            "documents": None,
+            "add_generation_prompt": generation_prompt,
+            "enable_thinking": self.enable_thinking,
+        }
+
+    def render(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> str:
+        """What `apply_chat_template(..., tokenize=False)` gives, without its per-call overhead."""
+        key = tools is not None
+        if key not in self._templates:
+            source = self.tokenizer.get_chat_template(None, tools)
+            # transformers' sandboxed environment (its filters and globals), but our own Template object, and
+            # its globals merged with the special tokens once: Template.render would merge a ChainMap per call.
+            template = self._compile(source).environment.from_string(source)
+            template.globals = dict(template.globals)  # each Context would otherwise walk the ChainMap
+            self._templates[key] = (template, {**template.globals, **self.special})
+        template, variables = self._templates[key]
+        context = template.new_context(
+            {**variables, **self._variables(messages, tools, generation_prompt)}, shared=True
+        )
+        try:
+            return "".join(template.root_render_func(context))
+        except TemplateError as exc:  # e.g. raise_exception('...') in the template: this record, not the run
+            raise InvalidRecord(f"the chat template refused it: {exc}") from None
+
+    def _render_generation(self, messages: list[Message], tools: list[Any] | None) -> tuple[str, list[Any]]:
+        """The rendering and the character spans of its {% generation %} blocks (transformers' tracker)."""
+        from transformers.utils.chat_template_utils import _render_with_assistant_indices
+
+        source = self.tokenizer.get_chat_template(None, tools)
+        try:
+            return _render_with_assistant_indices(
+                self._compile(source), **self._variables(messages, tools, False), **self.special
+            )
+        except TemplateError as exc:
+            raise InvalidRecord(f"the chat template refused it: {exc}") from None
+
+    def prepare(self, conversation: Conversation) -> tuple[list[Message], list[Any] | None]:
+        """The messages as the template receives them: without reasoning_content unless data.enable_thinking."""
+        messages = conversation["messages"]
+        if not self.enable_thinking:
+            messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+        return messages, conversation.get("tools")
+
+    def check_render(self, conversation: Conversation) -> None:
+        """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""
+        if "text" in conversation or not self.has_template:
+            return  # plain text is not rendered; spans() refuses chat records without a template
+        messages, tools = self.prepare(conversation)
+        try:
+            ours = self.render(messages, tools, False)
+        except InvalidRecord:
+            return  # the template refuses this one; encode() rejects it with the reason
+        theirs = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, enable_thinking=self.enable_thinking
+        )
+        if ours != theirs:
+            raise RuntimeError(
+                "the fast chat-template render differs from apply_chat_template; "
+                "this transformers version is not supported by staging/tokenize.py"
+            )
+
+    def spans(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]], list[bool]]:
+        """The rendered conversation, the character spans [start, end) of its assistant turns, and which of
+        them are targets. Plain text is one target turn, ended with the end-of-document token."""
+        if "text" in conversation:
+            if self.document_end is None:
+                raise UserError(
+                    "the tokenizer has neither an end-of-document token nor an eos_token, which "
+                    "plain-text examples (data.format text) end with; set eos_token in its "
+                    "tokenizer_config.json"
+                )
+            text = conversation["text"] + self.document_end
+            return text, [(0, len(text))], [True]
+        if not self.has_template:
+            raise no_template_error(self.name)
+        messages, tools = self.prepare(conversation)
+        if self.generation_blocks:
+            text, indices = self._render_generation(messages, tools)
+            spans = locate.generation_spans(indices, messages)
+        else:
+            text = self.render(messages, tools, False)
+            if self.chatml:
+                spans = locate.chatml_spans(text, messages, self.enable_thinking)
+            else:
+                spans = locate.prefix_spans(text, messages, lambda m, g: self.render(m, tools, g))
+        locate.check_tool_calls(text, messages, spans)
+        return text, spans, locate.trained(spans, messages, self.mask_history)
+
+    def encode(self, conversations: list[Conversation]) -> EncodedBatch:
+        """Encode a batch; conversations that cannot be trained on are returned as rejects with the reason, and
+        over-long ones (unless data.excess_length is truncate) as dropped."""
+        rendered: list[tuple[int, str, list[tuple[int, int]], list[bool]]] = []
+        rejects: list[tuple[int, str]] = []
+        for index, conversation in enumerate(conversations):
+            try:
+                rendered.append((index, *self.spans(conversation)))
+            except InvalidRecord as exc:
+                rejects.append((index, str(exc)))
+        out = _Collector()
+        for (index, _, _, flags), (ids, bounds) in zip(rendered, self._tokens(rendered), strict=True):
+            turns = list(zip(bounds[0::2], bounds[1::2], strict=True))
+            targets = [turn for turn, flag in zip(turns, flags, strict=True) if flag and turn[0] < turn[1]]
+            n_tokens = len(ids)
+            if not targets:
+                rejects.append(
+                    (index, "the chat template left no assistant tokens; check the tokenizer's chat template")
+                )
+            elif n_tokens > self.max_length and self.excess_length != "truncate":
+                out.dropped.append((index, f"{n_tokens} tokens, longer than data.max_length={self.max_length}"))
+            else:
+                first, stop = length.window(n_tokens, turns, targets[0], self.max_length)
+                out.add(
+                    index,
+                    ids[first:stop],
+                    [(max(a, first) - first, min(b, stop) - first) for a, b in targets],
+                    stop - first < n_tokens,
+                )
+        rejects.sort()
+        return out.batch(rejects)
+
+    def _tokens(
+        self, rendered: list[tuple[int, str, list[tuple[int, int]], list[bool]]]
+    ) -> Iterator[tuple[np.ndarray, list[int]]]:
+        """Each rendered text's ids, and the token index at each boundary of its spans (start, end, start, ...)."""
+        texts = [text for _, text, _, _ in rendered]
+        if self.offsets is None:
+            encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+            for (_, text, spans, _), encoding in zip(rendered, encodings, strict=True):
+                yield (
+                    np.array(encoding.ids, dtype=np.int32),
+                    [_first_token_at(encoding, len(text), p) for span in spans for p in span],
+                )
+            return
+        # No tracked offsets (a third faster): token starts are summed from the ids (staging/offsets.py), and the
+        # ids come from tiktoken where it reproduces this tokenizer (staging/ranked_bpe.py), else the backend.
+        if self.ranked is not None:
+            batch_ids = self.ranked.encode(texts)
+            if texts:
+                self.ranked.check(self.backend, texts[0], batch_ids[0])
+        else:
+            batch_ids = [encoding.ids for encoding in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+        for (_, text, spans, _), token_ids in zip(rendered, batch_ids, strict=True):
+            ids = np.array(token_ids, dtype=np.int32)
+            starts = self.offsets.starts(text, ids)
+            if starts is not None:
+                yield ids, first_tokens_at(text, starts, [p for span in spans for p in span])
+            else:  # not exactly its tokens' bytes (a text the NFC normalizer changes): encode it again, with offsets
+                encoding = self.backend.encode(text, add_special_tokens=False)
+                yield (
+                    np.array(encoding.ids, dtype=np.int32),
+                    [_first_token_at(encoding, len(text), p) for span in spans for p in span],
+                )
+
+
+class _Collector:
+    """The kept examples of a batch, as they are encoded."""
+
+    def __init__(self) -> None:
+        self.ids: list[np.ndarray] = []
+        self.targets: list[list[tuple[int, int]]] = []  # token ranges of the targets, per kept example
+        self.lengths: list[int] = []
+        self.truncated: list[bool] = []
+        self.kept: list[int] = []
+        self.dropped: list[tuple[int, str]] = []
+
+    def add(self, index: int, ids: np.ndarray, targets: list[tuple[int, int]], truncated: bool) -> None:
+        """One kept example: its ids and its target ranges within them."""
+        self.ids.append(ids)
+        self.targets.append([(a, b) for a, b in targets if a < b])
+        self.lengths.append(len(ids))
+        self.truncated.append(truncated)
+        self.kept.append(index)
+
+    def batch(self, rejects: list[tuple[int, str]]) -> EncodedBatch:
+        """The EncodedBatch of what was added."""
+        ids = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int32)
+        return EncodedBatch(
+            ids,
+            _labels(ids, self.lengths, self.targets),
+            np.array(self.lengths, dtype=np.int32),
+            np.array(self.truncated, dtype=bool),
+            np.array(self.kept, dtype=np.int32),
+            rejects,
+            self.dropped,
+        )
+
+
+def document_end(tokenizer: Any) -> str | None:
+    """The token that ends a plain-text document: `<|endoftext|>` (Qwen, GPT-2) or `<|end_of_text|>` (Llama 3)
+    when the vocabulary has one, since a chat model's eos_token ends a chat turn (`<|im_end|>`); else eos_token."""
+    backend = tokenizer.backend_tokenizer
+    for token in DOCUMENT_ENDS:
+        if backend.token_to_id(token) is not None:
+            return token
+    if tokenizer.eos_token is None:  # only plain text needs one: staging chat data goes on
+        return None
+    return str(tokenizer.eos_token)
+
+
+def _labels(ids: np.ndarray, lengths: list[int], targets: list[list[tuple[int, int]]]) -> np.ndarray:
+    """-100 everywhere but the target ranges (within each example), which copy the ids."""
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
+    offset = 0
+    for example_length, ranges in zip(lengths, targets, strict=True):
+        for first, stop in ranges:
+            labels[offset + first : offset + stop] = ids[offset + first : offset + stop]
+        offset += example_length
+    return labels
+
+
+def _first_token_at(encoding: Any, text_length: int, position: int) -> int:
+    """Index of the first token whose start offset is >= position (offsets never decrease along a text)."""
+    n = len(encoding)
+    if position >= text_length:
+        return n
+    token = encoding.char_to_token(position)
+    if token is None:  # a character no token covers (dropped by a normalizer): search the offsets
+        return next((t for t in range(n) if _begin(encoding, t) >= position), n)
+    if _begin(encoding, token) < position:
+        token += 1
+        while token < n and _begin(encoding, token) < position:
+            token += 1
+    else:
+        while token > 0 and _begin(encoding, token - 1) >= position:
+            token -= 1
+    return token
+
+
+def _begin(encoding: Any, token: int) -> int:
+    """Start offset of one token (`encoding.offsets` would build the whole list)."""
+    return encoding.token_to_chars(token)[0]
+
+
+def tokenizer_fingerprint(model_path: str, chat_template: str | None = None) -> dict[str, Any]:
+    """What identifies a tokenizer's behaviour: digests of its files (the chat template among them), and of
+    model.chat_template's text when it replaces the tokenizer's."""
+    files = {}
+    for name in TOKENIZER_FILES:
+        path = Path(model_path) / name
+        if path.exists():
+            files[name] = digest_bytes(path.read_bytes(), "blake3")
+    if not files:
+        raise UserError(
+            f"model.name_or_path {model_path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, "
+            "...); give a Hugging Face model directory"
+        )
+    if chat_template is not None:
+        return {"files": files, "chat_template": digest_bytes(chat_template.encode("utf-8"), "blake3")}
+    return {"files": files}

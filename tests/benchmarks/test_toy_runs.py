@@ -1,0 +1,123 @@
+"""Every benchmark script under tests/benchmarks/, end to end at toy size, through its command line (`main(argv)`), so a
+change that breaks a benchmark fails the build instead of its next on-demand run. Marker `bench`: not in the default
+run; `make test-suites` (which .ci/run runs) runs it: `pytest -m bench tests/benchmarks`. Each run is as small as the
+script allows (1 repeat, the fewest steps past the warm-up, tiny models and data); the tests assert that it completed
+and produced its figures, never a time: the figures of toy runs on a shared machine mean nothing. bench_gpu.py runs
+its CPU path (`--dry-run-cpu`), the one CI can run. `make bench` runs the full-size benchmarks."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+bench = pytest.mark.bench
+
+
+def positive(figures: dict[str, Any], *keys: str) -> None:
+    """Each of `keys` is a finite figure above zero."""
+    for key in keys:
+        value = figures[key]
+        assert isinstance(value, int | float) and math.isfinite(value) and value > 0, (key, figures)
+
+
+@bench
+def test_bench_train_tandem_vs_hf_trainer() -> None:
+    """Tandem's trainer and the HF Trainer (hf_trainer_baseline.py) on the same spec, then the checkpoint saves."""
+    from tests.benchmarks import bench_train
+
+    result = bench_train.main(["--repeats", "1", "--steps", str(bench_train.WARMUP_STEPS + 2), "--records", "120"])
+    positive(result, "tandem_tokens_per_s", "hf_tokens_per_s", "ratio", "fastest_steps_ratio", "checkpoint_s_per_gb")
+    assert 0 <= result["tandem_padding"] < 1 and 0 <= result["hf_padding"] < 1, result
+
+
+@bench
+def test_bench_train_packing() -> None:
+    """(d): packed vs length-grouped rows, with the padding of each."""
+    from tests.benchmarks import bench_train
+
+    result = bench_train.main(
+        ["--parts", "packing", "--repeats", "1", "--steps", str(bench_train.WARMUP_STEPS + 2), "--records", "120"]
+    )
+    positive(result, "packed_tokens_per_s", "grouped_tokens_per_s", "ratio", "grouped_padding")
+    assert 0 <= result["packed_padding"] < 1
+
+
+@bench
+def test_bench_gpu_dry_run_on_the_cpu(tmp_path: Path) -> None:
+    """The GPU benchmark's CPU path: both toy cases (LoRA, full), Tandem and the HF Trainer, the table's JSON."""
+    from tests.benchmarks import bench_gpu
+
+    out = tmp_path / "bench_gpu.json"
+    assert bench_gpu.main(["--dry-run-cpu", "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["dry_run_cpu"] and [r["case"] for r in document["results"]] == ["lora-toy-128", "full-toy-128"]
+    for result in document["results"]:
+        assert set(result["trainers"]) == {"tandem (loss_chunk_tokens=1024)", "HF Trainer"}, result["trainers"]
+        for row in result["trainers"].values():
+            positive(row, "tokens_per_s")
+        positive(result, "flops_per_token")
+
+
+@bench
+def test_bench_launch(prefect_server: Any) -> None:
+    """The pipeline's train stage vs a bare torchrun, and the time from a rank's death to the stage's failure."""
+    from tests.benchmarks import bench_launch
+
+    positive(bench_launch.main(["--repeats", "1"]), "bare_torchrun_s", "pipeline_stage_s", "failure_detection_s")
+
+
+@bench
+def test_bench_loss_memory() -> None:
+    """The loss alone at Qwen2.5's vocabulary, full logits and chunks (512 tokens: beyond the one-pass threshold)."""
+    from tests.benchmarks import bench_loss_memory
+
+    rows = bench_loss_memory.main(["--seq", "512", "--chunks", "0,256"])
+    assert [(r["loss_chunk_tokens"], r["chunked"]) for r in rows] == [(0, False), (256, True)], rows
+    assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-4)  # the same loss either way
+    for row in rows:
+        positive(row, "peak_added_gb")
+
+
+@bench
+def test_bench_prepare(tmp_path: Path) -> None:
+    """Staging vs the workflow it replaces, re-staging, tokenization, the first pass: (a), (b), (c), (e), (f)."""
+    from tests.benchmarks import bench_prepare
+
+    text = bench_prepare.main(["--gb", "0.002", "--repeats", "1", "--tokenize-mb", "1", "--tmp", str(tmp_path)])
+    for part in ("(a)", "(b)", "(c)", "(e)", "(f)"):
+        assert re.search(rf"^{re.escape(part)} ", text, re.MULTILINE), (part, text)
+    assert re.search(r"speed-up \d+\.\d\dx", text) and "records/s" in text, text
+
+
+@bench
+def test_bench_probe() -> None:
+    """Training launches without and with the network probe."""
+    from tests.benchmarks import bench_probe
+
+    positive(bench_probe.main(["--repeats", "1"]), "without_probe_s", "with_probe_s", "ratio", "probe_s")
+
+
+@bench
+def test_bench_reshard() -> None:
+    """A checkpoint converted to DeepSpeed's universal form, against reading it once (a 2-layer, 128-wide model)."""
+    from tests.benchmarks import bench_reshard
+
+    result = bench_reshard.main(["--repeats", "1", "--hidden", "128", "--layers", "2"])
+    positive(result, "checkpoint_gb", "universal_gb", "read_s", "convert_s", "convert_s_per_gb")
+
+
+def test_every_benchmark_script_has_a_toy_run() -> None:
+    """In the default run: a new bench_*.py without a toy run here fails the build, not only its first CI run."""
+    names = {name for name in globals() if name.startswith("test_bench_")}
+    missing = [
+        path.name
+        for path in sorted(HERE.glob("bench_*.py"))
+        if not any(name == f"test_{path.stem}" or name.startswith(f"test_{path.stem}_") for name in names)
+    ]
+    assert not missing, f"benchmark scripts without a toy run in {Path(__file__).name}: {missing}"

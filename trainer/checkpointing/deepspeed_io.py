@@ -1,0 +1,184 @@
+"""What a rank does with a checkpoint: its DeepSpeed shard saved and loaded, DeepSpeed's directory layout rebuilt
+from a checkpoint's manifest, and a finished local directory published with its manifest (docs/architecture.md,
+"On storage"). The manifest, COMPLETE, deletion and retention are storage/checkpoints.py's; when to save, resume and
+export is trainer/checkpointing/policy.py's; the exported model is trainer/checkpointing/export.py's.
+
+Each rank saves its own DeepSpeed shard into `rank-{r:05d}/` (DeepSpeed's tag is the rank directory,
+so no file ever needs to be sorted by owner), digests it, and rank 0 writes manifest.json, checks
+that every listed file is there with its size, and only then writes COMPLETE with the manifest's
+digest. A directory without COMPLETE does not exist for any reader. LoRA/Q-LoRA checkpoints leave
+out the frozen base (DeepSpeed's exclude_frozen_parameters): it is in model.name_or_path already.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.errors import UserError
+from storage import layout
+from storage.checkpoints import (
+    CompleteCheckpoint,
+    checkpoint_manifest,
+    commit,
+    read_complete,
+    remove_dir,
+)
+from storage.digest import digest_url
+from storage.fs import (
+    Location,
+    filesystem,
+    get_file,
+    is_local,
+    join,
+    local_path,
+    put_file,
+    read_bytes,
+    with_retries,
+)
+from trainer import faults
+from trainer.distributed import Dist, barrier, gather_objects
+
+log = logging.getLogger(__name__)
+TRAINER_STATE = "trainer_state.pt"
+DS_TAG = "ckpt"  # the tag of a checkpoint rebuilt in DeepSpeed's layout
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG this process uses, for exact resume."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what rng_state() captured."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _rank_files(root: str, rank_dir: str, with_root_files: bool) -> list[str]:
+    """Files under root/rank_dir (plus, for rank 0, DeepSpeed's scripts at the root), relative to root."""
+    out = []
+    if with_root_files:  # DeepSpeed's rank 0 drops zero_to_fp32.py next to the tags; list it too
+        out += [n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n)) and not n.startswith(".")]
+    for dirpath, _, names in os.walk(os.path.join(root, rank_dir)):
+        for name in names:
+            out.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return sorted(out)
+
+
+def save_checkpoint(
+    engine: Any, *, run_url: Location, step: int, meta: dict[str, Any], dist: Dist, algorithm: str, exclude_frozen: bool
+) -> tuple[Location, int]:
+    """Save step `step` under checkpoints/step-N with manifest and COMPLETE; returns (URL, bytes written)."""
+    url = layout.checkpoint_dir(run_url, step)
+    if read_complete(url) is not None:
+        raise UserError(f"{url} is already complete; refusing to overwrite a checkpoint (use a new run.name)")
+    rank_dir = layout.rank_dir_name(dist.rank)
+    local = is_local(url)
+    root = local_path(url) if local else tempfile.mkdtemp(prefix="tandem-ckpt-")
+    if dist.is_main:
+        remove_dir(url)  # leftovers of a save that never reached COMPLETE
+    barrier()
+    engine.save_checkpoint(
+        root, tag=rank_dir, client_state={"step": step}, save_latest=False, exclude_frozen_parameters=exclude_frozen
+    )
+    torch.save({"step": step, "rank": dist.rank, "rng": rng_state()}, os.path.join(root, rank_dir, TRAINER_STATE))
+    mine = _rank_files(root, rank_dir, with_root_files=dist.is_main)
+    if not local:
+        for rel in mine:
+            put_file(os.path.join(root, rel), join(url, rel))
+    faults.in_save(dist.rank, step, "after_shard")
+    entries = []
+    for rel in mine:
+        digest, size = digest_url(join(url, rel), algorithm)
+        entries.append({"path": rel, "size": size, "digest": digest, "rank": dist.rank, "host": dist.host})
+    all_entries = [e for per_rank in gather_objects(entries, dist) for e in per_rank]
+    if dist.is_main:
+        manifest = checkpoint_manifest(step, dist.world_size, meta, algorithm, all_entries)
+        commit(url, manifest, verify=True, before_seal=lambda: faults.in_save(dist.rank, step, "before_complete"))
+        log.info("checkpoint step %d complete: %d files at %s", step, len(all_entries), url)
+    if not local:
+        shutil.rmtree(root, ignore_errors=True)
+    barrier()
+    return url, sum(e["size"] for e in all_entries)
+
+
+def publish_dir(
+    staging: str, url: Location, algorithm: str, manifest_for: Callable[[list[dict[str, Any]]], dict[str, Any]]
+) -> int:
+    """Move a finished local directory to `url`, then write manifest.json (`manifest_for` its files) and COMPLETE
+    (the commit); returns the bytes published."""
+    files: list[dict[str, Any]] = []
+    for dirpath, _, names in os.walk(staging):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), staging)
+            digest, size = digest_url(os.path.join(dirpath, name), algorithm)
+            files.append({"path": rel, "size": size, "digest": digest})
+    remove_dir(url)  # an older export (COMPLETE removed first) or an interrupted one
+    if is_local(url):
+        os.makedirs(os.path.dirname(local_path(url)), exist_ok=True)
+        shutil.move(staging, local_path(url))
+    else:
+        fs, remote = filesystem(url)
+        with_retries("upload", url, lambda: fs.put(staging, remote, recursive=True))
+        shutil.rmtree(staging, ignore_errors=True)
+    commit(url, manifest_for(files))
+    return sum(f["size"] for f in files)
+
+
+def deepspeed_layout(ckpt: CompleteCheckpoint, tag: str, wanted: Callable[[str], bool], *, flatten: bool = True) -> str:
+    """A local directory in DeepSpeed's layout ({dir}/{tag}/files) with the checkpoint's files that `wanted`
+    accepts (by path in the manifest): links to local files, copies of remote ones. `flatten`: the rank files of a
+    checkpoint, side by side; else every file at its own relative path (a universal form). The caller removes it."""
+    root = tempfile.mkdtemp(prefix="tandem-ds-")
+    tag_dir = os.path.join(root, tag)
+    os.makedirs(tag_dir)
+    for entry in ckpt.manifest["files"]:
+        path = entry["path"]
+        if (flatten and not path.startswith("rank-")) or not wanted(path):
+            continue
+        source = join(ckpt.url, path)
+        target = os.path.join(tag_dir, os.path.basename(path) if flatten else path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if is_local(source):
+            os.symlink(local_path(source), target)
+        else:
+            get_file(source, target)
+    return root
+
+
+def load_checkpoint(engine: Any, ckpt: CompleteCheckpoint, dist: Dist, *, frozen_excluded: bool) -> int:
+    """Load model, optimizer, scheduler and this rank's RNG state; returns the step to continue from."""
+    root = deepspeed_layout(ckpt, DS_TAG, lambda path: not path.endswith(TRAINER_STATE))
+    try:
+        path, _ = engine.load_checkpoint(
+            root,
+            tag=DS_TAG,
+            load_module_strict=not frozen_excluded,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if path is None:
+            raise UserError(f"{ckpt.url}: DeepSpeed could not load it; see the log above")
+        state_url = join(ckpt.url, layout.rank_dir_name(dist.rank), TRAINER_STATE)
+        state = torch.load(io.BytesIO(read_bytes(state_url)), weights_only=False)  # our own, digest-verified
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    set_rng_state(state["rng"])
+    log.info("resumed from step %d (%s)", state["step"], ckpt.url)
+    return int(state["step"])
