@@ -59,7 +59,15 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
     cfg, train = spec.config, spec.config.train
     rows: list[tuple[str, Any]] = [
         ("method", train.method),
-        ("base model", f"`{spec.model_path}`"),
+        (
+            "base model",
+            f"`{spec.model_path}`"
+            + (
+                f" (files: base_model.json, sha256 `{spec.model_manifest_digest[:16]}`)"
+                if spec.model_manifest_digest
+                else ""
+            ),
+        ),
         ("optimizer steps", spec.total_steps),
         (
             "global batch",
