@@ -39,6 +39,9 @@ def test_a_long_or_multi_line_message_is_cut_to_its_first_line() -> None:
     line = crash_line(ValueError("first line\nsecond line"))
     assert line == "ValueError: first line"
     assert len(crash_line(ValueError("x" * 1000))) < 400
+    # DeepSpeed's assertions open with a tensor's repr ("Parameter containing:" and its rows) and end with the point.
+    tensor_first = AssertionError(" Parameter containing:\ntensor([[0.1, 0.2],\n [0.3, 0.4]]) Cannot partition a param")
+    assert crash_line(tensor_first) == "AssertionError: Parameter containing: … [0.3, 0.4]]) Cannot partition a param"
 
 
 def test_lost_peers_and_timeouts_may_be_retried_everything_else_may_not() -> None:
