@@ -228,7 +228,14 @@ def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged, publ
     with safe_open(run.run_dir / "final" / "model.safetensors", "pt") as exported:
         names = set(exported.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied: written once
-    assert json.loads((run.run_dir / "final" / "config.json").read_text())["tie_word_embeddings"] is True
+    exported_config = json.loads((run.run_dir / "final" / "config.json").read_text())
+    assert exported_config["tie_word_embeddings"] is True
+    # Published without pad_token_id: training padded with the tokenizer's pad token, and the export says which.
+    tokenizer_config = json.loads((Path(published_tiny_sharded) / "tokenizer_config.json").read_text())
+    added = json.loads((Path(published_tiny_sharded) / "tokenizer.json").read_text())["added_tokens"]
+    assert exported_config["pad_token_id"] == next(
+        t["id"] for t in added if t["content"] == tokenizer_config["pad_token"]
+    )
     assert_close(eval_exported(run), final_eval(run)["loss"], rtol=1e-5, atol=1e-5)
 
 
