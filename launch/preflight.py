@@ -205,19 +205,16 @@ def check_env(spec: Spec, plan: NodePlan) -> str:
     return mask_text(", ".join(f"{k}={v}" for k, v in sorted(env.items()))) or "(launch.env empty)"
 
 
-def run_preflight(
+def preflight_checks(
     spec: Spec,
     spec_url: Location,
     plan: NodePlan,
-    *,
     expected_spec_digest: str | None,
-    info: Callable[[str], None],
-    poll: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report. `poll` is called
-    while waiting for node 0 (a node process's claim: it raises when another node failed)."""
+    poll: Callable[[], None] | None,
+) -> list[tuple[str, Callable[[], str]]]:
+    """Every check of one node, named, in the order they run."""
     user_env = {**os.environ, **spec.config.launch.env}
-    checks: list[tuple[str, Callable[[], str]]] = [
+    return [
         ("world size", lambda: check_world_size(spec, plan)),
         ("code version", lambda: check_code(spec, plan)),
         ("spec digest", lambda: check_spec_digest(spec_url, expected_spec_digest, plan)),
@@ -241,8 +238,21 @@ def run_preflight(
         ("hostname", lambda: hostname_note(plan.nnodes, plan.master_addr)),
         ("fabric", lambda: fabric(user_env)),
     ]
+
+
+def run_preflight(
+    spec: Spec,
+    spec_url: Location,
+    plan: NodePlan,
+    *,
+    expected_spec_digest: str | None,
+    info: Callable[[str], None],
+    poll: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report. `poll` is called
+    while waiting for node 0 (a node process's claim: it raises when another node failed)."""
     report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
-    for name, check in checks:
+    for name, check in preflight_checks(spec, spec_url, plan, expected_spec_digest, poll):
         report["checks"][name] = check()
     write_json_atomic(join(layout.node_dir(spec.run, plan.node_rank), layout.PREFLIGHT), report)
     shown = (
