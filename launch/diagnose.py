@@ -93,11 +93,14 @@ def failure_summary(text: str) -> tuple[str, int | None]:
     failures = [(int(rank), int(code)) for rank, code in ROOT_CAUSE.findall(text)]
     first = next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
     code = first[1] if first else None
-    diagnosis = connect_diagnosis(text)
     if errors:
         rank, message = errors[0]
-        return f"rank {rank}: {diagnosis if diagnosis and CRASH.match(message) else message}", code
+        # A rank that could not connect to a peer crashed with gloo's or the store's words: say it with both ends.
+        if CRASH.match(message) and connect_diagnosis(message):
+            message = connect_diagnosis(text) or message
+        return f"rank {rank}: {message}", code
     if first:
+        diagnosis = connect_diagnosis(text)
         return f"rank {first[0]} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code
     return "see the log", code
 
