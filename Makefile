@@ -4,8 +4,10 @@ PY := .venv/bin/python
 export PREFECT_HOME := $(CURDIR)/.tandem/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.tandem/torch_extensions
+# Material for MkDocs prints a banner about its successor on every build; the builds here need no advice.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo lint test test-suites test-durations bench chaos clean
+.PHONY: setup demo lint docs test test-suites test-durations bench chaos clean
 setup:
 	@bash tools/install.sh
 	@mkdir -p $(PREFECT_HOME)
@@ -13,12 +15,20 @@ setup:
 demo: setup
 	$(PY) -m flows.finetune $(ARGS)
 
-# Lint and types: ruff's rules and its formatting (pyproject.toml), mypy over every production package. CI runs this
-# before the tests and fails on any finding.
+# Lint and types: ruff's rules and its formatting (pyproject.toml), mypy over every production package; then the
+# documentation: the configuration reference against the schema, and the site's strict build (a broken link or anchor,
+# or a page the nav does not list, fails it). CI runs this before the tests and fails on any finding.
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(PY) -m config.reference --check
+	$(PY) -m mkdocs build --strict
+
+# The documentation site (mkdocs.yml, the pages under docs/) into site/: open site/index.html. Nothing is fetched.
+# After changing a config field or a preset: $(PY) -m config.reference --write (make lint checks it).
+docs: setup
+	$(PY) -m mkdocs build --strict
 
 # Two pytest-xdist workers, work spread by tests/scheduling.py (TEST_WORKERS=0: one process, no xdist).
 TEST_WORKERS ?= 2
@@ -67,7 +77,7 @@ clean:
 	rm -rf .tandem
 
 # A local cluster (PostgreSQL, Prefect server + UI, S3 endpoint, one worker per node) and prefect.yaml's
-# deployments; see "Deployments and a local cluster" in README.md.
+# deployments; see docs/docker.md ("Deployments and a local cluster").
 .PHONY: cluster-up cluster-down cluster-status deploy
 cluster-up: setup
 	@bash tools/cluster.sh up

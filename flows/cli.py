@@ -1,14 +1,17 @@
-"""Shared flow and command-line plumbing: the flow boundary (`enter`), `--config`/`--set` parsing and one-line
-errors with meaningful exit codes."""
+"""Shared flow and command-line plumbing: the flow boundary (`enter`), `--config`/`--set`/`--print-config` parsing and
+one-line errors with meaningful exit codes."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from config.loader import DEFAULT_PRESET, check_paths
+import yaml
+
+from config.loader import DEFAULT_PRESET, check_paths, load_config
 from config.schema import FinetuneConfig
 from core.errors import TandemError
 from core.redact import install_log_masking, mask_text
@@ -22,8 +25,15 @@ def enter(config: FinetuneConfig) -> FinetuneConfig:
     return cfg
 
 
+# The last lines of every config CLI's --help: where each key is documented.
+REFERENCE_HINT = (
+    "Every config key with its type, default, bounds and description: docs/reference/configuration.md in the "
+    "repository, or the documentation site `make docs` builds (site/reference/configuration.html)."
+)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """--config FILE and repeated --set KEY=VALUE."""
+    """--config FILE, repeated --set KEY=VALUE and --print-config; --help ends with where the keys are documented."""
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -38,6 +48,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="override one config value, e.g. --set train.max_steps=50 (repeatable)",
     )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config of this command line as YAML and exit, running nothing",
+    )
+    parser.epilog = REFERENCE_HINT
 
 
 class HideUserErrors(logging.Filter):
@@ -87,3 +103,24 @@ def run_cli(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def config_yaml(document: dict[str, Any]) -> str:
+    """A config (its JSON form) as YAML, every key in the schema's order: what --print-config prints, and what
+    --config reads back."""
+    return str(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+
+
+def run_config_cli(args: argparse.Namespace, overrides: Sequence[str], body: Callable[[FinetuneConfig], int]) -> int:
+    """Load the command line's config as a run does (the preset, the overrides, validation, local paths made
+    absolute and checked) and run `body` with it; with --print-config print it as YAML instead and run nothing.
+    Errors as `run_cli`: one line, exit 2 for a bad value."""
+
+    def load_and_run() -> int:
+        cfg = load_config(args.config, list(overrides))
+        if args.print_config:
+            print(config_yaml(cfg.model_dump(mode="json")), end="")
+            return 0
+        return body(cfg)
+
+    return run_cli(load_and_run)

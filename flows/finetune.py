@@ -4,6 +4,7 @@
     python -m flows.finetune --config qwen-7b-lora --set run.storage=/mnt/shared/tandem
     python -m flows.finetune --set train.max_steps=100 --set launch.nnodes=3
     python -m flows.finetune --set register.gate="{metric: loss, direction: min, threshold: 2.0}"
+    python -m flows.finetune --set launch.nnodes=3 --print-config   # the resolved config as YAML, nothing run
 
 Without PREFECT_API_URL, Prefect starts a temporary local server for the run.
 """
@@ -17,9 +18,8 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 from prefect.states import Completed
 
-from config.loader import load_config
 from config.schema import FinetuneConfig
-from flows.cli import add_config_arguments, enter, run_cli
+from flows.cli import add_config_arguments, enter, run_config_cli
 from flows.prepare import stage_inputs
 from pipeline.lineage import lineage
 from pipeline.plan import new_run_id
@@ -166,12 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser)
     args = parser.parse_args(argv)
 
-    def body() -> int:
-        cfg = load_config(args.config, args.overrides)
+    def body(cfg: FinetuneConfig) -> int:
         print_summary(finetune(cfg))
         return 0
 
-    return run_cli(body)
+    return run_config_cli(args, args.overrides, body)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python -m flows.prepare --data 'data/raw/*.jsonl' --format sharegpt --storage s3://bucket/tandem
     python -m flows.prepare --config qwen-7b-lora --data /mnt/shared/train.json --set data.max_length=2048
     python -m flows.prepare --config qwen-7b-lora --set run.name=r1 --write-spec   # for nodes started by hand
+    python -m flows.prepare --data data/sample/conversations.json --format qwen --print-config   # nothing run
 
 Runs alone, or as the first subflow of `flows.finetune`. Prints the dataset id, the manifest URL and the
 counts. Unchanged input is found already staged (and cached by Prefect) instead of being staged again.
@@ -18,9 +19,8 @@ from typing import Any, NamedTuple
 
 from prefect import flow, get_run_logger
 
-from config.loader import load_config
 from config.schema import FinetuneConfig
-from flows.cli import add_config_arguments, enter, run_cli
+from flows.cli import add_config_arguments, enter, run_config_cli
 from pipeline.plan import build_spec, new_run_id, record_model
 from staging.formats import FORMATS as SOURCE_FORMATS
 from storage import layout
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser)
     args = parser.parse_args(argv)
 
-    def body() -> int:
-        cfg = load_config(args.config, overrides(args))
+    def body(cfg: FinetuneConfig) -> int:
         result: Any = prepare(cfg)
         rows = summary_rows(result.dataset)
         if args.write_spec:  # what the pipeline writes before training, for nodes launched by hand
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + "\n".join(f"{name:<10}{value}" for name, value in rows))
         return 0
 
-    return run_cli(body)
+    return run_config_cli(args, overrides(args), body)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import time
 
 from config.loader import DEFAULT_PRESET, apply_override, preset_path, read_yaml, validate
 from core.errors import UserError
-from flows.cli import add_config_arguments, run_cli
+from flows.cli import add_config_arguments, config_yaml, run_cli
 
 POLL_S = 2.0
 
@@ -68,7 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser)
     parser.add_argument("--wait", action="store_true", help="follow the run until it ends")
     args = parser.parse_args(argv)
-    return run_cli(lambda: submit(args.deployment, build_parameters(args.config, args.overrides), args.wait))
+
+    def body() -> int:
+        parameters = build_parameters(args.config, args.overrides)
+        if args.print_config:  # what the server receives: paths as written, resolved later by the worker
+            print(config_yaml(parameters["config"]), end="")
+            return 0
+        return submit(args.deployment, parameters, args.wait)
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,50 @@
-"""The CLI as users run it: `--help`, and bad input giving one line, a non-zero exit, and nothing written."""
+"""The CLI as users run it: `--help` (ending with where the configuration reference is), `--print-config`, and bad
+input giving one line, a non-zero exit, and nothing written."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from tests.conftest import run_cli
+from config.loader import load_config
+from config.schema import FinetuneConfig
+from tests.conftest import ROOT, run_cli
 
 
-def test_help_lists_the_options() -> None:
+def test_help_lists_the_options_and_ends_with_the_reference() -> None:
     result = run_cli("flows.finetune", "--help")
     assert result.returncode == 0
-    assert "--config FILE" in result.stdout and "--set KEY=VALUE" in result.stdout
+    assert "--config FILE" in result.stdout and "--set KEY=VALUE" in result.stdout and "--print-config" in result.stdout
+    last = result.stdout.strip().splitlines()[-1]
+    assert "docs/reference/configuration.md" in last and "make docs" in last
+    assert (ROOT / "docs/reference/configuration.md").is_file()
+
+
+def test_print_config_prints_the_resolved_config_and_runs_nothing(tmp_path) -> None:
+    storage = tmp_path / "storage"
+    overrides = ["train.max_steps=7", f"run.storage={storage}"]
+    result = run_cli("flows.finetune", *(f"--set={o}" for o in overrides), "--print-config", timeout=120)
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert list(printed) == list(FinetuneConfig.model_fields)  # every section, in the schema's order
+    assert printed["train"]["max_steps"] == 7  # the override
+    assert printed["train"]["learning_rate"] == 0.003  # the preset (tiny-cpu)
+    assert printed["launch"]["retries"] == 0  # a default
+    assert printed["data"]["source"] == str(ROOT / "data" / "sample" / "conversations.json")  # resolved as a run does
+    assert printed["deepspeed"]["config"] == str(ROOT / "config" / "deepspeed" / "zero2.json")
+    assert not storage.exists()
+    # What it prints is a config: read back with --config it is the same config.
+    (tmp_path / "printed.yaml").write_text(result.stdout)
+    assert load_config(str(tmp_path / "printed.yaml")) == load_config(None, overrides)
+
+
+def test_print_config_with_a_bad_value_is_one_line_and_exit_2() -> None:
+    result = run_cli("flows.finetune", "--set", "launch.nnodes=0", "--print-config", timeout=120)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "error: config tiny-cpu.yaml with --set: launch.nnodes: Input should be greater than 0 (got 0)"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The README's "by hand" path, command for command: `python -m flows.prepare --write-spec` writes the run's
+"""The "by hand" path of docs/launching.md, command for command: `python -m flows.prepare --write-spec` writes the run's
 spec.json, then `python -m flows.node --spec SPEC` on each node with Qwen's NNODES/NODE_RANK/MASTER_ADDR/
 MASTER_PORT variables trains the run to a complete final checkpoint.
 

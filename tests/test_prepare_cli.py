@@ -1,10 +1,12 @@
-"""`python -m flows.prepare` as users run it: the summary it prints, S3 configured by the environment alone,
-and bad data as one line with exit code 2."""
+"""`python -m flows.prepare` as users run it: the summary it prints, `--print-config`, S3 configured by the environment
+alone, and bad data as one line with exit code 2."""
 
 from __future__ import annotations
 
 import json
 import re
+
+import yaml
 
 from tests.conftest import run_cli
 from tests.datafiles import arithmetic, qwen, write_jsonl
@@ -19,8 +21,26 @@ def test_help_lists_the_options() -> None:
         "--storage URL",
         "--config FILE",
         "--set KEY=VALUE",
+        "--print-config",
     ):
         assert option in result.stdout
+    assert "docs/reference/configuration.md" in result.stdout.strip().splitlines()[-1]
+
+
+def test_print_config_folds_in_the_flags_and_stages_nothing(tmp_path) -> None:
+    storage = tmp_path / "storage"
+    result = run_cli(
+        "flows.prepare",
+        *("--data", "data/sample/conversations.json", "--format", "qwen", "--storage", str(storage)),
+        *("--set", "data.max_length=128", "--print-config"),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["data"]["format"] == "qwen"
+    assert printed["data"]["max_length"] == 128
+    assert printed["run"]["storage"] == str(storage)
+    assert not storage.exists()
 
 
 def test_prepare_to_s3_configured_by_environment_prints_id_manifest_and_counts(

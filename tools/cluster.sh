@@ -24,7 +24,7 @@
 #
 # State, pid files and logs live in .tandem/cluster/ ($TANDEM_CLUSTER_DIR; PostgreSQL's data survives a restart:
 # `down` keeps it, `make clean` removes it). Running `up` twice starts nothing twice. On a real cluster the same pieces run on
-# separate machines: see "Deployments and a local cluster" in README.md.
+# separate machines: see docs/docker.md ("On real machines").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -296,7 +296,7 @@ def test_an_ssh_refusal_is_one_line_naming_the_host_and_the_fix(staged: Staged, 
 
 
 def test_duplicate_node_ranks_by_hand_stop_every_node_within_seconds(staged: Staged, machines: Machines) -> None:
-    """The README's by-hand recipe over ssh, with NODE_RANK=1 given to two hosts of three."""
+    """The by-hand recipe of docs/launching.md over ssh, with NODE_RANK=1 given to two hosts of three."""
     cfg = config(staged, "by-hand-dup", ["launch.nnodes=3"])
     spec = build_spec(cfg, "by-hand-dup", staged.model_path, staged.dataset)
     write_spec(spec)
