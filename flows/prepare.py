@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 
 from config.schema import FinetuneConfig
 from flows.cli import add_config_arguments, enter, run_config_cli
-from pipeline.plan import build_spec, new_run_id
+from pipeline.plan import build_spec, new_run_id, record_model
 from staging.formats import FORMATS as SOURCE_FORMATS
 from storage import layout
 from storage.fs import join
@@ -126,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         result: Any = prepare(cfg)
         rows = summary_rows(result.dataset)
         if args.write_spec:  # what the pipeline writes before training, for nodes launched by hand
-            spec = build_spec(cfg, new_run_id(cfg), result.model_path, result.dataset)
+            run_id = new_run_id(cfg)
+            digest = record_model(cfg, run_id, result.model_path)
+            spec = build_spec(cfg, run_id, result.model_path, result.dataset, digest)
             write_spec(spec)
             rows.append(("spec", str(join(spec.run, layout.SPEC))))
         print("\n" + "\n".join(f"{name:<10}{value}" for name, value in rows))

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
 from launch.command import AGENT_TAG_ENV, heartbeat_dir, node_scratch, rank_environment, torchrun_command
-from launch.diagnose import error_for, failure_summary, read_from, tail
+from launch.diagnose import error_for, failure_message, failure_summary, read_from
 from launch.job import NodePlan
 from launch.supervise import Failure, Poller, supervise
 from storage import layout
@@ -172,12 +172,9 @@ class AgentMember:
         """The error naming the node, the rank that failed first and its own error line, by that rank's exit code."""
         agent = self.agent
         text = read_from(agent.log_path, agent.log_offset)
-        summary, rank_code = failure_summary(text)
-        error = error_for(
-            rank_code,
-            f"{self.phase} failed on node {agent.node_rank}, {summary}\nlog {agent.log_path}, "
-            f"last lines:\n{tail(text)}",
-        )
+        _, rank_code = failure_summary(text)
+        log_url = join(layout.node_dir(self.run_url, agent.node_rank), layout.LOG)
+        error = error_for(rank_code, failure_message(self.phase, agent.node_rank, text, log_url))
         return Failure(error, rank_code, self.ended_at or time.monotonic())
 
 

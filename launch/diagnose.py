@@ -7,11 +7,19 @@ import re
 import signal
 
 from core.errors import EXIT_USER_ERROR, RetryableError, UserError
-from core.rank_log import rank_errors
+from core.rank_log import CRASH, rank_errors
 from storage import layout
 from storage.fs import Location, exists, join, read_bytes
 
 TAIL_LINES = 15
+POINTER = re.compile(r" \((?:log|traceback): [^()]*\)$")
+# torchrun's own report of a failed rank: its error line and traceback (unprefixed: a rank's lines carry
+# `[rankN]:`), then the failures between two rules of `=`.
+TORCHRUN_REPORT_START = re.compile(
+    r"^(?:E\d{4} .*elastic/multiprocessing/api\.py:\d+\] failed|Traceback \(most recent|torch\.distributed\.elastic\.)"
+)
+TORCHRUN_REPORT_RULE = re.compile(r"^={20,}\s*$")
+ROOT_CAUSE_HEADING = "Root Cause (first observed failure):"
 ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank[^\n]*\n[^\n]*exitcode\s+: (-?\d+)")
 
 
@@ -35,7 +43,7 @@ def log_tail(run_url: Location, node_rank: int, lines: int = TAIL_LINES) -> str:
     url = join(layout.node_dir(run_url, node_rank), layout.LOG)
     if not exists(url):
         return "(no log on storage)"
-    return tail(read_bytes(url).decode(errors="replace"), lines)
+    return tail(without_torchrun_report(read_bytes(url).decode(errors="replace")), lines)
 
 
 # How ranks say they cannot reach a peer: gloo's pair (local and remote ends), NCCL's socket, torch's store client.
@@ -78,20 +86,73 @@ def connect_diagnosis(text: str) -> str | None:
 def failure_summary(text: str) -> tuple[str, int | None]:
     """(one line saying which rank failed and why, that rank's exit code) from a node's log text.
 
-    A rank's own error line wins. Otherwise torchrun's failure report is used, skipping ranks that
-    torchrun itself terminated (SIGTERM, -15) after the first one failed.
+    The rank that failed first (torchrun's report) says why in its own error line (a connection it could not make is
+    said with both ends and the likely cause); a rank killed outright has no line, and its peers' lines are then
+    echoes (a lost connection), not the cause. Ranks that torchrun itself terminated (SIGTERM, -15) after the first
+    one failed are never the culprit.
     """
+    summary, code, _ = culprit(text)
+    return summary, code
+
+
+def culprit(text: str) -> tuple[str, int | None, str | None]:
+    """failure_summary's (summary, exit code), and the failed rank's own error line when it wrote one."""
     errors = rank_errors(text)
-    failures = [(int(rank), int(code)) for rank, code in ROOT_CAUSE.findall(text)]
-    first = next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
+    first = first_failure(text)
     code = first[1] if first else None
-    if errors:
-        rank, message = errors[0]
-        return f"rank {rank}: {message}", code
+    said = [(rank, message) for rank, message in errors if first is None or rank == first[0]]
+    if said:
+        rank, own = said[0]
+        message = own
+        # A rank that could not connect to a peer crashed with gloo's or the store's words: say it with both ends.
+        if CRASH.match(own) and connect_diagnosis(own):
+            message = connect_diagnosis(text) or own
+        return f"rank {rank}: {message}", code, own
     if first:
         diagnosis = connect_diagnosis(text)
-        return f"rank {first[0]} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code
-    return "see the log", code
+        return f"rank {first[0]} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code, None
+    return "see the log", code, None
+
+
+def first_failure(text: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the rank that failed first, by torchrun's report: its root cause, unless torchrun itself
+    terminated that rank (SIGTERM) after another failed, then the first other failure it lists."""
+    root = ROOT_CAUSE.findall(text.rpartition(ROOT_CAUSE_HEADING)[2]) if ROOT_CAUSE_HEADING in text else []
+    failures = [(int(rank), int(code)) for rank, code in root + ROOT_CAUSE.findall(text)]
+    return next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
+
+
+def failure_message(phase: str, node_rank: int, text: str, log_url: Location) -> str:
+    """The error of a failed node from its log text: one line when a rank said why it failed (where its log, and a
+    crash's traceback, are), else that line and the log's last lines without torchrun's report of the failure."""
+    summary, _, own = culprit(text)
+    headline = f"{phase} failed on node {node_rank}, {summary}"
+    if own is not None:
+        return f"{headline} ({'traceback' if CRASH.match(own) else 'log'}: {log_url})"
+    return f"{headline}\nlast lines of {log_url}:\n{tail(without_torchrun_report(text))}"
+
+
+def is_one_line(headline: str) -> bool:
+    """True when a node's error line already says where its log is (failure_message's one-line form)."""
+    return POINTER.search(headline) is not None
+
+
+def without_torchrun_report(text: str) -> str:
+    """A node's log text without torchrun's own report of a failed rank (its traceback, then the block between two
+    rules that ends with `traceback : To enable traceback see ...`): the rank's lines say what happened, and the
+    report says it again with pointers to torchrun's documentation."""
+    kept: list[str] = []
+    rules = None  # inside a report: the rules seen so far
+    for line in text.splitlines(keepends=True):
+        if rules is None and TORCHRUN_REPORT_START.search(line):
+            rules = 0
+        if rules is None:
+            kept.append(line)
+        elif TORCHRUN_REPORT_RULE.match(line):
+            rules += 1
+            if rules == 2:
+                rules = None
+    return "".join(kept)
 
 
 def error_for(exit_code: int | None, message: str) -> UserError | RetryableError:

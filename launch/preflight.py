@@ -3,7 +3,8 @@ with one line naming the node, the check and the fix (the troubleshooting list o
 guide, checked instead of debugged).
 
 Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
-port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified,
+port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified, this node's copy
+of the base model against the run's base_model.json,
 storage writable, the NCCL/GLOO environment applied (echoed), each launch.forward_env name set on this
 node (reported "set"/"missing", never its value), the interface the ranks use (chosen by route to the
 master, or the user's checked), this host's name resolving to a loopback address, and the InfiniBand/RoCE
@@ -28,9 +29,11 @@ from launch.forward import check_forwarded
 from launch.job import NodePlan
 from launch.network import check_interfaces, fabric, hostname_note
 from storage import layout
+from storage.base_model import read_base_model, verify_local_model
 from storage.digest import digest_bytes
 from storage.fs import Location, join, read_bytes, remove, write_bytes_atomic, write_json_atomic
 from storage.manifest import verify_dataset
+from storage.node_cache import cache_root
 from storage.spec import Spec
 
 CONNECT_RETRY_S = 0.5
@@ -166,6 +169,19 @@ def check_dataset(spec: Spec, plan: NodePlan) -> str:
     return f"{spec.dataset.dataset_id}: {len(manifest['files'])} files verified"
 
 
+def check_base_model(spec: Spec, plan: NodePlan) -> str:
+    """This node's copy of the base model has every file of {run}/base_model.json, of the same size and digest."""
+    if spec.model_manifest_digest is None:
+        return "not recorded (a spec.json written without it)"
+    cache = cache_root(spec.config.launch.node_cache_dir)
+    try:
+        manifest = read_base_model(spec.run, spec.model_manifest_digest)
+        files, cached = verify_local_model(manifest, spec.model_path, cache)
+    except UserError as exc:
+        raise UserError(f"node {plan.node_rank}: base model: {exc}") from None
+    return f"{files} files ({manifest['bytes'] / 1e9:.2f} GB) match, {cached} digests from the node cache"
+
+
 def check_storage_writable(spec: Spec, plan: NodePlan) -> str:
     """This node can write (and read back) the run directory."""
     probe = join(layout.node_dir(spec.run, plan.node_rank), ".preflight-probe")
@@ -189,22 +205,21 @@ def check_env(spec: Spec, plan: NodePlan) -> str:
     return mask_text(", ".join(f"{k}={v}" for k, v in sorted(env.items()))) or "(launch.env empty)"
 
 
-def run_preflight(
+def preflight_checks(
     spec: Spec,
     spec_url: Location,
     plan: NodePlan,
-    *,
     expected_spec_digest: str | None,
-    info: Callable[[str], None],
-    poll: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report. `poll` is called
-    while waiting for node 0 (a node process's claim: it raises when another node failed)."""
+    poll: Callable[[], None] | None,
+) -> list[tuple[str, Callable[[], str]]]:
+    """Every check of one node, named, in the order they run."""
     user_env = {**os.environ, **spec.config.launch.env}
-    checks: list[tuple[str, Callable[[], str]]] = [
+    return [
         ("world size", lambda: check_world_size(spec, plan)),
         ("code version", lambda: check_code(spec, plan)),
         ("spec digest", lambda: check_spec_digest(spec_url, expected_spec_digest, plan)),
+        # Before the wait for node 0: a bad copy of the model on this node is this node's own problem.
+        ("base model", lambda: check_base_model(spec, plan)),
         ("master address", lambda: check_master_resolves(plan)),
         (
             "master port",
@@ -223,11 +238,33 @@ def run_preflight(
         ("hostname", lambda: hostname_note(plan.nnodes, plan.master_addr)),
         ("fabric", lambda: fabric(user_env)),
     ]
+
+
+def run_preflight(
+    spec: Spec,
+    spec_url: Location,
+    plan: NodePlan,
+    *,
+    expected_spec_digest: str | None,
+    info: Callable[[str], None],
+    poll: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Every check for one node, in order; writes nodes/{r}/preflight.json and returns the report. `poll` is called
+    while waiting for node 0 (a node process's claim: it raises when another node failed)."""
     report: dict[str, Any] = {"node_rank": plan.node_rank, "host": socket.gethostname(), "checks": {}}
-    for name, check in checks:
+    for name, check in preflight_checks(spec, spec_url, plan, expected_spec_digest, poll):
         report["checks"][name] = check()
     write_json_atomic(join(layout.node_dir(spec.run, plan.node_rank), layout.PREFLIGHT), report)
-    shown = ("gpus", "dataset", "environment", "forwarded environment", "master port", "interface", "fabric")
+    shown = (
+        "gpus",
+        "dataset",
+        "base model",
+        "environment",
+        "forwarded environment",
+        "master port",
+        "interface",
+        "fabric",
+    )
     info(
         f"node {plan.node_rank} preflight ok on {report['host']}: "
         + "; ".join(f"{k}: {v}" for k, v in report["checks"].items() if k in shown)

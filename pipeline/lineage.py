@@ -20,6 +20,7 @@ def lineage(
     return {
         "dataset_id": spec.dataset.dataset_id,
         "dataset_manifest_digest": spec.dataset.manifest_digest,
+        **({"base_model_manifest_digest": spec.model_manifest_digest} if spec.model_manifest_digest else {}),
         "spec_digest": spec_digest,
         "code_version": code_version(),
         "checkpoint_manifest_digest": checkpoint.manifest_digest,

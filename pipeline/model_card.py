@@ -28,15 +28,22 @@ METRIC_ROWS = (
 def load_snippet(entry: dict[str, Any]) -> str:
     """Python that loads a registered model with transformers (+ PEFT for an adapter)."""
     model_url = entry["model_url"]
-    lines = ["from transformers import AutoModelForCausalLM, AutoTokenizer", ""]
+    # The precision Tandem evaluates in on a CPU, so that the snippet reproduces the recorded metrics there; without
+    # it, transformers takes the checkpoint's own dtype (bf16 for most published models).
+    lines = [
+        "import torch",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        "dtype = torch.float32  # as Tandem evaluated on a CPU; torch.bfloat16 on a GPU",
+    ]
     if entry.get("method", "lora") in ("lora", "qlora"):
-        lines[0:0] = ["from peft import PeftModel"]
+        lines[1:1] = ["from peft import PeftModel"]
         lines += [
-            f'base = AutoModelForCausalLM.from_pretrained("{entry["base_model"]}")',
+            f'base = AutoModelForCausalLM.from_pretrained("{entry["base_model"]}", dtype=dtype)',
             f'model = PeftModel.from_pretrained(base, "{model_url}")  # .merge_and_unload() for plain weights',
         ]
     else:
-        lines += [f'model = AutoModelForCausalLM.from_pretrained("{model_url}")']
+        lines += [f'model = AutoModelForCausalLM.from_pretrained("{model_url}", dtype=dtype)']
     lines += [f'tokenizer = AutoTokenizer.from_pretrained("{model_url}")']
     if "://" in model_url:
         lines[0:0] = [f"# from_pretrained needs a local directory: copy {model_url} first (e.g. aws s3 sync)"]
@@ -59,7 +66,15 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
     cfg, train = spec.config, spec.config.train
     rows: list[tuple[str, Any]] = [
         ("method", train.method),
-        ("base model", f"`{spec.model_path}`"),
+        (
+            "base model",
+            f"`{spec.model_path}`"
+            + (
+                f" (files: base_model.json, sha256 `{spec.model_manifest_digest[:16]}`)"
+                if spec.model_manifest_digest
+                else ""
+            ),
+        ),
         ("optimizer steps", spec.total_steps),
         (
             "global batch",

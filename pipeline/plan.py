@@ -14,7 +14,9 @@ from config.schema import FinetuneConfig
 from config.sections.model_train import TrainConfig
 from core.checkout import code_version
 from storage import layout
+from storage.base_model import record_base_model
 from storage.manifest import read_manifest
+from storage.node_cache import cache_root
 from storage.shards import split_rows
 from storage.spec import DatasetRef, Spec
 
@@ -35,8 +37,22 @@ def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
     return max(1, math.ceil(train.epochs * train_records / per_step))
 
 
-def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: DatasetRef) -> Spec:
-    """Resolve the config once: world size, DeepSpeed "auto" values, total steps, absolute locations."""
+def record_model(cfg: FinetuneConfig, run_id: str, model_path: str) -> str:
+    """Write the run's base_model.json (the model's files, sizes and digests, from this machine's copy) for every
+    node's preflight to check its copy against; returns its digest, which the spec and the lineage carry."""
+    run_url = layout.run_dir(layout.root(cfg.run), run_id)
+    return record_base_model(run_url, model_path, cfg.data.digest_algorithm, cache_root(cfg.launch.node_cache_dir))
+
+
+def build_spec(
+    cfg: FinetuneConfig,
+    run_id: str,
+    model_path: str,
+    dataset: DatasetRef,
+    model_manifest_digest: str | None = None,
+) -> Spec:
+    """Resolve the config once: world size, DeepSpeed "auto" values, total steps, absolute locations; with the digest
+    of the run's base_model.json (record_model) when it was recorded."""
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     train_records = dataset.records("train")
     if train_records is None:  # a reference read back from spec.json carries no counts
@@ -51,6 +67,7 @@ def build_spec(cfg: FinetuneConfig, run_id: str, model_path: str, dataset: Datas
         total_steps=steps,
         model_path=model_path,
         dataset=dataset,
+        model_manifest_digest=model_manifest_digest,
         code_version=code_version(),
         chat_template=resolve_chat_template(cfg.model.chat_template),
     )

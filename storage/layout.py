@@ -15,6 +15,8 @@ CHAMPION_SCHEMA = "tandem.champion/1"
 MIRROR_SCHEMA = "tandem.mlflow-mirror/1"
 SAMPLES_SCHEMA = "tandem.samples/1"
 UNIVERSAL_SCHEMA = "tandem.universal/1"
+BASE_MODEL_SCHEMA = "tandem.base-model/1"
+BASE_MODEL = "base_model.json"  # {run}/base_model.json: the base model's files, sizes and digests
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"

@@ -63,6 +63,11 @@ class Spec(Section):
     total_steps: int = Field(gt=0, description="Optimizer steps of the whole run (train.max_steps or from epochs).")
     model_path: str = Field(description="Local directory of the base model (from_pretrained).")
     dataset: DatasetRef
+    model_manifest_digest: str | None = Field(
+        None,
+        description="sha256 of {run}/base_model.json, the base model's files that every node's copy is checked "
+        "against (absent from specs written before it existed: no check).",
+    )
     code_version: str
     chat_template: str | None = Field(
         None,

@@ -60,7 +60,7 @@ def start_attempt(written: WrittenSpec, info: Callable[[str], None]) -> WrittenS
     attempt = next_attempt(base, previous, probe_for(base))
     launch = attempt_launch(base.config.launch, attempt)
     cfg = base.config.model_copy(update={"launch": launch})
-    spec = build_spec(cfg, base.run_id, base.model_path, base.dataset).model_copy(
+    spec = build_spec(cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest).model_copy(
         update={"attempts": [*previous, attempt]}
     )
     accumulation = cfg.accumulation_steps(spec.world_size)

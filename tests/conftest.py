@@ -137,6 +137,24 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def published_tiny(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model laid out as Qwen publishes Qwen2.5-0.5B-Instruct (tests/published.py): tied embeddings, no
+    pad_token_id in config.json, bf16 weights, generation_config.json; the tiny tokenizer's files, so data staged for
+    `tiny_model` trains it."""
+    from tests.published import tiny_as_published
+
+    return str(tiny_as_published(tiny_model, tmp_path_factory.mktemp("published") / "tiny"))
+
+
+@pytest.fixture(scope="session")
+def published_tiny_sharded(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """published_tiny in shards of 200 kB with model.safetensors.index.json, as larger models are published."""
+    from tests.published import tiny_as_published
+
+    return str(tiny_as_published(tiny_model, tmp_path_factory.mktemp("published") / "tiny", max_shard_size="200KB"))
+
+
+@pytest.fixture(scope="session")
 def qwen25_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tokenizer of the built-in tiny-qwen2.5 model (Qwen's BPE, Qwen2.5's tokens and template), saved as the
     model build saves it; no model weights (the template and masking tests need none)."""

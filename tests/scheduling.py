@@ -16,6 +16,7 @@ SHARED_FOLDERS = ("tests/distributed/", "tests/e2e/", "tests/flows/", "tests/dep
 # Measured (make test-durations), longest first; a unit not listed goes after these, in collection order.
 LONGEST_FIRST = (
     "tests/distributed/",
+    "tests/models/test_published_models.py",
     "tests/e2e/",
     "tests/flows/",
     "tests/deploy/",

@@ -23,15 +23,19 @@ class TandemModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         """Load the model and tokenizer from the `model` artifact (the export's directory)."""
+        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = context.artifacts["model"]
+        # The precision Tandem evaluated in (trainer/eval_model.py): published bases are stored in bf16, which
+        # transformers would otherwise keep on a CPU too, and the served model would not be the one evaluated.
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
         if os.path.exists(os.path.join(path, "adapter_config.json")):
             from peft import AutoPeftModelForCausalLM
 
-            self.model = AutoPeftModelForCausalLM.from_pretrained(path)
+            self.model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(path)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         self.model.eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
 

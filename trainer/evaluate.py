@@ -27,6 +27,7 @@ from trainer.chunked_loss import LossHead
 from trainer.data import collate
 from trainer.distributed import Dist, dist_sum
 from trainer.eval_model import is_checkpoint, load_for_eval
+from trainer.model import ensure_pad_token_id
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
     if not examples:
         raise UserError(f"{spec.dataset_dir}: the eval split is empty; stage the data with data.eval_ratio > 0")
     model = load_for_eval(model_url, spec, dist.device, dist)
-    pad_id = int(model.config.pad_token_id)
+    pad_id = ensure_pad_token_id(model, spec.model_path)
     sums = local_sums(
         model,
         examples,

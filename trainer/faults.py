@@ -17,6 +17,7 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_EXIT_STAMP=PATH          with an EXIT hook: write the time of death to PATH first
     TANDEM_TEST_NAN_AT_STEP=RANK:STEP    make global rank RANK's loss NaN in optimizer step STEP (a divergence)
     TANDEM_TEST_OOM_AT_STEP=RANK:STEP    raise the out-of-memory error a GPU raises, on rank RANK in step STEP
+    TANDEM_TEST_RAISE_AT_STEP=RANK:STEP  raise a plain ValueError (what a bug raises) on rank RANK in step STEP
     TANDEM_TEST_LATE_EXPORT=RANK:SECONDS sleep SECONDS on global rank RANK before it joins the final export (a rank
                                          that gets there after rank 0 has published final/)
     TANDEM_TEST_ENV_DIGEST=NAME          every rank writes the sha256 of its environment variable NAME (not the value;
@@ -104,8 +105,12 @@ def maybe_stall(rank: int, step: int) -> None:
 
 
 def maybe_poison(loss: torch.Tensor, rank: int, step: int) -> torch.Tensor:
-    """The micro-batch loss, made NaN or replaced by an out-of-memory error if this rank and step are configured."""
+    """The micro-batch loss, made NaN or replaced by an out-of-memory error or a plain exception (a bug in a rank) if
+    this rank and step are configured."""
     nan, oom = _parse("TANDEM_TEST_NAN_AT_STEP"), _parse("TANDEM_TEST_OOM_AT_STEP")
+    crash = _parse("TANDEM_TEST_RAISE_AT_STEP")
+    if crash and crash[0] == rank and int(crash[1]) == step:
+        raise ValueError(f"injected by TANDEM_TEST_RAISE_AT_STEP at step {step}")
     if oom and oom[0] == rank and int(oom[1]) == step:
         import torch
 

@@ -14,6 +14,7 @@ from core.rank_log import ERROR_LOGGER
 from core.redact import install_log_masking
 from storage.fs import environment_location
 from storage.spec import Spec, load_spec
+from trainer.crash import crash_exit_code, crash_line
 from trainer.distributed import Dist
 
 
@@ -39,6 +40,11 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
     except TandemError as exc:
         logging.getLogger(ERROR_LOGGER).error("%s", exc)
         return exc.exit_code
+    except Exception as exc:
+        # The traceback stays in the node's log; the launcher reads the one line below back as the rank's error.
+        logging.getLogger(__name__).exception("uncaught error on this rank")
+        logging.getLogger(ERROR_LOGGER).error("%s", crash_line(exc))
+        return crash_exit_code(exc)
     finally:
         distributed.shutdown()
     return 0

@@ -26,7 +26,7 @@ from trainer.evaluate import local_sums, reduced_metrics
 from trainer.heartbeat import Heartbeat
 from trainer.lean_imports import import_muon_uncompiled_unless_configured
 from trainer.metrics import MetricsWriter, peak_device_memory
-from trainer.model import load_base, make_trainable
+from trainer.model import ensure_pad_token_id, load_base, make_trainable
 from trainer.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,9 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
     train = spec.config.train
     bf16 = dist.device.type == "cuda"
     seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
-    model = make_trainable(load_base(spec.model_path, method=train.method, bf16=bf16), train)
+    base = load_base(spec.model_path, method=train.method, bf16=bf16)
+    pad_id = ensure_pad_token_id(base, spec.model_path)
+    model = make_trainable(base, train)
     ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, hidden_size=model.config.hidden_size)
     # Each rank saves under its own tag (rank-{r}); DeepSpeed's cross-rank tag check would flag that.
     ds.setdefault("checkpoint", {})["tag_validation"] = "Ignore"
@@ -113,7 +115,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     import_muon_uncompiled_unless_configured(ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds, lr_scheduler=scheduler)
-    return engine, int(model.config.pad_token_id)
+    return engine, pad_id
 
 
 @dataclass

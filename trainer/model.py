@@ -55,6 +55,38 @@ def load_base(model_path: str, *, method: str, bf16: bool) -> Any:
         raise UserError(f"model.name_or_path {model_path}: cannot load ({exc})") from None
 
 
+def ensure_pad_token_id(model: Any, model_path: str) -> int:
+    """The id that pads a micro-batch's rows: the model config's `pad_token_id`, else the tokenizer's pad token, else
+    its EOS token; written into the model's config when it had none, so that generation and the export read the same.
+
+    Qwen2.5 and Qwen3 publish a config.json without `pad_token_id` (their tokenizer config names the pad token). Any
+    id the model knows is safe as padding: a padded position's label is -100 (never a target), its attention-mask
+    entry is 0 (no token attends to it), and packed rows restart positions instead of padding within a row."""
+    configured = getattr(model.config, "pad_token_id", None)
+    if configured is not None:
+        return int(configured)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    for role in ("pad", "eos"):
+        token_id = getattr(tokenizer, f"{role}_token_id", None)
+        if token_id is not None:
+            token = getattr(tokenizer, f"{role}_token")
+            log.info(
+                "%s/config.json has no pad_token_id: padding with the tokenizer's %s token %s (id %d)",
+                model_path,
+                role,
+                token,
+                token_id,
+            )
+            model.config.pad_token_id = int(token_id)
+            return int(token_id)
+    raise UserError(
+        f"model.name_or_path {model_path}: neither config.json's pad_token_id nor the tokenizer's pad or eos token is "
+        'set; add "pad_token_id" to config.json (any id of the vocabulary: padding is never a target)'
+    )
+
+
 def make_trainable(model: Any, train: TrainConfig) -> Any:
     """Wrap the base for the chosen method; returns the model whose trainable params DeepSpeed optimizes."""
     if train.gradient_checkpointing:

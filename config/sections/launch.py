@@ -82,6 +82,12 @@ class LaunchConfig(Section):
     master_port: int | None = Field(
         None, ge=1024, le=65535, description="Rendezvous port; empty: a free port is picked per launch."
     )
+    node_cache_dir: str | None = Field(
+        None,
+        min_length=1,
+        description="A directory on each node's own disk where it keeps what it can reuse across launches and runs "
+        "(the digests of the base model's files); empty: $TANDEM_NODE_CACHE, else ~/.cache/tandem.",
+    )
     rdzv_timeout: int = Field(120, gt=0, description="Seconds to wait for every node to join.")
     collective_timeout: int = Field(
         1800,

@@ -23,7 +23,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
 from launch.command import DEFAULT_MASTER_PORT
-from launch.diagnose import error_for, log_tail
+from launch.diagnose import error_for, is_one_line, log_tail
 from launch.job import Info, OnProgress, PhaseJob
 from launch.node import failure_exit_code
 from launch.supervise import Failure, supervise
@@ -108,11 +108,10 @@ class NodeFlowRun:
         later)."""
         assert self.state is not None
         code = failure_exit_code(self.run_url, self.node_rank)
-        message = (
-            f"{self.phase} failed on node {self.node_rank} (its flow run is {self.state.name}: "
-            f"{(self.state.message or '').strip()})\nlast lines of its log:\n"
-            f"{log_tail(self.run_url, self.node_rank)}"
-        )
+        said = (self.state.message or "").strip()
+        message = f"{self.phase} failed on node {self.node_rank} (its flow run is {self.state.name}: {said})"
+        if not is_one_line(said):
+            message += f"\nlast lines of its log:\n{log_tail(self.run_url, self.node_rank)}"
         return Failure(error_for(code, message), code, self.state.timestamp.timestamp())
 
 

@@ -20,7 +20,7 @@ from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
 from core.errors import RetryableError, UserError
 from launch.command import DEFAULT_MASTER_PORT
-from launch.diagnose import error_for, tail
+from launch.diagnose import error_for, is_one_line, tail, without_torchrun_report
 from launch.job import Info, OnProgress, PhaseJob
 from launch.watch import phase_watch
 from storage.fs import is_local, join, local_path, makedirs
@@ -149,10 +149,10 @@ def _failure(phase: str, job_id: str, state: str, code: str, output: str) -> Use
     """The error of a job that ended badly: the nodes' first error line and the end of the job's output."""
     text = _read(output)
     errors = [line[len("error: ") :] for line in text.splitlines() if line.startswith("error: ")]
-    message = (
-        f"{phase}: SLURM job {job_id} ended {state} (exit {code}): "
-        f"{errors[0] if errors else 'no error line from the nodes'}\nlast lines of {output}:\n{tail(text, 10)}"
-    )
+    said = errors[0] if errors else "no error line from the nodes"
+    message = f"{phase}: SLURM job {job_id} ended {state} (exit {code}): {said}"
+    if not is_one_line(said):
+        message += f"\nlast lines of {output}:\n{tail(without_torchrun_report(text), 10)}"
     exit_code = code.split(":")[0]
     return error_for(int(exit_code) if exit_code.isdigit() else None, message)
 

@@ -36,7 +36,7 @@ from core.errors import RetryableError, TandemError, UserError
 from launch.agent import grace_for
 from launch.backends.ssh_errors import ssh_failure
 from launch.command import DEFAULT_MASTER_PORT, node_environment
-from launch.diagnose import error_for, log_tail
+from launch.diagnose import error_for, is_one_line, log_tail
 from launch.job import Info, NodePlan, OnProgress, PhaseJob
 from launch.preflight import plan_environment
 from launch.supervise import Failure, supervise
@@ -102,7 +102,8 @@ class SshNode:
                 if said.startswith(prefix)
                 else f"{phase} failed on {self.name}: {said}"
             )
-            error = error_for(code, f"{headline}\nlast lines of its log:\n{log_tail(run_url, self.node_rank)}")
+            details = "" if is_one_line(headline) else f"\nlast lines of its log:\n{log_tail(run_url, self.node_rank)}"
+            error = error_for(code, headline + details)
         elif code == 255 and self.lines and not any("node " in line for line in self.lines):
             error = ssh_failure(self.name, code, "\n".join(self.lines))
         else:

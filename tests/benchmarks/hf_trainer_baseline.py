@@ -31,7 +31,7 @@ from config.deepspeed import read_deepspeed_json
 from storage.shards import Row, load_split
 from storage.spec import load_spec
 from trainer.data import collate
-from trainer.model import load_base, make_trainable
+from trainer.model import ensure_pad_token_id, load_base, make_trainable
 
 
 class StepClock(TrainerCallback):
@@ -74,7 +74,7 @@ def main() -> None:
     # A list of rows is a map-style dataset for the Trainer: the `datasets` package is not needed (a GPU machine
     # may lack it).
     dataset = [row._asdict() for row in examples]
-    pad_id = int(model.config.pad_token_id)
+    pad_id = ensure_pad_token_id(model, spec.model_path)
 
     def collator(features: list[dict]) -> dict[str, torch.Tensor]:
         """Pad to the longest row, as ours does, and count the real tokens; packed rows get ours' restarting

@@ -17,7 +17,7 @@ from config.schema import FinetuneConfig
 from launch.backends.local import run_local_job
 from launch.job import PhaseJob
 from pipeline.models import resolve_model
-from pipeline.plan import build_spec
+from pipeline.plan import build_spec, record_model
 from staging.stage import stage_dataset
 from storage import layout
 from storage.fs import Location, join, read_bytes
@@ -115,7 +115,8 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
     """Write the spec and run `python -m trainer` on every node through the local backend (each node's preflight,
     claim and agent, progress and stalls followed); raises like the pipeline does."""
     cfg = config(staged, name, list(overrides))
-    written = publish_spec(build_spec(cfg, name, staged.model_path, staged.dataset))
+    digest = record_model(cfg, name, staged.model_path)
+    written = publish_spec(build_spec(cfg, name, staged.model_path, staged.dataset, digest))
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
@@ -135,6 +136,7 @@ def eval_exported(run: Run) -> float:
     from storage.shards import load_split
     from trainer.eval_model import load_for_eval
     from trainer.evaluate import local_sums
+    from trainer.model import ensure_pad_token_id
 
     model = load_for_eval(layout.final_dir(run.spec.run), run.spec, torch.device("cpu"))
     sums = local_sums(
@@ -143,7 +145,7 @@ def eval_exported(run: Run) -> float:
         rank=0,
         world=1,
         batch_size=8,
-        pad_id=int(model.config.pad_token_id),
+        pad_id=ensure_pad_token_id(model, run.spec.model_path),
         device=torch.device("cpu"),
         loss_chunk_tokens=0,
     )

@@ -14,7 +14,7 @@ from core.errors import RetryableError, UserError
 from launch.command import free_port
 from launch.job import NodePlan
 from launch.preflight import check_port_free, run_preflight
-from pipeline.plan import build_spec
+from pipeline.plan import build_spec, record_model
 from storage import layout
 from storage.fs import join
 from storage.spec import write_spec
@@ -24,7 +24,10 @@ from tests.distributed.harness import Staged, config, stage
 @pytest.fixture
 def prepared(staged: Staged):
     """A written spec for a 2-node job, its URL and digest."""
-    spec = build_spec(config(staged, "preflight", ["launch.nnodes=2"]), "preflight", staged.model_path, staged.dataset)
+    cfg = config(staged, "preflight", ["launch.nnodes=2"])
+    spec = build_spec(
+        cfg, "preflight", staged.model_path, staged.dataset, record_model(cfg, "preflight", staged.model_path)
+    )
     digest = write_spec(spec)
     return spec, join(spec.run_url, layout.SPEC), digest
 
@@ -40,6 +43,7 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
         "world size",
         "code version",
         "spec digest",
+        "base model",
         "master address",
         "master port",
         "gpus",
@@ -57,6 +61,12 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
     spec = prepared[0]
     saved = json.loads(Path(layout.node_dir(spec.run_url, 0), "preflight.json").read_text())
     assert saved["checks"]["dataset"].startswith(spec.dataset.dataset_id)
+    files = len(json.loads(Path(spec.run_url, layout.BASE_MODEL).read_text())["files"])
+    # The pipeline's record hashed the model on this machine: the node's check found every digest in the node cache.
+    assert (
+        saved["checks"]["base model"].startswith(f"{files} files (")
+        and f"{files} digests from the node" in (saved["checks"]["base model"])
+    )
 
 
 def test_port_taken_on_the_master(prepared) -> None:
@@ -147,3 +157,42 @@ def test_corrupted_dataset_file(tmp_path, tiny_model) -> None:
             expected_spec_digest=digest,
             info=lambda _: None,
         )
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "changed"])
+def test_a_node_whose_copy_of_the_model_differs_is_refused_naming_the_file(
+    tmp_path, tiny_model, staged, damage
+) -> None:
+    """The pipeline recorded the model from its copy; this node's copy is cut short (an interrupted copy), lacks a
+    file, or has other bytes of the same size: preflight stops the node before any rank starts, naming the file."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    cfg = config(staged, f"model-{damage}", ["launch.nnodes=2"])
+    digest = record_model(cfg, f"model-{damage}", str(model))
+    spec = build_spec(cfg, f"model-{damage}", str(model), staged.dataset, digest)
+    spec_digest = write_spec(spec)
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "truncated":
+        weights.write_bytes(data[: len(data) // 2])
+        expected = rf"{weights}: {len(data) // 2} bytes, the pipeline's copy has {len(data)} \(an interrupted copy\?\)"
+    elif damage == "missing":
+        weights.unlink()
+        expected = rf"{weights}: missing; copy the whole model directory to this node again"
+    else:
+        changed = bytearray(data)
+        changed[-1] ^= 0xFF
+        weights.write_bytes(bytes(changed))
+        expected = rf"{weights}: blake3 [0-9a-f]{{16}}…, the pipeline's copy has [0-9a-f]{{16}}… \(another revision"
+    with pytest.raises(UserError, match=rf"^node 1: base model: {expected}") as info:
+        run_preflight(
+            spec,
+            join(spec.run_url, layout.SPEC),
+            NodePlan(1, 2, 1, "127.0.0.1", free_port()),
+            expected_spec_digest=spec_digest,
+            info=lambda _: None,
+            poll=None,
+        )
+    assert "\n" not in str(info.value)

@@ -6,6 +6,7 @@ trajectory in metrics.jsonl, the files on storage, the exit and the error text.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -195,15 +196,17 @@ def test_qlora_trains_on_cpu_and_exports_merged_weights(staged: Staged) -> None:
     assert not any("lora" in name for name, _ in merged.named_parameters())
 
 
-def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged) -> None:
-    """On tool-calling data (ShareGPT with function_call/observation turns and tools), packed two to a row, with
-    the default model."""
+def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged, published_tiny_sharded: str) -> None:
+    """On tool-calling data (ShareGPT with function_call/observation turns and tools), packed two to a row, with a
+    model directory laid out as Qwen publishes Qwen2.5-0.5B/1.5B/3B (tied input and output embeddings, no
+    pad_token_id in config.json, bf16 shards with model.safetensors.index.json): the export writes the tied weight
+    once, as save_pretrained does, and reproduces the in-memory model's evaluation."""
     manifest = json.loads((Path(tool_calls.dataset.url) / "manifest.json").read_text())
     assert manifest["records"]["rejected"] == 0 and manifest["records"]["staged"] == 41
     train_split = manifest["splits"]["train"]
     assert manifest["packing"] and train_split["rows"] == (train_split["records"] + 1) // 2
     run = train(
-        tool_calls,
+        dataclasses.replace(tool_calls, model_path=published_tiny_sharded),
         "full-zero3",
         [
             "launch.nnodes=2",
@@ -220,7 +223,19 @@ def test_full_finetuning_with_zero3_exports_safetensors(tool_calls: Staged) -> N
     assert logged in (run.run_dir / "nodes" / "0" / "log.txt").read_text()
     # A step is 8 rows (2 x 2 x 2 ranks), a row two conversations but the epoch's odd one out: tokens count them all.
     assert all(r["tokens"] > 15 * 290 for r in run.metrics() if "event" not in r)
-    assert (run.run_dir / "final" / "model.safetensors").stat().st_size > 0
+    from safetensors import safe_open
+
+    with safe_open(run.run_dir / "final" / "model.safetensors", "pt") as exported:
+        names = set(exported.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied: written once
+    exported_config = json.loads((run.run_dir / "final" / "config.json").read_text())
+    assert exported_config["tie_word_embeddings"] is True
+    # Published without pad_token_id: training padded with the tokenizer's pad token, and the export says which.
+    tokenizer_config = json.loads((Path(published_tiny_sharded) / "tokenizer_config.json").read_text())
+    added = json.loads((Path(published_tiny_sharded) / "tokenizer.json").read_text())["added_tokens"]
+    assert exported_config["pad_token_id"] == next(
+        t["id"] for t in added if t["content"] == tokenizer_config["pad_token"]
+    )
     assert_close(eval_exported(run), final_eval(run)["loss"], rtol=1e-5, atol=1e-5)
 
 
@@ -264,15 +279,22 @@ def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> No
             r"at step 3 on every rank; lower train\.learning_rate",
         ),
         ("TANDEM_TEST_OOM_AT_STEP", r"train failed on node 1, rank 1: out of memory on node 1 \("),
+        # a bug: its type, the project function and file:line it was raised from, its message; then where the
+        # traceback is (the node's log), all on one line, torchrun's own report of the failure left out
+        (
+            "TANDEM_TEST_RAISE_AT_STEP",
+            r"train failed on node 1, rank 1: ValueError in maybe_poison \(trainer/faults\.py:\d+\): injected by "
+            r"TANDEM_TEST_RAISE_AT_STEP at step 3 \(traceback: .*/runs/guard-raise/nodes/1/log\.txt\)$",
+        ),
     ],
-    ids=["diverged", "out-of-memory"],
+    ids=["diverged", "out-of-memory", "crash"],
 )
 def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(
     staged: Staged, fault: str, message: str
 ) -> None:
-    """A NaN loss, and the error a GPU raises when out of memory (raised on CPU by a fault hook: there is no GPU
-    here), stop the job as a UserError (not retried) whose first line says where and what to change; the
-    step's weights are never saved, so the newest complete checkpoint is the one before."""
+    """A NaN loss, the error a GPU raises when out of memory (raised on CPU by a fault hook: there is no GPU here) and
+    a plain exception in one rank (a bug) stop the job as a UserError (not retried) whose first line says where and
+    what to change; the step's weights are never saved, so the newest complete checkpoint is the one before."""
     from storage.checkpoints import latest_complete
 
     name = f"guard-{fault.split('_')[2].lower()}"
@@ -280,6 +302,10 @@ def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(
         train(staged, name, ["launch.nnodes=2", "train.max_steps=6", "train.save_steps=2"], env={fault: "1:3"})
     first_line = str(info.value).splitlines()[0]
     assert re.match(message, first_line), first_line
+    if fault == "TANDEM_TEST_RAISE_AT_STEP":
+        assert str(info.value) == first_line  # one line, and the traceback is where it says
+        log = (Path(staged.storage) / "runs" / name / "nodes" / "1" / "log.txt").read_text()
+        assert "Traceback (most recent call last)" in log and "injected by TANDEM_TEST_RAISE_AT_STEP" in log
     if fault == "TANDEM_TEST_OOM_AT_STEP":
         assert "at step 3: CUDA out of memory. Tried to allocate 2.00 GiB" in first_line
         assert "lower train.micro_batch_size" in first_line

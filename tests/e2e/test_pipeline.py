@@ -73,6 +73,16 @@ def test_registry_entry_carries_the_lineage(pipeline) -> None:
     assert lineage["spec_digest"] == digest_bytes(spec_bytes, "sha256")
     assert lineage["world_size"] == 2 and lineage["nnodes"] == 2 and lineage["flow_run_id"]
     assert entry["metrics"]["loss"] == summary["eval"]["loss"]
+    # The base model's files as the pipeline found them, which every node's preflight checked its copy against.
+    base_model = Path(summary["run_url"]) / "base_model.json"
+    assert lineage["base_model_manifest_digest"] == digest_bytes(base_model.read_bytes(), "sha256")
+    files = {f["path"] for f in json.loads(base_model.read_text())["files"]}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= files
+    card = (Path(summary["run_url"]) / "model_card.md").read_text()
+    assert lineage["base_model_manifest_digest"][:16] in card
+    for node in (0, 1):
+        preflight = json.loads((Path(summary["run_url"]) / "nodes" / str(node) / "preflight.json").read_text())
+        assert preflight["checks"]["base model"].startswith(f"{len(files)} files (")
 
 
 def test_training_loss_went_down(pipeline) -> None:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def reruns(pipeline, mlflow_server):
+def reruns(pipeline, mlflow_server, published_tiny):
     """The e2e run again (same run.name: nothing left to train) with a failing gate (tracked in MLflow, experiment
     e2e-rejected), then a passing one that evaluates the final checkpoint instead of final/; (registry before,
     rejected state, accepted state)."""
@@ -26,7 +26,7 @@ def reruns(pipeline, mlflow_server):
     storage, _ = pipeline
     registry = storage / "registry" / "tandem-tiny"
     before = files_under(registry)
-    base = [f"run.storage={storage}", "run.name=e2e"]
+    base = [f"run.storage={storage}", "run.name=e2e", f"model.name_or_path={published_tiny}"]
     rejected = finetune(
         load_config(
             None,
@@ -123,6 +123,7 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     from storage.shards import load_split
     from storage.spec import load_spec
     from trainer.evaluate import local_sums
+    from trainer.model import ensure_pad_token_id
 
     spec, _ = load_spec(str(Path(run_url) / "spec.json"))
     loss_sum, targets, _, examples = local_sums(
@@ -131,7 +132,7 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
         rank=0,
         world=1,
         batch_size=3,
-        pad_id=int(model.config.pad_token_id),
+        pad_id=ensure_pad_token_id(model, spec.model_path),
         device=torch.device("cpu"),
         loss_chunk_tokens=0,
     )

@@ -82,3 +82,17 @@ def test_a_refused_connection_and_a_timeout_get_their_own_causes() -> None:
         "cannot connect to its peer at 10.0.0.9:43211 (Connection timed out); likely cause: the traffic does "
         "not get through: a firewall" in timed_out
     )
+
+
+def test_a_rank_that_crashed_connecting_is_told_why_with_both_ends() -> None:
+    """Since a rank's uncaught exception is its own error line, gloo's words come back through it: said with both
+    ends and the likely cause, not as the exception's text."""
+    crash = (
+        "2026-11-23 18:58:45,000 [rank 1/2 vm] ERROR trainer: RuntimeError in init (trainer/distributed.py:80): Gloo "
+        "connectFullMesh failed with [/gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection "
+        "refused, remote=[127.0.0.1]:11170$1\n"
+    )
+    summary, _ = failure_summary(GLOO_LOOPBACK + crash)
+    assert summary.startswith("rank 1: cannot connect to its peer at 127.0.0.1:11170 from 127.0.0.1:17027 (")
+    other = crash.replace("Gloo connectFullMesh failed with", "shape mismatch in")
+    assert failure_summary(GLOO_LOOPBACK + other)[0].startswith("rank 1: RuntimeError in init")

@@ -46,6 +46,10 @@ def export_final(
     if zero_stage == 3:  # parameters are partitioned: gather them whole before saving
         import deepspeed
 
+        # The last forward passes (the in-memory evaluation) can leave a prefetched parameter in flight: with tied
+        # embeddings (Qwen2.5-0.5B/1.5B/3B), the one weight is both the first module's and the output layer's, and
+        # leaving the gather below would then refuse to partition it. Wait for every fetch and release them first.
+        engine.empty_partition_cache()
         gather = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
     staging = tempfile.mkdtemp(prefix="tandem-final-") if dist.is_main else ""
     with gather:
