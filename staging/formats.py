@@ -72,8 +72,8 @@ def _optional_text(record: dict[str, Any], key: str) -> str | None:
 
 
 def check_order(messages: list[Message]) -> None:
-    """System first (optional), then user and assistant alternating, tool results after a tool call,
-    ending with the assistant; at least one assistant turn."""
+    """System first (optional), then a user turn or tool results and the assistant alternating, ending with the
+    assistant; at least one assistant turn."""
     roles = [m["role"] for m in messages]
     if "assistant" not in roles:
         raise InvalidRecord("no assistant turn")
@@ -82,12 +82,12 @@ def check_order(messages: list[Message]) -> None:
     for index in range(start, len(messages)):
         role = roles[index]
         allowed: tuple[str, ...]
-        if previous is None:
-            allowed = ("user",)
+        if previous in (None, "assistant"):
+            # LLaMA-Factory's rule: an observation may stand wherever a user turn may, so a tool result may follow
+            # an answer that made no call (the template renders it as a tool result all the same).
+            allowed = ("user", "tool")
         elif previous == "user":
             allowed = ("assistant",)
-        elif previous == "assistant":
-            allowed = ("user", "tool") if messages[index - 1].get("tool_calls") else ("user",)
         else:  # a tool result: more results, or the assistant's answer
             allowed = ("tool", "assistant")
         if role not in allowed:

@@ -4,6 +4,7 @@ package ships it): the targets are exactly the assistant spans of the one full r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,34 @@ def test_generation_blocks_decide_the_targets(tiny_model, tmp_path) -> None:
         tok, ChatEncoder(tok, 512), convo(("user", "hi"), ("assistant", "yo"), ("user", "x"), ("assistant", "y"))
     )
     assert runs == ["yo.", "y."]
+
+
+# LLaMA-Factory's glaive_toolcall_zh_demo has records like this: an observation after an answer that made no call
+# (its converter accepts an observation wherever a user turn may stand).
+OBSERVATION_AFTER_ANSWER = {
+    "conversations": [
+        {"from": "human", "value": "帮我查一下北京的天气。"},
+        {"from": "gpt", "value": "好的。我来查询。"},
+        {"from": "observation", "value": '{"temperature": 26}'},
+        {"from": "gpt", "value": "北京现在 26 度。"},
+    ]
+}
+
+
+@pytest.mark.parametrize("form", ["sharegpt", "openai"])
+def test_an_observation_after_a_plain_answer_renders_as_a_tool_result(tiny_model, tmp_path, form) -> None:
+    record = OBSERVATION_AFTER_ANSWER
+    if form == "openai":
+        roles = {"human": "user", "gpt": "assistant", "observation": "tool"}
+        record = {"messages": [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    [got] = read_records(str(path), "auto")
+    assert [m["role"] for m in got.conversation["messages"]] == ["user", "assistant", "tool", "assistant"]
+    tok = load_tokenizer(tiny_model)  # Qwen2.5's template
+    text, runs, _ = split(tok, ChatEncoder(tok, 1024), got.conversation)
+    assert text.endswith(
+        "<|im_start|>assistant\n好的。我来查询。<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        '{"temperature": 26}\n</tool_response><|im_end|>\n<|im_start|>assistant\n北京现在 26 度。<|im_end|>\n'
+    )
+    assert runs == ["好的。我来查询。<|im_end|>\n", "北京现在 26 度。<|im_end|>\n"]  # the result is never a target
