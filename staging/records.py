@@ -1,6 +1,6 @@
 """Records of one data file, normalized to the internal chat form or rejected with location and reason.
 
-A location is `path:line` (JSONL), `path[index]` (JSON array) or `path#row` (Parquet); an error message is
+A location is `path:line` (JSONL and text), `path[index]` (JSON array) or `path#row` (Parquet); an error message is
 `{location}: {reason}`.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from core.errors import UserError
 from staging.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
 from staging.mapping import Mapping
-from staging.sources import ByteCounter, Unparsable, read_file
+from staging.sources import ByteCounter, Unparsable, is_text_file, read_file
 from storage.fs import Where
 
 
@@ -59,7 +59,11 @@ def open_file(url: Where, mapping: Mapping, on_bytes: ByteCounter) -> DataFile:
     fmt, reason = mapping.format, "data.format"
     if not head:
         return DataFile(url, fmt, "empty file", iter(()))
-    if fmt == "auto":
+    if is_text_file(url):
+        if fmt not in ("auto", "text"):
+            raise UserError(f"{url}: a .txt file is plain text, one example a line, not {fmt}; read it as auto or text")
+        fmt, reason = "text", "a .txt file: one example a line"
+    elif fmt == "auto":
         try:
             fmt, reason = detect_format(str(url), [value for _, value in head if not isinstance(value, Unparsable)])
         except ValueError as exc:
