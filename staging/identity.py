@@ -95,6 +95,7 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
         "streams": [stream.describe() for stream in streams],
         "mix": data.mix,
         "on_invalid": data.on_invalid,
+        "preference": data.preference,
         "packing": data.packing,
         "shaping": shaping(data),
         "tokenizer": fingerprint,
