@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import TandemError, UserError
+from core.errors import EXIT_USER_ERROR, TandemError, UserError
 from launch.diagnose import error_for
 from storage import layout
 from storage.fs import Location, exists, join, read_json, remove, write_json_atomic
@@ -98,10 +98,16 @@ class NodeClaim:
             self._duplicate(holder["name"])
         write_json_atomic(self.url, self.body())
 
-    def stopped_by(self) -> TandemError | None:
-        """The error to stop with when another node of this attempt failed and told the others (else None)."""
+    def note(self) -> dict[str, Any] | None:
+        """The stop note of this attempt left by another node, if any."""
         note = read_json(self.stop_url) if exists(self.stop_url) else None
         if note is None or note["token"] == self.token or note["at"] < self.started:
+            return None
+        return note
+
+    def stopped_by(self) -> TandemError | None:
+        """The error to stop with when another node of this attempt failed and told the others (else None)."""
+        if (note := self.note()) is None:
             return None
         return error_for(
             note["exit_code"],
@@ -115,8 +121,16 @@ class NodeClaim:
                 remove(self.url)
 
     def stop_all(self, message: str, exit_code: int) -> None:
-        """Tell every node of this attempt to stop: this one failed (best effort: its own error matters more)."""
+        """Tell every node of this attempt to stop: this one failed (best effort: its own error matters more). A note
+        already there that a retry cannot help (exit 2: a peer's bad data, a bug) is the cause and stays: this node's
+        retryable failure (its ranks lost that peer) may come a moment after it."""
         with contextlib.suppress(Exception):
+            if (
+                exit_code != EXIT_USER_ERROR
+                and (note := self.note()) is not None
+                and note["exit_code"] == EXIT_USER_ERROR
+            ):
+                return
             write_json_atomic(
                 self.stop_url,
                 {

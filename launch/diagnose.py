@@ -19,6 +19,7 @@ TORCHRUN_REPORT_START = re.compile(
     r"^(?:E\d{4} .*elastic/multiprocessing/api\.py:\d+\] failed|Traceback \(most recent|torch\.distributed\.elastic\.)"
 )
 TORCHRUN_REPORT_RULE = re.compile(r"^={20,}\s*$")
+ROOT_CAUSE_HEADING = "Root Cause (first observed failure):"
 ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank[^\n]*\n[^\n]*exitcode\s+: (-?\d+)")
 
 
@@ -85,34 +86,49 @@ def connect_diagnosis(text: str) -> str | None:
 def failure_summary(text: str) -> tuple[str, int | None]:
     """(one line saying which rank failed and why, that rank's exit code) from a node's log text.
 
-    A rank's own error line wins (a connection it could not make is said with both ends and the likely cause).
-    Otherwise torchrun's failure report is used, skipping ranks that torchrun itself terminated (SIGTERM, -15) after
-    the first one failed.
+    The rank that failed first (torchrun's report) says why in its own error line (a connection it could not make is
+    said with both ends and the likely cause); a rank killed outright has no line, and its peers' lines are then
+    echoes (a lost connection), not the cause. Ranks that torchrun itself terminated (SIGTERM, -15) after the first
+    one failed are never the culprit.
     """
+    summary, code, _ = culprit(text)
+    return summary, code
+
+
+def culprit(text: str) -> tuple[str, int | None, str | None]:
+    """failure_summary's (summary, exit code), and the failed rank's own error line when it wrote one."""
     errors = rank_errors(text)
-    failures = [(int(rank), int(code)) for rank, code in ROOT_CAUSE.findall(text)]
-    first = next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
+    first = first_failure(text)
     code = first[1] if first else None
-    if errors:
-        rank, message = errors[0]
+    said = [(rank, message) for rank, message in errors if first is None or rank == first[0]]
+    if said:
+        rank, own = said[0]
+        message = own
         # A rank that could not connect to a peer crashed with gloo's or the store's words: say it with both ends.
-        if CRASH.match(message) and connect_diagnosis(message):
-            message = connect_diagnosis(text) or message
-        return f"rank {rank}: {message}", code
+        if CRASH.match(own) and connect_diagnosis(own):
+            message = connect_diagnosis(text) or own
+        return f"rank {rank}: {message}", code, own
     if first:
         diagnosis = connect_diagnosis(text)
-        return f"rank {first[0]} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code
-    return "see the log", code
+        return f"rank {first[0]} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code, None
+    return "see the log", code, None
+
+
+def first_failure(text: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the rank that failed first, by torchrun's report: its root cause, unless torchrun itself
+    terminated that rank (SIGTERM) after another failed, then the first other failure it lists."""
+    root = ROOT_CAUSE.findall(text.rpartition(ROOT_CAUSE_HEADING)[2]) if ROOT_CAUSE_HEADING in text else []
+    failures = [(int(rank), int(code)) for rank, code in root + ROOT_CAUSE.findall(text)]
+    return next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
 
 
 def failure_message(phase: str, node_rank: int, text: str, log_url: Location) -> str:
     """The error of a failed node from its log text: one line when a rank said why it failed (where its log, and a
     crash's traceback, are), else that line and the log's last lines without torchrun's report of the failure."""
-    summary, _ = failure_summary(text)
+    summary, _, own = culprit(text)
     headline = f"{phase} failed on node {node_rank}, {summary}"
-    said = rank_errors(text)
-    if said:
-        return f"{headline} ({'traceback' if CRASH.match(said[0][1]) else 'log'}: {log_url})"
+    if own is not None:
+        return f"{headline} ({'traceback' if CRASH.match(own) else 'log'}: {log_url})"
     return f"{headline}\nlast lines of {log_url}:\n{tail(without_torchrun_report(text))}"
 
 
