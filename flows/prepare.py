@@ -70,7 +70,11 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
     sources = manifest["mix"]["sources"]
     if len(sources) > 1:  # several sources: what each gave
         rows += [
-            ("source", f"{s['key']} ({s['entry'] or s['source']}): {s['records']} records, {s['rejected']} rejected")
+            (
+                "source",
+                f"{s['key']} ({s['entry'] or s['source']}): {s['records']} records, {s['rejected']} rejected"
+                + undesirable(s),
+            )
             for s in sources
         ]
     records = manifest["records"]
@@ -79,7 +83,7 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
         (
             "records",
             f"{records['read']} read, {records['staged']} staged, {records['rejected']} rejected, "
-            f"{records['dropped']} dropped{see}",
+            f"{records['dropped']} dropped{undesirable(records)}{see}",
         )
     )
     if manifest.get("packing"):  # absent from manifests written before packing existed
@@ -95,6 +99,12 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
             )
         )
     return rows
+
+
+def undesirable(counts: dict[str, Any]) -> str:
+    """`, N undesirable` when data.preference=chosen left KTO records labelled false out (absent from manifests
+    written before it existed)."""
+    return f", {counts['undesirable']} undesirable" if counts.get("undesirable") else ""
 
 
 def overrides(args: argparse.Namespace) -> list[str]:

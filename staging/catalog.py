@@ -1,7 +1,9 @@
 """LLaMA-Factory's `dataset_info.json` as a source: `path/dataset_info.json#name` names one of its entries, whose
 `file_name` (relative to the json), `formatting`, `columns`, `tags`, `split` and `num_samples` are honoured.
 
-An alpaca entry whose only column is `prompt` is LLaMA-Factory's pre-training form: Tandem reads it as `text`.
+An alpaca entry whose only column is `prompt` is LLaMA-Factory's pre-training form: Tandem reads it as `text`. A
+preference entry (`ranking: true`, or a `kto_tag` column) maps its `chosen`/`rejected`/`kto_tag` columns like the
+others; its records are preference data, which data.preference decides about (staging/preference.py).
 An entry that names only a hub dataset (`hf_hub_url`, `ms_hub_url`, ...) is refused with a line saying to
 download it: nothing is fetched from a hub here.
 """
@@ -61,8 +63,6 @@ def read_entry(reference: str, key: str, options: Options) -> Entry:
                 "download; download its files and give them as data.source, or add a file_name"
             )
         raise UserError(f"{where}: the entry has no file_name")
-    if entry.get("ranking"):
-        raise UserError(f"{where}: a ranking (preference) dataset; Tandem stages supervised data only")
     formatting = entry.get("formatting", "alpaca")
     if formatting not in FORMATTINGS:
         raise UserError(f"{where}: formatting {formatting!r} is not one of {', '.join(FORMATTINGS)}")

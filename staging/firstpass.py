@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 import blake3
 import orjson
 
-from staging.mapping import Mapping
-from staging.records import DataFile, Record, Reject, to_item
+from staging.records import DataFile, Reading, Record, Reject, to_item
 from staging.sources import ByteCounter, compression, file_kind, parse_line
 from staging.spool import spool_line
 from staging.workers import in_order
@@ -80,12 +79,11 @@ class Digested:
 
 @dataclass(frozen=True)
 class Block:
-    """Whole lines of a JSON Lines file, the first of them line `first_line`, read in format `fmt` after the
-    source's mapping."""
+    """Whole lines of a JSON Lines file, the first of them line `first_line`, read as the file is (its format, the
+    source's mapping, data.preference)."""
 
     url: Where
-    fmt: str
-    mapping: Mapping
+    reading: Reading
     data: bytes
     first_line: int
 
@@ -118,10 +116,10 @@ def scan_block(block: Block) -> Digested:
     if block.data.endswith(b"\n"):
         lines.pop()
     parsed = (parse_line(block.url, number, line) for number, line in enumerate(lines, start=block.first_line))
-    return digest_items(to_item(location, value, block.fmt, block.mapping) for location, value in filter(None, parsed))
+    return digest_items(to_item(location, value, block.reading) for location, value in filter(None, parsed))
 
 
-def blocks(url: Where, fmt: str, mapping: Mapping, on_bytes: ByteCounter) -> Iterator[Block]:
+def blocks(url: Where, reading: Reading, on_bytes: ByteCounter) -> Iterator[Block]:
     """A JSON Lines file as blocks of whole lines, in order, each with the number of its first line."""
     rest, offset, line = b"", 0, 1
     while data := read_range(url, offset, offset + READ_BYTES):
@@ -132,11 +130,11 @@ def blocks(url: Where, fmt: str, mapping: Mapping, on_bytes: ByteCounter) -> Ite
         rest, start = data[end:], 0
         while start < end:
             stop = data.find(b"\n", min(start + BLOCK_BYTES, end) - 1) + 1
-            yield Block(url, fmt, mapping, data[start:stop], line)
+            yield Block(url, reading, data[start:stop], line)
             line += data.count(b"\n", start, stop)
             start = stop
     if rest:
-        yield Block(url, fmt, mapping, rest, line)
+        yield Block(url, reading, rest, line)
 
 
 def splittable(url: Where) -> bool:
@@ -146,13 +144,13 @@ def splittable(url: Where) -> bool:
 
 
 def digest_file(
-    data_file: DataFile, mapping: Mapping, on_bytes: ByteCounter, pool: ProcessPoolExecutor | None, workers: int
+    data_file: DataFile, on_bytes: ByteCounter, pool: ProcessPoolExecutor | None, workers: int
 ) -> Iterator[Digested | Reject]:
     """A data file's records made ready for the spool, in runs between its rejects, and the rejects, in order:
     JSON Lines block by block (by the pool's workers when there is a pool), other files' records in batches in
     this process."""
     if splittable(data_file.url) and data_file.reason != "empty file":
-        calls = ((block,) for block in blocks(data_file.url, data_file.format, mapping, on_bytes))
+        calls = ((block,) for block in blocks(data_file.url, data_file.reading, on_bytes))
         parts = in_order(pool, workers, scan_block, calls) if pool else (scan_block(*call) for call in calls)
     else:
         items = iter(data_file.items)

@@ -26,7 +26,7 @@ from storage.digest import digest_bytes, hasher
 from storage.fs import Location, read_range, size
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
-PIPELINE_VERSION = 4
+PIPELINE_VERSION = 5
 READ_BLOCK = 8 * 1024 * 1024
 
 
@@ -95,6 +95,7 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
         "streams": [stream.describe() for stream in streams],
         "mix": data.mix,
         "on_invalid": data.on_invalid,
+        "preference": data.preference,
         "packing": data.packing,
         "shaping": shaping(data),
         "tokenizer": fingerprint,

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The keys of preference data (staging/preference.py), for LLaMA-Factory's column names: a pair's answers, and KTO's
+# label (LLaMA-Factory's `kto_tag`).
+PREFERENCE_COLUMNS = {"chosen": "chosen", "rejected": "rejected", "kto_tag": "label"}
 # Each format's own key for LLaMA-Factory's column names.
 COLUMNS = {
     "alpaca": {
@@ -21,10 +24,11 @@ COLUMNS = {
         "response": "output",
         "system": "system",
         "history": "history",
+        **PREFERENCE_COLUMNS,
     },
-    "sharegpt": {"messages": "conversations", "system": "system", "tools": "tools"},
-    "qwen": {"messages": "conversations"},
-    "openai": {"messages": "messages", "tools": "tools"},
+    "sharegpt": {"messages": "conversations", "system": "system", "tools": "tools", **PREFERENCE_COLUMNS},
+    "qwen": {"messages": "conversations", **PREFERENCE_COLUMNS},
+    "openai": {"messages": "messages", "tools": "tools", **PREFERENCE_COLUMNS},
     "text": {"prompt": "text"},
 }
 # Each format's own turn keys and role names, for LLaMA-Factory's tag names.
@@ -72,17 +76,27 @@ class Mapping:
         for name, key in self.columns.items():
             if key in record:
                 out[own[name]] = record[key]
-        turns_key = own.get("messages")
-        if self.tags and turns_key and isinstance(out.get(turns_key), list):
-            out[turns_key] = [self._turn(turn) for turn in out[turns_key]]
+        if self.tags and self.format in TURN_KEYS:
+            # A pair's answers are turns too (one, or a list of them), named as the conversation's turns.
+            for key in (own["messages"], "chosen", "rejected"):
+                value = out.get(key)
+                if isinstance(value, list):
+                    out[key] = [self._turn(turn) for turn in value]
+                elif isinstance(value, dict) and key != own["messages"]:
+                    out[key] = self._turn(value)
         return out
+
+    def column(self, key: str) -> str:
+        """The user's key for one of the format's own keys (`label` -> the column `kto_tag` maps, if any)."""
+        own = COLUMNS.get(self.format, {})
+        return next((theirs for name, theirs in self.columns.items() if own.get(name) == key), key)
 
     def explain(self, reason: str) -> str:
         """A normalizer's reason in the user's keys: `output: empty text` -> `answer (column response): empty text`."""
         own = COLUMNS.get(self.format, {})
         for name, key in self.columns.items():
             mine = own[name]
-            if reason.startswith((f"{mine}:", f"{mine}[")):
+            if reason.startswith((f"{mine}:", f"{mine}[", f"{mine}.")):
                 where, _, rest = reason.partition(":")
                 return f"{key}{where[len(mine) :]} (column {name}):{rest}"
             if reason.startswith(f"{mine!r}"):

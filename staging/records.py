@@ -1,7 +1,10 @@
 """Records of one data file, normalized to the internal chat form or rejected with location and reason.
 
-A location is `path:line` (JSONL), `path[index]` (JSON array) or `path#row` (Parquet); an error message is
-`{location}: {reason}`.
+A location is `path:line` (JSONL and text), `path[index]` (JSON array) or `path#row` (Parquet); an error message is
+`{location}: {reason}`. A file's format is decided once, from its first records (`auto`), and so is whether it is
+preference data (staging/preference.py): refused in one line naming the file by default (data.preference=refuse),
+else each record's desirable side is staged and a KTO record labelled false is an `Undesirable`, left out and
+counted, never an invalid record.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from dataclasses import dataclass
 from core.errors import UserError
 from staging.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
 from staging.mapping import Mapping
-from staging.sources import ByteCounter, Unparsable, read_file
+from staging.preference import Form, desirable, form_columns, form_of, label_key, normalize, refusal, undesirable_reason
+from staging.sources import ByteCounter, Unparsable, is_text_file, read_file
 from storage.fs import Where
 
 
@@ -42,38 +46,91 @@ class Reject:
 
 
 @dataclass(frozen=True)
+class Undesirable(Reject):
+    """A KTO record labelled false under data.preference=chosen: not staged, listed in rejects.jsonl and counted
+    apart; not invalid, so data.on_invalid=fail does not stop on it."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a file's records are read: its format, the source's mapping, data.preference, and the preference form
+    its first records are in (None: supervised data)."""
+
+    format: str
+    mapping: Mapping
+    preference: str
+    form: Form | None = None
+
+
+@dataclass(frozen=True)
 class DataFile:
-    """A data file with the format its records are read in, and why."""
+    """A data file with how its records are read, and why in that format."""
 
     url: Where
-    format: str
+    reading: Reading
     reason: str
     items: Iterator[Record | Reject]
 
+    @property
+    def format(self) -> str:
+        """The format its records are read in."""
+        return self.reading.format
 
-def open_file(url: Where, mapping: Mapping, on_bytes: ByteCounter) -> DataFile:
+
+def open_file(url: Where, mapping: Mapping, preference: str, on_bytes: ByteCounter) -> DataFile:
     """A data file's records, renamed by the mapping's columns and tags, then normalized; with format `auto`,
-    the format is decided from its first records."""
+    the format is decided from its first records, and so is whether it is preference data (`preference`:
+    data.preference)."""
     raw = read_file(url, on_bytes)
     head = list(itertools.islice(raw, DETECT_SAMPLE))
-    fmt, reason = mapping.format, "data.format"
     if not head:
-        return DataFile(url, fmt, "empty file", iter(()))
-    if fmt == "auto":
-        try:
-            fmt, reason = detect_format(str(url), [value for _, value in head if not isinstance(value, Unparsable)])
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-    items = (to_item(location, value, fmt, mapping) for location, value in itertools.chain(head, raw))
-    return DataFile(url, fmt, reason, items)
+        return DataFile(url, Reading(mapping.format, mapping, preference), "empty file", iter(()))
+    samples = [mapping.apply(value) for _, value in head if not isinstance(value, Unparsable)]
+    first = next((sample for sample in samples if isinstance(sample, dict) and form_of(sample)), None)
+    form = form_of(first)
+    if first is not None and form is not None and preference == "refuse":
+        raise UserError(f"{url}: {refusal(form, [mapping.column(key) for key in form_columns(form, first)])}")
+    fmt, reason = file_format(url, mapping.format, samples, form)
+    reading = Reading(fmt, mapping, preference, form)
+    items = (to_item(location, value, reading) for location, value in itertools.chain(head, raw))
+    return DataFile(url, reading, reason, items)
 
 
-def to_item(location: str, value: object, fmt: str, mapping: Mapping) -> Record | Reject:
-    """A parsed record renamed by the mapping's columns and tags and normalized from format `fmt`, or rejected with
-    the reason (in the user's keys)."""
+def file_format(url: Where, fmt: str, samples: list[object], form: Form | None) -> tuple[str, str]:
+    """(format, why) of a file: a text file is plain text, a given format is taken, `auto` is decided from the
+    first records (a preference form names its own)."""
+    if is_text_file(url):
+        if fmt not in ("auto", "text"):
+            raise UserError(f"{url}: a .txt file is plain text, one example a line, not {fmt}; read it as auto or text")
+        return "text", "a .txt file: one example a line"
+    if fmt != "auto":
+        return fmt, "data.format" + (f", {form.label}" if form else "")
+    if form is not None and form.format is not None:
+        return form.format, form.label
+    try:
+        fmt, reason = detect_format(str(url), samples)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return fmt, form.label if form else reason
+
+
+def to_item(location: str, value: object, reading: Reading) -> Record | Reject:
+    """A parsed record renamed by the mapping's columns and tags and normalized from the file's format (or its
+    preference form), or rejected with the reason (in the user's keys)."""
     if isinstance(value, Unparsable):
         return Reject(location, value.reason)
+    mapping = reading.mapping
     try:
-        return Record(location, NORMALIZERS[fmt](mapping.apply(value)))
+        record = mapping.apply(value)
+        form = reading.form or form_of(record)
+        if form is None:
+            return Record(location, NORMALIZERS[reading.format](record))
+        assert isinstance(record, dict)  # form_of found keys
+        if reading.preference == "refuse":  # a preference record among supervised ones
+            return Reject(location, refusal(form, [mapping.column(key) for key in form_columns(form, record)]))
+        side = desirable(normalize(form, record, reading.format))
+        if side is None:
+            return Undesirable(location, undesirable_reason(mapping.column(label_key(record) or "label")))
+        return Record(location, side)
     except InvalidRecord as exc:
         return Reject(location, mapping.explain(str(exc)))

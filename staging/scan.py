@@ -1,7 +1,8 @@
 """Pass one of staging: read every source file (the sources mixed as data.mix says), normalize and validate its
 records, digest each one, decide its split, and spool it for the tokenizer. Nothing is dropped silently: every
 record read is either spooled or a `Reject` with its location and reason (`on_invalid: fail` stops at the first
-one); what a cap or data.mix=interleave leaves unread is said per file and per source. The per-record work of
+one; a KTO record labelled false under data.preference=chosen is an `Undesirable`, counted apart and never an
+error); what a cap or data.mix=interleave leaves unread is said per file and per source. The per-record work of
 plain JSON Lines files runs in data.num_proc processes (staging/firstpass.py), which give the records back in
 file order, so the mix, the caps, the spool and the rejects do not depend on the number of processes.
 """
@@ -25,7 +26,7 @@ from staging import firstpass
 from staging.firstpass import Digested
 from staging.identity import Inputs, in_eval
 from staging.progress import Reporter
-from staging.records import DataFile, Reject, open_file
+from staging.records import DataFile, Reject, Undesirable, open_file
 from staging.sources import ByteCounter
 from staging.spool import Chunk, SpoolWriter
 from staging.streams import Stream, capped, interleave, label
@@ -59,13 +60,17 @@ class Spooler:
 
     data: DataConfig
     writer: SpoolWriter
-    counts: list[list[int]]  # per file: valid records, rejected
+    counts: list[list[int]]  # per file: valid records, rejected, undesirable (data.preference=chosen)
     splits: bytearray = field(default_factory=bytearray)
     rejects: list[Reject] = field(default_factory=list)
     records_hash: Any = field(default_factory=blake3.blake3)
 
     def take(self, index: int, key: str, item: Digested | Reject) -> None:
         """One run of records (or a reject) of file `index`, from the stream `key`."""
+        if isinstance(item, Undesirable):  # left out by data.preference, not invalid
+            self.rejects.append(item)
+            self.counts[index][2] += 1
+            return
         if isinstance(item, Reject):
             if self.data.on_invalid == "fail":
                 raise item.error()
@@ -87,7 +92,7 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
     """Read, validate, digest and spool every record of every stream, mixed as data.mix says (the per-record work
     of plain JSON Lines files in data.num_proc processes, staging/firstpass.py)."""
     files = inputs.files
-    sink = Spooler(data, SpoolWriter(spool), [[0, 0] for _ in files])
+    sink = Spooler(data, SpoolWriter(spool), [[0, 0, 0] for _ in files])
     blocks = sum(-(-f.size // firstpass.BLOCK_BYTES) for f in files if firstpass.splittable(f.url))
     processes = worker_count(data.num_proc, blocks)
     reporter.info(
@@ -98,7 +103,7 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         reporter.phase("reading", sum(f.size for f in files), "B") as phase,
         pool_of(processes) if processes > 1 else contextlib.nullcontext() as pool,
     ):
-        reader = Reader(inputs, data.mix, phase.update, pool, processes)
+        reader = Reader(inputs, data.mix, data.preference, phase.update, pool, processes)
         for index, item in reader.mixed():
             sink.take(index, files[index].key, item)
     sources = source_rows(inputs, reader.opened, sink.counts)
@@ -121,6 +126,7 @@ class Reader:
 
     inputs: Inputs
     strategy: str  # data.mix
+    preference: str  # data.preference
     progress: ByteCounter
     pool: ProcessPoolExecutor | None
     processes: int
@@ -146,8 +152,8 @@ class Reader:
                 continue
             # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
             counter = (lambda _: None) if firstpass.splittable(source.url) else self.progress
-            self.opened[index] = open_file(source.url, stream.mapping, counter)
-            items = firstpass.digest_file(self.opened[index], stream.mapping, self.progress, self.pool, self.processes)
+            self.opened[index] = open_file(source.url, stream.mapping, self.preference, counter)
+            items = firstpass.digest_file(self.opened[index], self.progress, self.pool, self.processes)
             for item in items:
                 if isinstance(item, Reject):
                     yield False, (index, item)
@@ -164,10 +170,12 @@ def source_rows(inputs: Inputs, opened: dict[int, DataFile], counts: list[list[i
             "digest": f.digest,
             "key": f.key,
             "format": opened[i].format if i in opened else None,
+            "preference": form.name if i in opened and (form := opened[i].reading.form) else None,
             "records": kept,
             "rejected": rejected,
+            "undesirable": undesirable,
         }
-        for i, (f, (kept, rejected)) in enumerate(zip(inputs.files, counts, strict=True))
+        for i, (f, (kept, rejected, undesirable)) in enumerate(zip(inputs.files, counts, strict=True))
     ]
 
 
@@ -182,6 +190,7 @@ def mix(sources: list[dict[str, Any]], streams: list[Stream]) -> list[dict[str, 
                 "files": len(mine),
                 "records": sum(s["records"] for s in mine),
                 "rejected": sum(s["rejected"] for s in mine),
+                "undesirable": sum(s["undesirable"] for s in mine),
             }
         )
     return out
@@ -207,6 +216,7 @@ def report(
             reporter.info(
                 f"{source['url']}: {source['format']} ({opened[index].reason}), {source['records']} records"
                 + (f", {source['rejected']} rejected" if source["rejected"] else "")
+                + (f", {source['undesirable']} undesirable left out" if source["undesirable"] else "")
             )
     else:
         formats = collections.Counter(s["format"] for s in sources if s["format"])
@@ -225,7 +235,9 @@ def check_splits(scan: Scan, data: DataConfig) -> None:
     """An empty result, or an empty split that the settings ask for, is an error that says what to change."""
     if not scan.spooled:
         first = f"; the first: {scan.rejects[0].location}: {scan.rejects[0].reason}" if scan.rejects else ""
-        raise UserError(f"{label(data)}: no usable records ({len(scan.rejects)} rejected{first})")
+        undesirable = sum(isinstance(reject, Undesirable) for reject in scan.rejects)
+        left = f", {undesirable} labelled undesirable" if undesirable else ""
+        raise UserError(f"{label(data)}: no usable records ({len(scan.rejects) - undesirable} rejected{left}{first})")
     evals = sum(scan.splits)
     if evals == scan.spooled:
         why = "it has no usable records" if data.eval_source else f"all {scan.spooled} records fell into eval"

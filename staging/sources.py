@@ -1,6 +1,10 @@
 """Where records come from: `data.source` (a file, a directory, a glob or any fsspec URL) expanded into data
-files, and readers for JSON arrays, JSON Lines and Parquet that give every record its exact location:
-`path:line` (JSONL, 1-based), `path[index]` (JSON array) and `path#row` (Parquet, 0-based).
+files, and readers for JSON arrays, JSON Lines, Parquet and plain text that give every record its exact location:
+`path:line` (JSONL and text, 1-based), `path[index]` (JSON array) and `path#row` (Parquet, 0-based).
+
+A `.txt` file is plain text, one example a line, as LLaMA-Factory and `datasets` read it: each non-blank line is
+the record `{"text": line}` (without its line end). A directory's data files are its JSON, JSON Lines and Parquet
+files; a directory with none of those is read as its `.txt` files (a README.txt beside JSON data is not data).
 
 A JSON or JSON Lines file may be compressed (`.gz`, `.bz2`, `.xz`, `.zst`, told by the extension as fsspec's
 `compression="infer"` does): it is read as its content, decompressed as a stream over the same retried block
@@ -23,6 +27,7 @@ from core.errors import TandemError, UserError
 from storage.fs import Location, Where, at, filesystem, is_local, read_bytes, read_range, with_retries
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+TEXT_SUFFIX = ".txt"
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 GLOB_CHARS = "*?["
 BLOCK = 8 * 1024 * 1024
@@ -43,9 +48,14 @@ def has_glob(url: Where) -> bool:
     return any(char in str(url) for char in GLOB_CHARS)
 
 
-def _is_data_file(path: str) -> bool:
+def _is_data_file(path: str, suffixes: tuple[str, ...] = DATA_SUFFIXES) -> bool:
     name = os.path.basename(path)
-    return not name.startswith((".", "_")) and content_name(name).lower().endswith(DATA_SUFFIXES)
+    return not name.startswith((".", "_")) and content_name(name).lower().endswith(suffixes)
+
+
+def is_text_file(url: Where) -> bool:
+    """Whether a file is plain text (`.txt`, compressed or not): one example a line."""
+    return content_name(url).lower().endswith(TEXT_SUFFIX)
 
 
 def compression(url: Where) -> str | None:
@@ -129,7 +139,9 @@ def expand(where: Where, key: str) -> list[Location]:
     if kind == "glob" and not files:
         raise UserError(f"{key}: {source} matches no file; check the pattern")
     if kind == "dir" and not files:
-        raise UserError(f"{key}: directory {source} holds no {'/'.join(DATA_SUFFIXES)} files (compressed or not)")
+        raise UserError(
+            f"{key}: directory {source} holds no {'/'.join((*DATA_SUFFIXES, TEXT_SUFFIX))} files (compressed or not)"
+        )
     if kind == "missing":
         raise UserError(f"{key}: {source} does not exist; give an existing file, directory, glob or URL")
     return [source.with_url(p if is_local(source) else fs.unstrip_protocol(p)) for p in sorted(files)]
@@ -141,15 +153,18 @@ def _listing(fs: object, path: str, glob: bool) -> tuple[str, list[str]]:
         found = fs.glob(path, detail=True)  # type: ignore[attr-defined]
         return "glob", [p for p, info in found.items() if info["type"] == "file"]
     if fs.isdir(path):  # type: ignore[attr-defined]
-        return "dir", [p for p in fs.find(path) if _is_data_file(p)]  # type: ignore[attr-defined]
+        found = fs.find(path)  # type: ignore[attr-defined]
+        return "dir", [p for p in found if _is_data_file(p)] or [p for p in found if _is_data_file(p, (TEXT_SUFFIX,))]
     if fs.exists(path):  # type: ignore[attr-defined]
         return "file", [path]
     return "missing", []
 
 
 def file_kind(url: Where) -> str:
-    """jsonl, json (an array) or parquet: from the suffix (of the content), else from the first bytes."""
+    """jsonl, json (an array), parquet or text: from the suffix (of the content), else from the first bytes."""
     lower = content_name(url).lower()
+    if lower.endswith(TEXT_SUFFIX):
+        return "text"
     if lower.endswith((".parquet", ".pq")):
         return "parquet"
     if lower.endswith((".jsonl", ".ndjson")):
@@ -172,6 +187,8 @@ def read_file(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]
         return _read_parquet(url, on_bytes)
     if kind == "json":
         return _read_json_array(url, on_bytes)
+    if kind == "text":
+        return _read_text(url, on_bytes)
     return _read_jsonl(url, on_bytes)
 
 
@@ -209,6 +226,19 @@ def _read_jsonl(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object
             _refuse_single_document(url)
         parsed_any = parsed_any or not isinstance(item[1], Unparsable)
         yield item
+
+
+def _read_text(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+    """Each non-blank line of a text file as `{"text": line}`, without its line end (LF or CRLF)."""
+    for lineno, line in enumerate(_lines(url, on_bytes), start=1):
+        if lineno == 1:
+            line = line.removeprefix(BOM)
+        if not line.strip():
+            continue
+        try:
+            yield f"{url}:{lineno}", {"text": line.removesuffix(b"\r").decode("utf-8")}
+        except UnicodeDecodeError as exc:
+            yield f"{url}:{lineno}", Unparsable(f"not UTF-8 text (byte {exc.start + 1} of the line)")
 
 
 def _refuse_single_document(url: Where) -> None:

@@ -53,6 +53,20 @@ def is_chatml(render: Render) -> bool:
         return False
 
 
+def renders_reasoning(render: Callable[[list[Message]], str]) -> bool:
+    """Whether a template renders an assistant's reasoning_content (Qwen3's does, in its `<think>` block; most
+    templates drop it): a probe conversation's marker is looked for in the rendering."""
+    marker = "tandem-reasoning-probe-7f3a"
+    probe: list[Message] = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "y", "reasoning_content": marker},
+    ]
+    try:
+        return marker in render(probe)
+    except InvalidRecord:
+        return False
+
+
 def assistant_indices(messages: list[Message]) -> list[int]:
     """Indices of the assistant messages, in order."""
     return [index for index, message in enumerate(messages) if message["role"] == "assistant"]

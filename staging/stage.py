@@ -172,7 +172,7 @@ def write_dataset(
         body = rejects_jsonl(rejects)
         write_bytes_atomic(join(base, layout.REJECTS), body)
         files.append({"path": layout.REJECTS, "size": len(body), "digest": digest_bytes(body, data.digest_algorithm)})
-        reporter.info(f"{len(rejects)} records rejected or dropped; see {join(base, layout.REJECTS)}")
+        reporter.info(f"{len(rejects)} records rejected, dropped or left out; see {join(base, layout.REJECTS)}")
     manifest = build_manifest(name, files, counts, scan, inputs, data, rejects, packed)
     raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
     reporter.info(
@@ -282,9 +282,10 @@ def build_manifest(
     packed: bool,
 ) -> dict[str, Any]:
     """The dataset manifest (docs/architecture.md), with the record accounting: read = staged + rejected +
-    dropped."""
+    dropped + undesirable."""
     staged = sum(c["records"] for c in counts.values())
     dropped = sum(c["dropped"] for c in counts.values())
+    undesirable = sum(source["undesirable"] for source in scan.sources)
     return {
         "schema": layout.DATASET_SCHEMA,
         "dataset_id": name,
@@ -294,8 +295,9 @@ def build_manifest(
         "records": {
             "read": scan.spooled + len(scan.rejects),
             "staged": staged,
-            "rejected": len(rejects) - dropped,
+            "rejected": len(rejects) - dropped - undesirable,
             "dropped": dropped,
+            "undesirable": undesirable,
         },
         "rejects": layout.REJECTS if rejects else None,
         "sources": scan.sources,

@@ -102,6 +102,16 @@ def load_tokenizer(model_path: str, chat_template: str | None = None, *, require
     return tokenizer
 
 
+def reasoning_error(location: str) -> UserError:
+    """A record with reasoning for a chat template that does not render it: the run's data and template disagree."""
+    return UserError(
+        f"{location}: the record has reasoning (reasoning_content, or v1 'reasoning' parts), but the chat template "
+        "does not render an assistant's reasoning_content, so it would be dropped; set model.chat_template to a "
+        "template that renders it (Qwen3's does), set data.enable_thinking=false to train without the reasoning, or "
+        "remove the reasoning parts"
+    )
+
+
 def no_template_error(model_path: str) -> UserError:
     """Chat data for a tokenizer without a chat template (plain-text data needs none)."""
     return UserError(
@@ -151,6 +161,8 @@ class ChatEncoder:
         self.chatml = (
             self.has_template and not self.generation_blocks and locate.is_chatml(lambda m, g: self.render(m, None, g))
         )
+        # Probed once: records with reasoning need a template that renders it (unless enable_thinking drops it).
+        self.renders_reasoning = self.has_template and locate.renders_reasoning(lambda m: self.render(m, None, False))
 
     def _variables(self, messages: list[Message], tools: list[Any] | None, generation_prompt: bool) -> dict[str, Any]:
         return {
@@ -198,6 +210,13 @@ class ChatEncoder:
         if not self.enable_thinking:
             messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
         return messages, conversation.get("tools")
+
+    def drops_reasoning(self, conversation: Conversation) -> bool:
+        """Whether a conversation carries reasoning that the chat template would drop (data.enable_thinking
+        drops it on purpose: then it is not the template's doing)."""
+        if "text" in conversation or not self.has_template or self.renders_reasoning or not self.enable_thinking:
+            return False
+        return any((m.get("reasoning_content") or "").strip() for m in conversation["messages"])
 
     def check_render(self, conversation: Conversation) -> None:
         """Fail loudly if the fast render ever differs from `apply_chat_template` (a transformers upgrade)."""

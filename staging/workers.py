@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from staging.records import Reject
 from staging.spool import Chunk, read_chunk
-from staging.tokenize import ChatEncoder, EncodedBatch, EncoderSettings
+from staging.tokenize import ChatEncoder, EncodedBatch, EncoderSettings, reasoning_error
 
 MIN_CHUNKS_PER_WORKER = 4
 PRELOAD = [
@@ -55,6 +55,9 @@ def encode_chunk(encoder: ChatEncoder, spool: Path, chunk: Chunk) -> ChunkResult
     """Tokenize one chunk of the spool."""
     items = read_chunk(spool, chunk)
     encoder.check_render(items[0][1])
+    for location, conversation in items:
+        if encoder.drops_reasoning(conversation):
+            raise reasoning_error(location)
     batch = encoder.encode([conversation for _, conversation in items])
     return ChunkResult(
         chunk,

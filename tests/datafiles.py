@@ -46,17 +46,20 @@ def arithmetic(n: int, start: int = 0) -> list[dict[str, Any]]:
     ]
 
 
-def read_records(source: str, fmt: str, mapping: Any = None) -> list[Any]:
+def read_records(source: str, fmt: str, mapping: Any = None, preference: str = "refuse") -> list[Any]:
     """Every record of a source (file, directory, glob, URL) through staging's reader, normalized; the first invalid
-    one raises with its location (what staging does with `data.on_invalid: fail`)."""
+    one raises with its location (what staging does with `data.on_invalid: fail`), and records labelled undesirable
+    (data.preference=chosen) are left out."""
     from core.errors import UserError
     from staging.mapping import Mapping
-    from staging.records import Reject, open_file
+    from staging.records import Reject, Undesirable, open_file
     from staging.sources import expand
 
     records = []
     for url in expand(source, "data.source"):
-        for item in open_file(url, mapping or Mapping(fmt), lambda _: None).items:
+        for item in open_file(url, mapping or Mapping(fmt), preference, lambda _: None).items:
+            if isinstance(item, Undesirable):
+                continue
             if isinstance(item, Reject):
                 raise item.error()
             records.append(item)

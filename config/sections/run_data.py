@@ -48,7 +48,18 @@ class RunConfig(Section):
 FORMAT_NAMES = Literal["auto", "qwen", "sharegpt", "openai", "alpaca", "text"]
 # LLaMA-Factory's names for the keys of a record (dataset_info.json `columns`) and for the roles of its turns
 # (`tags`): the mapping says under which key of the user's data each one is.
-COLUMN_NAMES = ("prompt", "query", "response", "history", "messages", "system", "tools")
+COLUMN_NAMES = (
+    "prompt",
+    "query",
+    "response",
+    "history",
+    "messages",
+    "system",
+    "tools",
+    "chosen",
+    "rejected",
+    "kto_tag",
+)
 # A source naming one entry of a LLaMA-Factory dataset_info.json: path/dataset_info.json#name.
 CATALOG_ENTRY = re.compile(r"^(?P<path>.+\.json)#(?P<name>[^#/]+)$")
 TAG_NAMES = ("role_tag", "content_tag", "user_tag", "assistant_tag", "observation_tag", "function_tag", "system_tag")
@@ -62,7 +73,7 @@ def check_mapping(value: dict[str, str], names: tuple[str, ...], where: str = ""
         raise ValueError(
             f"{where + ': ' if where else ''}unknown name {unknown[0]!r}; the names are LLaMA-Factory's: "
             f"{', '.join(names)} "
-            "(images, audio and preference columns are not read: Tandem trains text models)"
+            "(images and audio columns are not read: Tandem trains text models)"
         )
     return value
 
@@ -143,6 +154,15 @@ class DataConfig(Section):
         "template places it and trains it, and an empty reasoning block is a target; false drops reasoning_content "
         "and masks the empty block (the non-thinking mode's prompt). Passed to the template as enable_thinking.",
     )
+    preference: Literal["refuse", "chosen"] = Field(
+        "refuse",
+        description="Preference data, detected in every source: pairs (a 'chosen' and a 'rejected' answer, or "
+        "'chosen_messages'/'rejected_messages') and KTO feedback (a boolean 'label' or 'kto_tag'). refuse: staging "
+        "stops with a line naming the file, its columns and the form found. chosen: supervised training on the "
+        "desirable side only: a pair's prompt and chosen answer (the rejected answer is never a target), and KTO "
+        "records labelled true; records labelled false are not staged, but listed in rejects.jsonl and counted as "
+        "undesirable in the manifest.",
+    )
     mask_history: bool = Field(
         False, description="Train only the last assistant turn of each conversation; earlier turns are context."
     )
@@ -160,7 +180,8 @@ class DataConfig(Section):
     columns: Columns = Field(
         default_factory=dict,
         description="Where the format's fields are in records whose keys differ, by LLaMA-Factory's names: prompt, "
-        "query, response, system, history (alpaca), messages, system, tools (sharegpt, openai, qwen), prompt (text). "
+        "query, response, system, history (alpaca), messages, system, tools (sharegpt, openai, qwen), prompt (text); "
+        "for preference data (see data.preference) chosen, rejected and kto_tag (alpaca, sharegpt, openai, qwen). "
         "Example: {prompt: question, response: answer}. Needs data.format.",
     )
     tags: Tags = Field(

@@ -47,7 +47,7 @@ def test_stage_from_s3_to_s3_and_verify_by_reading_back(s3_bucket, tiny_model, t
         f"{s3_bucket}/raw/part-{i}.{ext}" for i, ext in enumerate(("json", "parquet", "jsonl"))
     ]
     assert [s["format"] for s in manifest["sources"]] == ["qwen", "qwen", "qwen"]
-    assert manifest["records"] == {"read": 284, "staged": 283, "rejected": 1, "dropped": 0}
+    assert manifest["records"] == {"read": 284, "staged": 283, "rejected": 1, "dropped": 0, "undesirable": 0}
     assert read_bytes(join(dataset, "rejects.jsonl")).decode() == (
         f'{{"location":"{s3_bucket}/raw/part-2.jsonl:1","reason":"no assistant turn"}}\n'
     )

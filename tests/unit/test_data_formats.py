@@ -227,7 +227,7 @@ GOOD = qwen(("user", "hi"), ("assistant", "hello"))
         (qwen(("user", "hi")), "no assistant turn"),
         (
             qwen(("system", "s"), ("assistant", "hi"), ("user", "x"), ("assistant", "y")),
-            "roles out of order: turn 1 is 'assistant', expected 'user'",
+            "roles out of order: turn 1 is 'assistant', expected 'user' or 'tool'",
         ),
         (
             qwen(("user", "hi"), ("user", "again"), ("assistant", "x")),
@@ -416,3 +416,49 @@ def test_tool_call_arguments_become_objects_and_bad_ones_are_named() -> None:
         r"object, got list",
     ):
         normalize_openai(record([1]))
+
+
+def test_a_txt_file_is_plain_text_one_example_a_line(tmp_path) -> None:
+    import gzip
+
+    content = b"\xef\xbb\xbfFirst line.\r\n\n   \nSecond line.\nThird, without a newline"
+    plain = tmp_path / "wiki.txt"
+    plain.write_bytes(content)
+    (tmp_path / "wiki.txt.gz").write_bytes(gzip.compress(content))
+    for path in (plain, tmp_path / "wiki.txt.gz"):
+        records = read_records(str(path), "auto")  # no --format needed
+        assert [r.conversation for r in records] == [
+            {"text": "First line."},
+            {"text": "Second line."},
+            {"text": "Third, without a newline"},
+        ]  # the BOM, the line ends and the blank lines are no part of any example
+        assert [r.location for r in records] == [f"{path}:1", f"{path}:4", f"{path}:5"]
+        assert [r.conversation for r in read_records(str(path), "text")] == [r.conversation for r in records]
+    with pytest.raises(UserError) as info:
+        read_records(str(plain), "sharegpt")
+    assert (
+        str(info.value)
+        == f"{plain}: a .txt file is plain text, one example a line, not sharegpt; read it as auto or text"
+    )
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\n\xff\xfe not utf-8\n")
+    with pytest.raises(UserError) as info:
+        read_records(str(bad), "auto")
+    assert str(info.value) == (
+        f"{bad}:2: not UTF-8 text (byte 1 of the line) (or set data.on_invalid=skip to skip invalid records)"
+    )
+
+
+def test_a_directory_is_read_as_its_txt_files_only_when_it_holds_no_json_data(tmp_path) -> None:
+    import zstandard
+
+    texts, mixed = tmp_path / "texts", tmp_path / "mixed"
+    texts.mkdir()
+    mixed.mkdir()
+    (texts / "a.txt").write_text("one\n")
+    (texts / "b.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(b"two\n"))
+    write_jsonl(mixed / "chat.jsonl", [GOOD])
+    (mixed / "README.txt").write_text("How this data was made.\n")  # documentation beside the data, not data
+    assert [str(url) for url in expand(str(texts), "data.source")] == [str(texts / "a.txt"), str(texts / "b.txt.zst")]
+    assert [str(url) for url in expand(str(mixed), "data.source")] == [str(mixed / "chat.jsonl")]
+    assert [r.conversation for r in read_records(str(texts), "auto")] == [{"text": "one"}, {"text": "two"}]

@@ -4,12 +4,14 @@ package ships it): the targets are exactly the assistant spans of the one full r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from staging.formats import normalize_openai, normalize_sharegpt
 from staging.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
+from tests.datafiles import openai as openai_turns
 from tests.datafiles import read_records
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
@@ -195,3 +197,82 @@ def test_generation_blocks_decide_the_targets(tiny_model, tmp_path) -> None:
         tok, ChatEncoder(tok, 512), convo(("user", "hi"), ("assistant", "yo"), ("user", "x"), ("assistant", "y"))
     )
     assert runs == ["yo.", "y."]
+
+
+# LLaMA-Factory's glaive_toolcall_zh_demo has records like this: an observation after an answer that made no call
+# (its converter accepts an observation wherever a user turn may stand).
+OBSERVATION_AFTER_ANSWER = {
+    "conversations": [
+        {"from": "human", "value": "帮我查一下北京的天气。"},
+        {"from": "gpt", "value": "好的。我来查询。"},
+        {"from": "observation", "value": '{"temperature": 26}'},
+        {"from": "gpt", "value": "北京现在 26 度。"},
+    ]
+}
+
+
+@pytest.mark.parametrize("form", ["sharegpt", "openai"])
+def test_an_observation_after_a_plain_answer_renders_as_a_tool_result(tiny_model, tmp_path, form) -> None:
+    record = OBSERVATION_AFTER_ANSWER
+    if form == "openai":
+        roles = {"human": "user", "gpt": "assistant", "observation": "tool"}
+        record = {"messages": [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    [got] = read_records(str(path), "auto")
+    assert [m["role"] for m in got.conversation["messages"]] == ["user", "assistant", "tool", "assistant"]
+    tok = load_tokenizer(tiny_model)  # Qwen2.5's template
+    text, runs, _ = split(tok, ChatEncoder(tok, 1024), got.conversation)
+    assert text.endswith(
+        "<|im_start|>assistant\n好的。我来查询。<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        '{"temperature": 26}\n</tool_response><|im_end|>\n<|im_start|>assistant\n北京现在 26 度。<|im_end|>\n'
+    )
+    assert runs == ["好的。我来查询。<|im_end|>\n", "北京现在 26 度。<|im_end|>\n"]  # the result is never a target
+
+
+# LLaMA-Factory v1's reasoning parts (as in its reason_tool_use demo).
+V1_REASONING = {
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "value": "What is 17 + 25?"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "reasoning", "value": "17 + 25 = 42."}, {"type": "text", "value": "42"}],
+        },
+    ]
+}
+
+
+def test_reasoning_parts_are_trained_as_qwen3_renders_them(qwen3, tmp_path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(V1_REASONING) + "\n")
+    [got] = read_records(str(path), "auto")
+    encoder = ChatEncoder(qwen3, 1024)
+    assert encoder.renders_reasoning and not encoder.drops_reasoning(got.conversation)
+    _, runs, _ = split(qwen3, encoder, got.conversation)
+    assert runs == ["<think>\n17 + 25 = 42.\n</think>\n\n42<|im_end|>\n"]  # the reasoning block is a target
+
+
+def test_a_template_that_drops_reasoning_says_so_in_one_line(tiny_model, tmp_path) -> None:
+    from config.sections.run_data import DataConfig
+    from core.errors import UserError
+    from staging.stage import stage_dataset
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        json.dumps(openai_turns(("user", "What is 1 + 1?"), ("assistant", "2")))
+        + "\n"
+        + json.dumps(V1_REASONING)
+        + "\n"
+    )
+    data = DataConfig(source=str(path), max_length=128, eval_ratio=0)
+    with pytest.raises(UserError) as info:  # tiny's template is Qwen2.5's, which renders no reasoning_content
+        stage_dataset(data, str(tmp_path / "s"), tiny_model, bars=False)
+    assert str(info.value) == (
+        f"{path}:2: the record has reasoning (reasoning_content, or v1 'reasoning' parts), but the chat template does "
+        "not render an assistant's reasoning_content, so it would be dropped; set model.chat_template to a template "
+        "that renders it (Qwen3's does), set data.enable_thinking=false to train without the reasoning, or remove the "
+        "reasoning parts"
+    )
+    assert not list((tmp_path / "s").glob("datasets/ds-*"))
+    without = data.model_copy(update={"enable_thinking": False})  # dropped on purpose: staged without it
+    assert stage_dataset(without, str(tmp_path / "s"), tiny_model, bars=False).split_records == {"train": 2, "eval": 0}

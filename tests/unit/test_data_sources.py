@@ -66,7 +66,7 @@ def test_columns_and_tags_rename_a_formats_keys(tmp_path) -> None:
     with pytest.raises(
         UserError,
         match=r"^data.source: column 'query' is not one of format sharegpt's: messages, "
-        r"system, tools$",
+        r"system, tools, chosen, rejected, kto_tag$",
     ):
         read(chat, DataConfig(format="sharegpt", columns={"query": "x"}))
     with pytest.raises(ValidationError, match=r"data.columns/tags rename the keys of one format: set data.format"):
@@ -119,7 +119,6 @@ def test_dataset_info_entries_give_file_format_mapping_and_cap(tmp_path) -> None
         "download its files and give them as data.source, or add a file_name",
         "held_out": "split 'test'; a data file holds one split, 'train', as LLaMA-Factory reads it: give held-out "
         "data as data.eval_source",
-        "pairs": "a ranking (preference) dataset; Tandem stages supervised data only",
         "missing": "no entry 'missing' in the file; its entries: chat, corpus, held_out, hub_only, pairs, qa, qa_few",
     }
     for name, error in errors.items():

@@ -63,7 +63,7 @@ def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model)
         assert counts["records"] == len(rows) > 0
         assert counts["tokens"] == sum(len(ids) for ids, _ in rows)
         assert counts["target_tokens"] == sum(sum(1 for label in labels[1:] if label != -100) for _, labels in rows)
-    assert manifest["records"] == {"read": 240, "staged": 240, "rejected": 0, "dropped": 0}
+    assert manifest["records"] == {"read": 240, "staged": 240, "rejected": 0, "dropped": 0, "undesirable": 0}
     assert manifest["rejects"] is None
     [source] = manifest["sources"]
     assert (source["url"], source["format"], source["records"]) == (str(SAMPLE), "qwen", 240)
@@ -176,7 +176,7 @@ def test_skip_puts_every_rejected_record_in_rejects_jsonl(tmp_path, tiny_model) 
         (f"{path}:13", "conversations[1].value: empty text"),
     ]
     # The over-long record (line 14) is not invalid: data.excess_length (truncate) keeps its prompt's end.
-    assert manifest["records"] == {"read": 34, "staged": 31, "rejected": 3, "dropped": 0}
+    assert manifest["records"] == {"read": 34, "staged": 31, "rejected": 3, "dropped": 0, "undesirable": 0}
     assert manifest["rejects"] == "rejects.jsonl" and manifest["sources"][0]["rejected"] == 3
     assert sum(counts["truncated"] for counts in manifest["splits"].values()) == 1
     assert "rejects.jsonl" in {f["path"] for f in manifest["files"]}
@@ -197,14 +197,14 @@ def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_
     truncated = stage(data, tmp_path / "s", tiny_model)
     manifest, _ = read_manifest(truncated.url, SCHEMA)
     assert manifest["splits"]["train"]["truncated"] == 2 and manifest["splits"]["train"]["dropped"] == 0
-    assert manifest["records"] == {"read": 22, "staged": 22, "rejected": 0, "dropped": 0}
+    assert manifest["records"] == {"read": 22, "staged": 22, "rejected": 0, "dropped": 0, "undesirable": 0}
     assert all(len(ids) <= 64 and set(labels) != {-100} for ids, labels in examples(truncated.url, "train"))
 
     dropped = stage(data.model_copy(update={"excess_length": "drop"}), tmp_path / "s", tiny_model)
     manifest, _ = read_manifest(dropped.url, SCHEMA)
     assert dropped.dataset_id != truncated.dataset_id
     assert (manifest["splits"]["train"]["dropped"], manifest["splits"]["eval"]["dropped"]) == (2, 0)
-    assert manifest["records"] == {"read": 22, "staged": 20, "rejected": 0, "dropped": 2}
+    assert manifest["records"] == {"read": 22, "staged": 20, "rejected": 0, "dropped": 2, "undesirable": 0}
     rejects = [orjson.loads(line) for line in (Path(dropped.url) / "rejects.jsonl").read_bytes().splitlines()]
     assert [r["location"] for r in rejects] == [f"{path}:21", f"{path}:22"]
     assert all(

@@ -121,7 +121,7 @@ def mentions(pattern: str) -> list[tuple[str, str]]:
         ("preset", r"--config ([a-z0-9][a-z0-9-]*)(?=[\s`])", lambda name: (PRESETS_DIR / f"{name}.yaml").is_file()),
         (
             "make target",
-            r"\bmake ([a-z][a-z-]+)",
+            r"(?m)(?:^\s*|`)make ([a-z][a-z-]+)",  # a command: in a code block or span, not prose ("make it")
             lambda target: re.search(rf"^{target}:", (ROOT / "Makefile").read_text(), re.M) is not None,
         ),
         ("module", r"python -m ([a-z_]+(?:\.[a-z_]+)*)", module_exists),

@@ -53,7 +53,7 @@ def test_one_and_two_processes_stage_the_same_bytes(tmp_path, tiny_model, monkey
     assert one.dataset_id == two.dataset_id
     manifest = read_manifest(one.url, "tandem.dataset/1")[0]
     assert manifest["files"] == read_manifest(two.url, "tandem.dataset/1")[0]["files"]
-    assert manifest["records"] == {"read": 242, "staged": 240, "rejected": 2, "dropped": 0}
+    assert manifest["records"] == {"read": 242, "staged": 240, "rejected": 2, "dropped": 0, "undesirable": 0}
     rejects = [json.loads(line) for line in (Path(one.url) / "rejects.jsonl").read_text().splitlines()]
     assert [r["location"] for r in rejects] == [f"{source / 'a.jsonl'}:42", f"{source / 'a.jsonl'}:121"]
     assert (Path(one.url) / "rejects.jsonl").read_bytes() == (Path(two.url) / "rejects.jsonl").read_bytes()
