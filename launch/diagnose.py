@@ -12,6 +12,8 @@ from storage import layout
 from storage.fs import Location, exists, join, read_bytes
 
 TAIL_LINES = 15
+# How a rank says that a peer went away under it (gloo's and NCCL's words): its failure is an echo of another's.
+LOST_PEER = re.compile(r"connection (?:reset|closed) by peer|broken pipe|remote process exited", re.IGNORECASE)
 POINTER = re.compile(r" \((?:log|traceback): [^()]*\)$")
 # torchrun's own report of a failed rank: its error line and traceback (unprefixed: a rank's lines carry
 # `[rankN]:`), then the failures between two rules of `=`.
@@ -153,6 +155,11 @@ def without_torchrun_report(text: str) -> str:
             if rules == 2:
                 rules = None
     return "".join(kept)
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether a node's error says only that its ranks lost a peer (the echo of another node's failure)."""
+    return LOST_PEER.search(str(error).partition("\n")[0]) is not None
 
 
 def error_for(exit_code: int | None, message: str) -> UserError | RetryableError:

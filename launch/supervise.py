@@ -5,8 +5,8 @@ Each turn calls the pollers first (progress and stalls, a node's claim, a launch
 job by raising. When a rank dies, its peers' collectives fail too, and their members may end first; so after the first
 member that ended non-zero, the others get SETTLE_S to end as well, and among the failures a member's own "retrying
 cannot help" error (exit 2: bad data, out of memory, a diverged loss) wins over its peers' lost connections: such a
-failure must not be retried. A member that failed only because another one did (it read that one's stop note) yields
-to the failures of their own, then the earliest failure wins.
+failure must not be retried. A member that failed only because another one did (it read that one's stop note, or its
+ranks say they lost a peer) yields to the failures of their own, then the earliest failure wins.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.errors import EXIT_USER_ERROR
+from launch.diagnose import lost_peer
 
 POLL_S = 0.5
 SETTLE_S = 3.0  # after a first failure, how long the other members get to report theirs
@@ -88,4 +89,7 @@ def root_failure(first: Member, pending: list[Member], settle_poll_s: float = PO
         time.sleep(settle_poll_s)
     reports = sorted((member.failure() for member in failed), key=lambda f: f.at)  # stable: ties keep the order seen
     own = [f for f in reports if f.own]
-    return next((f for f in own if f.code == EXIT_USER_ERROR), (own or reports)[0])
+    # A node whose ranks only lost a peer may report before the node whose rank died (its rank says so at once, the
+    # other's agent notices a killed rank at its next check): the cause is the other one.
+    causes = [f for f in own if not lost_peer(f.error)] or own
+    return next((f for f in own if f.code == EXIT_USER_ERROR), (causes or reports)[0])

@@ -72,6 +72,19 @@ def test_a_failure_caused_by_another_member_yields_to_that_members_own() -> None
     assert info.value is own_2
 
 
+def test_a_node_whose_ranks_only_lost_a_peer_yields_to_the_node_whose_rank_died() -> None:
+    """The rank that lost its peer says so at once; the node whose rank was killed reports a moment later (its agent
+    notices at its next check): that one is the cause, though both are retryable."""
+    echo = RetryableError(
+        "train failed on node 0, rank 0: RuntimeError in dist_sum (trainer/distributed.py:82): [pair.cc:537] Read "
+        "error [127.0.0.1]:44470: Connection reset by peer (traceback: /r/nodes/0/log.txt)"
+    )
+    killed = RetryableError("train failed on node 1, rank 1 exited with code 137")
+    with pytest.raises(RetryableError) as info:
+        supervise([Member(EXIT_RETRYABLE, 0.0, echo), Member(EXIT_RETRYABLE, 0.2, killed)], poll_s=0.05)
+    assert info.value is killed
+
+
 def test_a_poller_stops_the_loop_by_raising() -> None:
     class Stall:
         def poll(self) -> None:
