@@ -110,7 +110,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     # Each rank saves under its own tag (rank-{r}); DeepSpeed's cross-rank tag check would flag that.
     ds.setdefault("checkpoint", {})["tag_validation"] = "Ignore"
     seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
-    partitioned = partitioned_load(ds, train.method)
+    partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
     log_memory("before loading the model")
     base = load_base(spec.model_path, method=train.method, bf16=bf16)
     log_memory("model loaded" + (" (partitioned: ZeRO-3)" if partitioned else ""))

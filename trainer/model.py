@@ -59,10 +59,11 @@ class PartitionedLoad:
         self.hf_config = HfDeepSpeedConfig(ds_config)
 
 
-def partitioned_load(ds_config: dict[str, Any], method: str) -> PartitionedLoad | None:
-    """The partitioned load for a ZeRO-3 config (full and LoRA); None otherwise. Q-LoRA's 4-bit base is loaded
-    whole: bitsandbytes' quantized weights are not partitioned by zero.Init."""
-    if int(ds_config.get("zero_optimization", {}).get("stage", 0)) != 3 or method == "qlora":
+def partitioned_load(ds_config: dict[str, Any], method: str, enabled: bool = True) -> PartitionedLoad | None:
+    """The partitioned load for a ZeRO-3 config (full and LoRA) unless disabled (deepspeed.zero3_init); None
+    otherwise. Q-LoRA's 4-bit base is loaded whole: bitsandbytes' quantized weights are not partitioned by
+    zero.Init."""
+    if not enabled or int(ds_config.get("zero_optimization", {}).get("stage", 0)) != 3 or method == "qlora":
         return None
     return PartitionedLoad(ds_config)
 

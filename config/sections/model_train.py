@@ -143,3 +143,9 @@ class DeepSpeedSection(Section):
         min_length=1,
         description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).",
     )
+    zero3_init: bool = Field(
+        True,
+        description="Under ZeRO-3, build the model partitioned (deepspeed.zero.Init) and load its checkpoint shard by "
+        "shard into the partitions, so no rank holds the whole model (as accelerate's zero3_init_flag); false: "
+        "every rank loads the whole model first, for a model whose own initialisation zero.Init cannot run.",
+    )

@@ -20,6 +20,7 @@ from trainer import faults
 from trainer.checkpointing.deepspeed_io import publish_dir
 from trainer.checkpointing.streamed_export import merge_streamed, write_partitioned
 from trainer.distributed import Dist, barrier, gather_objects
+from trainer.metrics import log_memory
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ def export_final(
         return url
     model = engine.module
     staging = tempfile.mkdtemp(prefix="tandem-final-") if dist.is_main else ""
+    log_memory("exporting")
     save_weights(engine, model, staging, zero_stage, shard_bytes, dist.is_main)
+    log_memory("weights exported")
     if dist.is_main:
         save_tokenizer(model_path, staging, chat_template)
         if merged and os.path.exists(os.path.join(staging, "adapter_config.json")):
