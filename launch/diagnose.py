@@ -98,30 +98,39 @@ def failure_summary(text: str) -> tuple[str, int | None]:
 
 
 def culprit(text: str) -> tuple[str, int | None, str | None]:
-    """failure_summary's (summary, exit code), and the failed rank's own error line when it wrote one."""
+    """failure_summary's (summary, exit code), and the failed rank's own error line when it wrote one.
+
+    Which rank failed first cannot be read from the times: torchrun finds its ranks' exits at its next check, and
+    names the lowest rank when several exited by then. So the cause is, in this order: a rank's own error line that
+    is not a lost peer (an error of its own); a rank that exited without a line (killed outright: its peers' lost
+    connections are echoes of it); a lost peer; torchrun's root cause."""
     errors = rank_errors(text)
-    first = first_failure(text)
-    code = first[1] if first else None
-    said = [(rank, message) for rank, message in errors if first is None or rank == first[0]]
-    if said:
-        rank, own = said[0]
+    failures = ranks_failed(text)
+    codes = dict(failures)
+    causes = [(rank, line) for rank, line in errors if not LOST_PEER.search(line)]
+    said = {rank for rank, _ in errors}
+    killed = [(rank, code) for rank, code in failures if rank not in said and code != -signal.SIGTERM]
+    if causes or (errors and not killed):
+        rank, own = (causes or errors)[0]
         message = own
         # A rank that could not connect to a peer crashed with gloo's or the store's words: say it with both ends.
         if CRASH.match(own) and connect_diagnosis(own):
             message = connect_diagnosis(text) or own
-        return f"rank {rank}: {message}", code, own
-    if first:
+        return f"rank {rank}: {message}", codes.get(rank, failures[0][1] if failures else None), own
+    if killed or failures:
+        rank, code = (killed or failures)[0]
         diagnosis = connect_diagnosis(text)
-        return f"rank {first[0]} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code, None
-    return "see the log", code, None
+        return f"rank {rank} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code, None
+    return "see the log", None, None
 
 
-def first_failure(text: str) -> tuple[int, int] | None:
-    """(rank, exit code) of the rank that failed first, by torchrun's report: its root cause, unless torchrun itself
-    terminated that rank (SIGTERM) after another failed, then the first other failure it lists."""
+def ranks_failed(text: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of every failed rank in torchrun's report, its root cause first, each rank once."""
     root = ROOT_CAUSE.findall(text.rpartition(ROOT_CAUSE_HEADING)[2]) if ROOT_CAUSE_HEADING in text else []
-    failures = [(int(rank), int(code)) for rank, code in root + ROOT_CAUSE.findall(text)]
-    return next(((r, c) for r, c in failures if c != -signal.SIGTERM), failures[0] if failures else None)
+    seen: dict[int, int] = {}
+    for rank, code in root + ROOT_CAUSE.findall(text):
+        seen.setdefault(int(rank), int(code))
+    return list(seen.items())
 
 
 def failure_message(phase: str, node_rank: int, text: str, log_url: Location) -> str:

@@ -21,6 +21,7 @@ from launch.diagnose import lost_peer
 
 POLL_S = 0.5
 SETTLE_S = 3.0  # after a first failure, how long the other members get to report theirs
+ECHO_SETTLE_S = 15.0  # the same while every failure reported only says that its ranks lost a peer
 
 
 class Poller(Protocol):
@@ -52,6 +53,11 @@ class Member(Protocol):
         ...
 
 
+def echo(failure: Failure) -> bool:
+    """A member's own failure that only says its ranks lost a peer: another member's failure caused it."""
+    return failure.own and lost_peer(failure.error)
+
+
 def poll_each(pollers: Sequence[Poller]) -> None:
     """Call every poller once (each may raise)."""
     for poller in pollers:
@@ -78,18 +84,22 @@ def root_failure(first: Member, pending: list[Member], settle_poll_s: float = PO
     """The failure to report once `first` failed: the members still pending get SETTLE_S to end too; then a member's
     own exit 2 wins, else the earliest failure of its own, else the earliest."""
     failed = [first]
-    deadline = time.monotonic() + SETTLE_S
-    while pending and time.monotonic() < deadline:
+    started = time.monotonic()
+    reports = [first.failure()]
+    # While every failure so far only says its ranks lost a peer, the cause has not reported yet: wait longer for it
+    # (a node flow run's state reaches the API seconds after its node failed).
+    while pending and time.monotonic() - started < (ECHO_SETTLE_S if all(map(echo, reports)) else SETTLE_S):
         for member in list(pending):
             code = member.returncode()
             if code is not None:
                 pending.remove(member)
                 if code != 0:
                     failed.append(member)
+                    reports.append(member.failure())
         time.sleep(settle_poll_s)
-    reports = sorted((member.failure() for member in failed), key=lambda f: f.at)  # stable: ties keep the order seen
+    reports.sort(key=lambda f: f.at)  # stable: ties keep the order seen
     own = [f for f in reports if f.own]
     # A node whose ranks only lost a peer may report before the node whose rank died (its rank says so at once, the
     # other's agent notices a killed rank at its next check): the cause is the other one.
-    causes = [f for f in own if not lost_peer(f.error)] or own
+    causes = [f for f in own if not echo(f)] or own
     return next((f for f in own if f.code == EXIT_USER_ERROR), (causes or reports)[0])

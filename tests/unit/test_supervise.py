@@ -37,6 +37,7 @@ class Member:
 @pytest.fixture(autouse=True)
 def quick(monkeypatch) -> None:
     monkeypatch.setattr(supervise_module, "SETTLE_S", 0.5)
+    monkeypatch.setattr(supervise_module, "ECHO_SETTLE_S", 2.0)
 
 
 def test_members_that_all_finish_well_end_the_loop() -> None:
