@@ -113,7 +113,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
     log_memory("before loading the model")
     base = load_base(spec.model_path, method=train.method, bf16=bf16)
-    log_memory("model loaded" + (" (partitioned: ZeRO-3)" if partitioned else ""))
+    log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path)
     model = make_trainable(base, train)
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)
