@@ -1,6 +1,8 @@
-"""Host memory per rank of full fine-tuning under ZeRO-3, by world size: the partitioned load and the streamed export
-against the way before them (every rank loading the whole model, DeepSpeed's 1e9 live/reuse limits), on a model
-directory of Qwen2.5-0.5B-Instruct's published shape (494M parameters, random bf16 weights, tied embeddings).
+"""Host memory per rank of full fine-tuning under ZeRO-3, by world size: the partitioned load, the live/reuse limits
+scaled to the model, the streamed export and the ranks' fixed malloc threshold against the code before them (BASELINE:
+every rank loading the whole model, DeepSpeed's 1e9 live/reuse limits, the export gathering every parameter at once),
+on a model directory of Qwen2.5-0.5B-Instruct's published shape (494M parameters, random bf16 weights, tied
+embeddings).
 
     .venv/bin/python tests/benchmarks/bench_model_scale.py                      # 1, 2 and 4 ranks; the old way at 1
     .venv/bin/python tests/benchmarks/bench_model_scale.py --ranks 1,2 --old-ranks 1,2
@@ -11,16 +13,20 @@ A sampler reads every rank's /proc/PID/status every 0.1 s: RssAnon (what the ran
 objects) and RssFile (mapped files: libraries, the model's safetensors while it is read; the kernel can drop them) are
 reported apart. The ranks log their memory at four points (before loading the model, loaded, engine built, export
 start); the table gives RssAnon at the first three, at its peak before the export, and at its peak during the export,
-the largest of any rank. The old way runs only where it fits this machine's memory (`--old-ranks`): at 1 rank it peaks
-at about 13 GB, at 2 ranks at about 11 GB each (most of a 24 GB machine). Prints; asserts nothing about memory.
+the largest of any rank. The code before (`git archive BASELINE`, run by the same interpreter on data it stages
+itself) logs no points: its row has the whole run's peak. It runs only where it fits this machine's memory
+(`--old-ranks`): at 1 rank it peaks at about 13 GB, at 2 ranks at about 11 GB each (most of a 24 GB machine). Prints;
+asserts nothing about memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,13 +40,21 @@ from tests.distributed.harness import Run, stage, train
 from tests.published import QWEN25_05B_INSTRUCT, QWEN25_GENERATION, tiny_as_published, write_published
 
 GB = 2**30
+BASELINE = "fe0a17d"  # the last commit before the partitioned load and the streamed export (issue 32)
+STAGE = ["data.max_length=64", "data.eval_ratio=0.05"]
+RUN = ["launch.nnodes=1", "train.method=full", "train.max_steps=2", "train.save_steps=2", "train.micro_batch_size=1"]
+RUN += ["train.gradient_accumulation_steps=1", "deepspeed.config=config/deepspeed/zero3.json"]
+# The code before, in its own tree: stage the data and train (tests/distributed/harness.py of that commit).
+OLD_DRIVER = """
+import json, sys
+from tests.distributed.harness import stage, train
+storage, model, name, stage_overrides, overrides = sys.argv[1:]
+train(stage(storage, model, json.loads(stage_overrides)), name, json.loads(overrides))
+"""
 POINTS = ("before loading the model", "model loaded", "engine built", "exporting")
 LOG_LINE = re.compile(
     r"^(\S+ \S+) \[rank (\d+)/\d+ [^\]]*\] INFO trainer\.metrics: memory, ([^:]+): anonymous ([\d.]+) GB"
 )
-# The way before partitioned load and streamed export: DeepSpeed's own limits on gathered parameters (ours derive them
-# from the layer size), and every rank loading the whole model.
-OLD_LIMITS = {"stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000}
 
 
 class Sampler:
@@ -100,18 +114,10 @@ def points(run: Run) -> dict[str, float]:
     return found
 
 
-def measure(staged: object, name: str, ranks: int, old: bool, work: Path) -> dict[str, float]:
-    """One run: its points, peak RssAnon before and during the export, peak RssFile."""
-    overrides = ["launch.nnodes=1", f"launch.nproc_per_node={ranks}", "train.method=full", "train.max_steps=2"]
-    overrides += ["train.save_steps=2", "train.micro_batch_size=1", "train.gradient_accumulation_steps=1"]
-    ds = json.loads((ROOT / "config" / "deepspeed" / "zero3.json").read_text())
-    if old:
-        ds["zero_optimization"].update(OLD_LIMITS)
-        overrides.append("deepspeed.zero3_init=false")
-    (work / f"{name}.json").write_text(json.dumps(ds))
-    overrides.append(f"deepspeed.config={work / f'{name}.json'}")
+def measure(staged: object, name: str, ranks: int) -> dict[str, float]:
+    """One run of this code: its points, peak RssAnon before and during the export, peak RssFile."""
     with Sampler(f"runs/{name}/spec.json") as sampler:
-        run = train(staged, name, overrides)  # type: ignore[arg-type]
+        run = train(staged, name, [*RUN, f"launch.nproc_per_node={ranks}"])  # type: ignore[arg-type]
     found = points(run)
     export_at = found.pop("export_at", float("inf"))
     before = [anon for at, _, anon, _ in sampler.samples if at < export_at]
@@ -119,8 +125,33 @@ def measure(staged: object, name: str, ranks: int, old: bool, work: Path) -> dic
     found["training peak"] = max(before, default=0.0)
     found["export peak"] = max(during, default=0.0)
     found["file-backed peak"] = max((f for *_, f in sampler.samples), default=0.0)
+    found["whole-run peak"] = max(found["training peak"], found["export peak"])
     shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True)  # 8 GB a run at the 0.5B shape
     return found
+
+
+def measure_before(model: str, ranks: int, work: Path) -> dict[str, float]:
+    """One run of the code before (BASELINE's tree, its own staging): the whole run's peaks (it logs no points)."""
+    tree = work / "before"
+    if not tree.exists():
+        tree.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    name = f"before-{ranks}"
+    argv = [
+        str(work / "storage-before"),
+        model,
+        name,
+        json.dumps(STAGE),
+        json.dumps([*RUN, f"launch.nproc_per_node={ranks}"]),
+    ]
+    with Sampler(f"runs/{name}/spec.json") as sampler:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env.pop("MALLOC_MMAP_THRESHOLD_", None)  # as before: glibc's own
+        subprocess.run([sys.executable, "-c", OLD_DRIVER, *argv], cwd=tree, env=env, check=True)
+    peak = max((anon for _, _, anon, _ in sampler.samples), default=0.0)
+    shutil.rmtree(work / "storage-before" / "runs" / name / "checkpoints", ignore_errors=True)
+    return {"whole-run peak": peak, "file-backed peak": max((f for *_, f in sampler.samples), default=0.0)}
 
 
 def model_dir(shape: str, work: Path) -> str:
@@ -136,19 +167,17 @@ def model_dir(shape: str, work: Path) -> str:
 
 def subprocess_build(out: Path) -> None:
     """The built-in tiny model, built as the pipeline builds it."""
-    import subprocess
-
     corpus = ROOT / "data" / "sample" / "conversations.json"
     subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out), "--corpus", str(corpus)], check=True)
 
 
 def table(results: dict[tuple[int, bool], dict[str, float]]) -> str:
-    """The figures as a markdown table, with each world size's peak against 1 rank's (the same way)."""
-    columns = [*POINTS[:3], "training peak", "export peak", "file-backed peak"]
+    """The figures as a markdown table, with each world size's whole-run peak against 1 rank's (the same code)."""
+    columns = [*POINTS[:3], "training peak", "export peak", "whole-run peak", "file-backed peak"]
     lines = ["| ranks | way | " + " | ".join(columns) + " | peak vs 1 rank |", "|" + " --- |" * (len(columns) + 3)]
     for (ranks, old), found in sorted(results.items()):
-        one = results.get((1, old), {}).get("training peak")
-        ratio = f"{found['training peak'] / one:.2f}x" if one else "n/a"
+        one = results.get((1, old), {}).get("whole-run peak")
+        ratio = f"{found['whole-run peak'] / one:.2f}x" if one else "n/a"
         cells = " | ".join(f"{found.get(c, float('nan')):.2f}" for c in columns)
         lines.append(f"| {ranks} | {'before' if old else 'partitioned + streamed'} | {cells} | {ratio} |")
     return "\n".join(lines)
@@ -158,11 +187,13 @@ def run(shape: str, ranks: list[int], old_ranks: list[int]) -> dict[tuple[int, b
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-model-"))
     try:
         model = model_dir(shape, work)
-        staged = stage(work / "storage", model, ["data.max_length=64", "data.eval_ratio=0.05"])
+        staged = stage(work / "storage", model, STAGE)
         results = {}
         for world in ranks:
             for old in (False, True) if world in old_ranks else (False,):
-                results[(world, old)] = measure(staged, f"{'old' if old else 'new'}-{world}", world, old, work)
+                results[(world, old)] = (
+                    measure_before(model, world, work) if old else measure(staged, f"new-{world}", world)
+                )
                 print(f"{world} rank(s), {'before' if old else 'new'}: {results[(world, old)]}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
