@@ -2,11 +2,16 @@
 
 Qwen's `ds_config_zero2.json` / `ds_config_zero3.json` are accepted unchanged. Resolution happens in
 two places because the values come from two places:
-- `resolve_from_train` (in the flow, before spec.json is written): batch sizes, optimizer and clipping
-  come from `train` and the world size;
-- `resolve_from_runtime` (on each rank): precision from the hardware, ZeRO-3 bucket sizes from the
-  model's hidden size.
+- in the flow, before spec.json is written (so that spec.json records them): batch sizes, optimizer and clipping
+  from `train` and the world size (`resolve_from_train`), ZeRO's bucket sizes and ZeRO-3's limits on gathered
+  parameters from the model's shape in its config.json (`resolve_from_model`);
+- on each rank (`resolve_from_runtime`): precision from the hardware (and the model's shape for a spec written
+  without it).
 Anything still `"auto"` after both is an error naming its key.
+
+ZeRO-3's `stage3_max_live_parameters` and `stage3_max_reuse_distance` ("auto" in config/deepspeed/zero3.json) become
+two decoder layers' parameters: a rank keeps at most about that much gathered beyond the module it computes, so its
+memory follows the layer, not the model (DeepSpeed's own default, 1e9, is more than a whole 0.5B model).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +86,51 @@ def resolve_from_train(ds: dict[str, Any], train: TrainConfig, world_size: int) 
     return out
 
 
-def resolve_from_runtime(ds: dict[str, Any], *, bf16: bool, hidden_size: int) -> dict[str, Any]:
-    """Fill precision and ZeRO-3 bucket sizes, then refuse any `"auto"` left over."""
+@dataclass(frozen=True)
+class ModelShape:
+    """What DeepSpeed's size settings depend on: the hidden size and the parameters of one decoder layer."""
+
+    hidden_size: int
+    layer_params: int
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> ModelShape:
+        """From a Hugging Face config.json (a decoder-only transformer: grouped-KV attention, a gated MLP)."""
+        try:
+            hidden = int(config["hidden_size"])
+            heads = int(config["num_attention_heads"])
+            kv_heads = int(config.get("num_key_value_heads") or heads)
+            head_dim = int(config.get("head_dim") or hidden // heads)
+            intermediate = int(config.get("intermediate_size") or 4 * hidden)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"model config.json: cannot read the model's shape ({exc!r}); is it a causal LM?") from None
+        attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q and o, k and v
+        return cls(hidden, attention + 3 * hidden * intermediate + 2 * hidden)
+
+
+def resolve_from_model(ds: dict[str, Any], shape: ModelShape) -> dict[str, Any]:
+    """Fill ZeRO's bucket sizes from the hidden size (as Hugging Face's integration does) and ZeRO-3's live and reuse
+    limits from the layer size (two layers' parameters)."""
     out = copy.deepcopy(ds)
+    zero = out.get("zero_optimization", {})
+    hidden = shape.hidden_size
+    _set_auto(zero, "reduce_bucket_size", hidden * hidden)
+    _set_auto(zero, "stage3_prefetch_bucket_size", int(0.9 * hidden * hidden))
+    _set_auto(zero, "stage3_param_persistence_threshold", 10 * hidden)
+    _set_auto(zero, "stage3_max_live_parameters", 2 * shape.layer_params)
+    _set_auto(zero, "stage3_max_reuse_distance", 2 * shape.layer_params)
+    return out
+
+
+def resolve_from_runtime(ds: dict[str, Any], *, bf16: bool, shape: ModelShape) -> dict[str, Any]:
+    """Fill precision (and the model's sizes, for a spec written without them), then refuse any `"auto"` left
+    over."""
+    out = resolve_from_model(ds, shape)
     bf16_section = out.setdefault("bf16", {})
     _set_auto(bf16_section, "enabled", bf16)
     fp16_section = out.get("fp16")
     if isinstance(fp16_section, dict):
         _set_auto(fp16_section, "enabled", False)
-    zero = out.get("zero_optimization", {})
-    _set_auto(zero, "reduce_bucket_size", hidden_size * hidden_size)
-    _set_auto(zero, "stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size))
-    _set_auto(zero, "stage3_param_persistence_threshold", 10 * hidden_size)
     leftover = list(_auto_keys(out))
     if leftover:
         raise UserError(f'deepspeed.config: cannot resolve "auto" for {", ".join(leftover)}; give explicit values')

@@ -4,12 +4,14 @@ builds a spec without it (the GPU benchmark on a machine without Prefect) can.""
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from datetime import UTC, datetime
+from pathlib import Path
 
 from config.chat_template import resolve_chat_template
-from config.deepspeed import read_deepspeed_json, resolve_from_train
+from config.deepspeed import ModelShape, read_deepspeed_json, resolve_from_model, resolve_from_train
 from config.schema import FinetuneConfig
 from config.sections.model_train import TrainConfig
 from core.checkout import code_version
@@ -44,6 +46,14 @@ def record_model(cfg: FinetuneConfig, run_id: str, model_path: str) -> str:
     return record_base_model(run_url, model_path, cfg.data.digest_algorithm, cache_root(cfg.launch.node_cache_dir))
 
 
+def model_shape(model_path: str) -> ModelShape | None:
+    """The model's shape from its config.json (None without one: the ranks then resolve the sizes themselves)."""
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        return None
+    return ModelShape.of(json.loads(path.read_text(encoding="utf-8")))
+
+
 def build_spec(
     cfg: FinetuneConfig,
     run_id: str,
@@ -54,6 +64,8 @@ def build_spec(
     """Resolve the config once: world size, DeepSpeed "auto" values, total steps, absolute locations; with the digest
     of the run's base_model.json (record_model) when it was recorded."""
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    if (shape := model_shape(model_path)) is not None:
+        ds = resolve_from_model(ds, shape)
     train_records = dataset.records("train")
     if train_records is None:  # a reference read back from spec.json carries no counts
         train_records = split_rows(read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"])

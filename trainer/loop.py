@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from config.deepspeed import resolve_from_runtime, zero_stage
+from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
 from storage.shards import load_split
 from storage.spec import Spec
 from trainer import faults, guards
@@ -25,8 +25,15 @@ from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics
 from trainer.heartbeat import Heartbeat
 from trainer.lean_imports import import_muon_uncompiled_unless_configured
-from trainer.metrics import MetricsWriter, peak_device_memory
-from trainer.model import ensure_pad_token_id, load_base, make_trainable
+from trainer.metrics import MetricsWriter, log_memory, peak_device_memory
+from trainer.model import (
+    PartitionedLoad,
+    ensure_pad_token_id,
+    load_base,
+    make_trainable,
+    model_config,
+    partitioned_load,
+)
 from trainer.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
@@ -91,20 +98,24 @@ def train_step(
     )
 
 
-def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
-    """(DeepSpeed engine, pad token id) for the spec's model and method."""
+def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | None]:
+    """(DeepSpeed engine, pad token id, the partitioned load to keep alive under ZeRO-3) for the spec's model and
+    method."""
     import deepspeed
     from transformers import get_scheduler
 
     train = spec.config.train
     bf16 = dist.device.type == "cuda"
-    seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
-    base = load_base(spec.model_path, method=train.method, bf16=bf16)
-    pad_id = ensure_pad_token_id(base, spec.model_path)
-    model = make_trainable(base, train)
-    ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, hidden_size=model.config.hidden_size)
+    ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, shape=ModelShape.of(model_config(spec.model_path)))
     # Each rank saves under its own tag (rank-{r}); DeepSpeed's cross-rank tag check would flag that.
     ds.setdefault("checkpoint", {})["tag_validation"] = "Ignore"
+    seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
+    partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
+    log_memory("before loading the model")
+    base = load_base(spec.model_path, method=train.method, bf16=bf16)
+    log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
+    pad_id = ensure_pad_token_id(base, spec.model_path)
+    model = make_trainable(base, train)
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)
 
     def scheduler(optimizer: Any) -> Any:
@@ -115,7 +126,8 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     import_muon_uncompiled_unless_configured(ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds, lr_scheduler=scheduler)
-    return engine, pad_id
+    log_memory("engine built")
+    return engine, pad_id, partitioned
 
 
 @dataclass
@@ -131,12 +143,13 @@ class Run:
     checkpointer: Checkpointer
     cancel: CancelWatch
     clock: SaveClock
+    partitioned: PartitionedLoad | None = None  # kept alive for the run (ZeRO-3): see trainer/model.py
 
 
 def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     """Build the engine, resume (train.resume), and set up metrics and the watches; returns (run, first step)."""
     train_cfg = spec.config.train
-    engine, pad_id = build_engine(spec, dist)
+    engine, pad_id, partitioned = build_engine(spec, dist)
     seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
     io = DeepSpeedIO(engine, spec, dist, zero_stage=zero_stage(spec.deepspeed))
     checkpointer = Checkpointer(
@@ -154,6 +167,7 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
         checkpointer,
         CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train_cfg.preempt_grace_s)),
         SaveClock(train_cfg.save_every_minutes),
+        partitioned,
     )
     return run, start
 

@@ -62,6 +62,36 @@ class MetricsWriter:
             write_bytes_atomic(self.url, ("\n".join(self._lines) + "\n").encode())
 
 
+def host_memory() -> dict[str, float]:
+    """This process's resident memory in GB from /proc/self/status: `rss_anon_gb` (its own: tensors, Python objects),
+    `rss_file_gb` (mapped files: libraries, memory-mapped data, the kernel can drop and re-read them), `peak_rss_gb`
+    (the most it held at once, both kinds); empty where /proc is not there."""
+    fields = {"RssAnon": "rss_anon_gb", "RssFile": "rss_file_gb", "VmHWM": "peak_rss_gb"}
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in fields:
+                    out[fields[key]] = round(int(value.split()[0]) / 2**20, 3)  # kB
+    except OSError:
+        return {}
+    return out
+
+
+def log_memory(phase: str) -> None:
+    """One log line of this rank's host memory at a point of its life (the model loaded, the engine built)."""
+    memory = host_memory()
+    if memory:
+        log.info(
+            "memory, %s: anonymous %.2f GB, file-backed %.2f GB, peak %.2f GB",
+            phase,
+            memory["rss_anon_gb"],
+            memory["rss_file_gb"],
+            memory["peak_rss_gb"],
+        )
+
+
 def peak_device_memory() -> dict[str, float]:
     """{"peak_memory_gb": the most GPU memory this rank's tensors held since the last call}, then starts over;
     nothing on a CPU (a process's tensors there are not counted apart from the rest of its memory)."""

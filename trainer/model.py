@@ -37,8 +37,45 @@ def lora_targets(model: Any, configured: list[str] | None) -> list[str]:
     return sorted(names - {"lm_head"})
 
 
+def model_config(model_path: str) -> dict[str, Any]:
+    """The model's config.json as a dict (read before loading: DeepSpeed's sizes and the partitioned load need it)."""
+    from transformers import AutoConfig
+
+    try:
+        return dict(AutoConfig.from_pretrained(model_path).to_dict())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"model.name_or_path {model_path}: cannot read its config.json ({exc})") from None
+
+
+class PartitionedLoad:
+    """While alive, Hugging Face's `from_pretrained` builds the model under DeepSpeed's `zero.Init` (through
+    `HfDeepSpeedConfig`) and loads its checkpoint shard by shard into the partitions: under ZeRO-3 no rank ever holds
+    the whole model, at load or after. It stays alive for the rank's life, as the Hugging Face Trainer keeps it:
+    transformers asks it whether ZeRO-3 is on whenever it touches the parameters."""
+
+    def __init__(self, ds_config: dict[str, Any]) -> None:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        self.hf_config = HfDeepSpeedConfig(ds_config)
+
+
+def partitioned_load(ds_config: dict[str, Any], method: str, enabled: bool = True) -> PartitionedLoad | None:
+    """The partitioned load for a ZeRO-3 config (full and LoRA) unless disabled (deepspeed.zero3_init); None
+    otherwise. Q-LoRA's 4-bit base is loaded whole: bitsandbytes' quantized weights are not partitioned by
+    zero.Init."""
+    if not enabled or int(ds_config.get("zero_optimization", {}).get("stage", 0)) != 3 or method == "qlora":
+        return None
+    return PartitionedLoad(ds_config)
+
+
+def parameter_count(model: Any, *, trainable: bool = False) -> int:
+    """Parameters of a model, partitioned ones (ZeRO-3) counted whole."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad or not trainable)
+
+
 def load_base(model_path: str, *, method: str, bf16: bool) -> Any:
-    """The base causal LM in bf16 (GPU) or fp32 (CPU); 4-bit nf4 for Q-LoRA."""
+    """The base causal LM in bf16 (GPU) or fp32 (CPU); 4-bit nf4 for Q-LoRA. Partitioned across the ranks while a
+    PartitionedLoad is alive."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
@@ -112,7 +149,7 @@ def make_trainable(model: Any, train: TrainConfig) -> Any:
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)
-    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in peft_model.parameters())
+    trainable = parameter_count(peft_model, trainable=True)
+    total = parameter_count(peft_model)
     log.info("%s: %d trainable parameters of %d (%.2f%%)", train.method, trainable, total, 100 * trainable / total)
     return peft_model

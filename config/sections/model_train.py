@@ -48,6 +48,15 @@ class LoraConfig(Section):
     )
 
 
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def size_in_bytes(size: str) -> int:
+    """`50GB`, `500MB`, `2GiB` as bytes (decimal units as Hugging Face reads them, binary ones with an i)."""
+    number = size.rstrip("BKMGi ").strip()
+    return int(float(number) * SIZE_UNITS[size[len(number) :].strip()])
+
+
 class TrainConfig(Section):
     """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
 
@@ -80,6 +89,12 @@ class TrainConfig(Section):
         description="auto: continue from the run's newest complete checkpoint; never; or a checkpoint URL.",
     )
     export_merged: bool = Field(False, description="LoRA/Q-LoRA: also export base + adapter merged into full weights.")
+    export_shard_size: str = Field(
+        "50GB",
+        pattern=r"^\d+(\.\d+)?\s*(B|KB|MB|GB|KiB|MiB|GiB)$",
+        description="Largest safetensors file of an exported model (as save_pretrained's max_shard_size: 50GB, 5GB, "
+        "500MB, 2GiB); a larger model is written in shards with model.safetensors.index.json.",
+    )
     length_grouping: bool = Field(True, description="Group similar lengths into micro-batches (less padding).")
     straggler_check_steps: int = Field(10, gt=0, description="Compare per-rank step times every N steps.")
     straggler_factor: float = Field(
@@ -127,4 +142,10 @@ class DeepSpeedSection(Section):
         "config/deepspeed/zero2.json",
         min_length=1,
         description="DeepSpeed JSON (ours or Qwen's, 'auto' values allowed; resolved from train).",
+    )
+    zero3_init: bool = Field(
+        True,
+        description="Under ZeRO-3, build the model partitioned (deepspeed.zero.Init) and load its checkpoint shard by "
+        "shard into the partitions, so no rank holds the whole model (as accelerate's zero3_init_flag); false: "
+        "every rank loads the whole model first, for a model whose own initialisation zero.Init cannot run.",
     )

@@ -85,6 +85,19 @@ def test_bench_loss_memory() -> None:
 
 
 @bench
+def test_bench_model_scale() -> None:
+    """The memory table at toy size: the tiny model laid out as published, 1 and 2 ranks, the code before at 1."""
+    from tests.benchmarks import bench_model_scale
+
+    results = bench_model_scale.main(["--shape", "tiny", "--ranks", "1,2", "--old-ranks", "1"])
+    assert set(results) == {(1, False), (1, True), (2, False)}, results
+    for world in (1, 2):
+        positive(results[(world, False)], "before loading the model", "model loaded", "engine built", "training peak")
+        positive(results[(world, False)], "export peak", "whole-run peak")
+    positive(results[(1, True)], "whole-run peak", "file-backed peak")
+
+
+@bench
 def test_bench_prepare(tmp_path: Path) -> None:
     """Staging vs the workflow it replaces, re-staging, tokenization, the first pass: (a), (b), (c), (e), (f)."""
     from tests.benchmarks import bench_prepare

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from config.deepspeed import read_deepspeed_json, resolve_from_runtime, resolve_from_train
+from config.deepspeed import ModelShape, read_deepspeed_json, resolve_from_runtime, resolve_from_train
 from config.loader import PRESETS_DIR, load_config
 from config.schema import FinetuneConfig
 from config.sections.model_train import TrainConfig
@@ -92,7 +92,7 @@ def test_qwen_deepspeed_json_is_accepted_unchanged(tmp_path, qwen) -> None:
     assert ds["train_batch_size"] == 2 * 8 * 16
     assert ds["optimizer"]["params"]["lr"] == 3e-4
     assert "scheduler" not in ds  # the schedule belongs to train.lr_scheduler
-    final = resolve_from_runtime(ds, bf16=False, hidden_size=64)
+    final = resolve_from_runtime(ds, bf16=False, shape=ModelShape(64, 1000))
     assert final["bf16"]["enabled"] is False and final["fp16"]["enabled"] is False
     assert "auto" not in json.dumps(final)
 
@@ -105,7 +105,7 @@ def test_conflicting_explicit_batch_size_is_refused() -> None:
 
 def test_unresolvable_auto_names_the_key() -> None:
     with pytest.raises(UserError, match=r"cannot resolve \"auto\" for zero_optimization.stage"):
-        resolve_from_runtime({"zero_optimization": {"stage": "auto"}}, bf16=False, hidden_size=8)
+        resolve_from_runtime({"zero_optimization": {"stage": "auto"}}, bf16=False, shape=ModelShape(8, 100))
 
 
 @pytest.mark.parametrize(

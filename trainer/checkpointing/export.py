@@ -1,5 +1,7 @@
-"""The exported model: {run}/final in Hugging Face format (a LoRA adapter or full weights, the tokenizer, with
-`train.export_merged` a merged model), written by rank 0 and published with its manifest and COMPLETE last."""
+"""The exported model: {run}/final in Hugging Face format (a LoRA adapter or full weights in shards with an index,
+the tokenizer, with `train.export_merged` a merged model), written by rank 0 and published with its manifest and
+COMPLETE last. Under ZeRO-3 the weights are gathered one parameter at a time and a merge reads one base shard at a
+time (trainer/checkpointing/streamed_export.py): no rank holds the whole model."""
 
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ import os
 import tempfile
 from typing import Any
 
+import torch
+
 from storage import layout
 from storage.checkpoints import model_manifest
 from storage.fs import Location, exists, join, read_json
 from trainer import faults
 from trainer.checkpointing.deepspeed_io import publish_dir
+from trainer.checkpointing.streamed_export import merge_streamed, write_partitioned
 from trainer.distributed import Dist, barrier, gather_objects
+from trainer.metrics import log_memory
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +33,14 @@ def export_final(
     step: int,
     zero_stage: int,
     merged: bool,
+    shard_bytes: int,
     dist: Dist,
     algorithm: str,
     chat_template: str | None = None,
 ) -> Location:
-    """Write the trained model to {run}/final in Hugging Face format (adapter or full), COMPLETE last; the
-    tokenizer carries `chat_template` (model.chat_template's text) when given, so serving uses what staging used."""
+    """Write the trained model to {run}/final in Hugging Face format (adapter or full, in shards of at most
+    `shard_bytes` with an index), COMPLETE last; the tokenizer carries `chat_template` (model.chat_template's text)
+    when given, so serving uses what staging used. Under ZeRO-3 no rank ever gathers the whole model."""
     url = layout.final_dir(run_url)
     faults.maybe_late_export(dist.rank)
     done = exists(join(url, layout.COMPLETE)) and read_json(join(url, layout.MANIFEST)).get("step") == step
@@ -42,26 +50,46 @@ def export_final(
         log.info("final model for step %d already exported at %s", step, url)
         return url
     model = engine.module
-    gather: Any = contextlib.nullcontext()
-    if zero_stage == 3:  # parameters are partitioned: gather them whole before saving
-        import deepspeed
-
-        # The last forward passes (the in-memory evaluation) can leave a prefetched parameter in flight: with tied
-        # embeddings (Qwen2.5-0.5B/1.5B/3B), the one weight is both the first module's and the output layer's, and
-        # leaving the gather below would then refuse to partition it. Wait for every fetch and release them first.
-        engine.empty_partition_cache()
-        gather = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
     staging = tempfile.mkdtemp(prefix="tandem-final-") if dist.is_main else ""
-    with gather:
-        if dist.is_main:
-            model.save_pretrained(staging, safe_serialization=True)
+    log_memory("exporting")
+    save_weights(engine, model, staging, zero_stage, shard_bytes, dist.is_main)
+    log_memory("weights exported")
     if dist.is_main:
         save_tokenizer(model_path, staging, chat_template)
         if merged and os.path.exists(os.path.join(staging, "adapter_config.json")):
-            _merge_adapter(model_path, staging, os.path.join(staging, "merged"), chat_template)
+            dtype = torch.bfloat16 if engine.device.type == "cuda" else torch.float32
+            merge_adapter(model_path, staging, os.path.join(staging, "merged"), chat_template, dtype, shard_bytes)
         publish_dir(staging, url, algorithm, lambda files: model_manifest(step, algorithm, files))
     barrier()
     return url
+
+
+def save_weights(engine: Any, model: Any, out: str, zero_stage: int, shard_bytes: int, is_main: bool) -> None:
+    """The trained weights into `out` (rank 0): an adapter by PEFT's save_pretrained, full weights in shards. Under
+    ZeRO-3 every rank takes part: full weights are gathered one parameter at a time (streamed_export.py), an adapter's
+    own parameters only, and the frozen base stays partitioned."""
+    adapter = hasattr(model, "peft_config")
+    if zero_stage != 3:
+        if is_main:
+            model.save_pretrained(out, safe_serialization=True, **({} if adapter else {"max_shard_size": shard_bytes}))
+        return
+    import deepspeed
+
+    # The last forward passes (the in-memory evaluation) can leave a prefetched parameter in flight: with tied
+    # embeddings (Qwen2.5-0.5B/1.5B/3B), the one weight is both the first module's and the output layer's, and a
+    # gather's end would then refuse to partition it. Wait for every fetch and release them first.
+    engine.empty_partition_cache()
+    if adapter:
+        trained = [p for p in model.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(trained, modifier_rank=None):
+            if is_main:
+                model.save_pretrained(out, safe_serialization=True)
+        return
+    write_partitioned(model, out, shard_bytes, is_main)
+    if is_main:
+        model.config.save_pretrained(out)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(out)
 
 
 def save_tokenizer(model_path: str, out: str, chat_template: str | None) -> None:
@@ -74,12 +102,20 @@ def save_tokenizer(model_path: str, out: str, chat_template: str | None) -> None
     tokenizer.save_pretrained(out)
 
 
-def _merge_adapter(model_path: str, adapter_dir: str, out: str, chat_template: str | None) -> None:
-    """Base (full precision, even for Q-LoRA) + adapter merged into plain weights, saved to `out`."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+def merge_adapter(
+    model_path: str, adapter_dir: str, out: str, chat_template: str | None, dtype: torch.dtype, shard_bytes: int
+) -> None:
+    """Base (full precision, even for Q-LoRA, in the training dtype) + adapter merged into plain weights at `out`,
+    one base shard at a time (streamed_export.merge_streamed), with the base's config and the tokenizer."""
+    from transformers import AutoConfig, GenerationConfig
 
-    base = AutoModelForCausalLM.from_pretrained(model_path)
-    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    merged.save_pretrained(out, safe_serialization=True)
+    os.makedirs(out, exist_ok=True)
+    config = AutoConfig.from_pretrained(model_path)
+    merge_streamed(
+        model_path, adapter_dir, out, dtype, shard_bytes, tied=bool(getattr(config, "tie_word_embeddings", False))
+    )
+    config.dtype = dtype
+    config.save_pretrained(out)
+    with contextlib.suppress(OSError):  # a base without generation_config.json
+        GenerationConfig.from_pretrained(model_path).save_pretrained(out)
     save_tokenizer(model_path, out, chat_template)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from config.sections.model_train import size_in_bytes
 from storage.checkpoints import CompleteCheckpoint, apply_retention
 from storage.spec import Spec
 from trainer.checkpointing.deepspeed_io import load_checkpoint, save_checkpoint
@@ -182,6 +183,7 @@ class DeepSpeedIO:
             step=step,
             zero_stage=self.zero_stage,
             merged=self.spec.config.train.export_merged,
+            shard_bytes=size_in_bytes(self.spec.config.train.export_shard_size),
             dist=self.dist,
             algorithm=self.algorithm,
             chat_template=self.spec.chat_template,
