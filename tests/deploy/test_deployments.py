@@ -89,6 +89,7 @@ def step_losses(run_dir: Path) -> list[float]:
     return [record["loss"] for record in map(json.loads, lines) if "event" not in record]
 
 
+@pytest.mark.multirun  # two whole pipelines: 70-90 s, over the default run's budget
 def test_a_run_from_the_api_matches_the_cli_run(deployed, tiny_model, tmp_path) -> None:
     """Both at once: `python -m flows.finetune` against the same server, and finetune/manual through its worker."""
     cli_storage, api_storage = tmp_path / "cli", tmp_path / "api"

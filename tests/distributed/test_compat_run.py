@@ -28,6 +28,7 @@ def materialize(storage: Path) -> None:
     rewrite_text(storage, [(PLACEHOLDER, str(storage)), (REPO_PLACEHOLDER, str(ROOT))])
 
 
+@pytest.mark.multirun  # an evaluation, a registration and a resumed run: about 30 s
 def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     materialize(storage)
