@@ -16,15 +16,18 @@ For each size, and each way:
    training steps, the end-of-training evaluation, the evaluation stage, registration): its wall time; staging's peak
    anonymous memory (the pipeline process and its tokenizer processes, summed, until spec.json is written); the
    ranks' peak RssAnon and RssFile (sampled from /proc every 0.2 s); launch (spec.json written) to the first step;
+   its two evaluations: the end-of-training one (the last step's line to the final_eval line of metrics.jsonl) and
+   the evaluation stage (final/ complete to eval.json written: its launch included);
 2. a training launch of --steps steps on the staged data: launch to first step (a later launch: the node cache holds
-   the digests), the ranks' peak RssAnon and RssFile, each step's `data_time_s` (metrics.jsonl), and the end-of-
-   training evaluation (from the last step's line to the final_eval line);
-3. the evaluation stage of that export (`trainer.evaluate` on 2 ranks): its wall time;
-4. the per-step data time in one process, the old way's reader against the new (the whole split read into lists and
+   the digests), the ranks' peak RssAnon and RssFile, each step's `data_time_s` (metrics.jsonl; the old way does not
+   log it), and its end-of-training evaluation;
+3. the per-step data time in one process, the old way's reader against the new (the whole split read into lists and
    the epoch order shuffled at every step, against the mapped shards and an order kept per epoch): the median of
    --steps steps of rank 0 of 2, and the process's RssAnon once the split is open;
-5. with S3 (a real S3 endpoint on 127.0.0.1, moto's server: the staged dataset copied there, run.storage on it):
-   launch to first step with a cold node cache, then a warm one (the old way: every rank downloads every shard).
+4. with S3 (a real S3 endpoint on 127.0.0.1, moto's server: the staged dataset copied there, run.storage on it):
+   launch to first step with a cold node cache, then a warm one (the old way: every rank downloads every shard);
+5. staging alone (`python -m flows.prepare`, the new way) from the same records as JSON Lines and as Parquet, up to
+   --formats-max-records: its wall time and peak anonymous memory.
 
 Then the goals, as ratios of figures of this run. Prints a table; returns the figures. Asserts nothing about time.
 """
@@ -219,6 +222,10 @@ def metrics_events(run: Any) -> Callable[[], dict[str, float]]:
             out[f"step_{steps[-1]['step']}"] = now
         if any(r.get("event") == "final_eval" for r in lines):
             out["final_eval"] = now
+        if exists(join(run, "final", "COMPLETE")):
+            out["exported"] = now
+        if exists(join(run, "eval.json")):
+            out["evaluated"] = now
         return out
 
     return events
@@ -309,20 +316,6 @@ def act_train(spec: dict[str, Any]) -> dict[str, Any]:
     return {"spec_url": str(written.url)}
 
 
-def act_eval(spec: dict[str, Any]) -> dict[str, Any]:
-    """Evaluate a run's final/ on its nodes, as the pipeline's evaluation stage does; its wall time."""
-    from launch.backends.local import run_local_job
-    from launch.job import PhaseJob
-    from storage.fs import Location
-    from storage.spec import WrittenSpec, load_spec
-
-    url = Location(spec["spec_url"], spec["options"])
-    loaded, digest = load_spec(url)
-    started = time.perf_counter()
-    run_local_job(PhaseJob(WrittenSpec(loaded, url, digest), "eval", f"{loaded.run_url}/final"), lambda _: None)
-    return {"eval_s": time.perf_counter() - started}
-
-
 def act_data(spec: dict[str, Any]) -> dict[str, Any]:
     """Open the train split and batch `steps` steps of rank 0 of 2 (micro-batch 4 x 2): with the tree's own reader."""
     started = time.perf_counter()
@@ -354,7 +347,7 @@ def act_data(spec: dict[str, Any]) -> dict[str, Any]:
     return {"open_s": opened, "rss_anon_gb": rss_anon_gb(), "step_ms": 1000 * statistics.median(times)}
 
 
-ACTIONS = {"train": act_train, "eval": act_eval, "data": act_data}
+ACTIONS = {"train": act_train, "data": act_data}
 
 
 # ------------------------------------------------------------------------------------------------ measurements
@@ -370,6 +363,7 @@ class Size:
     api: str
     steps: int
     s3: str | None
+    old_s3_max: int  # the largest size at which the old way launches on S3 too
 
     def env(self, way: Way, cache: str, **extra: str) -> dict[str, str]:
         return child_env(way, self.work / cache, {"PREFECT_API_URL": self.api, **extra})
@@ -396,6 +390,10 @@ def pipeline(way: Way, size: Size) -> dict[str, float]:
         "staging_peak_gb": watch.staging_peak / GB,
         "pipeline_rank_anon_gb": watch.rank_peak("RssAnon"),
         "launch_first_s": watch.seen["first_step"] - watch.seen["spec"],
+        # The end-of-training evaluation (last step's line to the final_eval line), then the evaluation stage (the
+        # export complete to eval.json: its launch included), as the pipeline ran them.
+        "final_eval_s": watch.seen["final_eval"] - watch.seen["step_2"],
+        "eval_stage_s": watch.seen["evaluated"] - watch.seen["exported"],
     }
 
 
@@ -428,7 +426,7 @@ def launch(way: Way, size: Size, root: str, options: dict[str, str], name: str, 
         "launch_s": watch.seen["first_step"] - watch.seen["spec"],
         "rank_anon_gb": watch.rank_peak("RssAnon"),
         "rank_file_gb": watch.rank_peak("RssFile"),
-        "final_eval_s": watch.seen["final_eval"] - watch.seen[f"step_{steps}"],
+        "launch_final_eval_s": watch.seen["final_eval"] - watch.seen[f"step_{steps}"],
     }
     return figures, answer["spec_url"], run
 
@@ -443,23 +441,31 @@ def step_data_ms(run: Any) -> float | None:
 
 
 def local(way: Way, size: Size) -> dict[str, float]:
-    """(2), (3) and (4) on local storage."""
-    storage = size.work / f"{way.name}-storage"
-    figures, spec_url, run = launch(way, size, str(storage), {}, "steps", f"{way.name}-cache", size.steps)
+    """(2) on local storage (the new way: the old one's launch figures are its pipeline's, and its end-of-training
+    evaluation of the whole eval split would cost minutes more at 200k records)."""
+    figures, _, run = launch(
+        way, size, str(size.work / f"{way.name}-storage"), {}, "steps", f"{way.name}-cache", size.steps
+    )
     figures["train_data_ms"] = step_data_ms(run)
-    eval_spec = {"spec_url": spec_url, "options": {}}
-    _, _, answer = driver(way, "eval", eval_spec, size.env(way, f"{way.name}-cache"), size.work / "log")
-    figures["eval_stage_s"] = answer["eval_s"]
-    ref, _, figures["shard_gb"] = staged(storage)
-    data = {"url": ref["url"], "steps": size.steps, "cache": str(size.work / f"{way.name}-cache")}
-    _, _, answer = driver(way, "data", data, size.env(way, f"{way.name}-cache"), size.work / "log")
-    figures.update(data_ms=answer["step_ms"], reader_anon_gb=answer["rss_anon_gb"], open_s=answer["open_s"])
-    figures["shard_gb"] /= GB
     return figures
 
 
+def reader(way: Way, size: Size) -> dict[str, float]:
+    """(3) The per-step data time of the way's reader in one process, and the shards' size on storage."""
+    ref, _, shard_bytes = staged(size.work / f"{way.name}-storage")
+    data = {"url": ref["url"], "steps": size.steps, "cache": str(size.work / f"{way.name}-cache")}
+    _, _, answer = driver(way, "data", data, size.env(way, f"{way.name}-cache"), size.work / "log")
+    return {
+        "data_ms": answer["step_ms"],
+        "reader_anon_gb": answer["rss_anon_gb"],
+        "open_s": answer["open_s"],
+        "shard_gb": shard_bytes / GB,
+    }
+
+
 def on_s3(way: Way, size: Size) -> dict[str, float]:
-    """(5) The staged dataset copied to S3, run.storage there: a launch with a cold node cache, then a warm one."""
+    """(4) The staged dataset copied to S3, run.storage there: a launch with a cold node cache, then a warm one (the
+    old way has no node cache: one launch, reported as cold)."""
     import s3fs
 
     assert size.s3 is not None
@@ -470,7 +476,7 @@ def on_s3(way: Way, size: Size) -> dict[str, float]:
     fs.mkdir(root)
     fs.put(ref["url"], f"{root}/datasets/", recursive=True)
     out = {}
-    for name in ("cold", "warm"):
+    for name in ("cold", "warm") if way.name == "new" else ("cold",):
         figures, _, _ = launch(way, size, f"s3://{root}", options, f"s3-{name}", f"{way.name}-s3-cache", 2)
         out[f"s3_{name}_launch_s"] = figures["launch_s"]
     fs.rm(root, recursive=True)
@@ -496,8 +502,10 @@ def measure(way: Way, size: Size) -> dict[str, float]:
     """Every figure of one way at one size."""
     figures = pipeline(way, size)
     print(f"{size.records} records, {way.name}: pipeline {figures['pipeline_s']:.0f} s", flush=True)
-    figures.update(local(way, size))
-    if size.s3:
+    if way.name == "new":
+        figures.update(local(way, size))
+    figures.update(reader(way, size))
+    if size.s3 and (way.name == "new" or size.records <= size.old_s3_max):
         figures.update(on_s3(way, size))
     figures["eval_s"] = figures["final_eval_s"] + figures["eval_stage_s"]
     shown = {key: round(value, 3) for key, value in figures.items() if value is not None}
@@ -522,9 +530,10 @@ ROWS = (
     ("data_ms", "data time per step (one process, median), ms", "{:.2f}"),
     ("train_data_ms", "data time per step (metrics.jsonl, median), ms", "{:.2f}"),
     ("reader_anon_gb", "reader process RssAnon, split open, GB", "{:.2f}"),
-    ("final_eval_s", "end-of-training evaluation, s", "{:.1f}"),
-    ("eval_stage_s", "evaluation stage, s", "{:.1f}"),
-    ("eval_s", "evaluation, both, s", "{:.1f}"),
+    ("final_eval_s", "end-of-training evaluation (pipeline), s", "{:.1f}"),
+    ("eval_stage_s", "evaluation stage (pipeline), s", "{:.1f}"),
+    ("eval_s", "evaluation, both (pipeline), s", "{:.1f}"),
+    ("launch_final_eval_s", "end-of-training evaluation, launch of N steps, s", "{:.1f}"),
     ("shard_gb", "shards on storage, GB", "{:.3f}"),
 )
 
@@ -578,6 +587,7 @@ def prefect_api() -> Iterator[str]:
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # it would try to reach the internet
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
@@ -630,12 +640,12 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 folder = work / str(records)
                 folder.mkdir()
                 generate(folder / "data.json", records)
-                size = Size(records, folder, folder / "data.json", api, args.steps, endpoint)
+                size = Size(records, folder, folder / "data.json", api, args.steps, endpoint, args.old_s3_max_records)
                 for way in ways:
                     if way.name == "new" or records <= args.old_max_records:
                         figures[f"{records} {way.name}"] = measure(way, size)
                 model = staged(folder / "new-storage")[1]
-                for kind in filter(None, args.formats.split(",")):
+                for kind in filter(None, args.formats.split(",")) if records <= args.formats_max_records else ():
                     figures[f"{records} new"].update(staging_only(size, kind, model))
                 shutil.rmtree(folder)
     finally:
@@ -653,7 +663,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--no-s3", action="store_true", help="leave out the launches on S3")
     parser.add_argument("--baseline", default=BASELINE, help="the old way's commit ('none': leave it out)")
     parser.add_argument("--old-max-records", type=int, default=200_000, help="the largest size the old way runs")
+    parser.add_argument(
+        "--old-s3-max-records", type=int, default=20_000, help="the largest size the old way launches on S3 at"
+    )
     parser.add_argument("--formats", default="jsonl,parquet", help="staging alone from these formats too")
+    parser.add_argument(
+        "--formats-max-records", type=int, default=SIZES[-1], help="the largest size staged alone from --formats"
+    )
     parser.add_argument("--work", default=None, help="the folder for the data, storage and caches (default: /tmp)")
     parser.add_argument("--out", default=None, help="write the figures as JSON there")
     parser.add_argument("--driver", choices=sorted(ACTIONS), help=argparse.SUPPRESS)
