@@ -125,7 +125,13 @@ def open_split(dataset: Where, split: str, cache: NodeCache, manifest_digest: st
         return Split(shards, counts["records"])
     lease, _ = ensure_copy(dataset, manifest, digest, cache, verify=False)
     entry = dataset_entry(cache.root, manifest["dataset_id"], digest)
-    split_view = Split([map_shard(entry / local_name(e["path"]), entry) for e in entries], counts["records"])
+    try:
+        split_view = Split([map_shard(entry / local_name(e["path"]), entry) for e in entries], counts["records"])
+    except BaseException:
+        # Let the copy go now, not when the error's traceback is dropped: a hold kept alive by a traceback blocks
+        # the next fill of this copy in the same process (flock: each open file is a holder of its own).
+        lease.release()
+        raise
     split_view.lease = lease
     assert len(split_view) == split_rows(counts), "the shards hold other rows than the manifest counts"
     return split_view
