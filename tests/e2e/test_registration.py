@@ -186,6 +186,7 @@ def test_model_card_and_link_artifacts_were_published(pipeline) -> None:
         f"{summary['eval']['loss']:.4f}",
         "## Lineage",
         "dataset_manifest_digest",
+        "`data.eval_ratio` 0.1, at most `data.eval_max_records` 2000 |",  # the sample's split: under the cap
         "![loss curve](loss.png)",
         "PeftModel.from_pretrained(base,",
         summary["model_url"],

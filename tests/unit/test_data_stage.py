@@ -148,6 +148,11 @@ def test_the_eval_split_is_capped_by_the_records_lowest_digests(tmp_path, tiny_m
     assert manifest["split"] == {"eval_ratio": 0.3, "eval_max_records": 20, "eval_capped": held - 20}
     assert (manifest["splits"]["eval"]["records"], manifest["splits"]["train"]["records"]) == (20, 280)
     assert f"eval split capped at data.eval_max_records=20: {held - 20} more records of the {held}" in "".join(messages)
+    from pipeline.model_card import split_row  # the model card says how the eval split was made
+
+    moved = f"`data.eval_ratio` 0.3, at most `data.eval_max_records` 20 ({held - 20} more records train)"
+    assert split_row(manifest["split"]) == ("held out", moved)
+    assert split_row(read_manifest(whole.url, SCHEMA)[0]["split"]) == ("held out", "`data.eval_ratio` 0.3, no cap")
     # The records that stay held out are those whose digests are lowest: the same whatever the order of the file.
     reordered = stage(
         data.model_copy(update={"source": write_jsonl(tmp_path / "r.jsonl", a[::-1]), "eval_max_records": 20}),
