@@ -75,6 +75,19 @@ class Split(Sequence[Row]):
         self.lease: object | None = None  # a node cache copy's hold (storage/node_cache.py Lease), kept while read
         self._starts = list(itertools.accumulate((shard.rows for shard in shards), initial=0))
 
+    def close(self) -> None:
+        """Let the node cache copy go now (a rank's splits otherwise hold it until they are collected)."""
+        release = getattr(self.lease, "release", None)
+        if release is not None:
+            release()
+        self.lease = None
+
+    def __enter__(self) -> Split:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __len__(self) -> int:
         return self._starts[-1]
 

@@ -105,7 +105,8 @@ def test_a_damaged_cached_file_is_fetched_again(on_s3, s3_endpoint, tmp_path) ->
     assert prepare_dataset(dataset, ref.manifest_digest, cache).endswith(", 1 fetched (0.00 GB)")
     assert shard.read_bytes() == good
     shard.write_bytes(good[:100])  # cut short: a rank sees it by its size, and fetches it again itself
-    assert list(open_split(dataset, "train", cache)) == split_rows(dataset, "train")
+    with open_split(dataset, "train", cache) as split:
+        assert list(split) == split_rows(dataset, "train")
     # The worst case: other bytes of the same size under the old modification time. Preflight trusts the digest it
     # recorded; the rank cannot map the file, names it, and removes it, so the retry's preflight fetches it again.
     stat = shard.stat()
