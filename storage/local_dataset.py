@@ -30,7 +30,17 @@ from storage import layout
 from storage.digest import digest_bytes, hasher
 from storage.fs import Where, is_local, join, local_path, read_range
 from storage.manifest import read_manifest, verify_files
-from storage.node_cache import CONTENTS, Lease, NodeCache, dataset_entry, evict, file_digest, remember_digest, touch
+from storage.node_cache import (
+    CONTENTS,
+    Lease,
+    NodeCache,
+    dataset_entry,
+    evict,
+    file_digest,
+    filling,
+    remember_digest,
+    touch,
+)
 from storage.shards import encode_shard, split_rows
 from storage.split_reader import Shard, ShardError, Split
 
@@ -141,20 +151,30 @@ def ensure_copy(
     dataset: Where, manifest: dict[str, Any], manifest_digest: str, cache: NodeCache, verify: bool
 ) -> tuple[Lease, Filled]:
     """This node's copy of a dataset, whole (by size; with `verify`, by digest too), filled where it is not; returns
-    the shared hold on it and what filling did. A whole copy is checked under the shared lock, so another job reading
-    the same copy never waits; only filling takes it exclusively."""
+    the shared hold on it and what filling did. The hold is never given up to fill: filling takes a lock of its own
+    (node_cache.filling), so ranks that read the copy for their whole life never keep another rank of the node, which
+    found the copy incomplete a moment before, waiting forever; the second filler finds the copy whole and goes on."""
     entries = shard_entries(manifest)
     entry = dataset_entry(cache.root, manifest["dataset_id"], manifest_digest)
+    digests = cache.root if verify else None
     lease = Lease(entry)
-    contents = read_contents(entry)
-    if contents is not None and complete(entry, contents, entries, cache.root if verify else None):
+    try:
+        filled = Filled(kept=len(entries))
+        if not is_complete(entry, entries, digests):
+            with filling(entry):
+                if not is_complete(entry, entries, digests):  # another process may have filled it meanwhile
+                    filled = fill(dataset, manifest, entry, cache, verify)
         touch(entry)
-        return lease, Filled(kept=len(entries))
-    lease.hold(shared=False)
-    filled = fill(dataset, manifest, entry, cache, verify)
-    lease.hold(shared=True)
-    touch(entry)
+    except BaseException:
+        lease.release()
+        raise
     return lease, filled
+
+
+def is_complete(entry: Path, entries: list[dict[str, Any]], digests: Path | None) -> bool:
+    """Whether a copy is complete (contents.json written) and holds `entries` as it lists them."""
+    contents = read_contents(entry)
+    return contents is not None and complete(entry, contents, entries, digests)
 
 
 def map_shard(path: str | Path, copy: Path | None) -> Shard:
@@ -207,8 +227,9 @@ def _size(path: Path) -> int | None:
 
 
 def fill(dataset: Where, manifest: dict[str, Any], entry: Path, cache: NodeCache, verify: bool) -> Filled:
-    """Make the copy whole (the caller holds its lock exclusively): keep each file that matches what contents.json
-    lists (by size, and with `verify` by digest), fetch (or convert) the others, then write contents.json last."""
+    """Make the copy whole (the caller holds its fill lock, node_cache.filling): keep each file that matches what
+    contents.json lists (by size, and with `verify` by digest), fetch (or convert) the others, then write contents.json
+    last."""
     entries, algorithm = shard_entries(manifest), manifest["digest_algorithm"]
     listed = {f["path"]: f for f in (read_contents(entry) or {"files": []})["files"]}
     (entry / CONTENTS).unlink(missing_ok=True)

@@ -9,8 +9,9 @@ redo work the node already did.
   in the earlier Parquet form), one directory per dataset keyed by its manifest's digest (storage/local_dataset.py
   fills and reads them). A copy is complete when its `contents.json` is there (written last); the file's modification
   time is the copy's last use, and copies beyond `launch.node_cache_max_gb` are removed least recently used first.
-  Each copy has a lock file beside it: whoever fills a copy holds it exclusively, every rank reading one holds it
-  shared for as long as it runs, so a copy in use is never removed.
+  Each copy has a lock file beside it (`{name}.lock`): every rank reading a copy holds it shared for as long as it
+  runs, and eviction takes it exclusively without waiting, so a copy in use is never removed. Whoever fills a copy
+  holds a second lock (`{name}.fill`) exclusively, keeping its shared hold: readers never block a filler.
 
 The cache lives in `launch.node_cache_dir` (default `~/.cache/tandem`, or `TANDEM_NODE_CACHE` when set). Deleting the
 directory is always safe while no job runs on the node: it costs the next launch a hash or a download.
@@ -25,6 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,13 +128,7 @@ class Lease:
     def __init__(self, entry: Path) -> None:
         entry.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(lock_path(entry), os.O_RDWR | os.O_CREAT, 0o644)
-        self.hold(shared=True)
-
-    def hold(self, shared: bool) -> None:
-        """Take the lock shared (reading) or exclusive (filling); flock converts by releasing first, so a caller
-        checks the copy again after."""
-        assert self._fd is not None, "lease used after release"
-        fcntl.flock(self._fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
 
     def release(self) -> None:
         """Let the copy go (closing the descriptor releases the lock)."""
@@ -142,6 +138,19 @@ class Lease:
 
     def __del__(self) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def filling(entry: Path) -> Iterator[None]:
+    """The right to fill a copy: an exclusive lock on a file of its own (`{name}.fill`), taken while the filler keeps
+    its shared hold on the copy (so that eviction leaves the copy alone, and readers never block the filler)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(entry.with_name(entry.name + ".fill"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def last_used(entry: Path) -> float | None:

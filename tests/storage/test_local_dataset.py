@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import blake3
@@ -121,6 +122,21 @@ def test_a_damaged_cached_file_is_fetched_again(on_s3, s3_endpoint, tmp_path) ->
     assert no_one_holds(dataset_entry(cache.root, ref.dataset_id, ref.manifest_digest)) and caught.traceback
     assert prepare_dataset(dataset, ref.manifest_digest, cache).endswith(", 1 fetched (0.00 GB)")
     assert shard.read_bytes() == good
+
+
+def test_a_rank_fills_a_copy_that_others_already_read(on_s3, s3_endpoint, tmp_path) -> None:
+    """Two ranks of a node, no preflight (the evaluation stage): the one that found the copy incomplete fills it while
+    the other, which read it first, keeps its hold for good; it never waits for that hold to go."""
+    ref = on_s3["b"]
+    dataset, cache = located(ref, s3_endpoint), NodeCache(tmp_path / "cache", 10**9)
+    reader = open_split(dataset, "eval", cache)  # the rank that came first: holds the copy for its whole life
+    shard = dataset_entry(cache.root, ref.dataset_id, ref.manifest_digest) / "train" / "shard-00000.arrow"
+    shard.write_bytes(shard.read_bytes()[:50])  # what the other rank finds: a copy to fill
+    done: list[int] = []
+    other = threading.Thread(target=lambda: done.append(len(open_split(dataset, "train", cache))), daemon=True)
+    other.start()
+    other.join(timeout=60)
+    assert done == [len(split_rows(dataset, "train"))] and len(reader) == len(split_rows(dataset, "eval"))
 
 
 def no_one_holds(entry: Path) -> bool:
