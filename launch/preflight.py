@@ -3,8 +3,9 @@ with one line naming the node, the check and the fix (the troubleshooting list o
 guide, checked instead of debugged).
 
 Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
-port free on node 0 / reachable from the others, GPU count and model, dataset manifest verified, this node's copy
-of the base model against the run's base_model.json,
+port free on node 0 / reachable from the others, GPU count and model, the dataset the ranks read verified against its
+manifest (in place, or the node cache's copy, fetched once per node), this node's copy of the base model against the
+run's base_model.json,
 storage writable, the NCCL/GLOO environment applied (echoed), each launch.forward_env name set on this
 node (reported "set"/"missing", never its value), the interface the ranks use (chosen by route to the
 master, or the user's checked), this host's name resolving to a loopback address, and the InfiniBand/RoCE
@@ -32,8 +33,8 @@ from storage import layout
 from storage.base_model import read_base_model, verify_local_model
 from storage.digest import digest_bytes
 from storage.fs import Location, join, read_bytes, remove, write_bytes_atomic, write_json_atomic
-from storage.manifest import verify_dataset
-from storage.node_cache import cache_root
+from storage.local_dataset import prepare_dataset
+from storage.node_cache import cache_root, node_cache
 from storage.spec import Spec
 
 CONNECT_RETRY_S = 0.5
@@ -161,12 +162,12 @@ def check_gpus(plan: NodePlan) -> str:
 
 
 def check_dataset(spec: Spec, plan: NodePlan) -> str:
-    """The staged dataset matches its manifest, and the manifest the one spec.json names."""
+    """The manifest is the one spec.json names, and what this node's ranks will read matches it: the files in place,
+    or the node cache's copy (fetched, or fetched again where it differs)."""
     try:
-        manifest = verify_dataset(spec.dataset_dir, "full", spec.dataset.manifest_digest)
+        return prepare_dataset(spec.dataset_dir, spec.dataset.manifest_digest, node_cache(spec.config.launch))
     except UserError as exc:
         raise UserError(f"node {plan.node_rank}: {exc}") from None
-    return f"{spec.dataset.dataset_id}: {len(manifest['files'])} files verified"
 
 
 def check_base_model(spec: Spec, plan: NodePlan) -> str:

@@ -99,14 +99,30 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
     return rows
 
 
-def model_card(spec: Spec, entry: dict[str, Any], splits: dict[str, Any], loss_plot: Where | None) -> str:
-    """The whole card for a registered version."""
+def split_row(split: dict[str, Any]) -> tuple[str, str]:
+    """How the eval split was made (the dataset manifest's `split`): the eval source, or the ratio and its cap."""
+    if "eval_source" in split:
+        return "held out", f"`data.eval_source` {split['eval_source']}, whole"
+    ratio = f"`data.eval_ratio` {split['eval_ratio']:g}"
+    cap = split.get("eval_max_records")  # absent from manifests staged before the cap existed
+    if cap is None:
+        return "held out", f"{ratio}, no cap"
+    moved = split.get("eval_capped", 0)
+    return "held out", f"{ratio}, at most `data.eval_max_records` {cap}" + (
+        f" ({moved} more records train)" if moved else ""
+    )
+
+
+def model_card(spec: Spec, entry: dict[str, Any], manifest: dict[str, Any], loss_plot: Where | None) -> str:
+    """The whole card for a registered version (`manifest`: the staged dataset's)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"
     data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
     data_rows += [
-        (f"{split} split", f"{c['records']} records, {c['target_tokens']} target tokens") for split, c in splits.items()
+        (f"{split} split", f"{c['records']} records, {c['target_tokens']} target tokens")
+        for split, c in manifest["splits"].items()
     ]
+    data_rows.append(split_row(manifest["split"]))
     metric_rows = [(label, fmt.format(metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
     parts = [
         f"# {title}",

@@ -26,7 +26,7 @@ from storage.digest import digest_bytes, hasher
 from storage.fs import Location, read_range, size
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
-PIPELINE_VERSION = 5
+PIPELINE_VERSION = 6
 READ_BLOCK = 8 * 1024 * 1024
 
 
@@ -52,7 +52,11 @@ class Inputs:
 
 def shaping(data: DataConfig) -> dict[str, Any]:
     """The settings that shape the staged bytes (not where the data is read from, nor how fast)."""
-    split = {"eval_source": True} if data.eval_source else {"eval_ratio": data.eval_ratio}
+    split = (
+        {"eval_source": True}
+        if data.eval_source
+        else {"eval_ratio": data.eval_ratio, "eval_max_records": data.eval_max_records}
+    )
     return {
         "max_length": data.max_length,
         "shard_rows": data.shard_rows,
@@ -103,9 +107,15 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
     return Inputs(files, fingerprint, digest_bytes(json.dumps(doc, sort_keys=True).encode(), "blake3")[:32], streams)
 
 
+def eval_key(record_digest: bytes) -> int:
+    """Where a record falls in [0, 2^32): below eval_ratio x 2^32 it is held out (data.eval_max_records keeps the
+    lowest of those)."""
+    return int.from_bytes(record_digest[:4], "big")
+
+
 def in_eval(record_digest: bytes, eval_ratio: float) -> bool:
     """Deterministic split: a record goes to eval when its digest falls below the ratio."""
-    return int.from_bytes(record_digest[:4], "big") / 0x1_0000_0000 < eval_ratio
+    return eval_key(record_digest) / 0x1_0000_0000 < eval_ratio
 
 
 def dataset_id(

@@ -9,6 +9,7 @@ file order, so the mix, the caps, the spool and the rejects do not depend on the
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import itertools
@@ -19,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+import numpy as np
 
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging import firstpass
 from staging.firstpass import Digested
-from staging.identity import Inputs, in_eval
+from staging.identity import Inputs, eval_key, in_eval
 from staging.progress import Reporter
 from staging.records import DataFile, Reject, Undesirable, open_file
 from staging.sources import ByteCounter
@@ -46,6 +48,7 @@ class Scan:
     rejects: list[Reject] = field(default_factory=list)
     sources: list[dict[str, Any]] = field(default_factory=list)
     streams: list[dict[str, Any]] = field(default_factory=list)  # per configured source: how read, what it gave
+    eval_capped: int = 0  # records data.eval_ratio held out beyond data.eval_max_records: they train
 
     @property
     def spooled(self) -> int:
@@ -64,6 +67,9 @@ class Spooler:
     splits: bytearray = field(default_factory=bytearray)
     rejects: list[Reject] = field(default_factory=list)
     records_hash: Any = field(default_factory=blake3.blake3)
+    # The records data.eval_ratio held out: their place in `splits` and their eval_key (data.eval_max_records).
+    held_at: array.array[int] = field(default_factory=lambda: array.array("q"))
+    held_keys: array.array[int] = field(default_factory=lambda: array.array("Q"))
 
     def take(self, index: int, key: str, item: Digested | Reject) -> None:
         """One run of records (or a reject) of file `index`, from the stream `key`."""
@@ -80,12 +86,33 @@ class Spooler:
         role = b"e" if key == "data.eval_source" else b"s"
         digests = item.digest_list()
         self.records_hash.update(b"".join(role + digest for digest in digests))
-        self.splits += bytes(
-            EVAL if role == b"e" or (not self.data.eval_source and in_eval(digest, self.data.eval_ratio)) else TRAIN
-            for digest in digests
-        )
+        if role == b"e":
+            self.splits += bytes([EVAL]) * len(digests)
+        else:
+            self.hold_out(digests)
         self.writer.add_lines(item.lines, item.sizes)
         self.counts[index][0] += item.count
+
+    def hold_out(self, digests: list[bytes]) -> None:
+        """Each training source record's split by its digest (data.eval_ratio); the held out ones are remembered
+        for data.eval_max_records."""
+        for digest in digests:
+            held = not self.data.eval_source and in_eval(digest, self.data.eval_ratio)
+            if held:
+                self.held_at.append(len(self.splits))
+                self.held_keys.append(eval_key(digest))
+            self.splits.append(EVAL if held else TRAIN)
+
+    def cap_eval(self) -> int:
+        """Keep the data.eval_max_records held out records with the lowest keys (ties: the earlier record) in eval,
+        and train on the others; returns how many moved to train."""
+        cap = self.data.eval_max_records
+        if cap is None or len(self.held_at) <= cap:
+            return 0
+        at, keys = np.frombuffer(self.held_at, dtype=np.int64), np.frombuffer(self.held_keys, dtype=np.uint64)
+        moved = at[np.lexsort((at, keys))[cap:]]
+        np.frombuffer(self.splits, dtype=np.uint8)[moved] = TRAIN
+        return len(moved)
 
 
 def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
@@ -108,6 +135,12 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
             sink.take(index, files[index].key, item)
     sources = source_rows(inputs, reader.opened, sink.counts)
     report(sources, reader.opened, inputs.streams, data, reporter)
+    capped = sink.cap_eval()
+    if capped:
+        reporter.info(
+            f"eval split capped at data.eval_max_records={data.eval_max_records}: {capped} more records of the "
+            f"{len(sink.held_at)} data.eval_ratio={data.eval_ratio} held out train"
+        )
     scan = Scan(
         sink.writer.close(),
         sink.splits,
@@ -115,6 +148,7 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         sink.rejects,
         sources,
         mix(sources, inputs.streams),
+        capped,
     )
     check_splits(scan, data)
     return scan

@@ -14,7 +14,9 @@ stored.
 
 from __future__ import annotations
 
+import codecs
 import io
+import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ GLOB_CHARS = "*?["
 BLOCK = 8 * 1024 * 1024
 BOM = b"\xef\xbb\xbf"
 PARQUET_BATCH = 4096
+MAX_RECORD_CHARS = 256 * 1024 * 1024  # one element of a JSON array larger than this is taken as malformed
 ByteCounter = Callable[[int], None]
 
 
@@ -97,9 +100,10 @@ class _StoredBytes(io.RawIOBase):
         return len(block)
 
 
-def _blocks(url: Where, on_bytes: ByteCounter, size: int = BLOCK) -> Iterator[bytes]:
-    """A file's content in blocks of `size` (decompressed when it is compressed); `on_bytes` counts the bytes
-    read from storage."""
+def _blocks(url: Where, on_bytes: ByteCounter, size: int | None = None) -> Iterator[bytes]:
+    """A file's content in blocks of `size` (default BLOCK; decompressed when it is compressed); `on_bytes` counts
+    the bytes read from storage."""
+    size = size or BLOCK
     name = compression(url)
     if name is None:
         offset = 0
@@ -253,16 +257,105 @@ def _refuse_single_document(url: Where) -> None:
 
 
 def _read_json_array(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
-    raw = content(url, on_bytes)
-    try:
-        records = orjson.loads(raw.removeprefix(BOM))
-    except orjson.JSONDecodeError as exc:
-        # One broken array loses every record after the error: that is a file to fix, not a record to skip.
-        raise UserError(f"{url}:{exc.lineno}: malformed JSON ({exc.msg}, column {exc.colno}); fix the file") from None
-    if not isinstance(records, list):
-        raise UserError(f"{url}: expected a JSON array of records or JSON Lines, got a JSON {type(records).__name__}")
-    for index, record in enumerate(records):
+    """The records of a JSON array, parsed one at a time as the file streams in, so that the file is never in memory
+    whole (LLaMA-Factory's sets are JSON arrays of up to millions of records)."""
+    stream = _ArrayText(url, on_bytes)
+    stream.expect_start()
+    index = 0
+    while (record := stream.next_element()) is not _END:
         yield f"{url}[{index}]", record
+        index += 1
+
+
+_END = object()  # the end of a JSON array
+_WHITESPACE = " \t\n\r"
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+class _ArrayText:
+    """The decoded text of a JSON array file, read block by block, and a cursor over its elements; every error names
+    the line (and column) in the file."""
+
+    def __init__(self, url: Where, on_bytes: ByteCounter) -> None:
+        self.url = url
+        self._blocks = _blocks(url, on_bytes)
+        self._decode = codecs.getincrementaldecoder("utf-8")()
+        self._decoder = json.JSONDecoder(parse_constant=_no_constant)  # NaN/Infinity, as orjson refuses them
+        self.text, self.pos, self.eof = "", 0, False
+        self.lines_before = 0  # lines of the file before the text held
+        self.columns_before = 0  # characters of the text's first line before the text held
+
+    def _more(self) -> bool:
+        """Append the next block's text (dropping what was consumed); False at the end of the file."""
+        if self.eof:
+            return False
+        newlines = self.text.count("\n", 0, self.pos)
+        if newlines:
+            self.lines_before += newlines
+            self.columns_before = self.pos - self.text.rfind("\n", 0, self.pos) - 1
+        else:
+            self.columns_before += self.pos
+        self.text, self.pos = self.text[self.pos :], 0
+        try:
+            block = next(self._blocks, None)
+            self.text += self._decode.decode(block or b"", final=block is None)
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{self.url}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from None
+        self.eof = block is None
+        return True
+
+    def _skip_space(self) -> str:
+        """The next character that is not whitespace ('' at the end of the file)."""
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos] in _WHITESPACE:
+                self.pos += 1
+            if self.pos < len(self.text) or not self._more():
+                return self.text[self.pos : self.pos + 1]
+
+    def fail(self, reason: str, pos: int | None = None) -> UserError:
+        """The one-line error for malformed JSON at `pos` (default: the cursor)."""
+        at = self.pos if pos is None else pos
+        newlines = self.text.count("\n", 0, at)
+        column = at - self.text.rfind("\n", 0, at) if newlines else self.columns_before + at + 1
+        line = self.lines_before + newlines + 1
+        return UserError(f"{self.url}:{line}: malformed JSON ({reason}, column {column}); fix the file")
+
+    def expect_start(self) -> None:
+        """Past the BOM and the opening bracket."""
+        self._more()
+        self.text = self.text.removeprefix("\ufeff")
+        if self._skip_space() != "[":
+            raise UserError(f"{self.url}: expected a JSON array of records or JSON Lines")
+        self.pos += 1
+
+    def next_element(self) -> object:
+        """The next element of the array, or _END after its closing bracket."""
+        if self._skip_space() == "]":
+            self.pos += 1
+            if self._skip_space():
+                raise self.fail("extra data after the array")
+            return _END
+        while True:
+            try:
+                element, self.pos = self._decoder.raw_decode(self.text, self.pos)
+                break
+            except json.JSONDecodeError as exc:
+                # An element cut by the end of the text read so far parses once more is read.
+                if len(self.text) - self.pos > MAX_RECORD_CHARS or not self._more():
+                    raise self.fail(exc.msg, exc.pos) from None
+            except ValueError as exc:
+                raise self.fail(str(exc)) from None
+        separator = self._skip_space()
+        if separator == ",":
+            self.pos += 1
+            if self._skip_space() == "]":
+                raise self.fail("a comma before the closing bracket")
+        elif separator != "]":
+            raise self.fail("expected ',' or ']' after an element" if separator else "the array is not closed")
+        return element
 
 
 def _read_parquet(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:

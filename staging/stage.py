@@ -305,11 +305,19 @@ def build_manifest(
         "tokenizer": inputs.fingerprint,
         "max_length": data.max_length,
         "packing": packed,
-        "split": {"eval_source": data.eval_source} if data.eval_source else {"eval_ratio": data.eval_ratio},
+        "split": split_doc(data, scan),
         "shard_rows": data.shard_rows,
         "source_key": inputs.source_key,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+def split_doc(data: DataConfig, scan: Scan) -> dict[str, Any]:
+    """How the split was made (the manifest's `split`): the eval source, or the ratio, its cap and how many records
+    the cap moved to train."""
+    if data.eval_source:
+        return {"eval_source": data.eval_source}
+    return {"eval_ratio": data.eval_ratio, "eval_max_records": data.eval_max_records, "eval_capped": scan.eval_capped}
 
 
 def staged_state(data: DataConfig, storage: Where, model_path: str, chat_template: str | None = None) -> str | None:

@@ -37,6 +37,8 @@ PREFLIGHT = "preflight.json"
 LOCK = "LOCK"
 LOCK_SCHEMA = "tandem.run-lock/1"
 SPLITS = ("train", "eval")
+SHARD_SUFFIX = ".arrow"  # a shard: an Arrow IPC file (storage/shards.py)
+PARQUET_SHARD_SUFFIX = ".parquet"  # a shard of a dataset staged before the Arrow form (read through the node cache)
 
 
 def root(run: RunConfig) -> Location:
@@ -56,7 +58,7 @@ def dataset_index(storage: W, source_key: str) -> W:
 
 def shard_name(split: str, index: int) -> str:
     """Path of a tokenized shard, relative to its dataset directory."""
-    return f"{split}/shard-{index:05d}.parquet"
+    return f"{split}/shard-{index:05d}{SHARD_SUFFIX}"
 
 
 def model_dir(storage: W, name: str) -> W:

@@ -1,28 +1,29 @@
-"""The dataset shards: the writer (tokenized examples -> Parquet shards of at most `shard_rows` examples, digested
-from the bytes written) and the reader (`load_split`).
+"""The dataset shards and their writer (tokenized examples -> shards of at most `shard_rows` rows, digested from the
+bytes written); storage/split_reader.py reads them.
 
-Columns: `input_ids` and `labels` (list<int32>, same length, -100 where a token is not a target) and
-`length` (int32, for length-grouped batching). A packed dataset (`data.packing`) holds several examples per row,
-one after the other, and adds `segments` (list<int32>: the lengths of the row's examples, in order; they sum to
-`length`), so that readers can keep every example to itself. A shard is encoded in memory, digested, and written
-under its final name atomically; the manifest that lists it is written after every shard (by the caller).
+A shard is an Arrow IPC file (uncompressed, one record batch): a reader memory-maps it and takes any row by its
+offsets without decoding anything, so a rank's memory holds the rows it trains on, not the split (see "On storage" in
+docs/architecture.md for why this form). Columns: `input_ids` and `labels` (list<int32>, same length, -100 where a
+token is not a target) and `length` (int32, for length-grouped batching). A packed dataset (`data.packing`) holds
+several examples per row, one after the other, and adds `segments` (list<int32>: the lengths of the row's examples,
+in order; they sum to `length`), so that readers can keep every example to itself. A shard is encoded in memory,
+digested, and written under its final name atomically; the manifest that lists it is written after every shard (by
+the caller). Datasets staged before this form hold the same columns as Parquet (`.parquet`); a node converts those
+into its node cache on first use (storage/local_dataset.py).
 """
 
 from __future__ import annotations
 
-import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import Where, join, read_bytes, write_bytes_atomic
-from storage.manifest import read_manifest
+from storage.fs import Where, join, write_bytes_atomic
 
 IGNORE_INDEX = -100  # a label that is not a target (Hugging Face's convention)
 SHARD_SCHEMA = pa.schema(
@@ -35,12 +36,12 @@ FileEntry = dict[str, Any]
 class Row(NamedTuple):
     """One row of a shard: its tokens, their labels, and the lengths of the examples in it (one, unpacked)."""
 
-    input_ids: list[int]
-    labels: list[int]
-    segments: list[int]
+    input_ids: Sequence[int]
+    labels: Sequence[int]
+    segments: Sequence[int]
 
 
-def row(input_ids: list[int], labels: list[int]) -> Row:
+def row(input_ids: Sequence[int], labels: Sequence[int]) -> Row:
     """A row holding one example."""
     return Row(input_ids, labels, [len(input_ids)])
 
@@ -129,17 +130,16 @@ class SplitWriter:
         row_ends = np.cumsum(sizes, dtype=np.int64)
         offsets = pa.array(np.concatenate(([0], example_ends[row_ends - 1])).astype(np.int32))
         columns = [
-            pa.ListArray.from_arrays(offsets, pa.array(ids)),
-            pa.ListArray.from_arrays(offsets, pa.array(labels)),
+            pa.ListArray.from_arrays(offsets, pa.array(ids, type=pa.int32())),
+            pa.ListArray.from_arrays(offsets, pa.array(labels, type=pa.int32())),
             pa.array(np.diff(offsets.to_numpy()).astype(np.int32)),
         ]
         if self.packed:
             segment_offsets = pa.array(np.concatenate(([0], row_ends)).astype(np.int32))
             columns.append(pa.ListArray.from_arrays(segment_offsets, pa.array(lengths.astype(np.int32))))
-        table = pa.Table.from_arrays(columns, schema=PACKED_SHARD_SCHEMA if self.packed else SHARD_SCHEMA)
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer, compression="zstd")
-        data = buffer.getvalue()
+        data = encode_shard(
+            pa.RecordBatch.from_arrays(columns, schema=PACKED_SHARD_SCHEMA if self.packed else SHARD_SCHEMA)
+        )
         relpath = layout.shard_name(self.split, len(self.files))
         write_bytes_atomic(join(self.base, relpath), data)
         entry = {"path": relpath, "size": len(data), "digest": digest_bytes(data, self.algorithm)}
@@ -148,21 +148,15 @@ class SplitWriter:
         self.on_write(entry)
 
 
-def load_split(dataset_url: Where, split: str) -> list[Row]:
-    """Every row of a split, in manifest order."""
-    manifest, _ = read_manifest(dataset_url, layout.DATASET_SCHEMA)
-    rows: list[Row] = []
-    for entry in manifest["files"]:
-        if not entry["path"].startswith(f"{split}/"):
-            continue
-        table = pq.read_table(pa.BufferReader(read_bytes(join(dataset_url, entry["path"]))))
-        ids, labels = table.column("input_ids").to_pylist(), table.column("labels").to_pylist()
-        segments = table.column("segments").to_pylist() if "segments" in table.column_names else [[len(i)] for i in ids]
-        rows.extend(Row(*fields) for fields in zip(ids, labels, segments, strict=True))
-    return rows
+def encode_shard(batch: pa.RecordBatch) -> bytes:
+    """A shard's bytes: the rows as one record batch of an uncompressed Arrow IPC file (mapped, never decoded)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
 
 
-def examples_of(rows: list[Row]) -> list[Row]:
+def examples_of(rows: Iterable[Row]) -> list[Row]:
     """Each example of the rows as a row of its own, in order (a packed row cut at its boundaries)."""
     out: list[Row] = []
     for ids, labels, segments in rows:

@@ -84,8 +84,8 @@ def publish_model_card(
 ) -> None:
     """Write {run}/model_card.md and publish it as a Prefect artifact."""
     doc = {**read_entry(storage, model, version), "url": str(url)}
-    splits = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMA)[0]["splits"]
-    card = model_card(spec, doc, splits, loss_plot)
+    manifest = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMA)[0]
+    card = model_card(spec, doc, manifest, loss_plot)
     write_bytes_atomic(join(spec.run, layout.MODEL_CARD), card.encode())
     create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")
     # (model_card masks the card itself; the registry entry it is built from was masked when written)

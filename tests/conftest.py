@@ -55,6 +55,16 @@ def prefect_server() -> Iterator[PrefectServer]:
         yield PrefectServer(api_url, None, client_env(api_url), logs)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_node_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every node's cache (launch.node_cache_dir unset: TANDEM_NODE_CACHE, inherited by nodes and ranks) in a folder
+    of the session, not the user's ~/.cache/tandem: the digests and dataset copies tests make stay theirs."""
+    folder = tmp_path_factory.mktemp("node-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TANDEM_NODE_CACHE", str(folder))
+        yield folder
+
+
 def free_port() -> int:
     """A TCP port that nothing listens on right now."""
     with socket.socket() as sock:

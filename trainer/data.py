@@ -3,7 +3,9 @@
 Every rank computes the same global order; a step takes the next
 `micro_batch_size * gradient_accumulation_steps * world_size` examples of it. So the data a step
 sees depends only on the step, which makes "resume at step N" exact and node layouts (2 nodes x 1
-rank vs 1 node x 2 ranks) equivalent.
+rank vs 1 node x 2 ranks) equivalent. The order of an epoch is computed once, when a step first needs it (8 bytes
+a row), and a step reads only its own rows from the memory-mapped shards (storage/split_reader.py), so a step's data
+time does not grow with the dataset.
 
 A unit of the order is a row of the shards: one example, or several packed into one row at prepare time
 (`data.packing`); a global batch counts rows either way. Within a step, rows are grouped by length: the
@@ -21,14 +23,16 @@ previous example. So a packed row's loss is the sum of its examples' losses, as 
 
 from __future__ import annotations
 
+import array
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from storage.shards import IGNORE_INDEX, Row
+from storage.split_reader import Split
 
 
 @dataclass(frozen=True)
@@ -86,23 +90,39 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
     return Batch(ids, mask, labels, positions)
 
 
-def global_order(n_examples: int, seed: int, epoch: int) -> list[int]:
-    """The epoch's permutation of example indices, identical on every rank."""
-    order = list(range(n_examples))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
+@dataclass
+class GlobalOrder:
+    """The order every rank walks a split's rows in: each epoch a permutation from (seed, epoch) alone, the same as
+    `random.Random(seed * 1_000_003 + epoch).shuffle` of the row indices (so the rows of every step, and resumed
+    runs, are those of earlier versions), computed once per epoch and kept as 8-byte integers, not Python lists."""
+
+    rows: int
+    seed: int
+    _epochs: dict[int, array.array[int]] = field(default_factory=dict, repr=False)
+
+    def epoch(self, epoch: int) -> array.array[int]:
+        """The epoch's permutation of row indices (the last two epochs asked for are kept: a step may span both)."""
+        if epoch not in self._epochs:
+            order = array.array("q", range(self.rows))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._epochs = {e: o for e, o in self._epochs.items() if e == epoch - 1} | {epoch: order}
+        return self._epochs[epoch]
+
+    def step_indices(self, step: int, per_step: int) -> list[int]:
+        """The global row indices consumed by optimizer step `step` (0-based), wrapping across epochs."""
+        out: list[int] = []
+        position = step * per_step
+        while len(out) < per_step:
+            epoch, offset = divmod(position, self.rows)
+            take = min(per_step - len(out), self.rows - offset)
+            out.extend(self.epoch(epoch)[offset : offset + take])
+            position += take
+        return out
 
 
-def step_indices(n_examples: int, seed: int, step: int, per_step: int) -> list[int]:
-    """The global indices consumed by optimizer step `step` (0-based), wrapping across epochs."""
-    out: list[int] = []
-    position = step * per_step
-    while len(out) < per_step:
-        epoch, offset = divmod(position, n_examples)
-        take = min(per_step - len(out), n_examples - offset)
-        out.extend(global_order(n_examples, seed, epoch)[offset : offset + take])
-        position += take
-    return out
+def row_length(rows: Sequence[Row], index: int) -> int:
+    """Tokens of a row; a mapped split reads its length column alone."""
+    return rows.length(index) if isinstance(rows, Split) else len(rows[index].input_ids)
 
 
 def deal_by_length(
@@ -127,9 +147,9 @@ def deal_by_length(
 
 
 def rank_micro_batches(
-    examples: list[Row],
+    rows: Sequence[Row],
+    order: GlobalOrder,
     *,
-    seed: int,
     step: int,
     micro: int,
     accum: int,
@@ -138,14 +158,15 @@ def rank_micro_batches(
     pad_id: int,
     group_by_length: bool = True,
 ) -> Iterator[Batch]:
-    """This rank's `accum` micro-batches for optimizer step `step`."""
+    """This rank's `accum` micro-batches for optimizer step `step` (`order`: the rows' GlobalOrder); only the step's
+    lengths and this rank's rows are read."""
     per_rank = micro * accum
-    indices = step_indices(len(examples), seed, step, per_rank * world)
+    indices = order.step_indices(step, per_rank * world)
     if group_by_length:
-        lengths = {i: len(examples[i][0]) for i in indices}
+        lengths = {i: row_length(rows, i) for i in indices}
         mine = deal_by_length(indices, lengths, micro, accum, world, rotation=step)[rank]
     else:
         flat = indices[rank * per_rank : (rank + 1) * per_rank]
         mine = [flat[start : start + micro] for start in range(0, per_rank, micro)]
     for group in mine:
-        yield collate([examples[i] for i in group], pad_id)
+        yield collate([rows[i] for i in group], pad_id)

@@ -4,16 +4,18 @@
     torchrun ... -m trainer.evaluate --spec {run}/spec.json --model {run}/checkpoints/step-00000030
 
 Row i of the shards (one example, or several packed) goes to rank i % world_size (each to exactly one rank,
-no padding duplicates); each rank sums loss, predicted target tokens and correct tokens; the sums are
-all-reduced and divided once, so the result equals a single-process evaluation of the same data. Rank 0 writes eval.json
-(and, with eval.generate_samples, samples.jsonl).
+no padding duplicates), each rank reading only its own rows from the memory-mapped shards; each rank sums loss,
+predicted target tokens and correct tokens; the sums are all-reduced and divided once, so the result equals a
+single-process evaluation of the same data. Rank 0 writes eval.json (and, with eval.generate_samples, samples.jsonl).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,7 +23,9 @@ import torch
 from core.errors import UserError
 from storage import layout
 from storage.fs import Location, join, write_json_atomic
-from storage.shards import Row, examples_of, load_split
+from storage.local_dataset import open_split
+from storage.node_cache import node_cache
+from storage.shards import Row, examples_of
 from storage.spec import Spec
 from trainer.chunked_loss import LossHead
 from trainer.data import collate
@@ -32,10 +36,19 @@ from trainer.model import ensure_pad_token_id
 log = logging.getLogger(__name__)
 
 
+def sample_rows(rows: int, count: int) -> list[int]:
+    """`count` row indices spread evenly over a split of `rows` rows (every row when count is 0 or not smaller): the
+    rows the trainer's final evaluation uses, so that the exported model can be held to it on the same rows."""
+    if count == 0 or count >= rows:
+        return list(range(rows))
+    return [i * rows // count for i in range(count)]
+
+
 @torch.no_grad()
 def local_sums(
     model: Any,
-    examples: list[Row],
+    examples: Sequence[Row],
+    indices: Sequence[int],
     *,
     rank: int,
     world: int,
@@ -45,27 +58,29 @@ def local_sums(
     loss_chunk_tokens: int,
     lockstep: bool = False,
 ) -> tuple[float, int, int, int]:
-    """(summed loss, target tokens, correct tokens, examples) over this rank's rows (`examples`: the split's rows;
-    a packed row counts each of its examples).
+    """(summed loss, target tokens, correct tokens, examples) over this rank's share of the rows `indices` of
+    `examples` (the split's rows; a packed row counts each of its examples).
 
     With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
     forward passes (and of the chunked loss's output-layer calls, which LossHead.eval_sums agrees across ranks):
     ranks with fewer rows run throw-away passes so nobody waits forever.
     """
-    mine = examples[rank::world]
+    mine = indices[rank::world]
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
-    passes = math.ceil(math.ceil(len(examples) / world) / batch_size) if lockstep else len(batches)
-    loss_sum, targets, correct = 0.0, 0, 0
+    passes = math.ceil(math.ceil(len(indices) / world) / batch_size) if lockstep else len(batches)
+    loss_sum, targets, correct, count = 0.0, 0, 0, 0
     loss = LossHead.of(model, loss_chunk_tokens)
     for index in range(passes):
-        batch = collate(batches[index] if index < len(batches) else examples[:1], pad_id)
+        rows = [examples[i] for i in (batches[index] if index < len(batches) else indices[:1])]
+        batch = collate(rows, pad_id)
         out = model(**batch.model_inputs(device), **loss.forward_kwargs(device))
         # A throw-away pass takes its sums too, and drops them: under ZeRO-3 the chunked loss's output layer is a
         # collective as well, called as often on every rank.
         sums = loss.eval_sums(out, batch.labels)
         if index < len(batches):
             loss_sum, targets, correct = loss_sum + sums[0], targets + sums[1], correct + sums[2]
-    return loss_sum, targets, correct, sum(len(row.segments) for row in mine)
+            count += sum(len(row.segments) for row in rows)
+    return loss_sum, targets, correct, count
 
 
 def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, Any]:
@@ -90,7 +105,7 @@ def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, 
 
 def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
     """All-reduced eval metrics; rank 0 writes them to {run}/eval.json."""
-    examples = load_split(spec.dataset_dir, "eval")
+    examples = open_split(spec.dataset_dir, "eval", node_cache(spec.config.launch), spec.dataset.manifest_digest)
     if not examples:
         raise UserError(f"{spec.dataset_dir}: the eval split is empty; stage the data with data.eval_ratio > 0")
     model = load_for_eval(model_url, spec, dist.device, dist)
@@ -98,6 +113,7 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
     sums = local_sums(
         model,
         examples,
+        range(len(examples)),
         rank=dist.rank,
         world=dist.world_size,
         batch_size=spec.config.eval.batch_size,
@@ -116,7 +132,8 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
     if spec.config.eval.generate_samples:
         from trainer.samples import write_samples
 
-        result["samples_url"] = write_samples(model, examples_of(examples), spec, dist, pad_id)
+        first = examples_of(itertools.islice(examples, spec.config.eval.generate_samples))
+        result["samples_url"] = write_samples(model, first, spec, dist, pad_id)
     if dist.is_main:
         write_json_atomic(join(spec.run, layout.EVAL), result)
         log.info(

@@ -14,15 +14,17 @@ import numpy as np
 import torch
 
 from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
-from storage.shards import load_split
+from storage.local_dataset import open_split
+from storage.node_cache import node_cache
 from storage.spec import Spec
+from storage.split_reader import Split
 from trainer import faults, guards
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
 from trainer.chunked_loss import LossHead
-from trainer.data import Batch, rank_micro_batches
+from trainer.data import Batch, GlobalOrder, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
-from trainer.evaluate import local_sums, reduced_metrics
+from trainer.evaluate import local_sums, reduced_metrics, sample_rows
 from trainer.heartbeat import Heartbeat
 from trainer.lean_imports import import_muon_uncompiled_unless_configured
 from trainer.metrics import MetricsWriter, log_memory, peak_device_memory
@@ -136,7 +138,8 @@ class Run:
 
     engine: Any
     pad_id: int
-    examples: list
+    examples: Split
+    order: GlobalOrder
     metrics: MetricsWriter
     straggler: StragglerWatch
     heartbeat: Heartbeat
@@ -157,10 +160,14 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     )
     start = checkpointer.resume()
     metrics = MetricsWriter(spec.run, enabled=dist.is_main, start_step=start)
+    examples = split_of(spec, "train")
+    order = GlobalOrder(len(examples), train_cfg.seed)
+    order.epoch(start * spec.config.global_batch(dist.world_size) // max(len(examples), 1))  # before the first step
     run = Run(
         engine,
         pad_id,
-        load_split(spec.dataset_dir, "train"),
+        examples,
+        order,
         metrics,
         StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist),
         Heartbeat(dist.rank),
@@ -178,7 +185,7 @@ def train(spec: Spec, dist: Dist) -> None:
     log.info(
         "training %d rows (%d examples), steps %d..%d on %d ranks",
         len(run.examples),
-        sum(len(row.segments) for row in run.examples),
+        run.examples.examples,
         start + 1,
         spec.total_steps,
         dist.world_size,
@@ -193,6 +200,7 @@ def train(spec: Spec, dist: Dist) -> None:
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
         batches = step_batches(run, spec, dist, step)
+        data_s = time.perf_counter() - started
         with guards.out_of_memory_named(dist, step + 1):
             stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1, loss_head)
         elapsed, done = time.perf_counter() - started, step + 1
@@ -201,7 +209,7 @@ def train(spec: Spec, dist: Dist) -> None:
         for event in run.straggler.check(done):
             run.metrics.write(event)
         if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
-            run.metrics.write(step_record(run.engine, stats, done, spec.total_steps, elapsed))
+            run.metrics.write(step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s))
         if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
             run.clock.saved()
     if start < spec.total_steps:
@@ -217,7 +225,7 @@ def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
     return list(
         rank_micro_batches(
             run.examples,
-            seed=train_cfg.seed,
+            run.order,
             step=step,
             micro=train_cfg.micro_batch_size,
             accum=spec.config.accumulation_steps(dist.world_size),
@@ -229,8 +237,8 @@ def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
     )
 
 
-def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: float) -> dict[str, Any]:
-    """The metrics.jsonl line of a logged step."""
+def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: float, data_s: float) -> dict[str, Any]:
+    """The metrics.jsonl line of a logged step (`data_s`: this rank's time to read and batch the step's rows)."""
     return {
         "step": done,
         "max_steps": total,
@@ -241,17 +249,26 @@ def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: f
         "tokens": stats.tokens,
         "tokens_per_s": stats.tokens / elapsed,
         "step_time_s": elapsed,
+        "data_time_s": data_s,
         "padding_fraction": stats.padding_fraction,
         **peak_device_memory(),
     }
 
 
+def split_of(spec: Spec, split: str) -> Split:
+    """A split of the spec's dataset as this rank reads it (in place, or the node cache's copy)."""
+    return open_split(spec.dataset_dir, split, node_cache(spec.config.launch), spec.dataset.manifest_digest)
+
+
 def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
-    """Eval metrics of the in-memory trained model (the exported one must reproduce them)."""
+    """Eval metrics of the in-memory trained model on eval.final_eval_rows rows of the eval split (the exported model
+    must reproduce them on the same rows: trainer/evaluate.py sample_rows)."""
     engine.eval()
+    examples = split_of(spec, "eval")
     sums = local_sums(
         engine,
-        load_split(spec.dataset_dir, "eval"),
+        examples,
+        sample_rows(len(examples), spec.config.eval.final_eval_rows),
         rank=dist.rank,
         world=dist.world_size,
         batch_size=spec.config.eval.batch_size,

@@ -27,7 +27,7 @@ def split_prompt(example: Row) -> tuple[list[int], list[int]]:
     if first == 0:
         first = max(1, len(ids) // 2)
     end = next((i for i in range(first, len(labels)) if labels[i] == IGNORE_INDEX), len(labels))
-    return ids[:first], labels[first:end]
+    return list(ids[:first]), list(labels[first:end])
 
 
 @torch.no_grad()

@@ -86,7 +86,15 @@ class LaunchConfig(Section):
         None,
         min_length=1,
         description="A directory on each node's own disk where it keeps what it can reuse across launches and runs "
-        "(the digests of the base model's files); empty: $TANDEM_NODE_CACHE, else ~/.cache/tandem.",
+        "(the digests of the base model's and the dataset's files; a copy of a dataset staged on an object store, or "
+        "in the earlier Parquet form, that the node's ranks read); empty: $TANDEM_NODE_CACHE, else ~/.cache/tandem.",
+    )
+    node_cache_max_gb: float = Field(
+        100.0,
+        gt=0,
+        description="The most the node cache's dataset copies may hold on a node, in GB (1e9 bytes): beyond it the "
+        "least recently used copies not in use are removed before another is fetched; a dataset larger than this "
+        "stops preflight with a line saying to raise it.",
     )
     rdzv_timeout: int = Field(120, gt=0, description="Seconds to wait for every node to join.")
     collective_timeout: int = Field(

@@ -30,6 +30,14 @@ class EvalConfig(Section):
         0, ge=0, le=1000, description="Write this many greedy completions of eval prompts to {run}/samples.jsonl."
     )
     max_new_tokens: int = Field(32, gt=0, le=4096, description="Tokens generated per sample (eval.generate_samples).")
+    final_eval_rows: int = Field(
+        256,
+        ge=0,
+        description="Rows of the eval split, spread evenly over it, that the trainer evaluates its in-memory model on "
+        "after the last step (metrics.jsonl's final_eval: what the exported model must reproduce on the same rows); "
+        "0: the whole split. A wrong export changes the loss of nearly every token, far beyond the agreement (about "
+        "1e-5) of a right one, so a few hundred rows catch it.",
+    )
 
 
 Metric = Literal["loss", "perplexity", "token_accuracy"]

@@ -139,8 +139,16 @@ class DataConfig(Section):
     )
     max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; see data.excess_length.")
     eval_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="Share of records held out for evaluation.")
+    eval_max_records: int | None = Field(
+        2000,
+        gt=0,
+        description="The most records data.eval_ratio holds out: of the records that fall into eval, those with the "
+        "lowest digests stay there (a function of the records, not of their order) and the others train; null: no "
+        "cap. With the defaults, datasets up to about 20,000 records are split by the ratio alone. Not applied to "
+        "data.eval_source, which is evaluated whole.",
+    )
     digest_algorithm: Literal["blake3", "sha256"] = Field("blake3", description="Digest for manifests.")
-    shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Rows per Parquet shard (bounds shard size).")
+    shard_rows: int = Field(10_000, gt=0, le=10_000_000, description="Rows per shard (bounds shard size).")
     num_proc: int = Field(
         0,
         ge=0,

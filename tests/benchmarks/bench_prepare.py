@@ -14,7 +14,7 @@ this run on this machine, with --num-proc processes on both sides:
     same tokenizer and num_proc (`map`, token ids only, no labels) and writing Parquet;
 (b) the staging's I/O and digest path alone vs `cp` + `sha256sum`: the source read and digested once (what
     replaces the copy and the checksum; `digest_sources`, interleaved with them). Beside it, from the staging's
-    own log: writing and digesting the shards (Parquet with zstd, the counterpart of the workflow's to_parquet),
+    own log: writing and digesting the shards (Arrow IPC, the counterpart of the workflow's to_parquet),
     parsing and validating every record (Python), and everything but tokenizing as a second ratio;
 (c) staging the unchanged input again vs the first staging (and again without the by-source index);
 (e) tokenization throughput (records/s, labels included) vs that `datasets.map`, on the first --tokenize-mb
@@ -306,7 +306,7 @@ def report(
             f"    cp + sha256sum            {s['cp_sha256sum_s']:8.2f} s",
             f"    source read + digested    {s['digest_s']:8.2f} s   speed-up "
             f"{s['cp_sha256sum_s'] / s['digest_s']:.2f}x   (once, {s['digest_algorithm']}: what replaces them)",
-            f"    shards written + digested {s['writing_s']:8.2f} s   (Parquet, zstd: the counterpart of the "
+            f"    shards written + digested {s['writing_s']:8.2f} s   (Arrow IPC: the counterpart of the "
             "workflow's to_parquet, in (a))",
             f"    parsing and validating    {s['parsing_s']:8.2f} s   (every record, in Python; not I/O)",
             f"    all but tokenizing        {s['untokenized_s']:8.2f} s   speed-up "

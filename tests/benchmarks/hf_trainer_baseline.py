@@ -28,7 +28,9 @@ from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
-from storage.shards import Row, load_split
+from storage.local_dataset import open_split
+from storage.node_cache import node_cache
+from storage.shards import Row
 from storage.spec import load_spec
 from trainer.data import collate
 from trainer.model import ensure_pad_token_id, load_base, make_trainable
@@ -70,7 +72,7 @@ def main() -> None:
         state.distributed_type = DistributedType.DEEPSPEED
     model = make_trainable(load_base(spec.model_path, method=train.method, bf16=cuda), train)
     ds = read_deepspeed_json(spec.config.deepspeed.config)  # "auto" values: HF fills them from its arguments
-    examples = load_split(spec.dataset.url, "train")
+    examples = open_split(spec.dataset_dir, "train", node_cache(spec.config.launch))
     # A list of rows is a map-style dataset for the Trainer: the `datasets` package is not needed (a GPU machine
     # may lack it).
     dataset = [row._asdict() for row in examples]

@@ -128,20 +128,24 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
 
 
 def eval_exported(run: Run) -> float:
-    """The exported final/ model's eval loss (local or on S3), computed in this process through the real loading
-    path, from full logits: the trainer's final evaluation takes the chunked loss (train.loss_chunk_tokens), so the
-    two agreeing is also the chunked evaluation agreeing with the unfused one."""
+    """The exported final/ model's eval loss (local or on S3) on the rows of the trainer's final evaluation
+    (eval.final_eval_rows), computed in this process through the real loading path, from full logits: the trainer's
+    final evaluation takes the chunked loss (train.loss_chunk_tokens), so the two agreeing is also the chunked
+    evaluation agreeing with the unfused one."""
     import torch
 
-    from storage.shards import load_split
+    from storage.local_dataset import open_split
+    from storage.node_cache import node_cache
     from trainer.eval_model import load_for_eval
-    from trainer.evaluate import local_sums
+    from trainer.evaluate import local_sums, sample_rows
     from trainer.model import ensure_pad_token_id
 
     model = load_for_eval(layout.final_dir(run.spec.run), run.spec, torch.device("cpu"))
+    split = open_split(run.spec.dataset_dir, "eval", node_cache(run.spec.config.launch))
     sums = local_sums(
         model,
-        load_split(run.spec.dataset_dir, "eval"),
+        split,
+        sample_rows(len(split), run.spec.config.eval.final_eval_rows),
         rank=0,
         world=1,
         batch_size=8,

@@ -145,7 +145,7 @@ def test_corrupted_dataset_file(tmp_path, tiny_model) -> None:
     private = stage(tmp_path / "storage", tiny_model)  # a copy of its own: the shared one stays intact
     spec = build_spec(config(private, "corrupt", ["launch.nnodes=2"]), "corrupt", private.model_path, private.dataset)
     digest = write_spec(spec)
-    shard = Path(spec.dataset.url) / "train" / "shard-00000.parquet"
+    shard = Path(spec.dataset.url) / "train" / "shard-00000.arrow"
     data = bytearray(shard.read_bytes())
     data[64] ^= 0xFF
     shard.write_bytes(bytes(data))

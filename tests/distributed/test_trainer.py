@@ -39,6 +39,17 @@ def test_loss_falls_and_retention_keeps_exactly_k(reference: Run) -> None:
     assert all((reference.run_dir / "checkpoints" / n / "COMPLETE").exists() for n in names)
 
 
+def test_the_final_evaluation_takes_rows_spread_over_the_split_which_the_export_reproduces(reference: Run) -> None:
+    """eval.final_eval_rows=7 in the reference's spec: the trainer's in-memory evaluation covers 7 rows spread over
+    the eval split, not all of it, and the exported model gives the same loss on those rows."""
+    result = final_eval(reference)
+    manifest = json.loads((Path(reference.spec.dataset.url) / "manifest.json").read_text())
+    assert result["examples"] == 7 < manifest["splits"]["eval"]["records"]
+    assert_close(eval_exported(reference), result["loss"], rtol=1e-5, atol=1e-5)
+    steps = [r for r in reference.metrics() if "event" not in r]
+    assert all(0 <= r["data_time_s"] < r["step_time_s"] for r in steps)  # each step's time to read its rows
+
+
 @pytest.mark.multirun
 def test_node_layout_does_not_change_the_trajectory(staged: Staged, reference: Run) -> None:
     one_node = train(staged, "layout-1x2", ["launch.nnodes=1", "launch.nproc_per_node=2"])

@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import pyarrow as pa
 import pytest
 
 from storage.digest import digest_bytes, digest_url
@@ -20,7 +20,7 @@ def test_dataset_manifest_digests_match_the_files(pipeline) -> None:
     base = storage / "datasets" / summary["dataset_id"]
     manifest = json.loads((base / "manifest.json").read_text())
     assert manifest["schema"] == "tandem.dataset/1" and manifest["digest_algorithm"] == "blake3"
-    assert {f["path"] for f in manifest["files"]} == {"train/shard-00000.parquet", "eval/shard-00000.parquet"}
+    assert {f["path"] for f in manifest["files"]} == {"train/shard-00000.arrow", "eval/shard-00000.arrow"}
     for entry in manifest["files"]:
         digest, size = digest_url(str(base / entry["path"]), "blake3")
         assert (digest, size) == (entry["digest"], entry["size"])
@@ -53,7 +53,7 @@ def test_eval_counts_equal_the_eval_split(pipeline) -> None:
     split = manifest["splits"]["eval"]
     assert result["target_tokens"] == split["target_tokens"] > 0
     assert result["examples"] == split["records"]
-    table = pq.read_table(storage / "datasets" / summary["dataset_id"] / "eval" / "shard-00000.parquet")
+    table = pa.ipc.open_file(storage / "datasets" / summary["dataset_id"] / "eval" / "shard-00000.arrow").read_all()
     predicted = sum(sum(1 for label in labels[1:] if label != -100) for labels in table.column("labels").to_pylist())
     assert result["target_tokens"] == predicted
     assert result["world_size"] == 2

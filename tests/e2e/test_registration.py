@@ -120,15 +120,18 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     """`model` evaluated in this process on the run's eval split gives the entry's counts and loss."""
     import torch
 
-    from storage.shards import load_split
+    from storage.local_dataset import open_split
+    from storage.node_cache import node_cache
     from storage.spec import load_spec
     from trainer.evaluate import local_sums
     from trainer.model import ensure_pad_token_id
 
     spec, _ = load_spec(str(Path(run_url) / "spec.json"))
+    split = open_split(spec.dataset_dir, "eval", node_cache(spec.config.launch))
     loss_sum, targets, _, examples = local_sums(
         model,
-        load_split(spec.dataset.url, "eval"),
+        split,
+        range(len(split)),
         rank=0,
         world=1,
         batch_size=3,
@@ -183,6 +186,7 @@ def test_model_card_and_link_artifacts_were_published(pipeline) -> None:
         f"{summary['eval']['loss']:.4f}",
         "## Lineage",
         "dataset_manifest_digest",
+        "`data.eval_ratio` 0.1, at most `data.eval_max_records` 2000 |",  # the sample's split: under the cap
         "![loss curve](loss.png)",
         "PeftModel.from_pretrained(base,",
         summary["model_url"],

@@ -55,9 +55,10 @@ def test_stage_from_s3_to_s3_and_verify_by_reading_back(s3_bucket, tiny_model, t
         assert blake3.blake3(read_bytes(join(dataset, entry["path"]))).hexdigest() == entry["digest"]
     assert any("shards" in m and "uploaded" in m for m in messages)
 
-    from storage.shards import load_split  # what every rank does with the staged URL
+    from storage.local_dataset import open_split  # what every rank does with the staged URL
+    from storage.node_cache import NodeCache
 
-    train = load_split(dataset, "train")
+    train = open_split(dataset, "train", NodeCache(tmp_path / "node-cache", 10**9), ref.manifest_digest)
     assert len(train) == manifest["splits"]["train"]["records"] and all(len(i) == len(la) for i, la, _ in train)
 
     messages.clear()

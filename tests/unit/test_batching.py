@@ -10,7 +10,7 @@ import pytest
 from config.sections.model_train import TrainConfig
 from pipeline.plan import total_steps
 from storage.shards import Row, row
-from trainer.data import deal_by_length, rank_micro_batches, step_indices
+from trainer.data import GlobalOrder, deal_by_length, rank_micro_batches
 
 
 def examples(n: int, seed: int = 0) -> list[Row]:
@@ -24,7 +24,7 @@ def examples(n: int, seed: int = 0) -> list[Row]:
 
 @pytest.mark.parametrize(("micro", "accum", "world"), [(4, 2, 2), (1, 4, 3), (2, 1, 1), (3, 3, 4)])
 def test_every_example_of_a_step_goes_to_exactly_one_micro_batch(micro: int, accum: int, world: int) -> None:
-    indices = step_indices(100, seed=3, step=7, per_step=micro * accum * world)
+    indices = GlobalOrder(100, seed=3).step_indices(step=7, per_step=micro * accum * world)
     lengths = {i: (i * 37) % 50 + 1 for i in indices}
     dealt = deal_by_length(indices, lengths, micro, accum, world)
     assert len(dealt) == world and all(len(rank) == accum for rank in dealt)
@@ -35,14 +35,16 @@ def test_every_example_of_a_step_goes_to_exactly_one_micro_batch(micro: int, acc
 
 def test_steps_walk_the_epoch_without_repeats() -> None:
     n, per_step = 50, 8
-    seen = [i for step in range(7) for i in step_indices(n, seed=1, step=step, per_step=per_step)]
+    order = GlobalOrder(n, seed=1)
+    seen = [i for step in range(7) for i in order.step_indices(step=step, per_step=per_step)]
     assert sorted(seen[:n]) == list(range(n))  # the first 50 draws are one full epoch
     assert seen[n:] != seen[: len(seen) - n]  # the next epoch is shuffled differently
 
 
 def test_length_grouping_cuts_padding_and_balances_ranks() -> None:
     data = examples(400)
-    kwargs = {"seed": 5, "micro": 4, "accum": 4, "world": 4, "pad_id": 0}
+    kwargs = {"micro": 4, "accum": 4, "world": 4, "pad_id": 0}
+    order = GlobalOrder(len(data), seed=5)
     result = {}
     for grouped in (True, False):
         pads = positions = 0
@@ -50,7 +52,7 @@ def test_length_grouping_cuts_padding_and_balances_ranks() -> None:
         for step in range(20):
             per_rank = []
             for rank in range(4):
-                batches = list(rank_micro_batches(data, step=step, rank=rank, group_by_length=grouped, **kwargs))
+                batches = list(rank_micro_batches(data, order, step=step, rank=rank, group_by_length=grouped, **kwargs))
                 pads += sum(b.padding[0] for b in batches)
                 positions += sum(b.padding[1] for b in batches)
                 per_rank.append(sum(b.padding[1] for b in batches))

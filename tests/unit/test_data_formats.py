@@ -330,6 +330,18 @@ def test_invalid_records_of_other_formats(tmp_path, fmt, record, reason) -> None
     assert str(info.value).startswith(f"{path}[0]: {reason}")
 
 
+def test_a_json_array_is_read_one_record_at_a_time(tmp_path, monkeypatch) -> None:
+    """LLaMA-Factory's sets are JSON arrays of up to millions of records: parsed as the file streams in, never whole."""
+    from staging import sources
+
+    monkeypatch.setattr(sources, "BLOCK", 4096)
+    path = write_json(tmp_path / "big.json", [qwen(("user", f"q{i} " * 10), ("assistant", "a")) for i in range(2000)])
+    read: list[int] = []
+    items = sources.read_file(path, read.append)
+    assert next(items)[0] == f"{path}[0]" and sum(read) <= 2 * 4096 < Path(path).stat().st_size / 20
+    assert [location for location, _ in items][-1] == f"{path}[1999]" and sum(read) == Path(path).stat().st_size
+
+
 def test_malformed_json_names_the_line_or_the_file(tmp_path) -> None:
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text(json.dumps(GOOD) + "\n\n{not json\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import blake3
 import orjson
-import pyarrow.parquet as pq
+import pyarrow as pa
 import pytest
 
 from config.sections.run_data import DataConfig
@@ -38,7 +38,7 @@ def examples(url: str, split: str) -> list[tuple[tuple[int, ...], tuple[int, ...
     out = []
     for entry in manifest["files"]:
         if entry["path"].startswith(f"{split}/"):
-            table = pq.read_table(Path(url) / entry["path"])
+            table = pa.ipc.open_file(Path(url) / entry["path"]).read_all()
             out += [
                 (tuple(i), tuple(la))
                 for i, la in zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True)
@@ -52,10 +52,10 @@ def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model)
     manifest, digest = read_manifest(ref.url, SCHEMA)
     assert digest == ref.manifest_digest and manifest["dataset_id"] == ref.dataset_id
     assert [f["path"] for f in manifest["files"]] == [
-        "train/shard-00000.parquet",
-        "train/shard-00001.parquet",
-        "train/shard-00002.parquet",
-        "eval/shard-00000.parquet",
+        "train/shard-00000.arrow",
+        "train/shard-00001.arrow",
+        "train/shard-00002.arrow",
+        "eval/shard-00000.arrow",
     ]
     verify_files(ref.url, manifest, mode="full")
     for split, counts in manifest["splits"].items():
@@ -68,7 +68,7 @@ def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model)
     [source] = manifest["sources"]
     assert (source["url"], source["format"], source["records"]) == (str(SAMPLE), "qwen", 240)
     assert source["digest"] == blake3.blake3(SAMPLE.read_bytes()).hexdigest()
-    table = pq.read_table(Path(ref.url) / "train/shard-00000.parquet")
+    table = pa.ipc.open_file(Path(ref.url) / "train/shard-00000.arrow").read_all()
     assert table.column("length").to_pylist() == [len(ids) for ids in table.column("input_ids").to_pylist()]
 
 
@@ -135,6 +135,34 @@ def test_split_is_decided_by_each_record_alone(tmp_path, tiny_model) -> None:
     train_alone = set(examples(alone.url, "train"))
     assert eval_alone and eval_alone <= eval_mixed and not train_alone & eval_mixed
     assert 0.15 < len(eval_mixed) / 600 < 0.25
+
+
+def test_the_eval_split_is_capped_by_the_records_lowest_digests(tmp_path, tiny_model) -> None:
+    a = arithmetic(300)
+    data = DataConfig(source=write_jsonl(tmp_path / "a.jsonl", a), max_length=64, eval_ratio=0.3)
+    whole = stage(data.model_copy(update={"eval_max_records": None}), tmp_path / "s", tiny_model)
+    messages: list[str] = []
+    capped = stage(data.model_copy(update={"eval_max_records": 20}), tmp_path / "s", tiny_model, messages)
+    held = len(examples(whole.url, "eval"))
+    manifest, _ = read_manifest(capped.url, SCHEMA)
+    assert manifest["split"] == {"eval_ratio": 0.3, "eval_max_records": 20, "eval_capped": held - 20}
+    assert (manifest["splits"]["eval"]["records"], manifest["splits"]["train"]["records"]) == (20, 280)
+    assert f"eval split capped at data.eval_max_records=20: {held - 20} more records of the {held}" in "".join(messages)
+    from pipeline.model_card import split_row  # the model card says how the eval split was made
+
+    moved = f"`data.eval_ratio` 0.3, at most `data.eval_max_records` 20 ({held - 20} more records train)"
+    assert split_row(manifest["split"]) == ("held out", moved)
+    assert split_row(read_manifest(whole.url, SCHEMA)[0]["split"]) == ("held out", "`data.eval_ratio` 0.3, no cap")
+    # The records that stay held out are those whose digests are lowest: the same whatever the order of the file.
+    reordered = stage(
+        data.model_copy(update={"source": write_jsonl(tmp_path / "r.jsonl", a[::-1]), "eval_max_records": 20}),
+        tmp_path / "s",
+        tiny_model,
+    )
+    assert set(examples(capped.url, "eval")) == set(examples(reordered.url, "eval")) < set(examples(whole.url, "eval"))
+    assert capped.dataset_id != whole.dataset_id and set(examples(capped.url, "train")) > set(
+        examples(whole.url, "train")
+    )
 
 
 def test_eval_source_is_the_eval_split(tmp_path, tiny_model) -> None:
@@ -266,17 +294,17 @@ def test_an_interrupted_staging_leaves_no_manifest_and_is_staged_again_cleanly(t
         stage(data, tmp_path / "s", tiny_model)
     monkeypatch.undo()
     partial = tmp_path / "s" / "datasets" / clean.dataset_id
-    assert (partial / "train" / "shard-00000.parquet").exists() and not (partial / "manifest.json").exists()
-    (partial / "train" / "stray.parquet").write_bytes(b"left over")
+    assert (partial / "train" / "shard-00000.arrow").exists() and not (partial / "manifest.json").exists()
+    (partial / "train" / "stray.arrow").write_bytes(b"left over")
     again = stage(data, tmp_path / "s", tiny_model)
-    assert again.dataset_id == clean.dataset_id and not (partial / "train" / "stray.parquet").exists()
+    assert again.dataset_id == clean.dataset_id and not (partial / "train" / "stray.arrow").exists()
     assert read_manifest(again.url, SCHEMA)[0]["files"] == read_manifest(clean.url, SCHEMA)[0]["files"]
 
 
 def test_a_damaged_staged_dataset_is_staged_again(tmp_path, tiny_model) -> None:
     data = DataConfig(source=str(SAMPLE), max_length=128)
     ref = stage(data, tmp_path, tiny_model)
-    shard = Path(ref.url) / "eval" / "shard-00000.parquet"
+    shard = Path(ref.url) / "eval" / "shard-00000.arrow"
     body = shard.read_bytes()
     shard.unlink()
     messages: list[str] = []

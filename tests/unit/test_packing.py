@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 import torch
 
+from config.sections.launch import LaunchConfig
 from config.sections.run_data import DataConfig
 from flows.prepare import summary_rows
 from staging.packing import first_fit_decreasing, packing_enabled
 from staging.stage import stage_dataset
+from storage.local_dataset import open_split
 from storage.manifest import read_manifest
-from storage.shards import Row, examples_of, load_split
+from storage.node_cache import node_cache
+from storage.shards import Row, examples_of
 from tests.distributed.harness import tool_call_conversations
 from trainer.chunked_loss import LossHead
 from trainer.data import collate
@@ -27,6 +30,11 @@ from trainer.loop import summed_loss
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
 CPU = torch.device("cpu")
+
+
+def load_split(url: str, split: str) -> list[Row]:
+    """Every row of a local split, read as the ranks read it (mapped in place)."""
+    return list(open_split(url, split, node_cache(LaunchConfig())))
 
 
 def test_first_fit_decreasing_fills_rows_in_a_fixed_order() -> None:
@@ -201,11 +209,81 @@ def test_packed_and_unpacked_eval_give_the_same_metrics(both, model, chunk_token
     pad_id = int(model.config.pad_token_id)
     packed_rows, plain_rows = load_split(both[True].url, "eval"), load_split(both[False].url, "eval")
     assert len(packed_rows) < len(plain_rows)
-    packed = local_sums(
-        model, packed_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU, loss_chunk_tokens=chunk_tokens
-    )
-    plain = local_sums(
-        model, plain_rows, rank=0, world=1, batch_size=4, pad_id=pad_id, device=CPU, loss_chunk_tokens=chunk_tokens
+    packed, plain = (
+        local_sums(
+            model,
+            rows,
+            range(len(rows)),
+            rank=0,
+            world=1,
+            batch_size=4,
+            pad_id=pad_id,
+            device=CPU,
+            loss_chunk_tokens=chunk_tokens,
+        )
+        for rows in (packed_rows, plain_rows)
     )
     assert packed[0] == pytest.approx(plain[0], rel=1e-5)
     assert packed[1:] == plain[1:]  # target tokens, correct tokens, examples
+
+
+def in_memory_batches(rows: list[Row], seed: int, step: int, rank: int, world: int) -> list:
+    """A step's micro-batches for one rank as the in-memory reader gave them: every row of the split in a list, and
+    the epoch's order shuffled again at every step (the way before the shards were memory-mapped)."""
+    import random
+
+    from trainer.data import deal_by_length
+
+    per_step, indices, position = 2 * 3 * world, [], step * 2 * 3 * world
+    while len(indices) < per_step:
+        epoch, offset = divmod(position, len(rows))
+        order = list(range(len(rows)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        take = min(per_step - len(indices), len(rows) - offset)
+        indices += order[offset : offset + take]
+        position += take
+    lengths = {i: len(rows[i].input_ids) for i in indices}
+    return [collate([rows[i] for i in group], 0) for group in deal_by_length(indices, lengths, 2, 3, world, step)[rank]]
+
+
+def whole_split(url: str) -> list[Row]:
+    """The train split read whole into lists, as the reader before the memory map held it."""
+    import pyarrow as pa
+
+    manifest, _ = read_manifest(url, "tandem.dataset/1")
+    rows = []
+    for entry in (e for e in manifest["files"] if e["path"].startswith("train/")):
+        columns = pa.ipc.open_file(Path(url) / entry["path"]).read_all().to_pydict()
+        segments = columns.get("segments") or [[n] for n in columns["length"]]
+        rows += [Row(*row) for row in zip(columns["input_ids"], columns["labels"], segments, strict=True)]
+    return rows
+
+
+def same_batch(ours, theirs) -> bool:
+    """The same tensors, position ids (packed rows) included."""
+    fields = ("input_ids", "labels", "attention_mask")
+    same_positions = (
+        ours.position_ids is None
+        if theirs.position_ids is None
+        else bool(torch.equal(ours.position_ids, theirs.position_ids))
+    )
+    return same_positions and all(torch.equal(getattr(ours, f), getattr(theirs, f)) for f in fields)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_every_rank_sees_the_rows_the_in_memory_reader_gave_it(both, packing: bool) -> None:
+    """Each step's micro-batches on every rank, over more than two epochs, on 1 and 3 ranks: the same tensors from
+    the memory-mapped shards as from the whole split read into lists."""
+    from trainer.data import GlobalOrder, rank_micro_batches
+
+    split = open_split(both[packing].url, "train", node_cache(LaunchConfig()))
+    rows = whole_split(both[packing].url)
+    manifest, _ = read_manifest(both[packing].url, "tandem.dataset/1")
+    assert list(split) == rows and split.examples == manifest["splits"]["train"]["records"]
+    for world in (1, 3):
+        order = GlobalOrder(len(split), seed=11)
+        for step in range(2 * len(rows) // (6 * world) + 2):  # into the third epoch
+            for rank in range(world):
+                ours = rank_micro_batches(split, order, step=step, micro=2, accum=3, rank=rank, world=world, pad_id=0)
+                theirs = in_memory_batches(rows, 11, step, rank, world)
+                assert all(same_batch(a, b) for a, b in zip(ours, theirs, strict=True)), (world, step, rank)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import pyarrow as pa
 import pytest
 
 from config.sections.run_data import DataConfig
@@ -272,7 +272,7 @@ def staged_rows(url: str, tokenizer: str) -> list[tuple[str, list[str]]]:
     from staging.tokenize import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
-    table = pq.read_table(Path(url) / "train" / "shard-00000.parquet")
+    table = pa.ipc.open_file(Path(url) / "train" / "shard-00000.arrow").read_all()
     out = []
     for ids, labels in zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist(), strict=True):
         runs, current = [], []
