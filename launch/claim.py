@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import EXIT_USER_ERROR, TandemError, UserError
-from launch.diagnose import error_for
+from launch.diagnose import LOST_PEER, error_for
 from storage import layout
 from storage.fs import Location, exists, join, read_json, remove, write_json_atomic
 
 LEASE_S = 15.0
 RENEW_S = 2.0
+# A peer's note that only says its ranks lost a peer is an echo: the peer they lost may be this node's rank, killed
+# outright, whose agent notices a moment later. This node's own failure gets this long (on its own clock) to come.
+ECHO_GRACE_S = 15.0
 CLAIM = "claim.json"
 STOP = "stop.json"
 
@@ -51,6 +54,7 @@ class NodeClaim:
     started: float = field(default_factory=time.time)
     _renewed: float = 0.0
     stopped_by_peer: bool = False  # poll raised because another node failed (that node told the others)
+    _echo_seen: float | None = None  # when poll first read a peer's note that is an echo (monotonic)
 
     @property
     def name(self) -> str:
@@ -90,7 +94,7 @@ class NodeClaim:
         if time.monotonic() - self._renewed < RENEW_S:
             return
         self._renewed = time.monotonic()
-        if (stopped := self.stopped_by()) is not None:
+        if (stopped := self.stopped_by()) is not None and not self._echo_in_grace():
             self.stopped_by_peer = True
             raise stopped
         holder = read_json(self.url) if exists(self.url) else None
@@ -113,6 +117,16 @@ class NodeClaim:
             note["exit_code"],
             f"node {self.node_rank} stopped: node {note['node_rank']} on {note['name']} failed: {note['message']}",
         )
+
+    def _echo_in_grace(self) -> bool:
+        """Whether the peer's note is an echo (its ranks lost a peer) read less than ECHO_GRACE_S ago: this node keeps
+        following its own agent meanwhile, so that a rank of its own that died is reported as the cause."""
+        note = self.note()
+        if note is None or note["exit_code"] == EXIT_USER_ERROR or not LOST_PEER.search(note["message"]):
+            return False
+        if self._echo_seen is None:
+            self._echo_seen = time.monotonic()
+        return time.monotonic() - self._echo_seen < ECHO_GRACE_S
 
     def release(self) -> None:
         """Give the rank up (the node finished or failed)."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from core.errors import EXIT_RETRYABLE, EXIT_USER_ERROR, RetryableError, UserError
+from launch import claim as claims
 from launch.claim import NodeClaim
 from launch.diagnose import error_for
 from launch.node import clear_failure, failure_exit_code, record_failure, root_cause
@@ -64,3 +67,31 @@ def test_a_retryable_peer_failure_does_not_replace_a_nodes_own_error(tmp_path) -
     peer.stop_all("train failed on node 1, rank 1 was killed by SIGKILL", EXIT_RETRYABLE)
     own = RetryableError("train failed on node 0, rank 0 was killed by SIGKILL")
     assert root_cause(mine, own) is own
+
+
+def test_a_peers_lost_connection_note_waits_for_this_nodes_own_failure(tmp_path, monkeypatch) -> None:
+    """Node 1's rank is killed; node 0's rank says at once that it lost its peer, and node 0 leaves its note before
+    node 1's agent notices its own dead rank. Node 1 must not stop on that echo at once (it would report node 0's lost
+    connection as the cause, and lose its own: a CI run of the resume test saw it); a note that is not an echo stops
+    it at the next renewal, and an echo does after ECHO_GRACE_S of its own clock."""
+    run = str(tmp_path / "runs" / "r")
+    now = [1000.0]
+    monkeypatch.setattr(claims.time, "monotonic", lambda: now[0])
+    node0, node1 = NodeClaim(run, 0, 2, "127.0.0.1"), NodeClaim(run, 1, 2, "127.0.0.1")
+    node0.take(), node1.take()
+    node0.stop_all("train failed on node 0, rank 0: RuntimeError in dist_sum: Connection reset by peer", 75)
+    now[0] += claims.RENEW_S
+    node1.poll()  # the echo: node 1 keeps following its agent
+    assert not node1.stopped_by_peer
+    now[0] += claims.ECHO_GRACE_S
+    with pytest.raises(RetryableError, match=r"^node 1 stopped: node 0 on .*Connection reset by peer"):
+        node1.poll()
+    assert node1.stopped_by_peer  # no cause of its own came: the peer's note stops it
+
+    other = NodeClaim(run, 1, 2, "127.0.0.1")
+    other.take()
+    node0.stop_all("train failed on node 0, rank 0: ValueError in step (trainer/loop.py:1)", 75)
+    now[0] += claims.RENEW_S
+    with pytest.raises(RetryableError, match="ValueError in step"):
+        other.poll()
+    assert other.stopped_by_peer  # not an echo: at once
