@@ -12,6 +12,8 @@ slow or die at a chosen step through the real entry point, instead of mocking th
                                          half-checkpoint
     TANDEM_TEST_SLOW_SAVE=SECONDS        sleep SECONDS on every rank right after its shard is written (a slow
                                          store), so that a test can act while a checkpoint is half written
+    TANDEM_TEST_HOLD_SAVE=PATH           every rank's checkpoint writer waits, after its shard is written, until PATH
+                                         exists (at most 10 minutes), so that a test sees training go on meanwhile
     TANDEM_TEST_EXIT_ONCE=PATH           with an EXIT hook: exit only if PATH does not exist yet
                                          (it is created first), so that a retry succeeds
     TANDEM_TEST_EXIT_STAMP=PATH          with an EXIT hook: write the time of death to PATH first
@@ -128,6 +130,11 @@ def in_save(rank: int, step: int, point: str) -> None:
     slow = os.environ.get("TANDEM_TEST_SLOW_SAVE")
     if slow and point == "after_shard":
         time.sleep(float(slow))
+    hold = os.environ.get("TANDEM_TEST_HOLD_SAVE")
+    if hold and point == "after_shard":
+        deadline = time.monotonic() + 600
+        while not os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.1)
     value = os.environ.get("TANDEM_TEST_EXIT_IN_SAVE")
     if not value:
         return

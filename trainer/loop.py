@@ -216,7 +216,7 @@ def train(spec: Spec, dist: Dist) -> None:
         run.metrics.write(
             {"event": "final_eval", "step": spec.total_steps, **final_eval(run.engine, spec, dist, run.pad_id)}
         )
-    run.checkpointer.finish()
+    run.checkpointer.finish(run.metrics.write)
 
 
 def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
