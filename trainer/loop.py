@@ -191,6 +191,7 @@ def train(spec: Spec, dist: Dist) -> None:
         dist.world_size,
     )
     loss_head = LossHead.of(run.engine, spec.config.train.loss_chunk_tokens)
+    loop_started = time.perf_counter()
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
             run.checkpointer.cancelled(
@@ -209,7 +210,8 @@ def train(spec: Spec, dist: Dist) -> None:
         for event in run.straggler.check(done):
             run.metrics.write(event)
         if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
-            run.metrics.write(step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s))
+            record = step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s)
+            run.metrics.write({**record, "elapsed_s": time.perf_counter() - loop_started})
         if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
             run.clock.saved()
     if start < spec.total_steps:

@@ -29,6 +29,7 @@ from trainer.checkpointing.snapshot import Snapshot
 from trainer.distributed import Dist, gather_objects
 
 log = logging.getLogger(__name__)
+WRITER_NICE = 10  # the writer thread's niceness (Linux: a thread's own)
 
 
 class HashingFile:
@@ -36,7 +37,7 @@ class HashingFile:
     copied)."""
 
     def __init__(self, handle: Any, algorithm: str) -> None:
-        self.handle, self.hash, self.size = handle, hasher(algorithm), 0
+        self.handle, self.hash, self.size = handle, hasher(algorithm, parallel=False), 0
 
     def write(self, data: Any) -> int:
         self.hash.update(data)
@@ -57,7 +58,7 @@ def write_state(state: Any, path: str, algorithm: str) -> tuple[str, int]:
 
 def digest_local(path: str, algorithm: str) -> tuple[str, int]:
     """(digest, size) of a file on this node's disk."""
-    h, total = hasher(algorithm), 0
+    h, total = hasher(algorithm, parallel=False), 0
     with open(path, "rb") as handle:
         while chunk := handle.read(CHUNK):
             h.update(chunk)
@@ -166,6 +167,10 @@ class BackgroundSave:
 
     def _run(self, work: Callable[[], SaveResult]) -> Callable[[], None]:
         def run() -> None:
+            if self._thread is not None:
+                # Below the step loop's threads: where the cores are busy training (a CPU run), the writer takes
+                # what they leave; on a GPU node, whose cores mostly wait on the device, that is nearly all of them.
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
             try:
                 self.result = work()
             except BaseException as exc:  # noqa: BLE001 - kept for the main thread, which raises it
