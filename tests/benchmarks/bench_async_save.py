@@ -1,8 +1,8 @@
 """What a checkpoint save costs training: background saves (`train.async_save`, the default) against synchronous
 ones (`train.async_save=false`, the way before), measured in the same run against the same steps without saves.
 
-    .venv/bin/python tests/benchmarks/bench_async_save.py     # 0.5B, 1 rank, local; its 4-layer cut, 2 ranks, local and S3
-    .venv/bin/python tests/benchmarks/bench_async_save.py --cases tiny:1:local,tiny:2:s3          (toy size)
+    .venv/bin/python tests/benchmarks/bench_async_save.py    # 0.5B, 1 rank, local; a 4-layer cut, 2 ranks, local and S3
+    .venv/bin/python tests/benchmarks/bench_async_save.py --cases tiny:1:local,tiny:2:s3    (toy size)
 
 Each case is a model shape, a world size (one node) and a storage. It trains full fine-tuning under ZeRO-3 for 16
 steps (micro-batch 1, 64 tokens) three times: without saves in the measured steps, with a save every 4 steps
