@@ -198,6 +198,8 @@ def train(spec: Spec, dist: Dist) -> None:
                 step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s, run.metrics.write
             )
             raise SystemExit(EXIT_CANCELLED)
+        if faults.fires_at(dist.rank, step + 1):
+            run.checkpointer.wait(run.metrics.write)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
         batches = step_batches(run, spec, dist, step)

@@ -91,8 +91,9 @@ class SaveResult:
 
 
 def run_save(job: SaveJob, dist: Dist, group: Any) -> SaveResult:
-    """Write, digest, upload, trade file lists, and (rank 0) commit; raises this rank's error, or a peer's as a
-    RuntimeError naming it, after the exchange so that no writer waits forever for a failed one."""
+    """Write, digest, upload, trade file lists, and (rank 0) commit. This rank's own error is raised after the
+    exchanges, so that no writer waits forever for a failed one; a peer's failure leaves the checkpoint without
+    COMPLETE (`complete` False)."""
     started = time.perf_counter()
     entries: list[dict[str, Any]] = []
     error: BaseException | None = None
@@ -111,12 +112,22 @@ def run_save(job: SaveJob, dist: Dist, group: Any) -> SaveResult:
         log.warning("checkpoint step %d left incomplete: rank %d's writer failed: %s", job.step, rank, message)
         return SaveResult(job.step, False, 0, time.perf_counter() - started)
     all_entries = [e for got in everyone for e in got["entries"]]
+    committed: str | None = None
     if dist.is_main:
         manifest = checkpoint_manifest(job.step, dist.world_size, job.meta, job.algorithm, all_entries)
-        commit(
-            job.url, manifest, verify=True, before_seal=lambda: faults.in_save(dist.rank, job.step, "before_complete")
-        )
-        log.info("checkpoint step %d complete: %d files at %s", job.step, len(all_entries), job.url)
+        try:
+            commit(job.url, manifest, verify=True, before_seal=lambda: faults.in_save(0, job.step, "before_complete"))
+            log.info("checkpoint step %d complete: %d files at %s", job.step, len(all_entries), job.url)
+        except Exception as exc:  # noqa: BLE001 - traded below, then raised
+            error, committed = exc, f"{type(exc).__name__}: {exc}"
+    # Every writer returns only once COMPLETE is written (or failed): a rank that learns its save finished may act on
+    # it (stop, die in a test), and rank 0's writer must not be cut short by that.
+    (outcome, *_) = gather_objects(committed, dist, group)
+    if error is not None:
+        raise error
+    if outcome is not None:
+        log.warning("checkpoint step %d left incomplete: rank 0 could not commit it: %s", job.step, outcome)
+        return SaveResult(job.step, False, 0, time.perf_counter() - started)
     return SaveResult(job.step, True, sum(e["size"] for e in all_entries), time.perf_counter() - started)
 
 
@@ -143,6 +154,8 @@ def _write_files(job: SaveJob, dist: Dist) -> list[dict[str, Any]]:
             if uploaded != nbytes:
                 raise OSError(f"{join(job.url, rel)}: {uploaded} bytes on storage after the upload, {nbytes} written")
         entries.append({"path": rel, "size": nbytes, "digest": digest, "rank": dist.rank, "host": dist.host})
+        if len(entries) == 1:
+            faults.in_save(dist.rank, job.step, "mid_upload")
     if job.remote:
         shutil.rmtree(job.root, ignore_errors=True)
     return entries
