@@ -4,6 +4,7 @@ recorded and retained only once it finished, left alone when a stop's grace runs
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from storage.checkpoints import CompleteCheckpoint
@@ -26,7 +27,7 @@ class FakeSave:
         if not self.finished:
             self.calls.append(("waited", self.step))
             self.finished = True
-        return SaveResult(self.step, True, 100 * self.step, 0.0)
+        return SaveResult(self.step, True, 100 * self.step, time.perf_counter())
 
 
 class FakeIO:

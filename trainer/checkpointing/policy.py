@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from config.sections.model_train import size_in_bytes
 from storage.checkpoints import CompleteCheckpoint, apply_retention
 from storage.spec import Spec
@@ -83,6 +85,7 @@ class Checkpointer:
         self.start = 0
         self.last_saved: int | None = None
         self.in_flight: InFlight | None = None
+        self.started_at = 0.0  # of the save in flight (perf_counter, which every thread shares)
         self.blocked_s = 0.0  # what training waited for, of the save in flight
         self._emergency: int | None = None  # the step a SIGTERM saved
 
@@ -125,7 +128,7 @@ class Checkpointer:
                     "event": "checkpoint",
                     "step": result.step,
                     "bytes": result.bytes,
-                    "seconds": self.blocked_s + result.write_s,
+                    "seconds": result.finished_at - self.started_at,
                     "blocked_s": self.blocked_s,
                     **({"reason": "sigterm"} if result.step == self._emergency else {}),
                 }
@@ -136,9 +139,9 @@ class Checkpointer:
 
     def _start(self, done: int, record: Callable[[dict[str, Any]], None]) -> None:
         self.wait(record)  # at most one save in flight
-        started = time.perf_counter()
+        self.started_at = time.perf_counter()
         self.in_flight = self.io.start_save(done)
-        self.blocked_s = time.perf_counter() - started
+        self.blocked_s = time.perf_counter() - self.started_at
         self.last_saved = done
         self.poll(record)  # a synchronous save is done already
 
@@ -202,6 +205,9 @@ class DeepSpeedIO:
         train = spec.config.train
         self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method != "full"
         self.algorithm = spec.config.data.digest_algorithm  # writers use the configured digest
+        # Every checkpoint file's digest is in its manifest and checked on resume; the zip CRC32 that torch.save
+        # computes for each record is a second check that costs as much CPU as the write itself.
+        torch.serialization.set_crc32_options(False)
         background = train.async_save
         self.snapshots = SnapshotEngine(dist.local_world) if background else None
         self.writers = side_group(dist) if background else None  # collective: every rank builds the IO
@@ -245,6 +251,8 @@ class DeepSpeedIO:
         apply_retention(self.spec.run, keep_latest_k)
 
     def export(self, step: int) -> None:
+        if self.snapshots is not None:
+            self.snapshots.release()
         export_final(
             self.engine,
             run_url=self.spec.run,

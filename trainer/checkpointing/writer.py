@@ -87,14 +87,13 @@ class SaveResult:
     step: int
     complete: bool  # False: a peer's writer failed, and the checkpoint was left without COMPLETE
     bytes: int
-    write_s: float  # from the start of the writer to COMPLETE (rank 0) or to the exchange of file lists
+    finished_at: float  # time.perf_counter() when the writer finished (COMPLETE written, on every rank)
 
 
 def run_save(job: SaveJob, dist: Dist, group: Any) -> SaveResult:
     """Write, digest, upload, trade file lists, and (rank 0) commit. This rank's own error is raised after the
     exchanges, so that no writer waits forever for a failed one; a peer's failure leaves the checkpoint without
     COMPLETE (`complete` False)."""
-    started = time.perf_counter()
     entries: list[dict[str, Any]] = []
     error: BaseException | None = None
     try:
@@ -110,7 +109,7 @@ def run_save(job: SaveJob, dist: Dist, group: Any) -> SaveResult:
     if failed:  # a peer raises its own error; this rank only leaves the checkpoint without COMPLETE
         rank, message = failed[0]
         log.warning("checkpoint step %d left incomplete: rank %d's writer failed: %s", job.step, rank, message)
-        return SaveResult(job.step, False, 0, time.perf_counter() - started)
+        return SaveResult(job.step, False, 0, time.perf_counter())
     all_entries = [e for got in everyone for e in got["entries"]]
     committed: str | None = None
     if dist.is_main:
@@ -127,8 +126,8 @@ def run_save(job: SaveJob, dist: Dist, group: Any) -> SaveResult:
         raise error
     if outcome is not None:
         log.warning("checkpoint step %d left incomplete: rank 0 could not commit it: %s", job.step, outcome)
-        return SaveResult(job.step, False, 0, time.perf_counter() - started)
-    return SaveResult(job.step, True, sum(e["size"] for e in all_entries), time.perf_counter() - started)
+        return SaveResult(job.step, False, 0, time.perf_counter())
+    return SaveResult(job.step, True, sum(e["size"] for e in all_entries), time.perf_counter())
 
 
 def _write_files(job: SaveJob, dist: Dist) -> list[dict[str, Any]]:
