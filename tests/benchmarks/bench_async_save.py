@@ -3,8 +3,11 @@ ones (`train.async_save=false`, the way before), measured in the same run agains
 
     .venv/bin/python tests/benchmarks/bench_async_save.py    # 0.5B, 1 rank, local; a 4-layer cut, 2 ranks, local and S3
     .venv/bin/python tests/benchmarks/bench_async_save.py --cases tiny:1:local,tiny:2:s3    (toy size)
+    .venv/bin/python tests/benchmarks/bench_async_save.py --cases qwen2.5-0.5b:1:local:1  (training on one core)
 
-Each case is a model shape, a world size (one node) and a storage. It trains full fine-tuning under ZeRO-3 for 16
+Each case is a model shape, a world size (one node), a storage and optionally the number of compute threads a rank
+gets (OMP_NUM_THREADS): on this 2-core machine a rank's compute takes every core, so the writer's CPU is taken from
+the steps; `:1` leaves one core to the writer, as a GPU node's host cores mostly are. It trains full fine-tuning under ZeRO-3 for 16
 steps (micro-batch 1, 64 tokens) three times: without saves in the measured steps, with a save every 4 steps
 written synchronously, and with the same saves in the background. "Blocked" for the save of step s is the wall time
 of rank 0's steps s-2 to s+4 (`elapsed_s` in metrics.jsonl: the loop's own clock, saves and slowed steps included)
@@ -93,10 +96,10 @@ def elapsed(rows: list[dict[str, Any]]) -> dict[int, float]:
     return {r["step"]: r["elapsed_s"] for r in rows if "elapsed_s" in r}
 
 
-def one_run(staged: Staged, name: str, ranks: int, way: str) -> dict[str, Any]:
+def one_run(staged: Staged, name: str, ranks: int, way: str, extra: list[str]) -> dict[str, Any]:
     """Train once; returns rank 0's step clock, the checkpoint events and the ranks' peak RssAnon."""
     with Sampler(f"runs/{name}/spec.json") as sampler:
-        run = train(staged, name, [*RUN, f"launch.nproc_per_node={ranks}", *WAYS[way]])
+        run = train(staged, name, [*RUN, f"launch.nproc_per_node={ranks}", *WAYS[way], *extra])
     rows = run.metrics()
     return {
         "clock": elapsed(rows),
@@ -127,23 +130,24 @@ def late_saves(run: dict[str, Any]) -> list[int]:
 
 
 def case(spec: str, work: Path) -> dict[str, Any]:
-    shape, ranks_text, where = spec.split(":")
+    shape, ranks_text, where, *threads = spec.split(":")
     ranks = int(ranks_text)
+    extra = [f"launch.env={{OMP_NUM_THREADS: '{threads[0]}'}}"] if threads else []
     model = model_dir(shape, work)
     name = spec.replace(":", "-").replace(".", "")
     if where == "s3":
         with s3_storage(work) as (url, options):
             staged = stage(url, model, STAGE, options)
-            return measure(staged, name, ranks)
+            return measure(staged, name, ranks, extra)
     staged = stage(work / f"storage-{name}", model, STAGE)
     try:
-        return measure(staged, name, ranks)
+        return measure(staged, name, ranks, extra)
     finally:
         shutil.rmtree(work / f"storage-{name}", ignore_errors=True)
 
 
-def measure(staged: Staged, name: str, ranks: int) -> dict[str, Any]:
-    runs = {way: one_run(staged, f"{name}-{way}", ranks, way) for way in WAYS}
+def measure(staged: Staged, name: str, ranks: int, extra: list[str]) -> dict[str, Any]:
+    runs = {way: one_run(staged, f"{name}-{way}", ranks, way, extra) for way in WAYS}
     out: dict[str, Any] = {"peak_anon_gb": {way: r["peak_anon_gb"] for way, r in runs.items()}}
     for way in ("sync", "async"):
         out[f"{way}_blocked_s"] = blocked(runs[way], runs["none"])
