@@ -7,8 +7,8 @@ ones (`train.async_save=false`, the way before), measured in the same run agains
 
 Each case is a model shape, a world size (one node), a storage and optionally the number of compute threads a rank
 gets (OMP_NUM_THREADS): on this 2-core machine a rank's compute takes every core, so the writer's CPU is taken from
-the steps; `:1` leaves one core to the writer, as a GPU node's host cores mostly are. It trains full fine-tuning under ZeRO-3 for 16
-steps (micro-batch 1, 64 tokens) three times: without saves in the measured steps, with a save every 4 steps
+the steps; `:1` leaves one core to the writer, as a GPU node's host cores mostly are. It trains full fine-tuning
+under ZeRO-3 for 16 steps (micro-batch 1, 64 tokens) three times: without saves in the measured steps, with a save every 4 steps
 written synchronously, and with the same saves in the background. "Blocked" for the save of step s is the wall time
 of rank 0's steps s-2 to s+4 (`elapsed_s` in metrics.jsonl: the loop's own clock, saves and slowed steps included)
 less the same steps of the run without saves; saves are at 4, 8 and 12, and the table quotes the median. The window
