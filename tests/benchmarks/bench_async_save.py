@@ -8,13 +8,13 @@ ones (`train.async_save=false`, the way before), measured in the same run agains
 Each case is a model shape, a world size (one node), a storage and optionally the number of compute threads a rank
 gets (OMP_NUM_THREADS): on this 2-core machine a rank's compute takes every core, so the writer's CPU is taken from
 the steps; `:1` leaves one core to the writer, as a GPU node's host cores mostly are. It trains full fine-tuning
-under ZeRO-3 for 16 steps (micro-batch 1, 64 tokens) three times: without saves in the measured steps, with a save every 4 steps
-written synchronously, and with the same saves in the background. "Blocked" for the save of step s is the wall time
-of rank 0's steps s-2 to s+4 (`elapsed_s` in metrics.jsonl: the loop's own clock, saves and slowed steps included)
-less the same steps of the run without saves; saves are at 4, 8 and 12, and the table quotes the median. The window
-after each save (4 steps) must cover its background write: a save whose write is still running at s+4 is reported,
-since the rest of its cost would fall outside the window. The ranks' peak RssAnon (sampled every 0.1 s) is reported
-for each way: the host copy is what a background save costs in memory.
+under ZeRO-3 for 16 steps (micro-batch 1, 64 tokens) three times: without saves in the measured steps, with a save
+every 4 steps written synchronously, and with the same saves in the background. "Blocked" for the save of step s is
+the wall time of rank 0's steps s-2 to s+4 (`elapsed_s` in metrics.jsonl: the loop's own clock, saves and slowed
+steps included) less the same steps of the run without saves; saves are at 4, 8 and 12, and the table quotes the
+median. The window after each save (4 steps) must cover its background write: a save whose write is still running at
+s+4 is reported, since the rest of its cost would fall outside the window. The ranks' peak RssAnon (sampled every
+0.1 s) is reported for each way: the host copy is what a background save costs in memory.
 
 Shapes: `qwen2.5-0.5b` (Qwen2.5-0.5B-Instruct's published shape, random weights: an 8 GB checkpoint), `qwen2.5-0.5b-4l`
 (the same cut to 4 layers: 3 GB, small enough to run twice on this machine and to keep in the S3 endpoint, moto's
