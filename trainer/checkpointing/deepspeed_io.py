@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,7 @@ def begin_save(
     default_engine = engine.checkpoint_engine
     if snapshots is not None:
         engine.checkpoint_engine = snapshots
+    started = time.perf_counter()
     try:
         engine.save_checkpoint(
             root, tag=rank_dir, client_state={"step": step}, save_latest=False, exclude_frozen_parameters=exclude_frozen
@@ -114,6 +116,14 @@ def begin_save(
     finally:
         engine.checkpoint_engine = default_engine
     snapshot = snapshots.take() if snapshots is not None else Snapshot()
+    if snapshots is not None:
+        log.info(
+            "checkpoint step %d: %.2f GB copied to host memory, %d file(s) written to local disk, in %.2f s",
+            step,
+            snapshot.host_bytes / 1e9,
+            sum(f.state is None for f in snapshot.files),
+            time.perf_counter() - started,
+        )
     state = {"step": step, "rank": dist.rank, "rng": rng_state()}  # fresh objects: no copy needed
     snapshot.files.append(Pending(os.path.join(root, rank_dir, TRAINER_STATE), state, 0))
     pending = {os.path.relpath(f.path, root) for f in snapshot.files}
