@@ -13,10 +13,11 @@ CHUNK = 8 * 1024 * 1024
 ALGORITHMS = ("blake3", "sha256")
 
 
-def hasher(algorithm: str) -> Any:
-    """A fresh hash object for `algorithm`."""
+def hasher(algorithm: str, *, parallel: bool = True) -> Any:
+    """A fresh hash object for `algorithm` (`parallel`: BLAKE3 on every core; a background writer hashes on its own
+    thread so as not to take the cores training runs on)."""
     if algorithm == "blake3":
-        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+        return blake3.blake3(max_threads=blake3.blake3.AUTO if parallel else 1)
     if algorithm == "sha256":
         return hashlib.sha256()
     raise ValueError(f"digest algorithm must be one of {ALGORITHMS}, got {algorithm!r}")

@@ -28,6 +28,7 @@ class Dist:
     node_rank: int
     host: str
     device: torch.device
+    local_world: int = 1  # ranks on this node
 
     @property
     def is_main(self) -> bool:
@@ -66,7 +67,7 @@ def init(*, deepspeed_backend: bool, timeout_s: int = 300, connect_timeout_s: in
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
         _set_pg_timeout(timeout)
-    return Dist(rank, local_rank, world_size, rank // local_world, socket.gethostname(), device)
+    return Dist(rank, local_rank, world_size, rank // local_world, socket.gethostname(), device, local_world)
 
 
 def _free_port() -> int:
@@ -83,13 +84,22 @@ def dist_sum(values: Sequence[float], dist: Dist) -> list[float]:
     return tensor.tolist()
 
 
-def gather_objects(obj: Any, dist: Dist) -> list[Any]:
-    """Every rank's `obj`, in rank order, on every rank."""
+def gather_objects(obj: Any, dist: Dist, group: Any = None) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank (over `group`: the default group, or one of side_group's)."""
     if not tdist.is_initialized() or dist.world_size == 1:
         return [obj]
     out: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(out, obj)
+    tdist.all_gather_object(out, obj, group=group)
     return out
+
+
+def side_group(dist: Dist) -> Any:
+    """A second gloo group over every rank, for collectives that a background thread runs while the main thread
+    trains: two threads must never share a group, or their collectives interleave. Collective: every rank calls it,
+    in the same order. None when there is nothing to coordinate (one rank)."""
+    if not tdist.is_initialized() or dist.world_size == 1:
+        return None
+    return tdist.new_group(backend="gloo")
 
 
 def timed_all_reduce(nbytes: int, dist: Dist) -> float:

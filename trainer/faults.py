@@ -2,16 +2,20 @@
 slow or die at a chosen step through the real entry point, instead of mocking the trainer.
 
     TANDEM_TEST_SLOW_RANK=RANK:SECONDS   sleep SECONDS per micro-batch on global rank RANK
-    TANDEM_TEST_EXIT_AT_STEP=RANK:STEP   hard-exit global rank RANK when it reaches optimizer step STEP
+    TANDEM_TEST_EXIT_AT_STEP=RANK:STEP   hard-exit global rank RANK when it reaches optimizer step STEP (this and the
+                                         other step hooks below first let a background save in flight finish)
     TANDEM_TEST_STALL_AT_STEP=RANK:STEP  hang global rank RANK (sleep for an hour) in optimizer step STEP
     TANDEM_TEST_EXIT_IN_SAVE=RANK:STEP:POINT
                                          hard-exit global rank RANK while it saves the checkpoint of step STEP, at
-                                         POINT: `after_shard` (its own shard files are written, the manifest is not)
+                                         POINT: `mid_upload` (its files are written, one of them is on storage),
+                                         `after_shard` (its own shard files are written, the manifest is not)
                                          or `before_complete` (rank 0 only: manifest.json written and checked,
-                                         COMPLETE not yet) — the two moments a crash must not leave a usable
+                                         COMPLETE not yet) — the moments a crash must not leave a usable
                                          half-checkpoint
     TANDEM_TEST_SLOW_SAVE=SECONDS        sleep SECONDS on every rank right after its shard is written (a slow
                                          store), so that a test can act while a checkpoint is half written
+    TANDEM_TEST_HOLD_SAVE=PATH           every rank's checkpoint writer waits, after its shard is written, until PATH
+                                         exists (at most 10 minutes), so that a test sees training go on meanwhile
     TANDEM_TEST_EXIT_ONCE=PATH           with an EXIT hook: exit only if PATH does not exist yet
                                          (it is created first), so that a retry succeeds
     TANDEM_TEST_EXIT_STAMP=PATH          with an EXIT hook: write the time of death to PATH first
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
 
     from storage.fs import Location
 
-SAVE_POINTS = ("after_shard", "before_complete")
+SAVE_POINTS = ("mid_upload", "after_shard", "before_complete")
 
 
 def _parse(name: str) -> tuple[int, float] | None:
@@ -90,6 +94,22 @@ def maybe_record_env_digest(run_url: Location, node_rank: int, rank: int) -> Non
     write_bytes_atomic(join(layout.node_dir(run_url, node_rank), f"env-digest-rank-{rank:05d}.txt"), digest.encode())
 
 
+STEP_HOOKS = (
+    "TANDEM_TEST_EXIT_AT_STEP",
+    "TANDEM_TEST_STALL_AT_STEP",
+    "TANDEM_TEST_RAISE_AT_STEP",
+    "TANDEM_TEST_NAN_AT_STEP",
+    "TANDEM_TEST_OOM_AT_STEP",
+)
+
+
+def fires_at(rank: int, step: int) -> bool:
+    """Whether a step hook fires on this rank in this step. The trainer lets the save in flight finish first, so
+    that which checkpoint survives a step fault does not depend on how fast a background write was; a fault in the
+    middle of a background save is the EXIT_IN_SAVE hook's."""
+    return any((hook := _parse(name)) and hook[0] == rank and int(hook[1]) == step for name in STEP_HOOKS)
+
+
 def maybe_exit(rank: int, step: int) -> None:
     """Exit abruptly (no cleanup, like a killed process) if this rank should die at this step."""
     hook = _parse("TANDEM_TEST_EXIT_AT_STEP")
@@ -128,6 +148,11 @@ def in_save(rank: int, step: int, point: str) -> None:
     slow = os.environ.get("TANDEM_TEST_SLOW_SAVE")
     if slow and point == "after_shard":
         time.sleep(float(slow))
+    hold = os.environ.get("TANDEM_TEST_HOLD_SAVE")
+    if hold and point == "after_shard":
+        deadline = time.monotonic() + 600
+        while not os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.1)
     value = os.environ.get("TANDEM_TEST_EXIT_IN_SAVE")
     if not value:
         return

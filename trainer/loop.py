@@ -191,12 +191,15 @@ def train(spec: Spec, dist: Dist) -> None:
         dist.world_size,
     )
     loss_head = LossHead.of(run.engine, spec.config.train.loss_chunk_tokens)
+    loop_started = time.perf_counter()
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
             run.checkpointer.cancelled(
                 step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s, run.metrics.write
             )
             raise SystemExit(EXIT_CANCELLED)
+        if faults.fires_at(dist.rank, step + 1):
+            run.checkpointer.wait(run.metrics.write)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
         batches = step_batches(run, spec, dist, step)
@@ -209,14 +212,15 @@ def train(spec: Spec, dist: Dist) -> None:
         for event in run.straggler.check(done):
             run.metrics.write(event)
         if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
-            run.metrics.write(step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s))
+            record = step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s)
+            run.metrics.write({**record, "elapsed_s": time.perf_counter() - loop_started})
         if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
             run.clock.saved()
     if start < spec.total_steps:
         run.metrics.write(
             {"event": "final_eval", "step": spec.total_steps, **final_eval(run.engine, spec, dist, run.pad_id)}
         )
-    run.checkpointer.finish()
+    run.checkpointer.finish(run.metrics.write)
 
 
 def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:

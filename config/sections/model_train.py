@@ -71,6 +71,12 @@ class TrainConfig(Section):
         description="Also save when this many minutes passed since the last save (rank 0's clock, agreed "
         "by every rank at a step boundary); empty: by steps only. For spot machines, bounds the work a loss costs.",
     )
+    async_save: bool = Field(
+        True,
+        description="Save checkpoints in the background: training waits only while this rank's state is copied to "
+        "host memory (to local disk when memory is short), and a writer thread writes, digests and uploads it; "
+        "false: every save blocks until COMPLETE. Either way a checkpoint counts only once COMPLETE is written.",
+    )
     preempt_grace_s: int | None = Field(
         None,
         ge=1,

@@ -85,6 +85,20 @@ def test_bench_loss_memory() -> None:
 
 
 @bench
+def test_bench_async_save() -> None:
+    """The blocked-time table at toy size: the tiny model at 1 rank on local disk and 2 ranks on S3, each trained
+    without saves, with synchronous and with background saves."""
+    from tests.benchmarks import bench_async_save
+
+    results = bench_async_save.main(["--cases", "tiny:1:local,tiny:2:s3"])
+    assert set(results) == {"tiny:1:local", "tiny:2:s3"}, results
+    for figures in results.values():
+        assert len(figures["sync_blocked_s"]) == len(figures["async_blocked_s"]) == 3
+        assert len(figures["async_save_seconds"]) == 4 and figures["async_gb"] > 0  # 3 measured saves + the last
+        positive(figures["peak_anon_gb"], "none", "sync", "async")
+
+
+@bench
 def test_bench_model_scale() -> None:
     """The memory table at toy size: the tiny model laid out as published, 1 and 2 ranks, the code before at 1."""
     from tests.benchmarks import bench_model_scale

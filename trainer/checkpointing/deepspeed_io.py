@@ -1,7 +1,8 @@
-"""What a rank does with a checkpoint: its DeepSpeed shard saved and loaded, DeepSpeed's directory layout rebuilt
-from a checkpoint's manifest, and a finished local directory published with its manifest (docs/architecture.md,
-"On storage"). The manifest, COMPLETE, deletion and retention are storage/checkpoints.py's; when to save, resume and
-export is trainer/checkpointing/policy.py's; the exported model is trainer/checkpointing/export.py's.
+"""What a rank does with a checkpoint: the part of its save that training waits for, its DeepSpeed shard loaded,
+DeepSpeed's directory layout rebuilt from a checkpoint's manifest, and a finished local directory published with its
+manifest (docs/architecture.md, "On storage" and "The save protocol"). The writing, digesting, uploading and the
+commit of a save are trainer/checkpointing/writer.py's; the manifest, COMPLETE, deletion and retention are
+storage/checkpoints.py's; when to save, resume and export is trainer/checkpointing/policy.py's.
 
 Each rank saves its own DeepSpeed shard into `rank-{r:05d}/` (DeepSpeed's tag is the rank directory,
 so no file ever needs to be sorted by owner), digests it, and rank 0 writes manifest.json, checks
@@ -18,6 +19,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,6 @@ from core.errors import UserError
 from storage import layout
 from storage.checkpoints import (
     CompleteCheckpoint,
-    checkpoint_manifest,
     commit,
     read_complete,
     remove_dir,
@@ -41,12 +42,12 @@ from storage.fs import (
     is_local,
     join,
     local_path,
-    put_file,
     read_bytes,
     with_retries,
 )
-from trainer import faults
-from trainer.distributed import Dist, barrier, gather_objects
+from trainer.checkpointing.snapshot import Pending, Snapshot, SnapshotEngine
+from trainer.checkpointing.writer import SaveJob
+from trainer.distributed import Dist, barrier
 
 log = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.pt"
@@ -81,41 +82,53 @@ def _rank_files(root: str, rank_dir: str, with_root_files: bool) -> list[str]:
     return sorted(out)
 
 
-def save_checkpoint(
-    engine: Any, *, run_url: Location, step: int, meta: dict[str, Any], dist: Dist, algorithm: str, exclude_frozen: bool
-) -> tuple[Location, int]:
-    """Save step `step` under checkpoints/step-N with manifest and COMPLETE; returns (URL, bytes written)."""
+def begin_save(
+    engine: Any,
+    *,
+    snapshots: SnapshotEngine | None,
+    run_url: Location,
+    step: int,
+    meta: dict[str, Any],
+    dist: Dist,
+    algorithm: str,
+    exclude_frozen: bool,
+) -> SaveJob:
+    """The part of saving step `step` that training waits for: DeepSpeed's save (its collectives) with this rank's
+    state copied to host memory by `snapshots` (or, with None, written to disk at once); returns what the writer
+    (trainer/checkpointing/writer.py) does next."""
     url = layout.checkpoint_dir(run_url, step)
     if read_complete(url) is not None:
         raise UserError(f"{url} is already complete; refusing to overwrite a checkpoint (use a new run.name)")
     rank_dir = layout.rank_dir_name(dist.rank)
-    local = is_local(url)
-    root = local_path(url) if local else tempfile.mkdtemp(prefix="tandem-ckpt-")
+    remote = not is_local(url)
+    root = tempfile.mkdtemp(prefix="tandem-ckpt-") if remote else local_path(url)
     if dist.is_main:
         remove_dir(url)  # leftovers of a save that never reached COMPLETE
     barrier()
-    engine.save_checkpoint(
-        root, tag=rank_dir, client_state={"step": step}, save_latest=False, exclude_frozen_parameters=exclude_frozen
-    )
-    torch.save({"step": step, "rank": dist.rank, "rng": rng_state()}, os.path.join(root, rank_dir, TRAINER_STATE))
-    mine = _rank_files(root, rank_dir, with_root_files=dist.is_main)
-    if not local:
-        for rel in mine:
-            put_file(os.path.join(root, rel), join(url, rel))
-    faults.in_save(dist.rank, step, "after_shard")
-    entries = []
-    for rel in mine:
-        digest, size = digest_url(join(url, rel), algorithm)
-        entries.append({"path": rel, "size": size, "digest": digest, "rank": dist.rank, "host": dist.host})
-    all_entries = [e for per_rank in gather_objects(entries, dist) for e in per_rank]
-    if dist.is_main:
-        manifest = checkpoint_manifest(step, dist.world_size, meta, algorithm, all_entries)
-        commit(url, manifest, verify=True, before_seal=lambda: faults.in_save(dist.rank, step, "before_complete"))
-        log.info("checkpoint step %d complete: %d files at %s", step, len(all_entries), url)
-    if not local:
-        shutil.rmtree(root, ignore_errors=True)
-    barrier()
-    return url, sum(e["size"] for e in all_entries)
+    default_engine = engine.checkpoint_engine
+    if snapshots is not None:
+        engine.checkpoint_engine = snapshots
+    started = time.perf_counter()
+    try:
+        engine.save_checkpoint(
+            root, tag=rank_dir, client_state={"step": step}, save_latest=False, exclude_frozen_parameters=exclude_frozen
+        )
+    finally:
+        engine.checkpoint_engine = default_engine
+    snapshot = snapshots.take() if snapshots is not None else Snapshot()
+    if snapshots is not None:
+        log.info(
+            "checkpoint step %d: %.2f GB copied to host memory, %d file(s) written to local disk, in %.2f s",
+            step,
+            snapshot.host_bytes / 1e9,
+            sum(f.state is None for f in snapshot.files),
+            time.perf_counter() - started,
+        )
+    state = {"step": step, "rank": dist.rank, "rng": rng_state()}  # fresh objects: no copy needed
+    snapshot.files.append(Pending(os.path.join(root, rank_dir, TRAINER_STATE), state, 0))
+    pending = {os.path.relpath(f.path, root) for f in snapshot.files}
+    extra = [rel for rel in _rank_files(root, rank_dir, with_root_files=dist.is_main) if rel not in pending]
+    return SaveJob(url, root, remote, step, meta, algorithm, snapshot, extra)
 
 
 def publish_dir(

@@ -13,16 +13,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from config.sections.model_train import size_in_bytes
 from storage.checkpoints import CompleteCheckpoint, apply_retention
 from storage.spec import Spec
-from trainer.checkpointing.deepspeed_io import load_checkpoint, save_checkpoint
+from trainer.checkpointing.deepspeed_io import begin_save, load_checkpoint
 from trainer.checkpointing.export import export_final
 from trainer.checkpointing.reshard import load_resharded
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint
-from trainer.distributed import Dist
+from trainer.checkpointing.snapshot import SnapshotEngine
+from trainer.checkpointing.writer import BackgroundSave, SaveResult
+from trainer.distributed import Dist, dist_sum, side_group
 
 log = logging.getLogger(__name__)
+
+
+class InFlight(Protocol):
+    """A save that was started: trainer/checkpointing/writer.py's BackgroundSave."""
+
+    @property
+    def step(self) -> int:
+        """The step it saves."""
+
+    def done(self) -> bool:
+        """Whether it finished (never blocks)."""
+
+    def wait(self, timeout: float | None = None) -> SaveResult | None:
+        """Its result (None: `timeout` passed first); raises its error."""
 
 
 class CheckpointIO(Protocol):
@@ -34,8 +52,12 @@ class CheckpointIO(Protocol):
     def load(self, ckpt: CompleteCheckpoint) -> int:
         """Load it into the model; returns the step it holds."""
 
-    def save(self, step: int) -> int:
-        """Save a whole checkpoint of `step`; returns the bytes written."""
+    def start_save(self, step: int) -> InFlight:
+        """Save `step`: the part training waits for now, the rest in the background (or all of it now when
+        train.async_save is off). Collective."""
+
+    def agree(self, mine: bool) -> bool:
+        """Whether every rank says True. Collective."""
 
     def retain(self, keep_latest_k: int | None) -> None:
         """Apply retention (called on rank 0 only)."""
@@ -54,12 +76,18 @@ class Policy:
 
 
 class Checkpointer:
-    """Resume, periodic saves with retention, the save on cancel, and the export, for one rank."""
+    """Resume, periodic saves with retention, the save on cancel, and the export, for one rank. At most one save is
+    in flight: a new one waits for the last; its `checkpoint` event (metrics.jsonl) and retention follow its
+    COMPLETE, seen at a step boundary."""
 
     def __init__(self, io: CheckpointIO, policy: Policy, *, is_main: bool) -> None:
         self.io, self.policy, self.is_main = io, policy, is_main
         self.start = 0
         self.last_saved: int | None = None
+        self.in_flight: InFlight | None = None
+        self.started_at = 0.0  # of the save in flight (perf_counter, which every thread shares)
+        self.blocked_s = 0.0  # what training waited for, of the save in flight
+        self._emergency: int | None = None  # the step a SIGTERM saved
 
     def resume(self) -> int:
         """The step to start from: that of the checkpoint train.resume picks (loaded), else 0."""
@@ -73,17 +101,49 @@ class Checkpointer:
         return done % self.policy.save_steps == 0 or done == self.policy.total_steps
 
     def step_done(self, done: int, record: Callable[[dict[str, Any]], None], *, also: bool = False) -> bool:
-        """After step `done`: when due (or `also`: train.save_every_minutes), save, `record` the checkpoint event
-        (metrics.jsonl), then apply retention on rank 0; returns whether it saved."""
+        """After step `done`: note a finished save (`record` its checkpoint event, then retention on rank 0); when
+        due (or `also`: train.save_every_minutes), start a save; returns whether it started one."""
+        self.poll(record)
         if not (self.due(done) or also):
             return False
-        self.last_saved = done
-        started = time.perf_counter()
-        size = self.io.save(done)
-        record({"event": "checkpoint", "step": done, "bytes": size, "seconds": time.perf_counter() - started})
-        if self.is_main:
-            self.io.retain(self.policy.keep_latest_k)
+        self._start(done, record)
         return True
+
+    def poll(self, record: Callable[[dict[str, Any]], None]) -> None:
+        """If the save in flight finished: record it and apply retention (raises its writer's error)."""
+        if self.in_flight is not None and self.in_flight.done():
+            self.wait(record)
+
+    def wait(self, record: Callable[[dict[str, Any]], None], timeout: float | None = None) -> bool:
+        """Wait for the save in flight (at most `timeout` s); returns whether none is left in flight."""
+        if self.in_flight is None:
+            return True
+        result = self.in_flight.wait(timeout)
+        if result is None:
+            return False
+        self.in_flight = None
+        if result.complete:
+            record(
+                {
+                    "event": "checkpoint",
+                    "step": result.step,
+                    "bytes": result.bytes,
+                    "seconds": result.finished_at - self.started_at,
+                    "blocked_s": self.blocked_s,
+                    **({"reason": "sigterm"} if result.step == self._emergency else {}),
+                }
+            )
+            if self.is_main:
+                self.io.retain(self.policy.keep_latest_k)
+        return True
+
+    def _start(self, done: int, record: Callable[[dict[str, Any]], None]) -> None:
+        self.wait(record)  # at most one save in flight
+        self.started_at = time.perf_counter()
+        self.in_flight = self.io.start_save(done)
+        self.blocked_s = time.perf_counter() - self.started_at
+        self.last_saved = done
+        self.poll(record)  # a synchronous save is done already
 
     def cancelled(
         self,
@@ -92,22 +152,25 @@ class Checkpointer:
         grace_s: int | None = None,
         record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        """Stopping after `done` steps (SIGTERM): save them unless they are saved already (or nothing ran since
-        resume), `record`ing the checkpoint event with `"reason": "sigterm"`. `since_signal`: seconds since this
-        rank got the signal; the save is reported against `grace_s`."""
+        """Stopping after `done` steps (SIGTERM): let the save in flight finish within what is left of `grace_s`
+        (else leave it without COMPLETE), then save `done` unless it is saved already (or nothing ran since resume),
+        and wait for that save. `since_signal`: seconds since this rank got the signal (None: a peer got it)."""
+        record = record if record is not None else (lambda _: None)
+        left = None if since_signal is None or grace_s is None else max(0.0, grace_s - since_signal)
+        # Every rank must agree: a new save while a writer is still running would share its group of writers.
+        if not self.io.agree(self.wait(record, left)):
+            log.warning(
+                "stopped by SIGTERM after step %d: the save of step %s did not finish within "
+                "train.preempt_grace_s=%s and is left without COMPLETE",
+                done,
+                self.last_saved,
+                grace_s,
+            )
+            return
         if done > self.start and self.last_saved != done and not self.due(done):
-            started = time.perf_counter()
-            size = self.io.save(done)
-            if record is not None:
-                record(
-                    {
-                        "event": "checkpoint",
-                        "step": done,
-                        "bytes": size,
-                        "seconds": time.perf_counter() - started,
-                        "reason": "sigterm",
-                    }
-                )
+            self._emergency = done
+            self._start(done, record)
+            self.wait(record)
         if since_signal is None or grace_s is None:
             log.warning("stopped by SIGTERM after step %d with a complete checkpoint", done)
             return
@@ -128,8 +191,9 @@ class Checkpointer:
                 grace_s,
             )
 
-    def finish(self) -> None:
-        """Export the last step's model."""
+    def finish(self, record: Callable[[dict[str, Any]], None]) -> None:
+        """Wait for the last save, then export the last step's model."""
+        self.wait(record)
         self.io.export(self.policy.total_steps)
 
 
@@ -141,6 +205,12 @@ class DeepSpeedIO:
         train = spec.config.train
         self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method != "full"
         self.algorithm = spec.config.data.digest_algorithm  # writers use the configured digest
+        # Every checkpoint file's digest is in its manifest and checked on resume; the zip CRC32 that torch.save
+        # computes for each record is a second check that costs as much CPU as the write itself.
+        torch.serialization.set_crc32_options(False)
+        background = train.async_save
+        self.snapshots = SnapshotEngine(dist.local_world) if background else None
+        self.writers = side_group(dist) if background else None  # collective: every rank builds the IO
 
     def find(self) -> CompleteCheckpoint | None:
         ckpt = choose_checkpoint(self.spec.config.train.resume, self.spec.run, self.dist)
@@ -160,9 +230,10 @@ class DeepSpeedIO:
             )
         return load_checkpoint(self.engine, ckpt, self.dist, frozen_excluded=self.adapters)
 
-    def save(self, step: int) -> int:
-        _, size = save_checkpoint(
+    def start_save(self, step: int) -> InFlight:
+        job = begin_save(
             self.engine,
+            snapshots=self.snapshots,
             run_url=self.spec.run,
             step=step,
             meta={"zero_stage": self.zero_stage, "method": self.method},
@@ -170,12 +241,18 @@ class DeepSpeedIO:
             algorithm=self.algorithm,
             exclude_frozen=self.adapters,
         )
-        return size
+        return BackgroundSave(job, self.dist, self.writers, background=self.snapshots is not None)
+
+    def agree(self, mine: bool) -> bool:
+        (yes,) = dist_sum([1.0 if mine else 0.0], self.dist)
+        return yes == self.dist.world_size
 
     def retain(self, keep_latest_k: int | None) -> None:
         apply_retention(self.spec.run, keep_latest_k)
 
     def export(self, step: int) -> None:
+        if self.snapshots is not None:
+            self.snapshots.release()
         export_final(
             self.engine,
             run_url=self.spec.run,
