@@ -289,3 +289,22 @@ def _feedback(form: Form, record: dict[str, Any], fmt: str) -> Feedback:
     if not isinstance(label, bool):
         raise InvalidRecord(f"{key}: expected true or false (a desirable answer or not), got {label!r}")
     return Feedback(conversation, label)
+
+
+def staged(item: Pair | Feedback) -> dict[str, Any]:
+    """A preference record as it is spooled for data.preference=pairs (staging/pairs.py tokenizes it): a pair's
+    prompt `messages`, its `chosen` and `rejected` answers; feedback's conversation and `desirable`."""
+    if isinstance(item, Feedback):
+        return {**item.conversation, "desirable": item.desirable}
+    out: dict[str, Any] = {"messages": item.prompt, "chosen": item.chosen, "rejected": item.rejected}
+    if item.tools is not None:
+        out["tools"] = item.tools
+    return out
+
+
+def supervised_refusal() -> str:
+    """Why data.preference=pairs rejects a supervised record."""
+    return (
+        "not preference data (no 'chosen'/'rejected' answers, no KTO label); data.preference=pairs stages pairs and "
+        "KTO feedback only: give it in its own run, with data.preference=chosen or refuse"
+    )

@@ -58,6 +58,8 @@ class EncodedBatch:
     kept: np.ndarray  # indices (in the batch) of the conversations encoded
     rejects: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
     dropped: list[tuple[int, str]] = field(default_factory=list)  # over-long, by data.excess_length: drop or fail
+    segments: np.ndarray | None = None  # preference rows (staging/pairs.py): each row's 3 segment lengths
+    feedback: np.ndarray | None = None  # and its label (storage/shards.py PAIR, 1, 0)
 
 
 @dataclass(frozen=True)

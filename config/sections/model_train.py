@@ -57,10 +57,42 @@ def size_in_bytes(size: str) -> int:
     return int(float(number) * SIZE_UNITS[size[len(number) :].strip()])
 
 
+OBJECTIVES = ("sft", "dpo", "ipo", "kto", "orpo")
+REFERENCE_OBJECTIVES = ("dpo", "ipo", "kto")  # those that compare the policy with a reference model
+
+
+class PreferenceConfig(Section):
+    """The preference objectives' settings (train.objective dpo, ipo, kto, orpo; docs/preference-tuning.md)."""
+
+    beta: float = Field(
+        0.1,
+        gt=0.0,
+        le=100.0,
+        description="dpo, ipo, kto: the strength of the pull towards the reference model (DPO's beta; IPO's tau). "
+        "orpo: the weight of the odds-ratio term beside the chosen answers' cross-entropy (ORPO's lambda).",
+    )
+    label_smoothing: float = Field(
+        0.0,
+        ge=0.0,
+        lt=0.5,
+        description="dpo: the assumed share of pairs whose preference is flipped (conservative DPO); 0: plain DPO.",
+    )
+    desirable_weight: float = Field(1.0, gt=0.0, description="kto: the weight of the answers labelled desirable.")
+    undesirable_weight: float = Field(1.0, gt=0.0, description="kto: the weight of the answers labelled undesirable.")
+
+
 class TrainConfig(Section):
     """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
 
     method: Literal["full", "lora", "qlora"] = Field("lora", description="Which parameters are trained.")
+    objective: Literal["sft", "dpo", "ipo", "kto", "orpo"] = Field(
+        "sft",
+        description="sft: supervised fine-tuning (cross-entropy of the answers). Preference tuning, on data staged "
+        "with data.preference=pairs: dpo (sigmoid loss on pairs), ipo (DPO's squared variant), kto (answers labelled "
+        "desirable or not), orpo (pairs, no reference model). dpo, ipo and kto take the reference from the same "
+        "model with its adapters disabled, so they need train.method lora or qlora.",
+    )
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0, description="Peak learning rate.")
     max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
     epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
