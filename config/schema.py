@@ -18,7 +18,7 @@ from config.batch import accumulation_steps, batch_problem
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
 from config.sections.model_train import REFERENCE_OBJECTIVES, DeepSpeedSection, ModelConfig, TrainConfig
-from config.sections.results import EvalConfig, RegisterConfig, TrackConfig
+from config.sections.results import PREFERENCE_METRICS, SFT_METRICS, EvalConfig, RegisterConfig, TrackConfig
 from config.sections.run_data import DataConfig, RunConfig
 
 # `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
@@ -88,6 +88,13 @@ class FinetuneConfig(Section):
         if objective != "sft" and preference != "pairs":
             raise ValueError(
                 f"train.objective={objective} trains on preference rows; set data.preference=pairs to stage them"
+            )
+        gate = self.register.gate
+        wrong = PREFERENCE_METRICS if objective == "sft" else SFT_METRICS
+        if gate is not None and gate.metric in wrong:
+            raise ValueError(
+                f"register.gate.metric={gate.metric} is not measured for train.objective={objective}; use loss or "
+                f"one of {', '.join(SFT_METRICS if objective == 'sft' else PREFERENCE_METRICS)}"
             )
         if objective in REFERENCE_OBJECTIVES and self.train.method == "full":
             raise ValueError(

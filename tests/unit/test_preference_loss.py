@@ -2,9 +2,9 @@
 one answer at a time on unpadded sequences: DPO (with label smoothing), IPO, KTO (its reference point from the
 mismatched answers) and ORPO. The loss and every trainable gradient agree within rtol 1e-5 in float32 on the
 built-in tiny model's shape with LoRA (its reference: the same model with the adapters disabled), and for ORPO
-under full fine-tuning too (an element of a gradient near zero gets an absolute tolerance of 1e-5 of its tensor's
-largest element: the padded batch sums in another order). In process; the same objectives under DeepSpeed ZeRO-2 and ZeRO-3 on 1 and 2 ranks are
-tests/distributed/test_preference.py's."""
+under full fine-tuning too; an element of a gradient near zero gets an absolute tolerance of 1e-5 of its tensor's
+largest element (the padded batch sums in another order). In process; the same objectives under DeepSpeed ZeRO-2
+and ZeRO-3 on 1 and 2 ranks are tests/distributed/test_preference.py's."""
 
 from __future__ import annotations
 
