@@ -1,5 +1,5 @@
 """Preference data as users have it, recognised, validated and normalized in one place: supervised fine-tuning
-takes its desirable side (data.preference=chosen), a preference objective will take the pairs and labels.
+takes its desirable side (data.preference=chosen), a preference objective the pairs and labels (data.preference=pairs).
 
 Forms, told by a record's keys after its source's column and tag mapping (staging/mapping.py):
 
@@ -133,12 +133,14 @@ def refusal(form: Form, columns: list[str]) -> str:
         return (
             f"{found}, which supervised fine-tuning would mistrain: it has no place for the rejected answers; set "
             "data.preference=chosen to train on the prompts and chosen answers only (rejected answers are never "
-            "targets), or train it with a preference objective (DPO, ORPO) once Tandem has one"
+            "targets), or train it with a preference objective (data.preference=pairs, train.objective=dpo, ipo or "
+            "orpo)"
         )
     return (
         f"{found}, which supervised fine-tuning would mistrain: it would imitate the answers labelled false; set "
         "data.preference=chosen to train on the records labelled true only (those labelled false are left out and "
-        "listed in rejects.jsonl), or train it with a preference objective (KTO) once Tandem has one"
+        "listed in rejects.jsonl), or train it with a preference objective (data.preference=pairs, "
+        "train.objective=kto)"
     )
 
 

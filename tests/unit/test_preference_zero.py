@@ -83,14 +83,14 @@ def compare(stage: int, name: str, dist: Any) -> int:
     import torch
     from deepspeed.utils import safe_get_full_grad
 
-    from tests.unit.test_preference_loss import BETA, SMOOTHING, W_D, W_U, build, published_loss, random_rows
+    from tests.unit.test_preference_loss import BETA, SMOOTHING, W_D, W_U, build, published_loss, rows_for
     from trainer.heartbeat import Heartbeat
     from trainer.preference_data import collate_preference
     from trainer.preference_step import Objective
     from trainer.preference_train import preference_step
 
     method = "lora"
-    rows, feedback = random_rows(UNITS, pairs=name != "kto")
+    rows, feedback = rows_for(name)
     plain = build(method)  # the same weights as the engine's (build seeds them), never partitioned
     expected_loss = published_loss(plain, rows, feedback, name)
     plain.zero_grad()
@@ -100,8 +100,7 @@ def compare(stage: int, name: str, dist: Any) -> int:
     engine = engine_for(stage, build(method), accum)
     mine = list(range(dist.rank * accum, (dist.rank + 1) * accum))
     batches = [
-        collate_preference([rows[i]], [feedback[i]], 0, [rows[(i + 1) % UNITS]] if name == "kto" else [])
-        for i in mine
+        collate_preference([rows[i]], [feedback[i]], 0, [rows[(i + 1) % UNITS]] if name == "kto" else []) for i in mine
     ]
     grads: dict[str, Any] = {}
     step = engine.step
