@@ -74,23 +74,8 @@ def encode_preference(encoder: ChatEncoder, items: list[tuple[str, Conversation]
     """A batch of preference records as preference rows; a record the template cannot render (or whose prompt
     tokenizes differently before its two answers) is rejected with the reason, an over-long one truncated or
     dropped by data.excess_length."""
-    rendered: list[tuple[int, str, list[tuple[int, int]], list[bool]]] = []
-    owners: list[tuple[int, int, int]] = []  # per record: (index, first rendered sequence, prompt messages)
-    rejects: list[tuple[int, str]] = []
-    for index, (location, record) in enumerate(items):
-        convs, prompt_messages = sequences(record)
-        try:
-            parts = []
-            for conversation in convs:
-                if encoder.drops_reasoning(conversation):
-                    raise reasoning_error(location)
-                parts.append((index, *encoder.spans(conversation)))
-        except InvalidRecord as exc:
-            rejects.append((index, str(exc)))
-            continue
-        owners.append((index, len(rendered), prompt_messages))
-        rendered.extend(parts)
-    tokens = list(encoder._tokens(rendered))
+    rendered, owners, rejects = _render(encoder, items)
+    tokens = list(encoder.token_bounds(rendered))
     out = _Rows()
     dropped: list[tuple[int, str]] = []
     for index, first, prompt_messages in owners:
@@ -121,6 +106,33 @@ def encode_preference(encoder: ChatEncoder, items: list[tuple[str, Conversation]
         out.truncated.append(truncated)
         out.kept.append(index)
     return out.batch(rejects, dropped)
+
+
+Rendered = list[tuple[int, str, list[tuple[int, int]], list[bool]]]
+
+
+def _render(
+    encoder: ChatEncoder, items: list[tuple[str, Conversation]]
+) -> tuple[Rendered, list[tuple[int, int, int]], list[tuple[int, str]]]:
+    """Every record's sequences rendered, with their answers' spans: (the renderings, per record its index, its
+    first rendering and its prompt's message count, the records the template refused)."""
+    rendered: Rendered = []
+    owners: list[tuple[int, int, int]] = []
+    rejects: list[tuple[int, str]] = []
+    for index, (location, record) in enumerate(items):
+        convs, prompt_messages = sequences(record)
+        try:
+            parts = []
+            for conversation in convs:
+                if encoder.drops_reasoning(conversation):
+                    raise reasoning_error(location)
+                parts.append((index, *encoder.spans(conversation)))
+        except InvalidRecord as exc:
+            rejects.append((index, str(exc)))
+            continue
+        owners.append((index, len(rendered), prompt_messages))
+        rendered.extend(parts)
+    return rendered, owners, rejects
 
 
 def _assistant_turns(messages: list[Message]) -> int:

@@ -85,14 +85,6 @@ class TrainConfig(Section):
     """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
 
     method: Literal["full", "lora", "qlora"] = Field("lora", description="Which parameters are trained.")
-    objective: Literal["sft", "dpo", "ipo", "kto", "orpo"] = Field(
-        "sft",
-        description="sft: supervised fine-tuning (cross-entropy of the answers). Preference tuning, on data staged "
-        "with data.preference=pairs: dpo (sigmoid loss on pairs), ipo (DPO's squared variant), kto (answers labelled "
-        "desirable or not), orpo (pairs, no reference model). dpo, ipo and kto take the reference from the same "
-        "model with its adapters disabled, so they need train.method lora or qlora.",
-    )
-    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0, description="Peak learning rate.")
     max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
     epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
@@ -164,6 +156,14 @@ class TrainConfig(Section):
         "model's own full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only (others use full logits); "
         "under ZeRO-2 and ZeRO-3 alike.",
     )
+    objective: Literal["sft", "dpo", "ipo", "kto", "orpo"] = Field(
+        "sft",
+        description="sft: supervised fine-tuning (cross-entropy of the answers). Preference tuning, on data staged "
+        "with data.preference=pairs: dpo (sigmoid loss on pairs), ipo (DPO's squared variant), kto (answers labelled "
+        "desirable or not), orpo (pairs, no reference model). dpo, ipo and kto take the reference from the same "
+        "model with its adapters disabled, so they need train.method lora or qlora.",
+    )
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
