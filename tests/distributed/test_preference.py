@@ -107,3 +107,9 @@ def test_the_cpu_demo_preset_learns_the_preference_in_each_seed(prefect_server, 
     assert len(steps) == cfg.train.max_steps
     assert max(r["reward_accuracy"] for r in steps) >= 0.8, [r["reward_accuracy"] for r in steps]
     assert summary["eval"]["reward_accuracy"] >= 0.6 and summary["registered"], summary
+    result = json.loads((Path(summary["run_url"]) / "eval.json").read_text())
+    assert result["objective"] == "dpo" and result["units"] == summary["eval"]["units"] > 0
+    assert result["reference"] == "the base model (lora adapters disabled)"
+    card = (Path(summary["run_url"]) / "model_card.md").read_text()
+    assert "| objective | dpo (beta 0.1, label smoothing 0); reference: the base model" in card
+    assert f"| reward accuracy (share of units the reward ranks right) | {result['reward_accuracy']:.4f} |" in card
