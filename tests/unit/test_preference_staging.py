@@ -183,3 +183,21 @@ def test_orpo_trains_full_weights_and_a_preference_gate_is_accepted() -> None:
         }
     )
     assert cfg.train.objective == "orpo"
+
+
+def test_an_objective_that_does_not_fit_the_staged_rows_stops_the_trainer_in_one_line(tmp_path, tiny_model) -> None:
+    from trainer.loop import check_rows
+    from trainer.preference_step import Objective
+
+    ref = stage(write_jsonl(tmp_path / "p.jsonl", [PAIR_RECORD]), tmp_path, tiny_model)
+    split = Split([Shard(Path(ref.url) / "train" / "shard-00000.arrow")], 1)
+    check_rows(split, Objective("dpo", 0.1))  # pairs for DPO: fine
+    with pytest.raises(UserError) as info:
+        check_rows(split, Objective("kto", 0.1))
+    assert str(info.value) == "train.objective=kto: the dataset holds pairs; set train.objective to dpo, ipo or orpo"
+    with pytest.raises(UserError) as info:
+        check_rows(split, Objective("sft", 0.1))
+    assert str(info.value) == (
+        "train.objective=sft and the staged dataset disagree: it holds preference rows; stage it with "
+        "data.preference=refuse or chosen"
+    )
