@@ -228,6 +228,8 @@ def schema_default(key: str) -> Any:
     """The default of a dotted key, read from a config built with no values."""
     node: Any = FinetuneConfig()
     for part in key.split("."):
+        if node is None:  # inside an optional section that is unset by default (register.gate)
+            return None
         node = getattr(node, part)
     return node
 

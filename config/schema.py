@@ -17,8 +17,8 @@ from pydantic import Field, model_validator
 from config.batch import accumulation_steps, batch_problem
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
-from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
-from config.sections.results import EvalConfig, RegisterConfig, TrackConfig
+from config.sections.model_train import REFERENCE_OBJECTIVES, DeepSpeedSection, ModelConfig, TrainConfig
+from config.sections.results import PREFERENCE_METRICS, SFT_METRICS, EvalConfig, RegisterConfig, TrackConfig
 from config.sections.run_data import DataConfig, RunConfig
 
 # `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
@@ -75,6 +75,33 @@ class FinetuneConfig(Section):
             problem = batch_problem(self.train.global_batch_size, self.train.micro_batch_size, sizes)
             if problem:
                 raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _objective_data(self) -> FinetuneConfig:
+        objective, preference = self.train.objective, self.data.preference
+        if objective == "sft" and preference == "pairs":
+            raise ValueError(
+                "data.preference=pairs stages preference rows, which train.objective=sft cannot train; set "
+                "train.objective to dpo, ipo, kto or orpo, or data.preference to chosen"
+            )
+        if objective != "sft" and preference != "pairs":
+            raise ValueError(
+                f"train.objective={objective} trains on preference rows; set data.preference=pairs to stage them"
+            )
+        gate = self.register.gate
+        wrong = PREFERENCE_METRICS if objective == "sft" else SFT_METRICS
+        if gate is not None and gate.metric in wrong:
+            raise ValueError(
+                f"register.gate.metric={gate.metric} is not measured for train.objective={objective}; use loss or "
+                f"one of {', '.join(SFT_METRICS if objective == 'sft' else PREFERENCE_METRICS)}"
+            )
+        if objective in REFERENCE_OBJECTIVES and self.train.method == "full":
+            raise ValueError(
+                f"train.objective={objective} with train.method=full needs a frozen reference model, which Tandem "
+                "does not build yet; use train.method lora or qlora (the reference is the model with its adapters "
+                "disabled), or train.objective=orpo, which needs no reference"
+            )
         return self
 
     @property

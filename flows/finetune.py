@@ -26,7 +26,7 @@ from pipeline.plan import new_run_id
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
 from storage.fs import Location, join
-from storage.metrics import read_metrics
+from storage.metrics import eval_metric_keys, eval_record_keys, read_metrics
 from storage.run_lock import RunLock
 from storage.spec import WrittenSpec
 from tasks.assets import record_model_asset
@@ -101,7 +101,7 @@ def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
         "run_url": spec.run_url,
         "dataset_id": dataset.dataset_id,
         "train_loss": last_train_loss(spec.run),
-        "eval": {key: metrics[key] for key in ("loss", "perplexity", "token_accuracy", "target_tokens")},
+        "eval": {key: metrics[key] for key in eval_record_keys(metrics)},
         "checkpoint_url": str(checkpoint.url),
         "model_url": str(model_url),
         "loss_plot": str(loss_plot) if loss_plot else None,
@@ -126,7 +126,7 @@ def track_results(
     """Queue the run's results for the tracking systems: eval metrics at the evaluated step, lineage and attempts as
     tags, the loss curve and the model card as files."""
     spec = written.spec
-    evals = {f"eval/{key}": float(metrics[key]) for key in ("loss", "perplexity", "token_accuracy")}
+    evals = {f"eval/{key}": float(metrics[key]) for key in eval_metric_keys(metrics)}
     tags = {**run_tags(spec, lineage(spec, written.digest, checkpoint)), "tandem.registered": registered.message}
     tracker.call(lambda sink: sink.log_metrics(evals, checkpoint.step))
     tracker.call(lambda sink: sink.set_tags(tags))
@@ -137,6 +137,19 @@ def track_results(
         tracker.call(lambda sink: sink.log_file(card, layout.MODEL_CARD))
 
 
+def eval_rows(ev: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's eval lines besides the loss: supervised or preference metrics, as the evaluation measured."""
+    if "reward_accuracy" in ev:
+        return [
+            ("reward acc.", f"{ev['reward_accuracy']:.4f} ({ev['units']} eval units)"),
+            ("reward margin", f"{ev['reward_margin']:.4f}"),
+        ]
+    return [
+        ("perplexity", f"{ev['perplexity']:.2f}"),
+        ("token accuracy", f"{ev['token_accuracy']:.4f} ({ev['target_tokens']} target tokens)"),
+    ]
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The CLI's final summary (the one place a bare print is right)."""
     ev = summary["eval"]
@@ -145,8 +158,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("run", summary["run_id"]),
         ("train loss", f"{train_loss:.4f}" if train_loss is not None else "n/a"),
         ("eval loss", f"{ev['loss']:.4f}"),
-        ("perplexity", f"{ev['perplexity']:.2f}"),
-        ("token accuracy", f"{ev['token_accuracy']:.4f} ({ev['target_tokens']} target tokens)"),
+        *eval_rows(ev),
         ("checkpoint", summary["checkpoint_url"]),
         ("model", summary["model_url"]),
         ("loss curve", summary["loss_plot"] or "n/a"),

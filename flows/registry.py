@@ -44,8 +44,8 @@ def rows(storage: Location, model: str) -> list[dict[str, str]]:
                 "version": f"v{version:04d}",
                 "created": entry["created_at"],
                 "loss": f"{metrics['loss']:.4f}",
-                "perplexity": f"{metrics['perplexity']:.2f}",
-                "token_accuracy": f"{metrics['token_accuracy']:.4f}",
+                "perplexity": f"{metrics['perplexity']:.2f}" if "perplexity" in metrics else "-",
+                "token_accuracy": f"{metrics['token_accuracy']:.4f}" if "token_accuracy" in metrics else "-",
                 "champion": "*" if alias and alias["version"] == version else "",
             }
         )

@@ -8,9 +8,8 @@ from typing import Any
 from core.checkout import code_version
 from storage.checkpoints import CompleteCheckpoint
 from storage.fs import Where, is_local, local_path
+from storage.metrics import eval_record_keys
 from storage.spec import Spec
-
-METRIC_KEYS = ("loss", "perplexity", "token_accuracy", "loss_sum", "target_tokens", "correct_tokens", "examples")
 
 
 def lineage(
@@ -46,7 +45,7 @@ def registry_entry(
 ) -> dict[str, Any]:
     """The registry document's body (the registry adds schema, model, version, created_at)."""
     return {
-        "metrics": {key: metrics[key] for key in METRIC_KEYS},
+        "metrics": {key: metrics[key] for key in eval_record_keys(metrics)},
         "model_url": str(model_url),
         "checkpoint_url": str(checkpoint.url),
         "evaluated_url": metrics["model_url"],

@@ -22,6 +22,11 @@ METRIC_ROWS = (
     ("target_tokens", "target tokens", "{}"),
     ("correct_tokens", "correct tokens", "{}"),
     ("examples", "eval examples", "{}"),
+    ("reward_accuracy", "reward accuracy (share of units the reward ranks right)", "{:.4f}"),
+    ("reward_margin", "reward margin (chosen minus rejected reward, mean)", "{:.4f}"),
+    ("chosen_logps_per_token", "chosen log-probability per token", "{:.4f}"),
+    ("rejected_logps_per_token", "rejected log-probability per token", "{:.4f}"),
+    ("units", "eval pairs (or KTO answers)", "{}"),
 )
 
 
@@ -66,6 +71,7 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
     cfg, train = spec.config, spec.config.train
     rows: list[tuple[str, Any]] = [
         ("method", train.method),
+        ("objective", objective_row(spec)),
         (
             "base model",
             f"`{spec.model_path}`"
@@ -97,6 +103,22 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
     if train.method != "full":
         rows.insert(1, ("LoRA", f"r {train.lora.r}, alpha {train.lora.alpha}, dropout {train.lora.dropout:g}"))
     return rows
+
+
+def objective_row(spec: Spec) -> str:
+    """The training objective, its settings and its reference model."""
+    train = spec.config.train
+    p = train.preference
+    if train.objective == "sft":
+        return "sft (supervised: cross-entropy of the answers)"
+    if train.objective == "orpo":
+        return f"orpo (lambda {p.beta:g}); no reference model"
+    settings = {
+        "dpo": f"beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
+        "ipo": f"tau {p.beta:g}",
+        "kto": f"beta {p.beta:g}, desirable weight {p.desirable_weight:g}, undesirable weight {p.undesirable_weight:g}",
+    }[train.objective]
+    return f"{train.objective} ({settings}); reference: the base model `{spec.model_path}` (the adapters disabled)"
 
 
 def split_row(split: dict[str, Any]) -> tuple[str, str]:

@@ -1,5 +1,5 @@
 """Preference data as users have it, recognised, validated and normalized in one place: supervised fine-tuning
-takes its desirable side (data.preference=chosen), a preference objective will take the pairs and labels.
+takes its desirable side (data.preference=chosen), a preference objective the pairs and labels (data.preference=pairs).
 
 Forms, told by a record's keys after its source's column and tag mapping (staging/mapping.py):
 
@@ -133,12 +133,14 @@ def refusal(form: Form, columns: list[str]) -> str:
         return (
             f"{found}, which supervised fine-tuning would mistrain: it has no place for the rejected answers; set "
             "data.preference=chosen to train on the prompts and chosen answers only (rejected answers are never "
-            "targets), or train it with a preference objective (DPO, ORPO) once Tandem has one"
+            "targets), or train it with a preference objective (data.preference=pairs, train.objective=dpo, ipo or "
+            "orpo)"
         )
     return (
         f"{found}, which supervised fine-tuning would mistrain: it would imitate the answers labelled false; set "
         "data.preference=chosen to train on the records labelled true only (those labelled false are left out and "
-        "listed in rejects.jsonl), or train it with a preference objective (KTO) once Tandem has one"
+        "listed in rejects.jsonl), or train it with a preference objective (data.preference=pairs, "
+        "train.objective=kto)"
     )
 
 
@@ -289,3 +291,22 @@ def _feedback(form: Form, record: dict[str, Any], fmt: str) -> Feedback:
     if not isinstance(label, bool):
         raise InvalidRecord(f"{key}: expected true or false (a desirable answer or not), got {label!r}")
     return Feedback(conversation, label)
+
+
+def staged(item: Pair | Feedback) -> dict[str, Any]:
+    """A preference record as it is spooled for data.preference=pairs (staging/pairs.py tokenizes it): a pair's
+    prompt `messages`, its `chosen` and `rejected` answers; feedback's conversation and `desirable`."""
+    if isinstance(item, Feedback):
+        return {**item.conversation, "desirable": item.desirable}
+    out: dict[str, Any] = {"messages": item.prompt, "chosen": item.chosen, "rejected": item.rejected}
+    if item.tools is not None:
+        out["tools"] = item.tools
+    return out
+
+
+def supervised_refusal() -> str:
+    """Why data.preference=pairs rejects a supervised record."""
+    return (
+        "not preference data (no 'chosen'/'rejected' answers, no KTO label); data.preference=pairs stages pairs and "
+        "KTO feedback only: give it in its own run, with data.preference=chosen or refuse"
+    )

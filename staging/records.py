@@ -16,7 +16,18 @@ from dataclasses import dataclass
 from core.errors import UserError
 from staging.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
 from staging.mapping import Mapping
-from staging.preference import Form, desirable, form_columns, form_of, label_key, normalize, refusal, undesirable_reason
+from staging.preference import (
+    Form,
+    desirable,
+    form_columns,
+    form_of,
+    label_key,
+    normalize,
+    refusal,
+    staged,
+    supervised_refusal,
+    undesirable_reason,
+)
 from staging.sources import ByteCounter, Unparsable, is_text_file, read_file
 from storage.fs import Where
 
@@ -90,6 +101,8 @@ def open_file(url: Where, mapping: Mapping, preference: str, on_bytes: ByteCount
     form = form_of(first)
     if first is not None and form is not None and preference == "refuse":
         raise UserError(f"{url}: {refusal(form, [mapping.column(key) for key in form_columns(form, first)])}")
+    if form is None and preference == "pairs" and samples:
+        raise UserError(f"{url}: its first records are {supervised_refusal()}")
     fmt, reason = file_format(url, mapping.format, samples, form)
     reading = Reading(fmt, mapping, preference, form)
     items = (to_item(location, value, reading) for location, value in itertools.chain(head, raw))
@@ -124,10 +137,14 @@ def to_item(location: str, value: object, reading: Reading) -> Record | Reject:
         record = mapping.apply(value)
         form = reading.form or form_of(record)
         if form is None:
+            if reading.preference == "pairs":
+                return Reject(location, supervised_refusal())
             return Record(location, NORMALIZERS[reading.format](record))
         assert isinstance(record, dict)  # form_of found keys
         if reading.preference == "refuse":  # a preference record among supervised ones
             return Reject(location, refusal(form, [mapping.column(key) for key in form_columns(form, record)]))
+        if reading.preference == "pairs":
+            return Record(location, staged(normalize(form, record, reading.format)))
         side = desirable(normalize(form, record, reading.format))
         if side is None:
             return Undesirable(location, undesirable_reason(mapping.column(label_key(record) or "label")))

@@ -48,7 +48,7 @@ from storage.fs import (
     write_json_atomic,
 )
 from storage.manifest import read_manifest, verify_files
-from storage.shards import FileEntry, SplitWriter, split_rows
+from storage.shards import FileEntry, PreferenceWriter, SplitWriter, split_rows
 from storage.spec import DatasetRef
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,15 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
     is_eval = splits[result.chunk.first + batch.kept] == EVAL
     token_is_eval = np.repeat(is_eval, batch.lengths)
     for split, rows, tokens in (("eval", is_eval, token_is_eval), ("train", ~is_eval, ~token_is_eval)):
-        writers[split].add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows])
+        writer = writers[split]
+        if isinstance(writer, PreferenceWriter):
+            assert batch.segments is not None and batch.feedback is not None, "preference rows without segments"
+            ids = batch.ids[tokens]
+            writer.add_rows(
+                ids, batch.labels[tokens], batch.segments[rows], batch.feedback[rows], batch.truncated[rows]
+            )
+            continue
+        writer.add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows])
 
 
 def write_dataset(
@@ -251,7 +259,10 @@ def keep_rejects(
 def split_writer(
     base: Where, split: str, data: DataConfig, on_write: Callable[[FileEntry], None], packed: bool, workdir: Path
 ) -> SplitWriter | PackingWriter:
-    """The writer of one split's shards: examples row by row, or spooled and packed into rows of max_length."""
+    """The writer of one split's shards: examples row by row, spooled and packed into rows of max_length, or
+    preference rows (data.preference=pairs)."""
+    if data.preference == "pairs":
+        return PreferenceWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
     writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed)
     return PackingWriter(writer, data.max_length, workdir) if packed else writer
 

@@ -58,6 +58,8 @@ class EncodedBatch:
     kept: np.ndarray  # indices (in the batch) of the conversations encoded
     rejects: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
     dropped: list[tuple[int, str]] = field(default_factory=list)  # over-long, by data.excess_length: drop or fail
+    segments: np.ndarray | None = None  # preference rows (staging/pairs.py): each row's 3 segment lengths
+    feedback: np.ndarray | None = None  # and its label (storage/shards.py PAIR, 1, 0)
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ class ChatEncoder:
             except InvalidRecord as exc:
                 rejects.append((index, str(exc)))
         out = _Collector()
-        for (index, _, _, flags), (ids, bounds) in zip(rendered, self._tokens(rendered), strict=True):
+        for (index, _, _, flags), (ids, bounds) in zip(rendered, self.token_bounds(rendered), strict=True):
             turns = list(zip(bounds[0::2], bounds[1::2], strict=True))
             targets = [turn for turn, flag in zip(turns, flags, strict=True) if flag and turn[0] < turn[1]]
             n_tokens = len(ids)
@@ -295,7 +297,7 @@ class ChatEncoder:
         rejects.sort()
         return out.batch(rejects)
 
-    def _tokens(
+    def token_bounds(
         self, rendered: list[tuple[int, str, list[tuple[int, int]], list[bool]]]
     ) -> Iterator[tuple[np.ndarray, list[int]]]:
         """Each rendered text's ids, and the token index at each boundary of its spans (start, end, start, ...)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from staging.pairs import encode_preference, is_preference
 from staging.records import Reject
 from staging.spool import Chunk, read_chunk
 from staging.tokenize import ChatEncoder, EncodedBatch, EncoderSettings, reasoning_error
@@ -54,11 +55,14 @@ def worker_count(num_proc: int, chunks: int) -> int:
 def encode_chunk(encoder: ChatEncoder, spool: Path, chunk: Chunk) -> ChunkResult:
     """Tokenize one chunk of the spool."""
     items = read_chunk(spool, chunk)
-    encoder.check_render(items[0][1])
-    for location, conversation in items:
-        if encoder.drops_reasoning(conversation):
-            raise reasoning_error(location)
-    batch = encoder.encode([conversation for _, conversation in items])
+    if is_preference(items[0][1]):  # data.preference=pairs: every record is one
+        batch = encode_preference(encoder, items)
+    else:
+        encoder.check_render(items[0][1])
+        for location, conversation in items:
+            if encoder.drops_reasoning(conversation):
+                raise reasoning_error(location)
+        batch = encoder.encode([conversation for _, conversation in items])
     return ChunkResult(
         chunk,
         batch,

@@ -30,6 +30,11 @@ SHARD_SCHEMA = pa.schema(
     [("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())), ("length", pa.int32())]
 )
 PACKED_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("segments", pa.list_(pa.int32())))
+# A preference row (data.preference=pairs): `segments` is [prompt, chosen, rejected] tokens of a pair, or [prompt,
+# answer, 0] of KTO feedback, one after the other in input_ids; `feedback` is -1 for a pair, else the label (1
+# desirable, 0 undesirable).
+PREFERENCE_SHARD_SCHEMA = PACKED_SHARD_SCHEMA.append(pa.field("feedback", pa.int8()))
+PAIR = -1  # the `feedback` of a pair
 FileEntry = dict[str, Any]
 
 
@@ -65,6 +70,8 @@ class SplitWriter:
     ) -> None:
         self.base, self.split, self.shard_rows, self.algorithm = base, split, shard_rows, algorithm
         self.on_write, self.packed = on_write, packed
+        self.preference = False  # PreferenceWriter's rows
+        self._pending_feedback = np.zeros(0, dtype=np.int8)  # their labels, until their shard is written
         self.files: list[FileEntry] = []
         self.counts = {"records": 0, "rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0}
         self._ids: list[np.ndarray] = []
@@ -134,18 +141,65 @@ class SplitWriter:
             pa.ListArray.from_arrays(offsets, pa.array(labels, type=pa.int32())),
             pa.array(np.diff(offsets.to_numpy()).astype(np.int32)),
         ]
-        if self.packed:
+        if self.preference:
+            segment_offsets = pa.array(np.arange(0, 3 * len(sizes) + 1, 3, dtype=np.int32))
+            columns.append(pa.ListArray.from_arrays(segment_offsets, pa.array(lengths.astype(np.int32))))
+            columns.append(pa.array(self._pending_feedback[: len(sizes)], type=pa.int8()))
+            self._pending_feedback = self._pending_feedback[len(sizes) :]
+        elif self.packed:
             segment_offsets = pa.array(np.concatenate(([0], row_ends)).astype(np.int32))
             columns.append(pa.ListArray.from_arrays(segment_offsets, pa.array(lengths.astype(np.int32))))
-        data = encode_shard(
-            pa.RecordBatch.from_arrays(columns, schema=PACKED_SHARD_SCHEMA if self.packed else SHARD_SCHEMA)
-        )
+        data = encode_shard(pa.RecordBatch.from_arrays(columns, schema=self.schema))
         relpath = layout.shard_name(self.split, len(self.files))
         write_bytes_atomic(join(self.base, relpath), data)
         entry = {"path": relpath, "size": len(data), "digest": digest_bytes(data, self.algorithm)}
         self.files.append(entry)
         self.seconds += time.monotonic() - started
         self.on_write(entry)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of this writer's shards."""
+        if self.preference:
+            return PREFERENCE_SHARD_SCHEMA
+        return PACKED_SHARD_SCHEMA if self.packed else SHARD_SCHEMA
+
+
+class PreferenceWriter(SplitWriter):
+    """A split's preference rows (one pair or one KTO record a row) as shards: each row's three segments are
+    written as its `segments`, its label as `feedback`; counts add the pairs and the desirable and undesirable
+    answers."""
+
+    def __init__(
+        self, base: Where, split: str, shard_rows: int, algorithm: str, on_write: Callable[[FileEntry], None]
+    ) -> None:
+        super().__init__(base, split, shard_rows, algorithm, on_write, packed=True)
+        self.preference = True
+        self.counts.update({"pairs": 0, "desirable": 0, "undesirable": 0})
+
+    def add_rows(
+        self, ids: np.ndarray, labels: np.ndarray, segments: np.ndarray, feedback: np.ndarray, truncated: np.ndarray
+    ) -> None:
+        """Append rows: flat ids and labels, each row's three segment lengths (rows x 3) and its feedback."""
+        if not len(feedback):
+            return
+        self._pending_feedback = np.concatenate((self._pending_feedback, feedback.astype(np.int8)))
+        self.counts["pairs"] += int((feedback == PAIR).sum())
+        self.counts["desirable"] += int((feedback == 1).sum())
+        self.counts["undesirable"] += int((feedback == 0).sum())
+        rows = len(feedback)
+        self._ids.append(ids)
+        self._labels.append(labels)
+        self._lengths.append(segments.reshape(-1).astype(np.int64))
+        self._sizes.append(np.full(rows, 3, dtype=np.int64))
+        self._rows += rows
+        for key, value in (("rows", rows), ("records", rows), ("tokens", int(segments.sum()))):
+            self.counts[key] += value
+        self.counts["truncated"] += int(truncated.sum())
+        # Every answer token is predicted, the first one from its sequence's last prompt token.
+        self.counts["target_tokens"] += int((labels != IGNORE_INDEX).sum())
+        while self._rows >= self.shard_rows:
+            self._flush(self.shard_rows)
 
 
 def encode_shard(batch: pa.RecordBatch) -> bytes:

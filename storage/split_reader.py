@@ -54,6 +54,10 @@ class Shard:
         if "segments" in batch.schema.names:
             segments = batch.column(batch.schema.names.index("segments"))
             self.segment_offsets, self.segments = segments.offsets.to_numpy(), segments.values.to_numpy()
+        # Preference rows (storage/shards.py): -1 a pair, else a KTO label; None: supervised rows.
+        self.feedback: np.ndarray | None = None
+        if "feedback" in batch.schema.names:
+            self.feedback = batch.column(batch.schema.names.index("feedback")).to_numpy()
         self.rows = batch.num_rows
 
     def row(self, index: int) -> Row:
@@ -107,6 +111,20 @@ class Split(Sequence[Row]):
         """Tokens of row `index`, read from the length column alone."""
         shard, local = self._locate(index)
         return int(shard.lengths[local])
+
+    def feedback(self, index: int) -> int:
+        """A preference row's `feedback` (-1: a pair; 1, 0: a KTO answer labelled desirable or not)."""
+        shard, local = self._locate(index)
+        if shard.feedback is None:
+            raise ShardError(
+                f"{shard.path}: not preference rows (no feedback column); stage with data.preference=pairs"
+            )
+        return int(shard.feedback[local])
+
+    @property
+    def preference(self) -> bool:
+        """Whether the split holds preference rows (data.preference=pairs)."""
+        return bool(self.shards) and self.shards[0].feedback is not None
 
     def _locate(self, index: int) -> tuple[Shard, int]:
         if not -len(self) <= index < len(self):

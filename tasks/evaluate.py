@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 from launch.phase import run_phase
 from storage import layout
 from storage.fs import Location, join, read_json
+from storage.metrics import eval_metric_keys
 from storage.spec import WrittenSpec
 
 
@@ -19,13 +20,10 @@ def evaluate_on_nodes(written: WrittenSpec, model_url: Location) -> dict[str, An
     run_phase(written, "eval", logger.info, model_url=str(model_url))
     result = read_json(join(written.spec.run, layout.EVAL))
     logger.info(
-        "eval of the %s %s: loss %.4f, perplexity %.2f, token accuracy %.4f (%d target tokens, %d ranks)",
+        "eval of the %s %s: %s (%d ranks)",
         result["model_kind"],
         model_url,
-        result["loss"],
-        result["perplexity"],
-        result["token_accuracy"],
-        result["target_tokens"],
+        ", ".join(f"{key} {result[key]:.4f}" for key in eval_metric_keys(result)),
         result["world_size"],
     )
     if result.get("samples_url"):

@@ -11,12 +11,13 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from core.redact import mask_text, redact
 from pipeline.gate import check_gate, ranking
-from pipeline.lineage import METRIC_KEYS, browser_link, registry_entry
+from pipeline.lineage import browser_link, registry_entry
 from pipeline.model_card import model_card
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
 from storage.fs import Location, join, write_bytes_atomic
 from storage.manifest import read_manifest
+from storage.metrics import eval_record_keys
 from storage.registry import promote, read_entry, register_version
 from storage.spec import Spec, WrittenSpec
 
@@ -48,7 +49,7 @@ def register_model(
     model, storage = spec.config.register.model_name, layout.root(spec.config.run)
     create_table_artifact(
         key="eval-metrics",
-        table=redact([{"metric": key, "value": metrics[key]} for key in METRIC_KEYS]),
+        table=redact([{"metric": key, "value": metrics[key]} for key in eval_record_keys(metrics)]),
         description=f"{model}, run {spec.run_id}: eval metrics (all-reduced over {metrics['world_size']} ranks)",
     )
     gate = check_gate(spec.config.register.gate, metrics, storage, model)

@@ -19,6 +19,7 @@ from typing import Any
 
 from storage import layout
 from storage.fs import Location, Where, at, filesystem, is_local, join, local_path
+from storage.metrics import eval_metric_keys
 from storage.registry import champion, read_entry, read_mirror, versions, write_mirror
 from storage.spec import load_spec
 from tracking.mlflow_sink import RUN_TAG, find_run, make_client
@@ -107,7 +108,7 @@ def mirror_version(client: Any, storage: Location, model: str, version: int) -> 
         "tandem.entry_digest": entry["digest"],
         "tandem.model_url": entry["model_url"],
         **{f"tandem.{key}": str(lineage[key]) for key in LINEAGE_TAGS if lineage.get(key) is not None},
-        **{f"tandem.eval_{key}": str(entry["metrics"][key]) for key in ("loss", "perplexity", "token_accuracy")},
+        **{f"tandem.eval_{key}": str(entry["metrics"][key]) for key in eval_metric_keys(entry["metrics"])},
     }
     created = client.create_model_version(model, source, run_id=mlflow_run_id, tags=tags)
     return int(created.version)

@@ -24,7 +24,20 @@ from storage.fs import Location, Where
 log = logging.getLogger(__name__)
 
 # metrics.jsonl step keys that are mirrored (as train/{key}); `step`, `max_steps` and events are not metrics.
-STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "padding_fraction", "target_tokens", "tokens")
+# The preference objectives' step metrics (reward_accuracy, reward_margin, kl) are mirrored when a line has them.
+STEP_METRICS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "step_time_s",
+    "padding_fraction",
+    "target_tokens",
+    "tokens",
+    "reward_accuracy",
+    "reward_margin",
+    "kl",
+)
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
 

@@ -27,6 +27,7 @@ from storage.local_dataset import open_split
 from storage.node_cache import node_cache
 from storage.shards import Row, examples_of
 from storage.spec import Spec
+from storage.split_reader import Split
 from trainer.chunked_loss import LossHead
 from trainer.data import collate
 from trainer.distributed import Dist, dist_sum
@@ -110,6 +111,8 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
         raise UserError(f"{spec.dataset_dir}: the eval split is empty; stage the data with data.eval_ratio > 0")
     model = load_for_eval(model_url, spec, dist.device, dist)
     pad_id = ensure_pad_token_id(model, spec.model_path)
+    if spec.config.train.objective != "sft":
+        return write_result(spec, model_url, dist, evaluate_preference(spec, model, examples, dist, pad_id))
     sums = local_sums(
         model,
         examples,
@@ -121,14 +124,7 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
         device=dist.device,
         loss_chunk_tokens=spec.config.train.loss_chunk_tokens,
     )
-    result = {
-        "schema": layout.EVAL_SCHEMA,
-        **reduced_metrics(sums, dist),
-        "world_size": dist.world_size,
-        "model_url": str(model_url),
-        "model_kind": "checkpoint" if is_checkpoint(model_url) else "export",
-        "dataset_id": spec.dataset.dataset_id,
-    }
+    result = eval_document(spec, model_url, dist, reduced_metrics(sums, dist))
     if spec.config.eval.generate_samples:
         from trainer.samples import write_samples
 
@@ -142,6 +138,53 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
             result["perplexity"],
             result["token_accuracy"],
             result["target_tokens"],
+        )
+    return result
+
+
+def eval_document(spec: Spec, model_url: Location, dist: Dist, metrics: dict[str, Any]) -> dict[str, Any]:
+    """eval.json's document: the metrics, and what was evaluated on what."""
+    return {
+        "schema": layout.EVAL_SCHEMA,
+        **metrics,
+        "world_size": dist.world_size,
+        "model_url": str(model_url),
+        "model_kind": "checkpoint" if is_checkpoint(model_url) else "export",
+        "dataset_id": spec.dataset.dataset_id,
+    }
+
+
+def evaluate_preference(spec: Spec, model: Any, examples: Split, dist: Dist, pad_id: int) -> dict[str, Any]:
+    """The preference metrics of train.objective over the whole eval split (trainer/preference_train.py)."""
+    from trainer.preference_step import Objective
+    from trainer.preference_train import preference_eval
+
+    objective = Objective.of(spec.config.train)
+    metrics = preference_eval(
+        model, examples, range(len(examples)), objective, dist, batch_size=spec.config.eval.batch_size, pad_id=pad_id
+    )
+    return {**metrics, "reference": reference_of(spec.config.train.objective, spec.config.train.method)}
+
+
+def reference_of(objective: str, method: str) -> str | None:
+    """The reference model a preference objective compared with, in words (eval.json, the model card)."""
+    if objective in ("sft", "orpo"):
+        return None
+    return f"the base model ({method} adapters disabled)"
+
+
+def write_result(spec: Spec, model_url: Location, dist: Dist, metrics: dict[str, Any]) -> dict[str, Any]:
+    """eval.json of preference metrics, written by rank 0."""
+    result = eval_document(spec, model_url, dist, metrics)
+    if dist.is_main:
+        write_json_atomic(join(spec.run, layout.EVAL), result)
+        log.info(
+            "eval %s loss %.4f reward accuracy %.4f reward margin %.4f over %d units",
+            result["objective"],
+            result["loss"],
+            result["reward_accuracy"],
+            result["reward_margin"],
+            result["units"],
         )
     return result
 

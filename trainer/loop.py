@@ -14,8 +14,10 @@ import numpy as np
 import torch
 
 from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
+from core.errors import UserError
 from storage.local_dataset import open_split
 from storage.node_cache import node_cache
+from storage.shards import PAIR
 from storage.spec import Spec
 from storage.split_reader import Split
 from trainer import faults, guards
@@ -27,7 +29,7 @@ from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics, sample_rows
 from trainer.heartbeat import Heartbeat
 from trainer.lean_imports import import_muon_uncompiled_unless_configured
-from trainer.metrics import MetricsWriter, log_memory, peak_device_memory
+from trainer.metrics import MetricsWriter, StepStats, log_memory, peak_device_memory
 from trainer.model import (
     PartitionedLoad,
     ensure_pad_token_id,
@@ -36,20 +38,12 @@ from trainer.model import (
     model_config,
     partitioned_load,
 )
+from trainer.preference_data import PreferenceBatch, rank_preference_batches
+from trainer.preference_step import Objective
+from trainer.preference_train import preference_eval, preference_step
 from trainer.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """One optimizer step, reduced over every rank, plus this rank's compute time."""
-
-    loss: float
-    target_tokens: int
-    tokens: int
-    padding_fraction: float
-    compute_s: float
 
 
 def seed_everything(seed: int) -> None:
@@ -191,6 +185,8 @@ def train(spec: Spec, dist: Dist) -> None:
         dist.world_size,
     )
     loss_head = LossHead.of(run.engine, spec.config.train.loss_chunk_tokens)
+    objective = Objective.of(spec.config.train)
+    check_rows(run.examples, objective)
     loop_started = time.perf_counter()
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
@@ -202,17 +198,23 @@ def train(spec: Spec, dist: Dist) -> None:
             run.checkpointer.wait(run.metrics.write)
         faults.maybe_exit(dist.rank, step + 1)
         started = time.perf_counter()
-        batches = step_batches(run, spec, dist, step)
-        data_s = time.perf_counter() - started
+        extra: dict[str, float] = {}
         with guards.out_of_memory_named(dist, step + 1):
-            stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1, loss_head)
+            if objective.name == "sft":
+                batches = step_batches(run, spec, dist, step)
+                data_s = time.perf_counter() - started
+                stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1, loss_head)
+            else:
+                units = preference_batches(run, spec, dist, step)
+                data_s = time.perf_counter() - started
+                stats, extra = preference_step(run.engine, units, dist, run.heartbeat, step + 1, objective)
         elapsed, done = time.perf_counter() - started, step + 1
         guards.check_loss(stats.loss, done)
         run.straggler.observe(stats.compute_s)
         for event in run.straggler.check(done):
             run.metrics.write(event)
         if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
-            record = step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s)
+            record = step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s) | extra
             run.metrics.write({**record, "elapsed_s": time.perf_counter() - loop_started})
         if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
             run.clock.saved()
@@ -239,6 +241,41 @@ def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
             group_by_length=train_cfg.length_grouping,
         )
     )
+
+
+def preference_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[PreferenceBatch]:
+    """This rank's micro-batches of preference units of optimizer step `step` (0-based)."""
+    train_cfg = spec.config.train
+    return list(
+        rank_preference_batches(
+            run.examples,
+            run.order,
+            step=step,
+            micro=train_cfg.micro_batch_size,
+            accum=spec.config.accumulation_steps(dist.world_size),
+            rank=dist.rank,
+            world=dist.world_size,
+            pad_id=run.pad_id,
+            group_by_length=train_cfg.length_grouping,
+        )
+    )
+
+
+def check_rows(rows: Split, objective: Objective) -> None:
+    """The objective fits the staged rows: preference rows for a preference objective, pairs or KTO answers as it
+    takes, supervised rows for sft."""
+    if not len(rows):
+        return
+    if rows.preference != (objective.name != "sft"):
+        raise UserError(
+            f"train.objective={objective.name} and the staged dataset disagree: it holds "
+            f"{'preference' if rows.preference else 'supervised'} rows; stage it with data.preference="
+            f"{'pairs' if objective.name != 'sft' else 'refuse or chosen'}"
+        )
+    if rows.preference and (rows.feedback(0) == PAIR) == (objective.name == "kto"):
+        held = "pairs" if rows.feedback(0) == PAIR else "KTO feedback (answers labelled true or false)"
+        fix = "dpo, ipo or orpo" if held == "pairs" else "kto"
+        raise UserError(f"train.objective={objective.name}: the dataset holds {held}; set train.objective to {fix}")
 
 
 def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: float, data_s: float) -> dict[str, Any]:
@@ -269,6 +306,20 @@ def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, An
     must reproduce them on the same rows: trainer/evaluate.py sample_rows)."""
     engine.eval()
     examples = split_of(spec, "eval")
+    objective = Objective.of(spec.config.train)
+    if objective.name != "sft":
+        result = preference_eval(
+            engine,
+            examples,
+            sample_rows(len(examples), spec.config.eval.final_eval_rows),
+            objective,
+            dist,
+            batch_size=spec.config.eval.batch_size,
+            pad_id=pad_id,
+            lockstep=zero_stage(spec.deepspeed) == 3,
+        )
+        engine.train()
+        return result
     sums = local_sums(
         engine,
         examples,

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from storage import layout
 from storage.fs import Location, exists, is_local, join, local_path, makedirs, read_bytes, write_bytes_atomic
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One optimizer step, reduced over every rank, plus this rank's compute time."""
+
+    loss: float
+    target_tokens: int
+    tokens: int
+    padding_fraction: float
+    compute_s: float
 
 
 class MetricsWriter:

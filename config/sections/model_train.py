@@ -57,6 +57,30 @@ def size_in_bytes(size: str) -> int:
     return int(float(number) * SIZE_UNITS[size[len(number) :].strip()])
 
 
+OBJECTIVES = ("sft", "dpo", "ipo", "kto", "orpo")
+REFERENCE_OBJECTIVES = ("dpo", "ipo", "kto")  # those that compare the policy with a reference model
+
+
+class PreferenceConfig(Section):
+    """The preference objectives' settings (train.objective dpo, ipo, kto, orpo; docs/preference-tuning.md)."""
+
+    beta: float = Field(
+        0.1,
+        gt=0.0,
+        le=100.0,
+        description="dpo, ipo, kto: the strength of the pull towards the reference model (DPO's beta; IPO's tau). "
+        "orpo: the weight of the odds-ratio term beside the chosen answers' cross-entropy (ORPO's lambda).",
+    )
+    label_smoothing: float = Field(
+        0.0,
+        ge=0.0,
+        lt=0.5,
+        description="dpo: the assumed share of pairs whose preference is flipped (conservative DPO); 0: plain DPO.",
+    )
+    desirable_weight: float = Field(1.0, gt=0.0, description="kto: the weight of the answers labelled desirable.")
+    undesirable_weight: float = Field(1.0, gt=0.0, description="kto: the weight of the answers labelled undesirable.")
+
+
 class TrainConfig(Section):
     """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
 
@@ -138,6 +162,14 @@ class TrainConfig(Section):
         "model's own full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only (others use full logits); "
         "under ZeRO-2 and ZeRO-3 alike.",
     )
+    objective: Literal["sft", "dpo", "ipo", "kto", "orpo"] = Field(
+        "sft",
+        description="sft: supervised fine-tuning (cross-entropy of the answers). Preference tuning, on data staged "
+        "with data.preference=pairs: dpo (sigmoid loss on pairs), ipo (DPO's squared variant), kto (answers labelled "
+        "desirable or not), orpo (pairs, no reference model). dpo, ipo and kto take the reference from the same "
+        "model with its adapters disabled, so they need train.method lora or qlora.",
+    )
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 

@@ -40,9 +40,28 @@ class EvalConfig(Section):
     )
 
 
-Metric = Literal["loss", "perplexity", "token_accuracy"]
+Metric = Literal[
+    "loss",
+    "perplexity",
+    "token_accuracy",
+    "reward_accuracy",
+    "reward_margin",
+    "chosen_logps_per_token",
+    "rejected_logps_per_token",
+]
 # Which way each metric improves; a gate pointing the other way would promote worse models.
-METRIC_DIRECTION: dict[str, str] = {"loss": "min", "perplexity": "min", "token_accuracy": "max"}
+METRIC_DIRECTION: dict[str, str] = {
+    "loss": "min",
+    "perplexity": "min",
+    "token_accuracy": "max",
+    "reward_accuracy": "max",
+    "reward_margin": "max",
+    "chosen_logps_per_token": "max",
+    "rejected_logps_per_token": "min",
+}
+# The metrics of supervised evaluation alone, and of preference evaluation alone (train.objective); loss is both's.
+SFT_METRICS = ("perplexity", "token_accuracy")
+PREFERENCE_METRICS = ("reward_accuracy", "reward_margin", "chosen_logps_per_token", "rejected_logps_per_token")
 # How the champion is chosen when register.gate is not set.
 CHAMPION_METRIC: Metric = "loss"
 

@@ -162,14 +162,16 @@ class DataConfig(Section):
         "template places it and trains it, and an empty reasoning block is a target; false drops reasoning_content "
         "and masks the empty block (the non-thinking mode's prompt). Passed to the template as enable_thinking.",
     )
-    preference: Literal["refuse", "chosen"] = Field(
+    preference: Literal["refuse", "chosen", "pairs"] = Field(
         "refuse",
         description="Preference data, detected in every source: pairs (a 'chosen' and a 'rejected' answer, or "
         "'chosen_messages'/'rejected_messages') and KTO feedback (a boolean 'label' or 'kto_tag'). refuse: staging "
         "stops with a line naming the file, its columns and the form found. chosen: supervised training on the "
         "desirable side only: a pair's prompt and chosen answer (the rejected answer is never a target), and KTO "
         "records labelled true; records labelled false are not staged, but listed in rejects.jsonl and counted as "
-        "undesirable in the manifest.",
+        "undesirable in the manifest. pairs: staged as preference rows for a preference train.objective (a pair: "
+        "its prompt once, the chosen and the rejected answer; KTO feedback: its prompt, its answer and the label); "
+        "a record that is not preference data is rejected.",
     )
     mask_history: bool = Field(
         False, description="Train only the last assistant turn of each conversation; earlier turns are context."
@@ -240,6 +242,14 @@ class DataConfig(Section):
     @classmethod
     def _no_url_password(cls, value: object, info: ValidationInfo) -> object:
         return refuse_url_password(value, f"data.{info.field_name}")
+
+    @model_validator(mode="after")
+    def _pairs_unpacked(self) -> DataConfig:
+        if self.preference == "pairs" and self.packing:
+            raise ValueError(
+                "data.packing: preference data is not packed (a pair is one row); leave data.packing empty or false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _shard_fits(self) -> DataConfig:

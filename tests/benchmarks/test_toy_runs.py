@@ -99,6 +99,17 @@ def test_bench_async_save() -> None:
 
 
 @bench
+def test_bench_preference_reference() -> None:
+    """DPO's step with its reference pass against ORPO's without, at toy size."""
+    from tests.benchmarks import bench_preference_reference
+
+    rows = bench_preference_reference.main(["--pairs", "2", "--seq", "64", "--layers", "1", "--hidden", "64"])
+    assert [r["objective"] for r in rows] == ["orpo", "dpo"], rows
+    for row in rows:
+        positive(row, "step_s")
+
+
+@bench
 def test_bench_model_scale() -> None:
     """The memory table at toy size: the tiny model laid out as published, 1 and 2 ranks, the code before at 1."""
     from tests.benchmarks import bench_model_scale

@@ -88,12 +88,12 @@ FEEDBACK = {
 PAIR_FIXES = (
     "which supervised fine-tuning would mistrain: it has no place for the rejected answers; set "
     "data.preference=chosen to train on the prompts and chosen answers only (rejected answers are never targets), or "
-    "train it with a preference objective (DPO, ORPO) once Tandem has one"
+    "train it with a preference objective (data.preference=pairs, train.objective=dpo, ipo or orpo)"
 )
 FEEDBACK_FIXES = (
     "which supervised fine-tuning would mistrain: it would imitate the answers labelled false; set "
     "data.preference=chosen to train on the records labelled true only (those labelled false are left out and listed "
-    "in rejects.jsonl), or train it with a preference objective (KTO) once Tandem has one"
+    "in rejects.jsonl), or train it with a preference objective (data.preference=pairs, train.objective=kto)"
 )
 CASES = [(f"{name} pairs", record, form, PAIR_FIXES) for name, (record, form) in PAIRS.items()] + [
     (f"{name} feedback", record, form, FEEDBACK_FIXES) for name, (record, form) in FEEDBACK.items()

@@ -1,0 +1,115 @@
+"""Preference tuning under real torchrun agents (marker `multirun`: several training runs each): with the same global
+batch, 1, 2 and 3 ranks give the same DPO trajectory and 1 and 2 ranks the same KTO trajectory (its reference point
+all-reduced over the global batch), within the SFT invariance tests' tolerance (rtol 1e-5); a run resumed from its
+checkpoint, on the same or on another world size, continues the uninterrupted trajectory; and the CPU demo preset
+(`tiny-cpu-dpo`: the tiny model, data/sample/preferences.jsonl, 2 nodes) runs the five stages and reaches a reward
+accuracy of at least 0.8 on its training pairs in each of 3 seeds, and registers past its gate on reward accuracy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from torch.testing import assert_close
+
+from config.loader import load_config
+from tests.distributed.harness import Run, Staged, stage, train
+
+pytestmark = pytest.mark.multirun
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIRS = str(ROOT / "data" / "sample" / "preferences.jsonl")
+RTOL = 1e-5
+# A global batch of 12 pairs: micro-batches of 2 on 1, 2 and 3 ranks (accumulation 6, 3, 2); 8 steps, a checkpoint
+# at 4 and 8; LoRA dropout 0, so the trajectory is a function of the seed, the step and the global batch alone.
+SETTINGS = [
+    "data.preference=pairs",
+    "train.max_steps=8",
+    "train.save_steps=4",
+    "train.global_batch_size=12",
+    "train.micro_batch_size=2",
+    "train.lora.dropout=0",
+]
+
+
+def kto_records() -> list[dict]:
+    """The sample's pairs as unpaired KTO feedback (TRL's form): each chosen answer labelled true, each rejected one
+    false."""
+    out = []
+    for line in Path(PAIRS).read_text().splitlines():
+        pair = json.loads(line)
+        for key, label in (("chosen", True), ("rejected", False)):
+            out.append({"prompt": pair["prompt"], "completion": pair[key], "label": label})
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> Staged:
+    return stage(tmp_path_factory.mktemp("pairs"), overrides=[f"data.source={PAIRS}", *SETTINGS, "train.objective=dpo"])
+
+
+@pytest.fixture(scope="module")
+def feedback(tmp_path_factory: pytest.TempPathFactory) -> Staged:
+    root = tmp_path_factory.mktemp("feedback")
+    source = root / "kto.jsonl"
+    source.write_text("".join(json.dumps(record) + "\n" for record in kto_records()))
+    return stage(root, overrides=[f"data.source={source}", *SETTINGS, "train.objective=kto"])
+
+
+@pytest.fixture(scope="module")
+def dpo_two(pairs: Staged) -> Run:
+    return train(pairs, "dpo-2", [*SETTINGS, "train.objective=dpo", "launch.nnodes=2"])
+
+
+def test_one_two_and_three_ranks_give_the_same_dpo_trajectory(pairs: Staged, dpo_two: Run) -> None:
+    one = train(pairs, "dpo-1", [*SETTINGS, "train.objective=dpo", "launch.nnodes=1"])
+    three = train(pairs, "dpo-3", [*SETTINGS, "train.objective=dpo", "launch.nnodes=3"])
+    losses = dpo_two.losses()
+    assert len(losses) == 8 and losses[-1] < losses[0]
+    assert_close(one.losses(), losses, rtol=RTOL, atol=0)
+    assert_close(three.losses(), losses, rtol=RTOL, atol=0)
+    accuracy = [[r["reward_accuracy"] for r in run.metrics() if "event" not in r] for run in (one, dpo_two, three)]
+    assert accuracy[0] == accuracy[1] == accuracy[2]
+
+
+def test_one_and_two_ranks_give_the_same_kto_trajectory(feedback: Staged) -> None:
+    runs = [train(feedback, f"kto-{n}", [*SETTINGS, "train.objective=kto", f"launch.nnodes={n}"]) for n in (1, 2)]
+    assert len(runs[0].losses()) == 8
+    assert_close(runs[0].losses(), runs[1].losses(), rtol=RTOL, atol=0)
+    assert runs[0].losses()[-1] < runs[0].losses()[0]
+    kl = [[r["kl"] for r in run.metrics() if "event" not in r] for run in runs]
+    assert_close(kl[0], kl[1], rtol=RTOL, atol=1e-9)
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_a_resumed_run_continues_the_trajectory_on_the_same_or_another_world_size(
+    pairs: Staged, dpo_two: Run, nodes: int
+) -> None:
+    name = f"dpo-resume-{nodes}"
+    target = Path(pairs.storage) / "runs" / name / "checkpoints" / dpo_two.checkpoint(4).name
+    shutil.copytree(dpo_two.checkpoint(4), target)
+    resumed = train(pairs, name, [*SETTINGS, "train.objective=dpo", f"launch.nnodes={nodes}"])
+    steps = [r["step"] for r in resumed.metrics() if "event" not in r]
+    assert steps[0] == 5, steps
+    assert_close(resumed.losses()[-4:], dpo_two.losses()[-4:], rtol=RTOL, atol=0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_cpu_demo_preset_learns_the_preference_in_each_seed(prefect_server, tmp_path: Path, seed: int) -> None:
+    from flows.finetune import finetune
+    from storage.metrics import read_metrics
+
+    cfg = load_config("tiny-cpu-dpo", [f"run.storage={tmp_path}", f"run.name=demo-{seed}", f"train.seed={seed}"])
+    summary = finetune(cfg)
+    steps = [r for r in read_metrics(summary["run_url"]) if "event" not in r]
+    assert len(steps) == cfg.train.max_steps
+    assert max(r["reward_accuracy"] for r in steps) >= 0.8, [r["reward_accuracy"] for r in steps]
+    assert summary["eval"]["reward_accuracy"] >= 0.6 and summary["registered"], summary
+    result = json.loads((Path(summary["run_url"]) / "eval.json").read_text())
+    assert result["objective"] == "dpo" and result["units"] == summary["eval"]["units"] > 0
+    assert result["reference"] == "the base model (lora adapters disabled)"
+    card = (Path(summary["run_url"]) / "model_card.md").read_text()
+    assert "| objective | dpo (beta 0.1, label smoothing 0); reference: the base model" in card
+    assert f"| reward accuracy (share of units the reward ranks right) | {result['reward_accuracy']:.4f} |" in card
