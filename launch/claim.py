@@ -32,6 +32,10 @@ RENEW_S = 2.0
 # A peer's note that only says its ranks lost a peer is an echo: the peer they lost may be this node's rank, killed
 # outright, whose agent notices a moment later. This node's own failure gets this long (on its own clock) to come.
 ECHO_GRACE_S = 15.0
+# A node whose failure a retry cannot help reads its stop note back after this long and writes it again if a peer's
+# retryable note (its ranks lost this node's rank) replaced it: the peer checks before it writes, but both may check
+# in the same moment.
+NOTE_SETTLE_S = 0.5
 CLAIM = "claim.json"
 STOP = "stop.json"
 
@@ -145,17 +149,19 @@ class NodeClaim:
                 and note["exit_code"] == EXIT_USER_ERROR
             ):
                 return
-            write_json_atomic(
-                self.stop_url,
-                {
-                    "node_rank": self.node_rank,
-                    "name": self.name,
-                    "message": message,
-                    "exit_code": exit_code,
-                    "token": self.token,
-                    "at": time.time(),
-                },
-            )
+            body = {
+                "node_rank": self.node_rank,
+                "name": self.name,
+                "message": message,
+                "exit_code": exit_code,
+                "token": self.token,
+                "at": time.time(),
+            }
+            write_json_atomic(self.stop_url, body)
+            if exit_code == EXIT_USER_ERROR:
+                time.sleep(NOTE_SETTLE_S)
+                if read_json(self.stop_url)["exit_code"] != EXIT_USER_ERROR:
+                    write_json_atomic(self.stop_url, body)
 
     def _duplicate(self, other: str) -> None:
         raise UserError(

@@ -38,11 +38,16 @@ class HashingFile:
 
     def __init__(self, handle: Any, algorithm: str) -> None:
         self.handle, self.hash, self.size = handle, hasher(algorithm, parallel=False), 0
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         self.hash.update(data)
         self.size += len(data)
-        return self.handle.write(data)
+        try:
+            return self.handle.write(data)
+        except OSError as exc:  # torch's writer turns it into "unexpected pos": keep the cause (a full disk)
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.handle.flush()
@@ -52,7 +57,12 @@ def write_state(state: Any, path: str, algorithm: str) -> tuple[str, int]:
     """torch.save `state` to `path`, digesting it on the way; returns (digest, size)."""
     with open(path, "wb") as handle:
         out = HashingFile(handle, algorithm)
-        torch.save(state, cast(IO[bytes], out))  # it only calls write() and flush()
+        try:
+            torch.save(state, cast(IO[bytes], out))  # it only calls write() and flush()
+        except RuntimeError as exc:
+            if out.error is not None:
+                raise out.error from exc
+            raise
     return out.hash.hexdigest(), out.size
 
 
