@@ -6,7 +6,8 @@ and a gated MLP (embeddings, and the output layer unless tied; per layer q, k, v
 times the bytes DeepSpeed keeps per trained parameter: its weight in the training dtype (bf16 on GPUs, fp32 on CPU
 ranks), an fp32 master copy and Adam's two fp32 moments. Full fine-tuning saves every parameter so; LoRA and Q-LoRA
 save the adapters alone (the frozen base is model.name_or_path already), r x (in + out) per targeted projection.
-Biases, RNG states and DeepSpeed's few kilobytes of bookkeeping are left out (under 1% for the tiny model). A model
+Biases are left out (0.1% of Qwen2.5-0.5B); DeepSpeed's scripts, the RNG states and the pickles' bookkeeping are a
+fixed allowance per checkpoint and per rank. A model
 of another shape (no `num_attention_heads`, say) makes no estimate: the check is then skipped, not guessed.
 """
 
@@ -20,6 +21,11 @@ from config.schema import FinetuneConfig
 
 FP32_MASTER = 4
 ADAM_MOMENTS = 8  # two fp32 moments
+# What a checkpoint holds besides the parameters' states, measured on the tiny model (tests/distributed/
+# test_footprint.py): DeepSpeed's zero_to_fp32.py and zero_to_torch.py and our manifest (about 43 KB), and per rank
+# trainer_state.pt (RNG states, 14.5 KB) and the pickles' own bookkeeping (up to 23 KB), rounded up.
+CHECKPOINT_OVERHEAD = 64 * 2**10
+RANK_OVERHEAD = 48 * 2**10
 # The projections of one decoder layer, as (name, in features, out features) in units resolved below.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -83,8 +89,11 @@ def saves(cfg: FinetuneConfig, total_steps: int) -> int:
     return every if keep is None else min(keep + 1, every)
 
 
-def estimate(cfg: FinetuneConfig, model: dict[str, Any], total_steps: int, *, bf16: bool) -> Footprint | None:
-    """The run's footprint, or None when the config.json is not of a shape this estimate knows."""
+def estimate(
+    cfg: FinetuneConfig, model: dict[str, Any], total_steps: int, world_size: int, *, bf16: bool
+) -> Footprint | None:
+    """The run's footprint on `world_size` ranks, or None when the config.json is not of a shape this estimate
+    knows."""
     try:
         params = model_params(model)
         lora = cfg.train.method != "full"
@@ -95,7 +104,7 @@ def estimate(cfg: FinetuneConfig, model: dict[str, Any], total_steps: int, *, bf
     return Footprint(
         params=params,
         trained=trained,
-        checkpoint=trained * (weight + FP32_MASTER + ADAM_MOMENTS),
+        checkpoint=trained * (weight + FP32_MASTER + ADAM_MOMENTS) + CHECKPOINT_OVERHEAD + world_size * RANK_OVERHEAD,
         export=trained * weight,
         merged=params * weight if lora and cfg.train.export_merged else 0,
         checkpoints_kept=saves(cfg, total_steps),

@@ -42,7 +42,7 @@ def run_footprint(spec: Spec, *, bf16: bool) -> Footprint | None:
             model = json.load(handle)
     except (OSError, ValueError):
         return None
-    return estimate(spec.config, model, spec.total_steps, bf16=bf16)
+    return estimate(spec.config, model, spec.total_steps, spec.world_size, bf16=bf16)
 
 
 def needs(spec: Spec, plan: NodePlan, footprint: Footprint) -> list[Need]:

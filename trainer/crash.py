@@ -132,5 +132,5 @@ def checkpoint_bytes(spec: Spec) -> int | None:
             model = json.load(handle)
     except (OSError, ValueError):
         return None
-    footprint = estimate(spec.config, model, spec.total_steps, bf16=torch.cuda.is_available())
+    footprint = estimate(spec.config, model, spec.total_steps, spec.world_size, bf16=torch.cuda.is_available())
     return footprint.checkpoint if footprint is not None else None
