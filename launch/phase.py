@@ -10,6 +10,7 @@ nothing above this module changes, and no backend imports this one.
 from __future__ import annotations
 
 from launch.job import Backend, Info, OnProgress, PhaseJob
+from launch.liveness import PipelineBeat
 from storage.spec import WrittenSpec
 
 
@@ -27,4 +28,6 @@ def run_phase(
     written: WrittenSpec, phase: str, info: Info, *, model_url: str | None = None, on_progress: OnProgress | None = None
 ) -> None:
     """Run `phase` on every node and return when all finished; preflight precedes training on each node."""
-    backends()[written.spec.config.launch.backend](PhaseJob(written, phase, model_url), info, on_progress)
+    # Renewed while the phase runs: the nodes stop on their own once it is not (launch/liveness.py, no orphans).
+    with PipelineBeat(written.spec.run).hold():
+        backends()[written.spec.config.launch.backend](PhaseJob(written, phase, model_url), info, on_progress)
