@@ -21,7 +21,7 @@ from prefect.states import Cancelled, Completed
 
 from config.schema import FinetuneConfig
 from flows.cli import add_config_arguments, enter, run_config_cli
-from flows.hangup import Hangup, cancel_on_hangup, received
+from flows.hangup import Hangup, cancel_on_hangup, from_the_command_line, received
 from flows.prepare import stage_inputs
 from pipeline.lineage import lineage
 from pipeline.plan import new_run_id
@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body(cfg: FinetuneConfig) -> int:
+        from_the_command_line()
         try:
             summary = finetune(cfg)
         except CancelledRun as exc:

@@ -1,7 +1,8 @@
 """SIGHUP and SIGTERM to the pipeline are a cancel, as Ctrl-C is: a closed terminal (SIGHUP), `kill`, a container's
 stop or a scheduler's (SIGTERM) unwind the pipeline through the same path, so the nodes get the cancel's grace
 (`launch.cancel_grace_s` with `launch.checkpoint_on_cancel`: their ranks save a whole checkpoint first), every node
-is stopped and joined, the run lock is released, and the flow run ends Cancelled, not Crashed.
+is stopped and joined, the run lock is released, and the flow run ends Cancelled, not Crashed. (Under a Prefect
+worker SIGTERM stays Prefect's: the worker cancels a flow run with it, and Prefect marks the run Cancelled itself.)
 
 Python's default for either signal ends the process at once: no `finally` runs, and the torchrun agents (each in
 its own session) train on unsupervised. The handler raises `Hangup` (a KeyboardInterrupt, so that the launchers'
@@ -49,15 +50,23 @@ class _Handler:
 
 
 _installed: list[_Handler] = []
+_cli: list[bool] = []
+
+
+def from_the_command_line() -> None:
+    """Called by the pipeline's CLI before it runs the flow: SIGTERM is then the user's (kill, a container's stop).
+    Under a Prefect worker it stays Prefect's, whose cancellation the worker drives with it."""
+    _cli[:] = [True]
 
 
 def cancel_on_hangup() -> None:
-    """Install the handler for SIGHUP and SIGTERM (main thread only; elsewhere Python refuses signal handlers)."""
+    """Install the handler for SIGHUP, and for SIGTERM from the command line (main thread only; elsewhere Python
+    refuses signal handlers)."""
     if threading.current_thread() is not threading.main_thread():
         return
     handler = _Handler()
     _installed[:] = [handler]
-    for signum in SIGNALS:
+    for signum in SIGNALS if _cli else (signal.SIGHUP,):
         signal.signal(signum, handler)
 
 
