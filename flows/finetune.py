@@ -70,7 +70,7 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     run_url = layout.run_dir(layout.root(cfg.run), run_id)
     try:
         with (
-            RunLock(run_url, run_id, flow_run_id, logger=logger).hold(),
+            RunLock(run_url, run_id, flow_run_id, logger=logger).hold(take_over=cfg.run.take_over),
             tracking(cfg, RunInfo(run_id, run_url, flow_run_id, runtime.flow_run.ui_url)) as tracker,
         ):
             return pipeline(cfg, run_id, tracker)
