@@ -27,7 +27,10 @@ STEP_WAIT_S = 240
 GONE_WAIT_S = 90
 
 
-def start(tmp_path: Path, tiny_model: str, name: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+def start(
+    tmp_path: Path, tiny_model: str, name: str, *extra: str, step: int = 3
+) -> tuple[subprocess.Popen, Path, Path]:
+    """`python -m flows.finetune` on a long run (400 steps, saving on cancel), returned once `step` was logged."""
     storage, out = tmp_path / "storage", tmp_path / f"{name}.out"
     sets = [
         f"run.storage={storage}",
@@ -48,7 +51,7 @@ def start(tmp_path: Path, tiny_model: str, name: str, *extra: str) -> tuple[subp
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
     deadline = time.monotonic() + STEP_WAIT_S
-    while "step 3/400" not in out.read_text():
+    while f"step {step}/400" not in out.read_text():
         assert process.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
         time.sleep(0.3)
     return process, storage / "runs" / name, out
@@ -76,10 +79,10 @@ def wait_gone(run: Path) -> float:
     return time.monotonic() - started
 
 
-def saved_whole(run: Path) -> None:
+def saved_whole(run: Path, step: int = 3) -> None:
     """The checkpoint saved on the way out is complete; any other step directory is simply not a checkpoint."""
     newest = latest_complete(str(run))
-    assert newest is not None and newest.step >= 3
+    assert newest is not None and newest.step >= step
     for step_dir in (run / "checkpoints").iterdir():
         if (step_dir / "COMPLETE").exists():
             assert read_complete(str(step_dir)) is not None
