@@ -44,7 +44,7 @@ test: setup
 # workers as in the default run (the multi-run proofs, models at their published sizes, the secrets canary,
 # cancelling, the benchmark scripts at toy size). No test collected (pytest's exit code 5) is not a failure.
 SERIAL_SUITES ?= netns
-PARALLEL_SUITES ?= elastic multirun published secrets cancel bench
+PARALLEL_SUITES ?= elastic multirun published secrets cancel orphans bench
 test-suites: setup
 	@for marker in $(SERIAL_SUITES); do \
 		$(PY) -m pytest -m $$marker $(PYTEST_ARGS); code=$$?; \

@@ -15,6 +15,7 @@ from config.loader import DEFAULT_PRESET, check_paths, load_config
 from config.schema import FinetuneConfig
 from core.errors import TandemError
 from core.redact import install_log_masking, mask_text
+from storage.fs import full_errno, full_storage_is_one_line
 
 
 def enter(config: FinetuneConfig) -> FinetuneConfig:
@@ -63,8 +64,9 @@ class HideUserErrors(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for Prefect's records about a TandemError."""
-        if record.exc_info and isinstance(record.exc_info[1], TandemError):
+        """False for Prefect's records about a TandemError, or a full disk (which run_cli prints as one line)."""
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, TandemError) or (error is not None and full_errno(error) is not None):
             return False
         if not record.name.startswith("prefect"):
             return True
@@ -93,7 +95,9 @@ def run_cli(body: Callable[[], int]) -> int:
     hide_user_errors_on_console()
     install_log_masking()
     try:
-        return body()
+        # Every write of ours names a full disk itself (storage/fs.py StorageFull); this catches a library's own.
+        with full_storage_is_one_line():
+            return body()
     except TandemError as exc:
         first_line, _, rest = mask_text(str(exc)).partition("\n")
         print(f"error: {first_line}", file=sys.stderr)

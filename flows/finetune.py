@@ -16,10 +16,12 @@ import sys
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime
-from prefect.states import Completed
+from prefect.exceptions import CancelledRun
+from prefect.states import Cancelled, Completed
 
 from config.schema import FinetuneConfig
 from flows.cli import add_config_arguments, enter, run_config_cli
+from flows.hangup import Hangup, cancel_on_hangup, from_the_command_line, received
 from flows.prepare import stage_inputs
 from pipeline.lineage import lineage
 from pipeline.plan import new_run_id
@@ -50,6 +52,7 @@ def last_train_loss(run_url: str) -> float | None:
 @flow(name="finetune", log_prints=True)
 def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # noqa: B008 - the UI form's defaults
     """Fine-tune a model on every node and register it with its metrics and lineage."""
+    cancel_on_hangup()  # before anything starts: SIGHUP and SIGTERM unwind the run as a cancel from here on
     logger = get_run_logger()
     cfg = enter(config)
     check_tracking(cfg)  # an unreachable MLflow server stops the run here, before anything is written
@@ -65,11 +68,19 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     # Before anything touches the run directory: a second pipeline on the same run.name stops here.
     run_url = layout.run_dir(layout.root(cfg.run), run_id)
-    with (
-        RunLock(run_url, run_id, flow_run_id, logger=logger).hold(),
-        tracking(cfg, RunInfo(run_id, run_url, flow_run_id, runtime.flow_run.ui_url)) as tracker,
-    ):
-        return pipeline(cfg, run_id, tracker)
+    try:
+        with (
+            RunLock(run_url, run_id, flow_run_id, logger=logger).hold(take_over=cfg.run.take_over),
+            tracking(cfg, RunInfo(run_id, run_url, flow_run_id, runtime.flow_run.ui_url)) as tracker,
+        ):
+            return pipeline(cfg, run_id, tracker)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGHUP/SIGTERM (flows/hangup.py): every node has stopped by now
+        how = "Ctrl-C" if not isinstance(exc, Hangup) else str(exc)
+        saved = " after saving a checkpoint" if cfg.launch.checkpoint_on_cancel else ""
+        message = f"run {run_id} cancelled by {how}: its nodes stopped{saved}; run it again to resume"
+        logger.warning(message)
+        cancelled: Any = Cancelled(message=message)  # a returned state is the flow run's final state
+        return cancelled
 
 
 def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
@@ -179,7 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body(cfg: FinetuneConfig) -> int:
-        print_summary(finetune(cfg))
+        from_the_command_line()
+        try:
+            summary = finetune(cfg)
+        except CancelledRun as exc:
+            print(f"cancelled: {exc}", file=sys.stderr)
+            signum = received()
+            return 128 + signum if signum is not None else 130
+        print_summary(summary)
         return 0
 
     return run_config_cli(args, args.overrides, body)

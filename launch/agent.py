@@ -16,11 +16,13 @@ and stopping a node also kills whatever still carries its tag.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -116,11 +118,26 @@ def _publish_node_files(run_url: Location, agent: Agent, phase: str) -> None:
     )
 
 
+# prctl(PR_SET_PDEATHSIG, SIGTERM) in the agent before it runs: when the thread that started it dies (the pipeline's
+# process killed, kill -9 included, with the local backend; a node process killed), the agent gets SIGTERM, which
+# torchrun forwards to its ranks (they save first when asked) before it kills them 30 s later. Looked up here, not in
+# the forked child, which may only make the call. None where there is no prctl (not Linux).
+PR_SET_PDEATHSIG = 1
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform.startswith("linux") else None
+
+
+def _term_with_parent() -> None:
+    assert _PRCTL is not None
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def raise_on_sigterm() -> None:
     """Turn SIGTERM (a Prefect worker cancelling this flow run) into SystemExit, so that the `finally`
     blocks that stop our agents' process groups run; Python's default would exit at once and leave
     the agents, which live in their own sessions, running."""
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and not getattr(
+        signal.getsignal(signal.SIGTERM), "cancels_pipeline", False
+    ):  # the pipeline's own handler (flows/hangup.py) already unwinds it as a cancel
         signal.signal(signal.SIGTERM, _exit_on_signal)
 
 
@@ -147,6 +164,7 @@ def start_agent(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_term_with_parent if _PRCTL is not None else None,
         )
     raise_on_sigterm()
     return Agent(plan.node_rank, process, log_path, offset, datetime.now(UTC).isoformat(timespec="seconds"), tag)

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,6 +170,39 @@ class NodeClaim:
             f"started as node {self.node_rank}; give every node a unique NODE_RANK in "
             f"0..{self.nnodes - 1} and start the job again"
         )
+
+
+def wait_for_claims(run_url: Location, nnodes: int, info: Callable[[str], None], limit_s: float) -> None:
+    """Before a pipeline starts a phase's nodes: while a node of another process (an earlier pipeline's, which stops
+    on its own: launch/liveness.py) still holds a live claim, wait, up to `limit_s`; a claim still live then is
+    left for the new node to report as a duplicate rank."""
+    deadline = time.monotonic() + limit_s
+    told = False
+    while time.monotonic() < deadline:
+        held = [r for r in range(nnodes) if (holder := _claim_of(run_url, r)) is not None and _foreign(holder)]
+        if not held:
+            return
+        if not told:
+            info(f"waiting up to {limit_s:.0f} s for the nodes of an earlier pipeline to stop (node ranks {held})")
+            told = True
+        time.sleep(RENEW_S)
+
+
+def _claim_of(run_url: Location, node_rank: int) -> dict[str, Any] | None:
+    url = join(layout.node_dir(run_url, node_rank), CLAIM)
+    try:
+        return read_json(url) if exists(url) else None
+    except Exception:  # noqa: BLE001 - unreadable now: the node's own take() decides
+        return None
+
+
+def _foreign(holder: dict[str, Any]) -> bool:
+    """A live claim that is not this process's own and not a dead process's on this host."""
+    if not _live(holder):
+        return False
+    if holder.get("host") != socket.gethostname():
+        return True
+    return holder.get("pid") != os.getpid() and not _stale_here(holder, holder.get("addr", ""))
 
 
 def _live(holder: dict[str, Any]) -> bool:

@@ -13,6 +13,7 @@ from core.errors import EXIT_USER_ERROR, TandemError
 from launch.agent import Agent, grace_for, kill, start_agent, supervise_agent
 from launch.claim import NodeClaim
 from launch.job import Info, NodePlan, PhaseJob
+from launch.liveness import PipelineWatch
 from launch.network import source_address
 from launch.preflight import run_preflight
 from launch.supervise import Poller, poll_each
@@ -84,8 +85,9 @@ def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None, *, stop: N
     spec = job.written.spec
     clear_failure(spec.run, plan.node_rank)
     claim = NodeClaim(spec.run, plan.node_rank, plan.nnodes, _address_towards(plan.master_addr))
-    # The launcher's stop first; the claim's renewal raises on a duplicate rank or another node's failure.
-    pollers: list[Poller] = [stop, claim] if stop is not None else [claim]
+    # The launcher's stop first; the claim's renewal raises on a duplicate rank or another node's failure. A node
+    # process of its own follows the pipeline's liveness record (a local node thread dies with the pipeline).
+    pollers: list[Poller] = [stop, claim] if stop is not None else [claim, PipelineWatch(spec.run)]
     try:
         claim.take()
         agent = start_node(

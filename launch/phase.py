@@ -9,7 +9,9 @@ nothing above this module changes, and no backend imports this one.
 
 from __future__ import annotations
 
+from launch.claim import LEASE_S, wait_for_claims
 from launch.job import Backend, Info, OnProgress, PhaseJob
+from launch.liveness import RENEW_S, STALE_S, PipelineBeat
 from storage.spec import WrittenSpec
 
 
@@ -27,4 +29,9 @@ def run_phase(
     written: WrittenSpec, phase: str, info: Info, *, model_url: str | None = None, on_progress: OnProgress | None = None
 ) -> None:
     """Run `phase` on every node and return when all finished; preflight precedes training on each node."""
-    backends()[written.spec.config.launch.backend](PhaseJob(written, phase, model_url), info, on_progress)
+    launch = written.spec.config.launch
+    # A rerun after this run's pipeline died: its nodes stop within the liveness bound, then their claims lapse.
+    wait_for_claims(written.spec.run, launch.nnodes, info, STALE_S + RENEW_S + launch.cancel_grace_s + LEASE_S)
+    # Renewed while the phase runs: the nodes stop on their own once it is not (launch/liveness.py, no orphans).
+    with PipelineBeat(written.spec.run).hold():
+        backends()[written.spec.config.launch.backend](PhaseJob(written, phase, model_url), info, on_progress)

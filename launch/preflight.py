@@ -3,7 +3,8 @@ with one line naming the node, the check and the fix (the troubleshooting list o
 guide, checked instead of debugged).
 
 Checks: world size (rank mismatch), code version, spec.json digest, master address resolvable, master
-port free on node 0 / reachable from the others, GPU count and model, the dataset the ranks read verified against its
+port free on node 0 / reachable from the others, GPU count and model, the free space on run.storage and this node's
+disk against what the run will write (launch/space.py), the dataset the ranks read verified against its
 manifest (in place, or the node cache's copy, fetched once per node), this node's copy of the base model against the
 run's base_model.json,
 storage writable, the NCCL/GLOO environment applied (echoed), each launch.forward_env name set on this
@@ -29,6 +30,7 @@ from core.redact import mask_text
 from launch.forward import check_forwarded
 from launch.job import NodePlan
 from launch.network import check_interfaces, fabric, hostname_note
+from launch.space import check_space
 from storage import layout
 from storage.base_model import read_base_model, verify_local_model
 from storage.digest import digest_bytes
@@ -231,6 +233,8 @@ def preflight_checks(
             ),
         ),
         ("gpus", lambda: check_gpus(plan)),
+        # Before the dataset's copy is fetched into the node cache: the copy is among what it counts.
+        ("space", lambda: check_space(spec, plan, bf16=visible_gpus() > 0)),
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
         ("environment", lambda: check_env(spec, plan)),
@@ -258,6 +262,7 @@ def run_preflight(
     write_json_atomic(join(layout.node_dir(spec.run, plan.node_rank), layout.PREFLIGHT), report)
     shown = (
         "gpus",
+        "space",
         "dataset",
         "base model",
         "environment",

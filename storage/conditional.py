@@ -13,7 +13,16 @@ from collections.abc import Iterator
 import fsspec
 
 from core.errors import UserError
-from storage.fs import Where, filesystem, is_local, s3_error_code, with_retries, write_bytes_atomic
+from storage.fs import (
+    Where,
+    filesystem,
+    full_storage_is_one_line,
+    is_local,
+    removed_on_error,
+    s3_error_code,
+    with_retries,
+    write_bytes_atomic,
+)
 
 
 def create_exclusive(url: Where, data: bytes) -> bool:
@@ -55,12 +64,13 @@ def _holds(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> bool:
 
 
 def _create_local(path: str, data: bytes) -> bool:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    with full_storage_is_one_line(path, file=path, needed=len(data)), removed_on_error(tmp):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
     try:
         os.link(tmp, path)  # link() fails if the name exists: an atomic claim that never overwrites
     except FileExistsError:

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from core.errors import RetryableError, UserError
 from storage import layout
 from storage.digest import digest_bytes, hasher
-from storage.fs import Where, is_local, join, local_path, read_range
+from storage.fs import Where, full_storage_is_one_line, is_local, join, local_path, read_range
 from storage.manifest import read_manifest, verify_files
 from storage.node_cache import (
     CONTENTS,
@@ -277,7 +277,12 @@ def copy_bytes(manifest: dict[str, Any], entry: dict[str, Any]) -> int:
 
 def fetch_shard(dataset: Where, entry: dict[str, Any], copy: Path, algorithm: str, root: Path) -> dict[str, Any]:
     """Copy one shard into the node cache, held against its manifest digest as it arrives (a Parquet shard is then
-    converted to the Arrow form); returns its contents.json entry."""
+    converted to the Arrow form); returns its contents.json entry. A full node disk is one line (StorageFull)."""
+    with full_storage_is_one_line(str(copy), file=str(copy / local_name(entry["path"])), needed=int(entry["size"])):
+        return _fetch_shard(dataset, entry, copy, algorithm, root)
+
+
+def _fetch_shard(dataset: Where, entry: dict[str, Any], copy: Path, algorithm: str, root: Path) -> dict[str, Any]:
     url, name = join(dataset, entry["path"]), local_name(entry["path"])
     target = copy / name
     fetched = target.with_name(f".tmp-{uuid.uuid4().hex}-{Path(entry['path']).name}")

@@ -7,6 +7,11 @@ runs and deletes LOCK when it ends, completed or failed. A holder that crashed c
 has expired, the next pipeline takes the lock over with a compare-and-swap on the stale document, so two
 pipelines that find the same stale lock cannot both win. Expiry compares wall clocks across hosts: keep them in
 NTP sync, and the lease (TANDEM_RUN_LOCK_LEASE_S, default 120 s) well above any skew.
+
+Taking a run back after its pipeline died (killed, its host lost): a holder that is gone (its pid is dead on this
+host, or it missed two renewals) is waited for until its lease expires, then taken over; with run.take_over it is
+taken over at once. A holder that is provably alive (its process lives on this host, or it renewed within half a
+lease) is refused either way, as a second pipeline on a live run always is.
 """
 
 from __future__ import annotations
@@ -85,8 +90,10 @@ class RunLock:
         }
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
-    def acquire(self) -> None:
-        """Claim the run, take over an expired lock, or raise a UserError naming the live holder."""
+    def acquire(self, take_over: bool = False) -> None:
+        """Claim the run, take over an expired lock, or raise a UserError naming the live holder. A holder that is
+        gone (its process is dead on this host, or it missed two renewals) is waited for until its lease expires, or
+        with `take_over` replaced at once; a holder that is provably alive is refused either way."""
         for _ in range(MAX_ATTEMPTS):
             if create_exclusive(self.url, self.document()):
                 return
@@ -97,7 +104,11 @@ class RunLock:
             if current.get("token") == self.token:
                 return
             if current.get("expires_at", 0) > time.time():
-                raise UserError(_refusal(self.run_id, current))
+                if not self._gone(current):
+                    raise UserError(_refusal(self.run_id, current))
+                if not take_over:
+                    self._wait_for_expiry(current)
+                    continue
             if replace_if_unchanged(self.url, self.document(), token):
                 self.log.warning(
                     "run %s: took over the lock of flow run %s on %s (pid %s), whose lease expired at %s",
@@ -112,6 +123,27 @@ class RunLock:
             f"{self.url}: could not claim the run lock after {MAX_ATTEMPTS} attempts (other pipelines "
             "keep taking it); wait for them or choose another run.name"
         )
+
+    def _gone(self, holder: dict[str, Any]) -> bool:
+        """Whether the holder is not provably alive and gone by what can be seen: its process is dead on this host, or
+        (on another host) it missed two renewals (it renews every quarter of the lease)."""
+        if holder.get("host") == socket.gethostname():
+            return not _pid_alive(holder.get("pid"))
+        return time.time() - float(holder.get("renewed_at", 0)) > self.lease_s / 2
+
+    def _wait_for_expiry(self, holder: dict[str, Any]) -> None:
+        """Wait until a gone holder's lease expires (a renewal meanwhile means it lives: the next look refuses)."""
+        left = float(holder.get("expires_at", 0)) - time.time()
+        self.log.warning(
+            "run %s: the pipeline holding it (flow run %s on %s, pid %s) is gone; waiting %.0f s for its lease to "
+            "expire (run.take_over=true takes it over at once)",
+            self.run_id,
+            holder.get("flow_run_id"),
+            holder.get("host"),
+            holder.get("pid"),
+            left,
+        )
+        time.sleep(max(0.0, left) + 0.1)
 
     def renew(self) -> bool:
         """Extend the lease; False when the lock is no longer ours (it expired and was taken over)."""
@@ -146,9 +178,9 @@ class RunLock:
                 )
 
     @contextlib.contextmanager
-    def hold(self) -> Iterator[RunLock]:
-        """Acquire, keep the lease fresh while the body runs, release when it ends however it ends."""
-        self.acquire()
+    def hold(self, take_over: bool = False) -> Iterator[RunLock]:
+        """Acquire (see `acquire`), keep the lease fresh while the body runs, release when it ends however it ends."""
+        self.acquire(take_over)
         self._thread = threading.Thread(target=self._heartbeat, name=f"run-lock-{self.run_id}", daemon=True)
         self._thread.start()
         try:
@@ -157,6 +189,19 @@ class RunLock:
             self._stop.set()
             self._thread.join(timeout=5)
             self.release()
+
+
+def _pid_alive(pid: object) -> bool:
+    """Whether a process of this host has this pid (one owned by another user counts as alive)."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _parse(data: bytes) -> dict[str, Any]:
@@ -173,5 +218,6 @@ def _refusal(run_id: str, holder: dict[str, Any]) -> str:
     return (
         f"run {run_id} is already running (flow run {holder.get('flow_run_id')} on {holder.get('host')} "
         f"pid {holder.get('pid')} since {holder.get('since')}); wait for it, cancel it, or choose another "
-        f"run.name (a crashed run's lock expires at {_iso(holder.get('expires_at', 0))})"
+        f"run.name (a crashed run's lock expires at {_iso(holder.get('expires_at', 0))}; once it stopped renewing, "
+        "a rerun waits for that, or takes the run over at once with run.take_over=true)"
     )

@@ -11,13 +11,15 @@ from config.chat_template import resolve_chat_template
 from config.schema import FinetuneConfig
 from pipeline.models import resolve_model
 from staging.stage import stage_dataset, staged_state
+from storage.fs import full_storage_is_one_line
 from storage.spec import DatasetRef
 
 
 @task(name="prepare-model")
 def prepare_model(cfg: FinetuneConfig) -> str:
     """Resolve the base model to a local directory."""
-    path = resolve_model(cfg)
+    with full_storage_is_one_line(fallback=cfg.run.storage):
+        path = resolve_model(cfg)
     get_run_logger().info("base model: %s", path)
     return path
 
@@ -39,10 +41,12 @@ def dataset_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> st
 def prepare_dataset(cfg: FinetuneConfig, model_path: str) -> DatasetRef:
     """Validate, tokenize and stage data.source with a manifest (or find it already staged)."""
     logger = get_run_logger()
-    return stage_dataset(
-        cfg.data,
-        cfg.run.storage,
-        model_path,
-        progress=logger.info,
-        chat_template=resolve_chat_template(cfg.model.chat_template),
-    )
+    # Staging writes through pyarrow and its own spool files as well as storage/fs.py: a full disk anywhere is one line.
+    with full_storage_is_one_line(fallback=cfg.run.storage):
+        return stage_dataset(
+            cfg.data,
+            cfg.run.storage,
+            model_path,
+            progress=logger.info,
+            chat_template=resolve_chat_template(cfg.model.chat_template),
+        )

@@ -9,14 +9,21 @@ get past it; anything else exits 2: the same code on the same model and data wou
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import traceback
 
+import torch
 import torch.distributed as torch_dist
 
+from config.footprint import estimate
 from core.checkout import PACKAGES, PROJECT_ROOT
 from core.errors import EXIT_RETRYABLE, EXIT_USER_ERROR
 from core.rank_log import crash_message
+from storage import layout
+from storage.fs import StorageFull, free_bytes, is_local, local_path, storage_full, storage_full_message
+from storage.spec import Spec
 
 MAX_MESSAGE = 300
 # How gloo and the TCP store say that a peer went away or stopped answering, in exceptions that carry no type of
@@ -64,3 +71,66 @@ def project_frame(exc: BaseException) -> str | None:
         return None
     frame = ours[-1]
     return f"{frame.name} ({os.path.relpath(frame.filename, PROJECT_ROOT)}:{frame.lineno})"
+
+
+# How torch.save says that a write failed: its C++ stream gives no errno. Read as a full disk only while the run's
+# storage has less than LOW_FREE_BYTES left (a write that failed for another reason leaves free space).
+WRITE_FAILED_TEXT = ("iostream error", "unexpected pos", "file write failed")
+LOW_FREE_BYTES = 16 * 2**20
+
+
+def storage_full_on_rank(exc: BaseException, spec: Spec | None) -> StorageFull | None:
+    """A rank's uncaught exception as StorageFull when the run's storage was full (the errno, or torch's write
+    failure on a nearly full local store), naming the file it was writing; else None. The partial file of a
+    checkpoint that never got its COMPLETE is removed, so that the node's log and status.json still fit."""
+    if spec is None:
+        return None
+    written = newest_file(spec)
+    needed = checkpoint_bytes(spec)
+    if (full := storage_full(exc, spec.run, file=written, needed=needed)) is None:
+        texts = " ".join(str(err).lower() for err in (exc, exc.__cause__, exc.__context__) if err is not None)
+        free = free_bytes(spec.run)
+        if not any(marker in texts for marker in WRITE_FAILED_TEXT) or free is None or free >= LOW_FREE_BYTES:
+            return None
+        full = StorageFull(storage_full_message(spec.run, written, needed))
+    if written is not None and partial(spec, written):
+        with contextlib.suppress(OSError):
+            os.unlink(written)
+    return full
+
+
+def newest_file(spec: Spec) -> str | None:
+    """The run's most recently modified file outside nodes/ (the node logs grow all the time): on a full local
+    store, the one whose write failed. None on an object store (a rank writes there from a local staging copy)."""
+    if not is_local(spec.run):
+        return None
+    root, newest, when = local_path(spec.run), None, -1.0
+    for dirpath, dirnames, names in os.walk(root):
+        dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != os.path.join(root, layout.NODES)]
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                if (mtime := os.stat(path).st_mtime) > when:
+                    newest, when = path, mtime
+    return newest
+
+
+def partial(spec: Spec, path: str) -> bool:
+    """Whether a file lies in a checkpoint directory that has no COMPLETE (garbage for every reader)."""
+    checkpoints = os.path.dirname(local_path(layout.checkpoint_dir(spec.run, 0)))
+    relative = os.path.relpath(path, checkpoints)
+    if relative.startswith(".."):
+        return False
+    step_dir = os.path.join(checkpoints, relative.split(os.sep)[0])
+    return not os.path.exists(os.path.join(step_dir, layout.COMPLETE))
+
+
+def checkpoint_bytes(spec: Spec) -> int | None:
+    """One checkpoint's estimated bytes (config/footprint.py), None without an estimate."""
+    try:
+        with open(os.path.join(spec.model_path, "config.json"), encoding="utf-8") as handle:
+            model = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    footprint = estimate(spec.config, model, spec.total_steps, spec.world_size, bf16=torch.cuda.is_available())
+    return footprint.checkpoint if footprint is not None else None

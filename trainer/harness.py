@@ -14,7 +14,7 @@ from core.rank_log import ERROR_LOGGER
 from core.redact import install_log_masking
 from storage.fs import environment_location
 from storage.spec import Spec, load_spec
-from trainer.crash import crash_exit_code, crash_line
+from trainer.crash import crash_exit_code, crash_line, storage_full_on_rank
 from trainer.distributed import Dist
 
 
@@ -24,6 +24,7 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
     from trainer.lean_imports import skip_unused_libraries
     from trainer.logging_setup import configure
 
+    spec: Spec | None = None
     try:
         spec, _ = load_spec(environment_location(spec_url))
         skip_unused_libraries(spec.config.train.method)
@@ -42,6 +43,11 @@ def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_b
         return exc.exit_code
     except Exception as exc:
         # The traceback stays in the node's log; the launcher reads the one line below back as the rank's error.
+        if (full := storage_full_on_rank(exc, spec)) is not None:
+            # The one line first: on a full disk the traceback may not fit in the log (the partial file is gone).
+            logging.getLogger(ERROR_LOGGER).error("%s", full)
+            logging.getLogger(__name__).exception("the write that found storage full")
+            return full.exit_code
         logging.getLogger(__name__).exception("uncaught error on this rank")
         logging.getLogger(ERROR_LOGGER).error("%s", crash_line(exc))
         return crash_exit_code(exc)

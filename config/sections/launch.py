@@ -180,6 +180,13 @@ class LaunchConfig(Section):
     require_bandwidth: bool = Field(
         False, description="Fail before training when the probe measures less than launch.min_bandwidth_gbps."
     )
+    require_space: bool = Field(
+        True,
+        description="Fail before training when run.storage or a node's local disk has less free space than the run "
+        "will write there (the estimate of docs/operations.md: (train.keep_latest_k + 1) checkpoints, or every save, "
+        "plus the export and merged export; a rank's staged shard and the dataset copy on the node); false: report "
+        "the shortfall as a warning and train anyway.",
+    )
 
     @model_validator(mode="before")
     @classmethod

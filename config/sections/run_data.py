@@ -33,6 +33,12 @@ class RunConfig(Section):
         description="Extra fsspec options for run.storage (e.g. endpoint_url for MinIO); credentials come from the "
         "AWS environment or profile, never from here.",
     )
+    take_over: bool = Field(
+        False,
+        description="Rerunning a run.name whose pipeline died (its lock not yet expired): take the run over at once "
+        "instead of waiting for the lock's lease to expire; refused while the old pipeline is provably alive (its "
+        "process on this host, or a lock renewed within half a lease).",
+    )
 
     @field_validator("storage_options", mode="before")
     @classmethod

@@ -76,8 +76,9 @@ def test_training_goes_on_while_a_save_is_written(staged: Staged, reference: Run
 def test_a_writer_error_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(staged: Staged) -> None:
     """The run's checkpoints directory fills up while a background writer writes step 8 (a real tmpfs mounted
     there, 12 MB: one checkpoint of full fine-tuning of the tiny model under ZeRO-3 is about 8 MB): the rank's main
-    thread raises the writer's error at its next step boundary, the job stops with one line naming the rank and the
-    cause, step 4 stays complete and step 8 has no COMPLETE. Needs root (mount), as CI runs."""
+    thread raises the writer's error at its next step boundary, the job stops with the one line of a full store
+    (storage/fs.py StorageFull: the mount, the file, what to free) naming the rank, step 4 stays complete and step 8
+    has no COMPLETE. Needs root (mount), as CI runs."""
     run_dir = Path(staged.storage) / "runs" / "disk-full"
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True)
@@ -96,7 +97,7 @@ def test_a_writer_error_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(
             )
         line = str(info.value)
         assert "\n" not in line and re.match(r"train failed on node \d, rank \d: ", line), line
-        assert "No space left on device" in line, line
+        assert f"storage full: {checkpoints} (" in line and "/step-00000008/" in line, line  # issue 33's line
         assert [c.step for c in complete_checkpoints(str(run_dir))] == [4]
         assert not (Path(layout.checkpoint_dir(str(run_dir), 8)) / layout.COMPLETE).exists()
     finally:

@@ -47,6 +47,7 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
         "master address",
         "master port",
         "gpus",
+        "space",
         "dataset",
         "storage",
         "environment",
@@ -61,6 +62,7 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
     spec = prepared[0]
     saved = json.loads(Path(layout.node_dir(spec.run_url, 0), "preflight.json").read_text())
     assert saved["checks"]["dataset"].startswith(spec.dataset.dataset_id)
+    assert " free, " in saved["checks"]["space"] and " needed" in saved["checks"]["space"]  # run.storage, local
     files = len(json.loads(Path(spec.run_url, layout.BASE_MODEL).read_text())["files"])
     # The pipeline's record hashed the model on this machine: the node's check found every digest in the node cache.
     assert (

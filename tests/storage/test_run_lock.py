@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import UserError
 from storage.conditional import create_exclusive
-from storage.fs import Location, exists, join, read_bytes
+from storage.fs import Location, exists, join, read_bytes, remove
 from storage.run_lock import RunLock
 from tests.racing import race
 
@@ -83,3 +83,61 @@ def test_racing_pipelines_exactly_one_wins(run_url) -> None:
     winner = f"flow-{results.index('held')}"
     assert holder(run_url)["flow_run_id"] == winner
     assert all(r.startswith(f"run r1 is already running (flow run {winner} on ") for r in results if r != "held")
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has ended."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def dead_holder(run_url, *, host: str | None = None, pid: int | None = None, renewed_ago: float, expires_in: float):
+    """A LOCK left by a pipeline that died: its lease still runs, nobody renews it."""
+    import socket
+
+    now = time.time()
+    doc = {
+        "schema": "tandem.run-lock/1",
+        "run_id": "r1",
+        "token": "old",
+        "flow_run_id": "flow-dead",
+        "host": host or socket.gethostname(),
+        "pid": pid if pid is not None else dead_pid(),
+        "since": "earlier",
+        "renewed_at": now - renewed_ago,
+        "expires_at": now + expires_in,
+    }
+    assert create_exclusive(join(run_url, "LOCK"), json.dumps(doc).encode())
+
+
+def test_a_rerun_waits_for_a_dead_pipelines_lease_then_takes_the_run(run_url, caplog) -> None:
+    dead_holder(run_url, renewed_ago=1, expires_in=1.5)
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="storage.run_lock"), RunLock(run_url, "r1", "flow-b", lease_s=60).hold():
+        assert holder(run_url)["flow_run_id"] == "flow-b"
+        assert time.monotonic() - started >= 1.4  # it waited for the lease rather than refusing
+    assert any("is gone; waiting 1 s for its lease to expire" in r.getMessage() for r in caplog.records)
+
+
+def test_take_over_replaces_a_dead_pipeline_at_once_but_never_a_live_one(run_url) -> None:
+    dead_holder(run_url, renewed_ago=1, expires_in=600)
+    with RunLock(run_url, "r1", "flow-b", lease_s=60).hold(take_over=True):
+        assert holder(run_url)["flow_run_id"] == "flow-b"
+    # Another host's pipeline that renewed a moment ago is alive as far as anyone can tell: refused, option or not.
+    dead_holder(run_url, host="elsewhere", pid=1, renewed_ago=1, expires_in=600)
+    with pytest.raises(UserError, match="already running \\(flow run flow-dead on elsewhere"):
+        RunLock(run_url, "r1", "flow-c", lease_s=60).acquire(take_over=True)
+    # This host's live process (pid 1) is provably alive.
+    remove(join(run_url, "LOCK"))
+    dead_holder(run_url, pid=1, renewed_ago=100, expires_in=600)
+    with pytest.raises(UserError, match="already running"):
+        RunLock(run_url, "r1", "flow-c", lease_s=60).acquire(take_over=True)
+    # Another host's pipeline that missed two renewals is gone: taken over.
+    remove(join(run_url, "LOCK"))
+    dead_holder(run_url, host="elsewhere", pid=1, renewed_ago=40, expires_in=600)
+    with RunLock(run_url, "r1", "flow-d", lease_s=60).hold(take_over=True):
+        assert holder(run_url)["flow_run_id"] == "flow-d"

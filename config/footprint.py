@@ -1,0 +1,111 @@
+"""What a run will write, estimated from the base model's config.json and the method, before anything is written: a
+checkpoint's bytes, the export's, the merged export's, and how many checkpoints are on storage at once.
+
+The basis (docs/operations.md, "Disk space"): the parameters of a decoder-only transformer with grouped-KV attention
+and a gated MLP (embeddings, and the output layer unless tied; per layer q, k, v, o, gate, up, down and two norms),
+times the bytes DeepSpeed keeps per trained parameter: its weight in the training dtype (bf16 on GPUs, fp32 on CPU
+ranks), an fp32 master copy and Adam's two fp32 moments. Full fine-tuning saves every parameter so; LoRA and Q-LoRA
+save the adapters alone (the frozen base is model.name_or_path already), r x (in + out) per targeted projection.
+Biases are left out (0.1% of Qwen2.5-0.5B); DeepSpeed's scripts, the RNG states and the pickles' bookkeeping are a
+fixed allowance per checkpoint and per rank. A model
+of another shape (no `num_attention_heads`, say) makes no estimate: the check is then skipped, not guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from config.schema import FinetuneConfig
+
+FP32_MASTER = 4
+ADAM_MOMENTS = 8  # two fp32 moments
+# What a checkpoint holds besides the parameters' states, measured on the tiny model (tests/distributed/
+# test_footprint.py): DeepSpeed's zero_to_fp32.py and zero_to_torch.py and our manifest (about 43 KB), and per rank
+# trainer_state.pt (RNG states, 14.5 KB) and the pickles' own bookkeeping (up to 23 KB), rounded up.
+CHECKPOINT_OVERHEAD = 64 * 2**10
+RANK_OVERHEAD = 48 * 2**10
+# The projections of one decoder layer, as (name, in features, out features) in units resolved below.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The bytes a run writes: one checkpoint, the export, the merged export (0 unless train.export_merged), and the
+    most checkpoints on storage at once (retention removes the oldest only after a new save completed)."""
+
+    params: int
+    trained: int
+    checkpoint: int
+    export: int
+    merged: int
+    checkpoints_kept: int
+
+    @property
+    def storage(self) -> int:
+        """Bytes the run needs on run.storage at its fullest."""
+        return self.checkpoints_kept * self.checkpoint + self.export + self.merged
+
+
+def projection_shapes(model: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of one decoder layer."""
+    hidden = int(model["hidden_size"])
+    heads = int(model["num_attention_heads"])
+    kv_heads = int(model.get("num_key_value_heads") or heads)
+    head_dim = int(model.get("head_dim") or hidden // heads)
+    inter = int(model.get("intermediate_size") or 4 * hidden)
+    return {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv_heads * head_dim),
+        "v_proj": (hidden, kv_heads * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+
+
+def model_params(model: dict[str, Any]) -> int:
+    """Parameters of the whole model (biases left out)."""
+    hidden, vocab, layers = int(model["hidden_size"]), int(model["vocab_size"]), int(model["num_hidden_layers"])
+    layer = sum(i * o for i, o in projection_shapes(model).values()) + 2 * hidden
+    embeddings = vocab * hidden * (1 if model.get("tie_word_embeddings") else 2)
+    return layers * layer + embeddings + hidden
+
+
+def adapter_params(model: dict[str, Any], r: int, targets: list[str] | None) -> int:
+    """LoRA parameters: r x (in + out) per targeted projection of every layer (every projection by default)."""
+    shapes = projection_shapes(model)
+    names = [name for name in (targets or PROJECTIONS) if name in shapes]
+    return int(model["num_hidden_layers"]) * sum(r * sum(shapes[name]) for name in names)
+
+
+def saves(cfg: FinetuneConfig, total_steps: int) -> int:
+    """Checkpoints on storage at once: keep_latest_k + 1 while a new save completes, else every save of the run
+    (each train.save_steps and the last step; train.save_every_minutes may add more)."""
+    every = math.ceil(total_steps / cfg.train.save_steps)
+    keep = cfg.train.keep_latest_k
+    return every if keep is None else min(keep + 1, every)
+
+
+def estimate(
+    cfg: FinetuneConfig, model: dict[str, Any], total_steps: int, world_size: int, *, bf16: bool
+) -> Footprint | None:
+    """The run's footprint on `world_size` ranks, or None when the config.json is not of a shape this estimate
+    knows."""
+    try:
+        params = model_params(model)
+        lora = cfg.train.method != "full"
+        trained = adapter_params(model, cfg.train.lora.r, cfg.train.lora.target_modules) if lora else params
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    weight = 2 if bf16 else 4
+    return Footprint(
+        params=params,
+        trained=trained,
+        checkpoint=trained * (weight + FP32_MASTER + ADAM_MOMENTS) + CHECKPOINT_OVERHEAD + world_size * RANK_OVERHEAD,
+        export=trained * weight,
+        merged=params * weight if lora and cfg.train.export_merged else 0,
+        checkpoints_kept=saves(cfg, total_steps),
+    )
