@@ -4,6 +4,8 @@ one line naming the store, the file, free and needed bytes, exit 2, no traceback
 
 from __future__ import annotations
 
+import re
+
 from storage.checkpoints import latest_complete, read_complete
 from storage.layout import checkpoint_dir
 from tests.conftest import run_cli
@@ -38,8 +40,12 @@ def test_a_save_that_finds_storage_full_is_one_line(tmp_path, tiny_model, prefec
         assert result.returncode == 2, result.stderr[-3000:]
         assert "Traceback" not in result.stdout + result.stderr
         (line,) = errors(result)
-        assert line.startswith(f"error: train failed on node 0, rank 0: storage full: {store} (")
-        assert f"needed) while writing {checkpoint_dir(str(store / 'runs' / 'r'), 30)}/" in line
+        # The first writer to find the store full reports it: the rank's background checkpoint writer (step 30's
+        # files), or a file the step loop or the pipeline writes meanwhile (metrics.jsonl, the liveness record).
+        assert re.match(rf"error: (train failed on node 0, rank 0: )?storage full: {re.escape(str(store))} \(", line), (
+            line
+        )
+        assert f"needed) while writing {store}/runs/r/" in line
         assert "lower train.keep_latest_k" in line
         run = str(store / "runs" / "r")
         newest = latest_complete(run)

@@ -20,7 +20,8 @@ def test_the_estimate_matches_the_reference_checkpoint_and_export(reference) -> 
     newest = latest_complete(spec.run)
     assert newest is not None
     saved = sum(entry["size"] for entry in newest.manifest["files"])
-    assert abs(footprint.checkpoint - saved) / saved < 0.05, (footprint.checkpoint, saved)
+    # an upper bound (the space check must not pass a run that cannot fit), at most 10% above
+    assert saved <= footprint.checkpoint < 1.1 * saved, (footprint.checkpoint, saved)
     weights = sum(
         size for path, size in find_sizes(layout.final_dir(spec.run)).items() if path.endswith(".safetensors")
     )

@@ -23,7 +23,7 @@ import torch
 
 from storage.checkpoints import checkpoint_manifest, commit
 from storage.digest import CHUNK, hasher
-from storage.fs import Location, join, put_file, size
+from storage.fs import Location, full_storage_is_one_line, join, put_file, removed_on_error, size
 from trainer import faults
 from trainer.checkpointing.snapshot import Snapshot
 from trainer.distributed import Dist, gather_objects
@@ -151,7 +151,10 @@ def _write_files(job: SaveJob, dist: Dist) -> list[dict[str, Any]]:
         if pending.state is None:
             digest, nbytes = digest_local(pending.path, job.algorithm)
         else:
-            digest, nbytes = write_state(pending.state, pending.path, job.algorithm)
+            # A full disk is named here, with the file: the rank's crash report cannot tell which file a background
+            # writer was writing while the step loop went on writing others. The partial file goes with it.
+            with full_storage_is_one_line(file=pending.path, needed=pending.nbytes), removed_on_error(pending.path):
+                digest, nbytes = write_state(pending.state, pending.path, job.algorithm)
         del pending
         done.append((rel, digest, nbytes))
     for rel in job.extra:
