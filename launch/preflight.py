@@ -22,6 +22,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from core.checkout import code_version
@@ -133,34 +134,72 @@ def check_master_reachable(plan: NodePlan, timeout_s: float, poll: Callable[[], 
             time.sleep(CONNECT_RETRY_S)
 
 
-def gpu_names() -> list[str] | None:
-    """The model name of every GPU this machine shows; None without nvidia-smi (a machine without GPUs)."""
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as nvidia-smi reports it."""
+
+    name: str
+    free_mib: int
+    total_mib: int
+
+
+def gpus() -> list[Gpu] | None:
+    """Every GPU this machine shows, with its free and total memory; None without nvidia-smi (a machine without
+    GPUs)."""
     if shutil.which("nvidia-smi") is None:
         return None
     out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ["nvidia-smi", "--query-gpu=name,memory.free,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0:  # e.g. "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
+        said = (out.stdout + out.stderr).strip().splitlines()
+        raise UserError(
+            f"nvidia-smi failed on {socket.gethostname()} (exit {out.returncode}: {said[0] if said else 'no output'}); "
+            "fix the GPU driver on this node, or run it without GPUs"
+        )
+    found = []
+    for line in out.stdout.splitlines():
+        if line.strip():
+            name, free, total = (field.strip() for field in line.rsplit(",", 2))
+            found.append(Gpu(name, int(free), int(total)))
+    return found
+
+
+def gpu_names() -> list[str] | None:
+    """The model name of every GPU this machine shows; None without nvidia-smi."""
+    found = gpus()
+    return None if found is None else [g.name for g in found]
 
 
 def visible_gpus() -> int:
     """GPUs this machine shows (0 without nvidia-smi)."""
-    return len(gpu_names() or [])
+    return len(gpus() or [])
 
 
 def check_gpus(plan: NodePlan) -> str:
-    """On GPU machines: at least nproc_per_node GPUs, all of one model (reported for cross-node comparison)."""
-    names = gpu_names()
-    if names is None:
+    """On GPU machines: at least nproc_per_node GPUs, all of one model (reported for cross-node comparison), and the
+    free memory of the least free one (another job's memory shows there before training runs out of it)."""
+    found = gpus()
+    if found is None:
         return "no GPU (CPU ranks, gloo)"
-    if len(names) < plan.nproc_per_node:
+    if len(found) < plan.nproc_per_node:
         raise UserError(
-            f"node {plan.node_rank}: {len(names)} GPUs visible, {plan.nproc_per_node} ranks requested; "
+            f"node {plan.node_rank}: {len(found)} GPUs visible, {plan.nproc_per_node} ranks requested; "
             "set launch.nproc_per_node (GPUS_PER_NODE) to the GPUs every node has"
         )
-    if len(set(names)) > 1:
-        raise UserError(f"node {plan.node_rank}: mixed GPU models {sorted(set(names))}; use one model per job")
-    return f"{len(names)} x {names[0]}" if names else "no GPU"
+    names = sorted({g.name for g in found})
+    if len(names) > 1:
+        raise UserError(f"node {plan.node_rank}: mixed GPU models {names}; use one model per job")
+    if not found:
+        return "no GPU"
+    least = min(found, key=lambda g: g.free_mib)
+    return (
+        f"{len(found)} x {names[0]}, the least free {least.free_mib / 1024:.1f} of {least.total_mib / 1024:.1f} GiB "
+        "free"
+    )
 
 
 def check_dataset(spec: Spec, plan: NodePlan) -> str:

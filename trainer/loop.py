@@ -24,6 +24,7 @@ from trainer import faults, guards
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
 from trainer.chunked_loss import LossHead
+from trainer.cuda_build import plain_arch_list
 from trainer.data import Batch, GlobalOrder, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.evaluate import local_sums, reduced_metrics, sample_rows
@@ -102,13 +103,15 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
 
     train = spec.config.train
     bf16 = dist.device.type == "cuda"
+    if bf16:
+        plain_arch_list()
     ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, shape=ModelShape.of(model_config(spec.model_path)))
     # Each rank saves under its own tag (rank-{r}); DeepSpeed's cross-rank tag check would flag that.
     ds.setdefault("checkpoint", {})["tag_validation"] = "Ignore"
     seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
     partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
     log_memory("before loading the model")
-    base = load_base(spec.model_path, method=train.method, bf16=bf16)
+    base = load_base(spec.model_path, method=train.method, bf16=bf16, zero3=zero_stage(ds) == 3)
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path)
     model = make_trainable(base, train)

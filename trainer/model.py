@@ -73,9 +73,12 @@ def parameter_count(model: Any, *, trainable: bool = False) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad or not trainable)
 
 
-def load_base(model_path: str, *, method: str, bf16: bool) -> Any:
+def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False) -> Any:
     """The base causal LM in bf16 (GPU) or fp32 (CPU); 4-bit nf4 for Q-LoRA. Partitioned across the ranks while a
-    PartitionedLoad is alive."""
+    PartitionedLoad is alive.
+
+    Under ZeRO-3 (`zero3`), Q-LoRA's packed 4-bit weights are stored in the compute dtype instead of uint8: ZeRO-3
+    partitions only floating-point parameters, and one dtype for every parameter lets it flatten them together."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
@@ -85,6 +88,7 @@ def load_base(model_path: str, *, method: str, bf16: bool) -> Any:
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=kwargs["dtype"],
+            **({"bnb_4bit_quant_storage": kwargs["dtype"]} if zero3 else {}),
         )
     try:
         return AutoModelForCausalLM.from_pretrained(model_path, **kwargs)

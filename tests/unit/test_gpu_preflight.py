@@ -1,0 +1,74 @@
+"""The preflight's GPU check against an nvidia-smi that prints what the real one prints for the query it sends (this
+machine has no GPU: the stand-in is a script on PATH; tests/gpu runs the check against the real one on a GPU
+machine)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from core.errors import UserError
+from launch.job import NodePlan
+from launch.preflight import Gpu, check_gpus, gpus, visible_gpus
+
+
+def fake_nvidia_smi(folder: Path, rows: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nvidia-smi on PATH answering only the preflight's query, with `rows` (csv, noheader, nounits)."""
+    script = folder / "nvidia-smi"
+    body = "\n".join(rows)
+    script.write_text(
+        '#!/bin/sh\n[ "$1" = "--query-gpu=name,memory.free,memory.total" ] '
+        '&& [ "$2" = "--format=csv,noheader,nounits" ] || exit 9\n'
+        f"cat <<'ROWS'\n{body}\nROWS\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
+def plan(nproc: int) -> NodePlan:
+    return NodePlan(node_rank=1, nnodes=2, nproc_per_node=nproc, master_addr="10.0.0.1", master_port=29500)
+
+
+def test_the_gpus_their_model_and_the_least_free_memory_are_reported(tmp_path, monkeypatch) -> None:
+    fake_nvidia_smi(
+        tmp_path, ["NVIDIA H100 80GB HBM3, 81000, 81559", "NVIDIA H100 80GB HBM3, 20480, 81559"], monkeypatch
+    )
+    assert gpus() == [Gpu("NVIDIA H100 80GB HBM3", 81000, 81559), Gpu("NVIDIA H100 80GB HBM3", 20480, 81559)]
+    assert visible_gpus() == 2
+    assert check_gpus(plan(2)) == "2 x NVIDIA H100 80GB HBM3, the least free 20.0 of 79.6 GiB free"
+
+
+def test_fewer_gpus_than_ranks_names_the_setting(tmp_path, monkeypatch) -> None:
+    fake_nvidia_smi(tmp_path, ["NVIDIA H200, 143000, 143771"], monkeypatch)
+    with pytest.raises(UserError, match=r"node 1: 1 GPUs visible, 2 ranks requested; set launch.nproc_per_node"):
+        check_gpus(plan(2))
+
+
+def test_mixed_models_are_refused(tmp_path, monkeypatch) -> None:
+    fake_nvidia_smi(
+        tmp_path, ["NVIDIA H100 80GB HBM3, 81000, 81559", "NVIDIA A100-SXM4-80GB, 81000, 81920"], monkeypatch
+    )
+    with pytest.raises(UserError, match="mixed GPU models"):
+        check_gpus(plan(2))
+
+
+def test_a_machine_without_nvidia_smi_runs_cpu_ranks(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert gpus() is None
+    assert check_gpus(plan(2)) == "no GPU (CPU ranks, gloo)"
+
+
+def test_a_broken_driver_is_one_line_naming_nvidia_smi(tmp_path, monkeypatch) -> None:
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        '#!/bin/sh\necho "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 9\n'
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(
+        UserError, match=r"nvidia-smi failed on .* \(exit 9: NVIDIA-SMI has failed .*\); fix the GPU driver"
+    ):
+        check_gpus(plan(1))
