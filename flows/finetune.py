@@ -187,9 +187,23 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m flows.finetune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_config_arguments(parser)
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the run's memory plan (per GPU, and per node's host) and what it writes, then exit; runs nothing",
+    )
     args = parser.parse_args(argv)
 
     def body(cfg: FinetuneConfig) -> int:
+        if args.plan:
+            from launch.preflight import visible_gpus
+            from pipeline.memory import plan_text
+
+            print(plan_text(cfg, on_gpu=True))
+            if cfg.launch.backend == "local" and visible_gpus() == 0:
+                print("\nthis machine has no GPU: its local ranks run on the CPU")
+                print(plan_text(cfg, on_gpu=False))
+            return 0
         from_the_command_line()
         try:
             summary = finetune(cfg)

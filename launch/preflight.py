@@ -28,6 +28,7 @@ from typing import Any
 from core.checkout import code_version
 from core.errors import RetryableError, UserError
 from core.redact import mask_text
+from launch.fit import check_fit
 from launch.forward import check_forwarded
 from launch.job import NodePlan
 from launch.network import check_interfaces, fabric, hostname_note
@@ -179,6 +180,12 @@ def visible_gpus() -> int:
     return len(gpus() or [])
 
 
+def least_free_gpu_bytes() -> int | None:
+    """The free memory of this machine's least free GPU, None without GPUs."""
+    found = gpus()
+    return min(g.free_mib for g in found) * 2**20 if found else None
+
+
 def check_gpus(plan: NodePlan) -> str:
     """On GPU machines: at least nproc_per_node GPUs, all of one model (reported for cross-node comparison), and the
     free memory of the least free one (another job's memory shows there before training runs out of it)."""
@@ -274,6 +281,7 @@ def preflight_checks(
         ("gpus", lambda: check_gpus(plan)),
         # Before the dataset's copy is fetched into the node cache: the copy is among what it counts.
         ("space", lambda: check_space(spec, plan, bf16=visible_gpus() > 0)),
+        ("memory", lambda: check_fit(spec, plan, gpu_free_bytes=least_free_gpu_bytes())),
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
         ("environment", lambda: check_env(spec, plan)),
@@ -302,6 +310,7 @@ def run_preflight(
     shown = (
         "gpus",
         "space",
+        "memory",
         "dataset",
         "base model",
         "environment",

@@ -188,6 +188,13 @@ class LaunchConfig(Section):
         "the shortfall as a warning and train anyway.",
     )
 
+    require_fit: bool = Field(
+        True,
+        description="Fail before any rank loads when the run's memory plan (docs/memory-plan.md) does not fit a "
+        "node: one rank's device peak against the least free GPU's memory, the node's ranks' host peak against "
+        "MemAvailable; only beyond the plan's stated error (25%); false: report it as a warning and train anyway.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _hosts_decide_the_shape(cls, data: object) -> object:

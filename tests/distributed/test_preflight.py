@@ -48,6 +48,7 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
         "master port",
         "gpus",
         "space",
+        "memory",
         "dataset",
         "storage",
         "environment",

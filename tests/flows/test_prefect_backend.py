@@ -101,6 +101,8 @@ def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_
     ]
     preflight = json.loads((run_dir / "nodes" / "1" / "preflight.json").read_text())
     assert preflight["checks"]["master port"].endswith("reachable")
+    # The memory plan held against this node (CPU ranks: host memory only).
+    assert preflight["checks"]["memory"].startswith("host ") and "GB available" in preflight["checks"]["memory"]
 
 
 def test_a_dead_node_fails_the_pipeline_fast_and_leaves_no_process(node_workers, tmp_path, tiny_model) -> None:

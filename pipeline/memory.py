@@ -1,0 +1,51 @@
+"""`python -m flows.finetune --plan`: the memory and disk plan of a config, printed without running anything but the
+built-in model's materialization (docs/memory-plan.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from config.deepspeed import read_deepspeed_json, resolve_from_train
+from config.footprint import estimate
+from config.memory_plan import PLAN_ERROR, plan, table
+from config.schema import FinetuneConfig
+from core.errors import UserError
+from pipeline.models import resolve_model
+from storage.fs import human_bytes
+
+
+def plan_text(cfg: FinetuneConfig, *, on_gpu: bool) -> str:
+    """The plan of `cfg` on GPU ranks (bf16) or CPU ranks (fp32), and what it writes, as text."""
+    model_path = resolve_model(cfg)
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as handle:
+            model = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UserError(
+            f"model.name_or_path {model_path}: cannot read its config.json for the plan ({exc}); give a local model "
+            "directory"
+        ) from None
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    memory = plan(cfg, ds, model, on_gpu=on_gpu)
+    if memory is None:
+        raise UserError(f"model.name_or_path {model_path}: config.json is not a shape the plan knows")
+    ranks = f"{cfg.launch.nnodes} node(s) x {cfg.launch.nproc_per_node} rank(s), {cfg.train.method}"
+    lines = [
+        f"memory plan, {'GPU ranks (bf16)' if on_gpu else 'CPU ranks (float32)'}: {ranks}, "
+        f"{cfg.deepspeed.config}; the plan's stated error: {PLAN_ERROR:.0%}",
+        table(memory),
+    ]
+    footprint = estimate(cfg, model, cfg.train.max_steps or cfg.train.save_steps, cfg.world_size, bf16=on_gpu)
+    if footprint is not None:
+        kept = (
+            f"{cfg.train.keep_latest_k} + 1 kept while a new one completes"
+            if cfg.train.keep_latest_k is not None
+            else "every save kept (train.keep_latest_k unset)"
+        )
+        lines.append(
+            f"run.storage: a checkpoint {human_bytes(footprint.checkpoint)} ({kept}), the export "
+            f"{human_bytes(footprint.export)}"
+            + (f", the merged export {human_bytes(footprint.merged)}" if footprint.merged else "")
+        )
+    return "\n".join(line for line in lines if line)
