@@ -268,7 +268,16 @@ def split_writer(
 
 
 def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
-    """Splits emptied by records the tokenizer could not use are as much an error as splits read empty."""
+    """Splits emptied by records the tokenizer could not use are as much an error as splits read empty; preference
+    data of both kinds (pairs and KTO's labelled answers), which no one objective trains, is refused."""
+    pairs = sum(c.get("pairs", 0) for c in counts.values())
+    labelled = sum(c.get("desirable", 0) + c.get("undesirable", 0) for c in counts.values())
+    if pairs and labelled:
+        raise UserError(
+            f"{label(data)}: {pairs} preference pairs and {labelled} KTO records (answers labelled true or false) in "
+            "one dataset; an objective trains one kind (train.objective dpo, ipo or orpo: pairs; kto: labelled "
+            "answers): stage them as two datasets"
+        )
     for split in layout.SPLITS:
         if counts[split]["records"] or (split == "eval" and not (data.eval_source or data.eval_ratio > 0)):
             continue

@@ -123,6 +123,17 @@ def test_bench_model_scale() -> None:
 
 
 @bench
+def test_bench_memory_plan() -> None:
+    """The plan against measured RssAnon at toy size: the tiny model laid out as published, both configurations."""
+    from tests.benchmarks import bench_memory_plan
+
+    results = bench_memory_plan.main(["--shape", "tiny"])
+    assert set(results) == set(bench_memory_plan.CONFIGURATIONS)
+    for figures in results.values():
+        positive(figures, "planned_gb", "measured_gb", "ratio")
+
+
+@bench
 def test_bench_prepare(tmp_path: Path) -> None:
     """Staging vs the workflow it replaces, re-staging, tokenization, the first pass: (a), (b), (c), (e), (f)."""
     from tests.benchmarks import bench_prepare

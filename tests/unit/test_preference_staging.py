@@ -201,3 +201,19 @@ def test_an_objective_that_does_not_fit_the_staged_rows_stops_the_trainer_in_one
         "train.objective=sft and the staged dataset disagree: it holds preference rows; stage it with "
         "data.preference=refuse or chosen"
     )
+
+
+def test_pairs_and_kto_records_together_are_refused_in_one_line(tmp_path, tiny_model) -> None:
+    """A directory of a pairs file and a KTO file: no one objective trains both, so staging stops, before the
+    manifest (the dataset is never complete)."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    write_jsonl(folder / "pairs.jsonl", [PAIR_RECORD] * 4)
+    feedback = {"prompt": [{"role": "user", "content": Q}], "completion": [{"role": "assistant", "content": C}]}
+    write_jsonl(folder / "kto.jsonl", [{**feedback, "label": True}, {**feedback, "label": False}])
+    with pytest.raises(UserError) as info:
+        stage(folder, tmp_path / "storage", tiny_model)
+    message = str(info.value)
+    assert "4 preference pairs and 2 KTO records" in message and "stage them as two datasets" in message
+    assert "\n" not in message
+    assert not list((tmp_path / "storage").rglob("manifest.json"))
