@@ -27,21 +27,24 @@ STEP_WAIT_S = 240
 GONE_WAIT_S = 90
 
 
+def shared_settings(tmp_path: Path, tiny_model: str, name: str) -> list[str]:
+    """The settings every run of these tests shares: saving every 1,000 steps and on a cancel."""
+    return [
+        f"run.storage={tmp_path / 'storage'}",
+        f"run.name={name}",
+        f"model.name_or_path={tiny_model}",
+        "train.save_steps=1000",
+        "launch.checkpoint_on_cancel=true",
+        "launch.cancel_grace_s=20",
+    ]
+
+
 def start(
     tmp_path: Path, tiny_model: str, name: str, *extra: str, step: int = 3
 ) -> tuple[subprocess.Popen, Path, Path]:
     """`python -m flows.finetune` on a long run (400 steps, saving on cancel), returned once `step` was logged."""
     storage, out = tmp_path / "storage", tmp_path / f"{name}.out"
-    sets = [
-        f"run.storage={storage}",
-        f"run.name={name}",
-        f"model.name_or_path={tiny_model}",
-        "train.max_steps=400",
-        "train.save_steps=1000",
-        "launch.checkpoint_on_cancel=true",
-        "launch.cancel_grace_s=20",
-        *extra,
-    ]
+    sets = [*shared_settings(tmp_path, tiny_model, name), "train.max_steps=400", *extra]
     with open(out, "w") as handle:
         process = subprocess.Popen(
             [sys.executable, "-m", "flows.finetune", *(a for s in sets for a in ("--set", s))],
@@ -102,11 +105,25 @@ def test_a_hangup_or_termination_cancels_the_run(tmp_path, tiny_model, prefect_s
 
 
 def test_kill_9_of_the_pipeline_leaves_no_rank_on_the_local_backend(tmp_path, tiny_model, prefect_server) -> None:
+    """Then the same run is taken back: `run.take_over=true` replaces the dead pipeline's lease at once, and the run
+    resumes from the checkpoint saved on the way out and finishes."""
     process, run, _ = start(tmp_path, tiny_model, "k")
     process.kill()
     process.wait()
     print(f"local backend: no process of the run left {wait_gone(run):.1f} s after kill -9")
     saved_whole(run)
+    newest = latest_complete(str(run))
+    assert newest is not None
+    settings = [*shared_settings(tmp_path, tiny_model, "k"), f"train.max_steps={newest.step + 2}", "run.take_over=true"]
+    again = subprocess.run(
+        [sys.executable, "-m", "flows.finetune", *(a for s in settings for a in ("--set", s))],
+        cwd=ROOT, capture_output=True, text=True, timeout=STEP_WAIT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert f"resumed from step {newest.step}" in (run / "nodes" / "0" / "log.txt").read_text()
+    finished = latest_complete(str(run))
+    assert finished is not None and finished.step == newest.step + 2
 
 
 def test_kill_9_of_the_pipeline_stops_the_node_flows(tmp_path, tiny_model, node_workers) -> None:
