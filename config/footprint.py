@@ -13,7 +13,9 @@ of another shape (no `num_attention_heads`, say) makes no estimate: the check is
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,20 @@ class Footprint:
     def storage(self) -> int:
         """Bytes the run needs on run.storage at its fullest."""
         return self.checkpoints_kept * self.checkpoint + self.export + self.merged
+
+
+MODEL_CONFIG = "config.json"
+
+
+def read_model_json(model_path: str) -> dict[str, Any] | None:
+    """A local model directory's config.json as a dict, None when it cannot be read (the estimates are then skipped,
+    not guessed)."""
+    try:
+        with open(os.path.join(model_path, MODEL_CONFIG), encoding="utf-8") as handle:
+            model = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return model if isinstance(model, dict) else None
 
 
 def projection_shapes(model: dict[str, Any]) -> dict[str, tuple[int, int]]:

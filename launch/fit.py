@@ -7,13 +7,13 @@ shrinks it, unless launch.require_fit is false, which makes it a warning.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Callable
 
+from config.footprint import read_model_json
 from config.memory_plan import GB, PLAN_ERROR, MemoryPlan, Term, plan
 from core.errors import UserError
+from core.meminfo import meminfo
 from launch.job import NodePlan
 from storage.spec import Spec
 
@@ -22,24 +22,13 @@ log = logging.getLogger(__name__)
 
 def run_plan(spec: Spec, *, on_gpu: bool) -> MemoryPlan | None:
     """The run's plan from this node's copy of the base model's config.json (None: no plan)."""
-    try:
-        with open(os.path.join(spec.model_path, "config.json"), encoding="utf-8") as handle:
-            model = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return plan(spec.config, spec.deepspeed, model, on_gpu=on_gpu)
+    model = read_model_json(spec.model_path)
+    return None if model is None else plan(spec.config, spec.deepspeed, model, on_gpu=on_gpu)
 
 
 def mem_available() -> int | None:
     """Host memory available to new work (/proc/meminfo's MemAvailable), None where the kernel does not say."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return meminfo().get("MemAvailable")
 
 
 def shortfall(what: str, needed: int, free: int, largest: Term) -> str | None:

@@ -10,20 +10,17 @@ node cache's copy of a dataset stored remotely. Places on one filesystem are sum
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import tempfile
 from dataclasses import dataclass
 
-from config.footprint import Footprint, estimate
+from config.footprint import MODEL_CONFIG, Footprint, estimate, read_model_json
 from launch.job import NodePlan
 from storage.fs import StorageFull, free_bytes, human_bytes, is_local, join, read_json, storage_root
 from storage.node_cache import cache_root
 from storage.spec import Spec
 
 log = logging.getLogger(__name__)
-MODEL_CONFIG = "config.json"
 
 
 @dataclass(frozen=True)
@@ -37,12 +34,8 @@ class Need:
 
 def run_footprint(spec: Spec, *, bf16: bool) -> Footprint | None:
     """The run's footprint from this node's copy of the base model's config.json (None: no estimate)."""
-    try:
-        with open(os.path.join(spec.model_path, MODEL_CONFIG), encoding="utf-8") as handle:
-            model = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return estimate(spec.config, model, spec.total_steps, spec.world_size, bf16=bf16)
+    model = read_model_json(spec.model_path)
+    return None if model is None else estimate(spec.config, model, spec.total_steps, spec.world_size, bf16=bf16)
 
 
 def needs(spec: Spec, plan: NodePlan, footprint: Footprint) -> list[Need]:

@@ -3,11 +3,8 @@ built-in model's materialization (docs/memory-plan.md)."""
 
 from __future__ import annotations
 
-import json
-import os
-
 from config.deepspeed import read_deepspeed_json, resolve_from_train
-from config.footprint import estimate
+from config.footprint import estimate, read_model_json
 from config.memory_plan import PLAN_ERROR, plan, table
 from config.schema import FinetuneConfig
 from core.errors import UserError
@@ -18,14 +15,11 @@ from storage.fs import human_bytes
 def plan_text(cfg: FinetuneConfig, *, on_gpu: bool) -> str:
     """The plan of `cfg` on GPU ranks (bf16) or CPU ranks (fp32), and what it writes, as text."""
     model_path = resolve_model(cfg)
-    try:
-        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as handle:
-            model = json.load(handle)
-    except (OSError, ValueError) as exc:
+    model = read_model_json(model_path)
+    if model is None:
         raise UserError(
-            f"model.name_or_path {model_path}: cannot read its config.json for the plan ({exc}); give a local model "
-            "directory"
-        ) from None
+            f"model.name_or_path {model_path}: no readable config.json for the plan; give a local model directory"
+        )
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     memory = plan(cfg, ds, model, on_gpu=on_gpu)
     if memory is None:

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
+from core.meminfo import meminfo
+
 log = logging.getLogger(__name__)
 HOST_RESERVE_FRACTION = 0.15  # of MemTotal left free after the copies of every rank of the node
 
@@ -104,11 +106,7 @@ def host_copy(
 
 def host_budget(local_world: int) -> int:
     """Bytes this rank may copy to host memory now: MemAvailable less the reserve, shared by the node's ranks."""
-    info = {}
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            name, value = line.split(":", 1)
-            info[name] = int(value.split()[0]) * 1024
+    info = meminfo()
     free = info.get("MemAvailable", 0) - HOST_RESERVE_FRACTION * info.get("MemTotal", 0)
     return max(0, int(free // max(local_world, 1)))
 
