@@ -28,6 +28,19 @@ from tests.s3_faults import LoseOneAnswer
 ONE_ATTEMPT = {"config_kwargs": {"retries": {"max_attempts": 1}}}
 
 
+class RestartOnFirstRetry(logging.Handler):
+    """Starts a stopped endpoint again, in the background, when storage/fs.py logs its first retry."""
+
+    def __init__(self, endpoint) -> None:
+        super().__init__(logging.WARNING)
+        self.endpoint, self.started = endpoint, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.started and "retry" in record.getMessage():
+            self.started = True
+            threading.Thread(target=self.endpoint.start, daemon=True).start()
+
+
 def retries_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "storage.fs" and "retry" in r.getMessage()]
 
@@ -38,9 +51,15 @@ def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatc
     url = Location(f"{bucket}/runs/r/metrics.jsonl", {"endpoint_url": endpoint.url, **ONE_ATTEMPT})
     body = b"x" * 100_000
     endpoint.stop()
-    threading.Timer(2.0, endpoint.start).start()
-    with caplog.at_level(logging.WARNING, logger="storage.fs"):
-        write_bytes_atomic(url, body)
+    # The endpoint comes back once the first failed attempt is logged (not after a fixed time: on a loaded machine
+    # the write could start after it, and meet no outage at all).
+    restart = RestartOnFirstRetry(endpoint)
+    logging.getLogger("storage.fs").addHandler(restart)
+    try:
+        with caplog.at_level(logging.WARNING, logger="storage.fs"):
+            write_bytes_atomic(url, body)
+    finally:
+        logging.getLogger("storage.fs").removeHandler(restart)
     assert read_bytes(url) == body
     logged = retries_logged(caplog)
     assert logged and all(f"write {url} failed" in line and RETRY_ENV in line for line in logged)
