@@ -7,6 +7,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ from trainer.model import (
     model_config,
     partitioned_load,
 )
-from trainer.preference_data import PreferenceBatch, rank_preference_batches
+from trainer.preference_data import rank_preference_batches
 from trainer.preference_step import Objective
 from trainer.preference_train import preference_eval, preference_step
 from trainer.straggler import StragglerWatch
@@ -208,7 +209,7 @@ def train(spec: Spec, dist: Dist) -> None:
                 data_s = time.perf_counter() - started
                 stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1, loss_head)
             else:
-                units = preference_batches(run, spec, dist, step)
+                units = step_batches(run, spec, dist, step, rank_preference_batches)
                 data_s = time.perf_counter() - started
                 stats, extra = preference_step(run.engine, units, dist, run.heartbeat, step + 1, objective)
         elapsed, done = time.perf_counter() - started, step + 1
@@ -228,29 +229,14 @@ def train(spec: Spec, dist: Dist) -> None:
     run.checkpointer.finish(run.metrics.write)
 
 
-def step_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[Batch]:
-    """This rank's micro-batches of optimizer step `step` (0-based)."""
+def step_batches(
+    run: Run, spec: Spec, dist: Dist, step: int, deal: Callable[..., Iterator[Any]] = rank_micro_batches
+) -> list[Any]:
+    """This rank's micro-batches of optimizer step `step` (0-based), dealt by `deal`: supervised rows
+    (`rank_micro_batches`) or preference units (`rank_preference_batches`), which take the same arguments."""
     train_cfg = spec.config.train
     return list(
-        rank_micro_batches(
-            run.examples,
-            run.order,
-            step=step,
-            micro=train_cfg.micro_batch_size,
-            accum=spec.config.accumulation_steps(dist.world_size),
-            rank=dist.rank,
-            world=dist.world_size,
-            pad_id=run.pad_id,
-            group_by_length=train_cfg.length_grouping,
-        )
-    )
-
-
-def preference_batches(run: Run, spec: Spec, dist: Dist, step: int) -> list[PreferenceBatch]:
-    """This rank's micro-batches of preference units of optimizer step `step` (0-based)."""
-    train_cfg = spec.config.train
-    return list(
-        rank_preference_batches(
+        deal(
             run.examples,
             run.order,
             step=step,
