@@ -46,6 +46,21 @@ class FinetuneConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _pods_reach_storage(self) -> FinetuneConfig:
+        """A pod sees an object store, or a path under the claim mounted at the same place on every pod."""
+        if self.launch.backend != "kubernetes" or "://" in self.run.storage.removeprefix("file://"):
+            return self
+        kube = self.launch.kubernetes
+        path = self.run.storage.removeprefix("file://")
+        if kube.pvc is None or not (path + "/").startswith(kube.pvc_path.rstrip("/") + "/"):
+            raise ValueError(
+                f"run.storage={self.run.storage} is a path the pods cannot reach: with launch.backend=kubernetes use "
+                "an object store (s3://...) or set launch.kubernetes.pvc to a ReadWriteMany claim and put run.storage "
+                f"under launch.kubernetes.pvc_path ({kube.pvc_path}), where every pod and the pipeline mount it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _elastic_batch(self) -> FinetuneConfig:
         low, high = self.node_range
         if not low <= self.launch.nnodes <= high:

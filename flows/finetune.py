@@ -192,9 +192,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the run's memory plan (per GPU, and per node's host) and what it writes, then exit; runs nothing",
     )
+    parser.add_argument(
+        "--manifests",
+        action="store_true",
+        help="launch.backend=kubernetes: print every object the run would submit (train, eval), then exit",
+    )
     args = parser.parse_args(argv)
 
     def body(cfg: FinetuneConfig) -> int:
+        if args.manifests:
+            from launch.backends.kubernetes_render import manifests_text
+
+            print(manifests_text(cfg), end="")
+            return 0
         if args.plan:
             from launch.preflight import visible_gpus
             from pipeline.memory import plan_text

@@ -6,7 +6,9 @@ By hand (or from another scheduler), exactly like Qwen's finetune_lora_ds.sh rea
     NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.5 MASTER_PORT=6001 python -m flows.node --spec SPEC   # on node 1
 
 Defaults: NNODES=1, NODE_RANK=0, MASTER_ADDR=localhost, MASTER_PORT=6001, GPUS_PER_NODE=all visible
-GPUs (on a machine without GPUs: launch.nproc_per_node of the spec). The `prefect` launch backend runs
+GPUs (on a machine without GPUs: launch.nproc_per_node of the spec). In a Kubeflow Trainer TrainJob's pod the PET_*
+variables its controller injects stand in for unset ones, and in an indexed Job's pod JOB_COMPLETION_INDEX is the
+node rank (the `kubernetes` backend). The `prefect` launch backend runs
 the same code as the flow `node` (deployment node/...), one flow run per node, and the `ssh` backend runs it on
 each host (the `local` backend runs the same `run_node` in a thread per node). Two hosts started with the same
 NODE_RANK both stop within seconds, naming each other; when one node fails, the others stop within seconds too
@@ -65,21 +67,46 @@ def node(
     return {"node_rank": node_rank, "phase": phase}
 
 
+# Where a node finds its place when Qwen's variable is not set: what Kubeflow Trainer's torch plugin injects into a
+# TrainJob's pods, then the completion index of an indexed Job (launch/backends/kubernetes_render.py).
+ALTERNATIVES = {
+    "NODE_RANK": ("PET_NODE_RANK", "JOB_COMPLETION_INDEX"),
+    "NNODES": ("PET_NNODES",),
+    "MASTER_ADDR": ("PET_MASTER_ADDR",),
+    "MASTER_PORT": ("PET_MASTER_PORT",),
+    "GPUS_PER_NODE": ("PET_NPROC_PER_NODE",),
+}
+
+
+def from_environment(name: str) -> tuple[str, str] | None:
+    """(the variable that was set, its value) for one of Qwen's names or its alternatives; PET_NPROC_PER_NODE=auto
+    (the plugin's default) counts as unset."""
+    for candidate in (name, *ALTERNATIVES.get(name, ())):
+        value = os.environ.get(candidate)
+        if value is not None and value != "auto":
+            return candidate, value
+    return None
+
+
 def plan_from_environment(default_nproc: int) -> NodePlan:
-    """NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT / GPUS_PER_NODE, with Qwen's defaults."""
+    """NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT / GPUS_PER_NODE (or a TrainJob's PET_* and an indexed Job's
+    JOB_COMPLETION_INDEX), with Qwen's defaults."""
 
     def number(name: str, default: int) -> int:
-        raw = os.environ.get(name, str(default))
-        if not raw.isdigit():
-            raise _env_error(name, raw)
-        return int(raw)
+        found = from_environment(name)
+        if found is None:
+            return default
+        if not found[1].isdigit():
+            raise _env_error(*found)
+        return int(found[1])
 
     nproc = number("GPUS_PER_NODE", visible_gpus() or default_nproc)
+    master = from_environment("MASTER_ADDR")
     return NodePlan(
         number("NODE_RANK", 0),
         number("NNODES", 1),
         nproc,
-        os.environ.get("MASTER_ADDR", "localhost"),
+        master[1] if master else "localhost",
         number("MASTER_PORT", DEFAULT_MASTER_PORT),
     )
 

@@ -25,6 +25,17 @@ def trainer_args(spec_url: str, phase: str, model_url: str | None = None) -> lis
     return ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
 
 
+def node_args(spec_url: str, phase: str, model_url: str | None, spec_digest: str) -> list[str]:
+    """The arguments of `python -m flows.node`: with the digest the pipeline recorded for spec.json where the node
+    preflights (train, probe), which checks it."""
+    args = ["--spec", spec_url, "--phase", phase]
+    if model_url:
+        args += ["--model", model_url]
+    if phase in ("train", "probe"):
+        args += ["--spec-digest", spec_digest]
+    return args
+
+
 @dataclass(frozen=True)
 class NodePlan:
     """What one node is asked to run: its place in the job and where the rendezvous is."""
@@ -53,6 +64,11 @@ class PhaseJob:
     def args(self) -> list[str]:
         """The arguments of that module."""
         return trainer_args(str(self.written.url), self.phase, self.model_url)
+
+    @property
+    def node_args(self) -> list[str]:
+        """The arguments of `python -m flows.node` for this job on any node (srun, ssh, a pod)."""
+        return node_args(str(self.written.url), self.phase, self.model_url, self.written.digest)
 
 
 class Backend(Protocol):

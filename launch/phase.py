@@ -17,12 +17,19 @@ from storage.spec import WrittenSpec
 
 def backends() -> dict[str, Backend]:
     """launch.backend -> its run function (imported here so that a backend's dependencies load only when used)."""
+    from launch.backends.kubernetes import run_kubernetes_nodes
     from launch.backends.local import run_local_job
     from launch.backends.prefect import run_prefect_nodes
     from launch.backends.slurm import run_slurm_nodes
     from launch.backends.ssh import run_ssh_nodes
 
-    return {"local": run_local_job, "prefect": run_prefect_nodes, "slurm": run_slurm_nodes, "ssh": run_ssh_nodes}
+    return {
+        "local": run_local_job,
+        "prefect": run_prefect_nodes,
+        "slurm": run_slurm_nodes,
+        "ssh": run_ssh_nodes,
+        "kubernetes": run_kubernetes_nodes,
+    }
 
 
 def run_phase(

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from config.hosts import parse_host, read_hostfile
 from config.sections.base import ENV_FIX, Section, refuse_secrets
+from config.sections.kubernetes import KubernetesConfig
 
 # What launch.forward_env accepts: a POSIX environment variable name.
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -22,16 +23,20 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 class LaunchConfig(Section):
     """How torchrun reaches every node."""
 
-    backend: Literal["local", "prefect", "slurm", "ssh"] = Field(
+    backend: Literal["local", "prefect", "slurm", "ssh", "kubernetes"] = Field(
         "local",
         description="local: every node is a torchrun agent on this machine; prefect: one node flow run per node, "
         "on work queue {queue_prefix}{rank}, served by a process worker on that node; slurm: one sbatch job; "
-        "ssh: `python -m flows.node` on every host of launch.hosts / launch.hostfile over OpenSSH.",
+        "ssh: `python -m flows.node` on every host of launch.hosts / launch.hostfile over OpenSSH; kubernetes: one "
+        "pod per node, a Kubeflow Trainer TrainJob or an indexed Job (launch.kubernetes).",
     )
     queue_prefix: str = Field("node-", min_length=1, description="prefect backend: node r's work queue is prefix + r.")
     node_deployment: str = Field("node/node", min_length=3, description="prefect backend: the per-node deployment.")
     slurm_args: list[str] = Field(
         default_factory=list, description="slurm backend: extra #SBATCH options, e.g. --partition=gpu, --time=24:00:00."
+    )
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig, description="kubernetes backend: the pods (docs/kubernetes.md)."
     )
     nnodes: int = Field(2, gt=0, le=1024, description="Number of nodes.")
     min_nnodes: int | None = Field(
@@ -162,6 +167,23 @@ class LaunchConfig(Section):
     def _env_or_forwarded(self) -> LaunchConfig:
         if both := sorted(set(self.env) & set(self.forward_env)):
             raise ValueError(f"launch.env.{both[0]} is also in launch.forward_env; keep it in one place")
+        return self
+
+    @model_validator(mode="after")
+    def _kubernetes_needs(self) -> LaunchConfig:
+        if self.backend != "kubernetes":
+            return self
+        if self.kubernetes.image is None:
+            raise ValueError(
+                "launch.backend=kubernetes needs launch.kubernetes.image: the image every node's pod runs "
+                "(docker/train.Dockerfile builds one; push it where the cluster pulls from)"
+            )
+        if self.forward_env and self.kubernetes.secret is None:
+            raise ValueError(
+                "launch.forward_env with launch.backend=kubernetes needs launch.kubernetes.secret: a Secret in "
+                f"launch.kubernetes.namespace with the keys {', '.join(self.forward_env)} (the pods read each value "
+                "from it; no value goes into a manifest)"
+            )
         return self
 
     probe_mb: float = Field(

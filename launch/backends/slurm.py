@@ -34,12 +34,7 @@ def render_sbatch(job: PhaseJob, *, output: str) -> str:
     """The batch script for one phase of a run."""
     spec, phase = job.written.spec, job.phase
     launch = spec.config.launch
-    node_args = ["--spec", str(job.written.url), "--phase", phase]
-    if job.model_url:
-        node_args += ["--model", job.model_url]
-    if phase == "train":
-        node_args += ["--spec-digest", job.written.digest]
-    node_command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "flows.node", *node_args])
+    node_command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "flows.node", *job.node_args])
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))
     extra = "".join(f"#SBATCH {arg}\n" for arg in launch.slurm_args)
     return f"""#!/bin/bash

@@ -284,11 +284,7 @@ def probe_host(launch: LaunchConfig, slot: int) -> str | None:
 
 def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: Info) -> SshNode:
     """Start `flows.node` on one host: the environment and the plan go over stdin; its output is relayed."""
-    args = ["--spec", str(job.written.url), "--phase", job.phase]
-    if job.model_url:
-        args += ["--model", job.model_url]
-    if job.phase in ("train", "probe"):
-        args += ["--spec-digest", job.written.digest]
+    args = job.node_args
     launch = job.written.spec.config.launch
     request = {
         "env": {**node_environment(launch, job.written.spec.run), **plan_environment(plan)},

@@ -1,0 +1,357 @@
+"""A stand-in for a Kubernetes cluster, for the one part that cannot run here (no API server, no container runtime):
+an HTTP server on 127.0.0.1 that answers the official client's calls the `kubernetes` backend makes, and a "kubelet"
+that runs each pod's container as a local process, exactly as rendered: its command, working directory and
+environment, with what the cluster would inject (an indexed Job's completion index through the downward API, a
+TrainJob's PET_* variables as Kubeflow Trainer's torch plugin sets them, a Secret's values through secretKeyRef), and
+the pod's DNS names in an /etc/hosts of its own (a mount namespace per pod, as the kubelet writes a pod's hosts file).
+
+What it does not do: schedule, pull images, enforce resources, run controllers beyond these two objects' pods. Tests
+say which part is real: the pods' processes (flows.node, torchrun, the ranks), storage, the pipeline and the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# What Kubeflow Trainer's torch plugin uses when the TrainJob names no port.
+TRAINER_PORT = 29400
+# The host environment a pod's process starts from (an image has its own PATH and HOME; nothing else leaks in).
+BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
+
+
+@dataclass
+class Pod:
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    spec: dict[str, Any]
+    log: Path
+    phase: str = "Pending"
+    process: subprocess.Popen | None = None
+    waiting: dict[str, str] | None = None
+    exit_code: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        container = self.spec["containers"][0]
+        if self.waiting is not None:
+            state: dict[str, Any] = {"waiting": self.waiting}
+        elif self.exit_code is not None:
+            state = {
+                "terminated": {"exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error"}
+            }
+        elif self.process is not None:
+            state = {"running": {}}
+        else:
+            state = {"waiting": {"reason": "ContainerCreating"}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": self.labels,
+                "annotations": self.annotations,
+            },
+            "spec": self.spec,
+            "status": {
+                "phase": self.phase,
+                "containerStatuses": [{"name": container["name"], "image": container.get("image"), "state": state}],
+            },
+        }
+
+
+@dataclass
+class FakeCluster:
+    """The API server's state and the kubelet's processes. `secrets`: (namespace, name) -> data, set by the test."""
+
+    root: Path
+    secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, Pod] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    received: list[dict[str, Any]] = field(default_factory=list)  # every object the client sent
+    unpullable: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+
+    # -- the kubelet -----------------------------------------------------------------------------------------------
+    def start_pods(self, kind: str, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        if kind == "Job":
+            template = body["spec"]["template"]
+            hosts = [
+                f"{name}-{i}.{template['spec']['subdomain']}.{namespace}.svc"
+                for i in range(body["spec"]["completions"])
+            ]
+            for index in range(body["spec"]["completions"]):
+                pod = Pod(
+                    f"{name}-{index}-x{index}",
+                    namespace,
+                    {**template["metadata"].get("labels", {}), COMPLETION_INDEX: str(index)},
+                    {**template["metadata"].get("annotations", {}), COMPLETION_INDEX: str(index)},
+                    template["spec"],
+                    self.root / f"{name}-{index}.log",
+                )
+                self._run(pod, {}, hosts)
+        else:  # a TrainJob: the runtime's `node` job, one pod per node, PET_* injected
+            trainer = body["spec"]["trainer"]
+            patch = body["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+            pod_patch = patch["template"]["spec"]["template"]
+            container = {
+                "name": "node",
+                "image": trainer["image"],
+                "command": trainer["command"],
+                "env": trainer.get("env", []),
+                **{k: v for k, v in pod_patch["spec"]["containers"][0].items() if k != "name"},
+            }
+            spec = {**{k: v for k, v in pod_patch["spec"].items() if k != "containers"}, "containers": [container]}
+            master = f"{name}-node-0-0.{name}"
+            for index in range(trainer["numNodes"]):
+                pod = Pod(
+                    f"{name}-node-0-{index}-x{index}",
+                    namespace,
+                    {JOBSET_LABEL: name},
+                    {**pod_patch["metadata"].get("annotations", {}), COMPLETION_INDEX: str(index)},
+                    spec,
+                    self.root / f"{name}-{index}.log",
+                )
+                injected = {
+                    "PET_NNODES": str(trainer["numNodes"]),
+                    "PET_NPROC_PER_NODE": str(trainer.get("numProcPerNode", "auto")),
+                    "PET_NODE_RANK": str(index),
+                    "PET_MASTER_ADDR": master,
+                    "PET_MASTER_PORT": str(TRAINER_PORT),
+                }
+                self._run(pod, injected, [master])
+
+    def _run(self, pod: Pod, injected: dict[str, str], hosts: list[str]) -> None:
+        self.pods[pod.name] = pod
+        container = pod.spec["containers"][0]
+        if container.get("image") in self.unpullable:
+            pod.waiting = {"reason": "ErrImagePull", "message": f"pull access denied for {container['image']}"}
+            return
+        env = {name: os.environ[name] for name in BASE_ENV if name in os.environ}
+        env.update(injected)
+        for item in container.get("env", []):
+            value = self._value(pod, item)
+            if value is None:
+                pod.waiting = {
+                    "reason": "CreateContainerConfigError",
+                    "message": f"couldn't find key {item['valueFrom']['secretKeyRef']['key']} in Secret",
+                }
+                return
+            env[item["name"]] = value
+        hosts_file = self.root / f"{pod.name}.hosts"
+        hosts_file.write_text(
+            "127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {host}\n" for host in hosts), encoding="utf-8"
+        )
+        command = [
+            "unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file), *container["command"],
+        ]  # fmt: skip
+        with open(pod.log, "wb") as log:
+            # Without a workingDir the image's WORKDIR applies; "/" here, so that only what was rendered finds Tandem.
+            pod.process = subprocess.Popen(
+                command,
+                cwd=container.get("workingDir", "/"),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        pod.phase = "Running"
+        threading.Thread(target=self._wait, args=(pod,), daemon=True).start()
+
+    def _value(self, pod: Pod, item: dict[str, Any]) -> str | None:
+        if "value" in item:
+            return str(item["value"])
+        source = item["valueFrom"]
+        if "fieldRef" in source:
+            path = source["fieldRef"]["fieldPath"]
+            key = path[len("metadata.annotations['") : -2]
+            return pod.annotations[key]
+        ref = source["secretKeyRef"]
+        return self.secrets.get((pod.namespace, ref["name"]), {}).get(ref["key"])
+
+    def _wait(self, pod: Pod) -> None:
+        assert pod.process is not None
+        code = pod.process.wait()
+        with self.lock:
+            pod.exit_code = code if code >= 0 else 128 - code
+            pod.phase = "Succeeded" if code == 0 else "Failed"
+
+    def stop_pods(self, selector: tuple[str, str]) -> None:
+        """Foreground deletion: SIGTERM, the pod's grace, then SIGKILL, as the kubelet does; returns when all ended."""
+        key, value = selector
+        for pod in [p for p in self.pods.values() if p.labels.get(key) == value]:
+            if pod.process is not None and pod.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pod.process.pid, signal.SIGTERM)
+                try:
+                    pod.process.wait(timeout=pod.spec.get("terminationGracePeriodSeconds", 30))
+                except subprocess.TimeoutExpired:
+                    os.killpg(pod.process.pid, signal.SIGKILL)
+                    pod.process.wait()
+            del self.pods[pod.name]
+
+    def alive(self) -> list[str]:
+        return [pod.name for pod in self.pods.values() if pod.process is not None and pod.process.poll() is None]
+
+    def shutdown(self) -> None:
+        for pod in list(self.pods.values()):
+            if pod.process is not None and pod.process.poll() is None:
+                os.killpg(pod.process.pid, signal.SIGKILL)
+                pod.process.wait()
+
+    # -- the API server --------------------------------------------------------------------------------------------
+    def status_of(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A Job's (or TrainJob's) conditions from its pods: Complete when all succeeded, Failed when one failed."""
+        label = (
+            (JOBSET_LABEL, body["metadata"]["name"])
+            if kind == "TrainJob"
+            else ("tandem.dev/job", body["metadata"]["name"])
+        )
+        pods = [p for p in self.pods.values() if p.labels.get(label[0]) == label[1]]
+        conditions = []
+        if pods and all(p.phase == "Succeeded" for p in pods):
+            conditions.append({"type": "Complete", "status": "True"})
+        elif any(p.phase == "Failed" for p in pods):
+            conditions.append(
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "a pod failed"}
+            )
+        return {**body, "status": {"conditions": conditions}}
+
+
+def handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+        def _send(self, code: int, payload: dict[str, Any] | str) -> None:
+            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _route(self) -> tuple[str, str, str | None, str | None, dict[str, list[str]]]:
+            """(kind, namespace, name, subresource, query) of a request path."""
+            url = urlparse(self.path)
+            parts = url.path.strip("/").split("/")
+            ns_at = parts.index("namespaces")
+            namespace, plural = parts[ns_at + 1], parts[ns_at + 2]
+            rest = parts[ns_at + 3 :]
+            kind = {"services": "Service", "jobs": "Job", "trainjobs": "TrainJob", "pods": "Pod"}[plural]
+            return (
+                kind,
+                namespace,
+                (rest[0] if rest else None),
+                (rest[1] if len(rest) > 1 else None),
+                parse_qs(url.query),
+            )
+
+        def do_POST(self) -> None:
+            kind, namespace, _, _, _ = self._route()
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            name = body["metadata"]["name"]
+            with cluster.lock:
+                cluster.requests.append(("POST", f"{kind} {namespace}/{name}"))
+                cluster.received.append(body)
+                if (kind, namespace, name) in cluster.objects:
+                    return self._send(409, {"kind": "Status", "message": f"{kind} {name} already exists", "code": 409})
+                cluster.objects[(kind, namespace, name)] = body
+                if kind in ("Job", "TrainJob"):
+                    cluster.start_pods(kind, body)
+            self._send(201, body)
+
+        def do_GET(self) -> None:
+            kind, namespace, name, sub, query = self._route()
+            with cluster.lock:
+                if kind == "Pod" and name is None:
+                    key, _, value = query.get("labelSelector", ["="])[0].partition("=")
+                    items = [
+                        p.to_json()
+                        for p in cluster.pods.values()
+                        if p.namespace == namespace and p.labels.get(key) == value
+                    ]
+                    return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+                if kind == "Pod" and sub == "log":
+                    pod = cluster.pods.get(name or "")
+                    if pod is None:
+                        return self._send(404, {"kind": "Status", "message": f"pod {name} not found", "code": 404})
+                    lines = pod.log.read_text(errors="replace").splitlines(keepends=True)
+                    return self._send(200, "".join(lines[-int(query.get("tailLines", ["200"])[0]) :]))
+                body = cluster.objects.get((kind, namespace, name or ""))
+                if body is None:
+                    return self._send(404, {"kind": "Status", "message": f"{kind} {name} not found", "code": 404})
+                self._send(200, cluster.status_of(kind, body))
+
+        def do_DELETE(self) -> None:
+            kind, namespace, name, _, query = self._route()
+            length = int(self.headers.get("Content-Length") or 0)
+            options = json.loads(self.rfile.read(length)) if length else {}
+            policy = options.get("propagationPolicy") or query.get("propagationPolicy", [""])[0]
+            cluster.requests.append(("DELETE", f"{kind} {namespace}/{name} {policy}".rstrip()))
+            body = cluster.objects.pop((kind, namespace, name or ""), None)
+            if body is None:
+                return self._send(404, {"kind": "Status", "message": f"{kind} {name} not found", "code": 404})
+            if kind == "Job":
+                cluster.stop_pods(("tandem.dev/job", name or ""))
+            elif kind == "TrainJob":
+                cluster.stop_pods((JOBSET_LABEL, name or ""))
+            self._send(200, {"kind": "Status", "status": "Success"})
+
+    return Handler
+
+
+@contextlib.contextmanager
+def fake_cluster(root: Path):
+    """The fake cluster serving on 127.0.0.1, and a kubeconfig for it at root/kubeconfig (KUBECONFIG points there
+    while it runs)."""
+    root.mkdir(parents=True, exist_ok=True)
+    cluster = FakeCluster(root)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(cluster))
+    cluster.url = f"http://127.0.0.1:{server.server_address[1]}"
+    kubeconfig = root / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": cluster.url}}],
+                "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                "current-context": "fake",
+            }
+        ),
+        encoding="utf-8",
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    before = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(kubeconfig)
+    try:
+        yield cluster
+    finally:
+        if before is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = before
+        cluster.shutdown()
+        server.shutdown()
+        server.server_close()

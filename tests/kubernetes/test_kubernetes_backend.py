@@ -1,0 +1,137 @@
+"""launch.backend=kubernetes, run for real up to the cluster: the official client submits, follows and deletes the
+objects through HTTP, and every pod's container runs as rendered (flows.node, torchrun and the ranks, real storage).
+
+Mocked, because no Kubernetes API server or container runtime can run here: the API server and the kubelet are
+tests/kubernetes/fake_cluster.py, which answers the client's calls, runs each pod's command with the environment the
+Job controller or Kubeflow Trainer would inject, and resolves the pods' DNS names through a hosts file of each pod's
+own. Scheduling, images, resource limits and the controllers' other work are not exercised (docs/kubernetes.md lists
+what was and was not verified)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from config.loader import load_config
+from core.checkout import PROJECT_ROOT
+from core.errors import RetryableError, UserError
+from launch.command import free_port
+from launch.phase import run_phase
+from pipeline.plan import build_spec, record_model
+from storage import layout
+from storage.checkpoints import latest_complete
+from storage.fs import join
+from storage.spec import WrittenSpec, write_spec
+from tests.distributed.harness import Staged, config
+from tests.kubernetes.fake_cluster import FakeCluster, fake_cluster
+
+pytestmark = pytest.mark.kubernetes
+
+CANARY_NAME = "TANDEM_K8S_CANARY"
+CANARY = "canary-7f3e9a1c0b"
+
+
+def pod_settings(storage: Path | str) -> list[str]:
+    """A 2-node kubernetes launch whose pods run this checkout's Python, storage on a claim mounted at its path."""
+    return [
+        "launch.backend=kubernetes",
+        "launch.nnodes=2",
+        "launch.nproc_per_node=1",
+        f"launch.master_port={free_port()}",
+        "launch.kubernetes.image=registry.example/tandem:test",
+        f"launch.kubernetes.python={sys.executable}",
+        f"launch.kubernetes.checkout={PROJECT_ROOT}",
+        "launch.kubernetes.gpu_resource=null",
+        "launch.kubernetes.pvc=shared",
+        f"launch.kubernetes.pvc_path={storage}",
+        "launch.kubernetes.schedule_timeout_s=60",
+    ]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[FakeCluster]:
+    with fake_cluster(tmp_path / "cluster") as found:
+        found.secrets[("default", "tandem-creds")] = {CANARY_NAME: CANARY}
+        yield found
+
+
+def written(staged: Staged, name: str, overrides: list[str]) -> WrittenSpec:
+    cfg = config(staged, name, [*pod_settings(staged.storage), *overrides])
+    digest = record_model(cfg, name, staged.model_path)
+    spec = build_spec(cfg, name, staged.model_path, staged.dataset, digest)
+    return WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
+
+
+def test_the_pipeline_trains_evaluates_and_registers_through_indexed_job_pods(
+    cluster: FakeCluster, prefect_server, tmp_path: Path, tiny_model: str
+) -> None:
+    from flows.finetune import finetune
+
+    storage = tmp_path / "pvc"
+    cfg = load_config(
+        None,
+        [
+            f"run.storage={storage}",
+            "run.name=via-kubernetes",
+            f"model.name_or_path={tiny_model}",
+            *pod_settings(storage),
+            f"launch.forward_env=[{CANARY_NAME}]",
+            "launch.kubernetes.secret=tandem-creds",
+            "train.max_steps=4",
+            "train.save_steps=2",
+        ],
+    )
+    os.environ[CANARY_NAME] = CANARY  # the pipeline's own environment has it too: it must not reach a manifest
+    try:
+        summary = finetune(cfg)
+    finally:
+        os.environ.pop(CANARY_NAME)
+    assert latest_complete(summary["run_url"]).step == 4
+    assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")
+    created = [what for method, what in cluster.requests if method == "POST"]
+    kinds = [what.split()[0] for what in created]
+    assert kinds.count("Service") == kinds.count("Job") >= 2  # train and eval, each a headless Service and a Job
+    deleted = [what for method, what in cluster.requests if method == "DELETE"]
+    assert sorted(d for d in deleted if d.startswith("Job ")) == sorted(
+        f"{c} Foreground" for c in created if c.startswith("Job ")
+    )
+    assert cluster.alive() == [] and cluster.objects == {}
+    # Preflight refuses a node without a launch.forward_env name: the pods had it, from the Secret, not the manifest.
+    assert CANARY not in json.dumps(cluster.received)
+
+
+def test_a_trainjobs_pods_take_their_place_from_the_trainer_variables(cluster: FakeCluster, staged: Staged) -> None:
+    job = written(staged, "k8s-trainjob", ["launch.kubernetes.runtime=torch-distributed"])
+    lines: list[str] = []
+    run_phase(job, "probe", lines.append)
+    assert [what.split()[0] for method, what in cluster.requests if method == "POST"] == ["TrainJob"]
+    logs = "".join(path.read_text() for path in cluster.root.glob("*.log"))
+    assert "node 0/2: probe started" in logs and "node 1/2: probe started" in logs
+    assert "rendezvous tandem-k8s-trainjob-probe-" in logs and "-node-0-0.tandem-k8s-trainjob-probe-" in logs
+    assert cluster.alive() == [] and cluster.objects == {}
+
+
+def test_a_failing_rank_is_its_nodes_error_line_with_its_exit_class(cluster: FakeCluster, staged: Staged) -> None:
+    job = written(staged, "k8s-fail", ["train.max_steps=8", "launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:3'}"])
+    with pytest.raises(RetryableError) as info:
+        run_phase(job, "train", lambda _: None)
+    message = str(info.value)
+    assert message.startswith("train: ") and "rank 1 exited with code 137" in message, message
+    assert "(pod tandem-k8s-fail-train-" in message and "\n" not in message
+    assert cluster.alive() == [] and cluster.objects == {}
+
+
+def test_an_image_that_cannot_be_pulled_is_one_line_and_nothing_is_left(cluster: FakeCluster, staged: Staged) -> None:
+    cluster.unpullable.add("registry.example/tandem:missing")
+    job = written(staged, "k8s-image", ["launch.kubernetes.image=registry.example/tandem:missing"])
+    with pytest.raises(UserError) as info:
+        run_phase(job, "train", lambda _: None)
+    assert str(info.value).startswith("pod tandem-k8s-image-train-")
+    assert "image 'registry.example/tandem:missing' cannot be pulled (ErrImagePull" in str(info.value)
+    assert "fix launch.kubernetes.image" in str(info.value)
+    assert cluster.objects == {}

@@ -1,0 +1,325 @@
+"""The kubernetes backend's objects as rendered, against the pinned API schemas: the core objects (Service, Job)
+against Kubernetes 1.33's OpenAPI schemas in strict mode (kubernetes-validate: an unknown or mistyped field fails),
+the TrainJob against the pydantic models of kubeflow-trainer-api 2.3.0 (parsed and dumped back unchanged: a field the
+model does not know would be dropped). Then the pods' contract with flows.node, the config's refusals, and the one
+line a pod's status becomes (status documents as the kubelet writes them; no cluster runs here)."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
+
+from config.loader import load_config
+from core.errors import RetryableError, UserError
+from flows.node import plan_from_environment
+from launch.backends.kubernetes import completion_index, job_failure, pod_problem, unschedulable
+from launch.backends.kubernetes_render import (
+    MAX_NAME,
+    PodJob,
+    manifests_text,
+    master_host,
+    object_name,
+    planned,
+    render,
+)
+
+K8S_VERSION = "1.33"
+FULL = [
+    "run.storage=s3://bucket/tandem",
+    "run.name=qwen7b-lora",
+    "launch.backend=kubernetes",
+    "launch.nnodes=4",
+    "launch.nproc_per_node=8",
+    "launch.forward_env=[HF_TOKEN, AWS_SECRET_ACCESS_KEY]",
+    "launch.env={NCCL_IB_HCA: mlx5}",
+    "train.preempt_grace_s=25",
+    "launch.kubernetes.image=registry.example/tandem:0.1",
+    "launch.kubernetes.namespace=ml",
+    "launch.kubernetes.secret=tandem-creds",
+    "launch.kubernetes.queue=gpu-queue",
+    "launch.kubernetes.priority_class=training",
+    "launch.kubernetes.service_account=tandem",
+    "launch.kubernetes.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
+    "launch.kubernetes.tolerations=[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]",
+    "launch.kubernetes.resources={rdma/ib: '1', memory: 900Gi}",
+    "launch.kubernetes.ipc_lock=true",
+    "launch.kubernetes.annotations={k8s.v1.cni.cncf.io/networks: ib-net}",
+    "launch.kubernetes.active_deadline_s=86400",
+]
+
+
+def job(overrides: list[str], phase: str = "train") -> PodJob:
+    return planned(load_config(None, overrides), phase)
+
+
+@pytest.mark.parametrize("phase", ["train", "eval", "probe"])
+@pytest.mark.parametrize("extra", [[], ["launch.kubernetes.pvc=shared", "run.storage=/data/tandem"]])
+def test_the_indexed_job_and_its_service_validate_against_the_api_schemas(phase: str, extra: list[str]) -> None:
+    service, indexed = render(job([*FULL, *extra], phase))
+    for obj in (service, indexed):
+        assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    spec = indexed["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
+        "Indexed",
+        4,
+        4,
+        0,
+    )
+    assert spec["suspend"] is True and indexed["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"] == indexed["metadata"]["name"]
+    assert set(service["spec"]["selector"].items()) <= set(spec["template"]["metadata"]["labels"].items())
+    assert pod["terminationGracePeriodSeconds"] >= 25 + 60 and pod["priorityClassName"] == "training"
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {"rdma/ib": "1", "memory": "900Gi", "nvidia.com/gpu": "8"}
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["MASTER_ADDR"]["value"] == master_host(job([*FULL, *extra], phase))
+    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"].endswith(
+        "['batch.kubernetes.io/job-completion-index']"
+    )
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "tandem-creds", "key": "HF_TOKEN"}},
+    }
+    assert container["command"][:3] == ["python", "-m", "flows.node"] and ("--spec-digest" in container["command"]) == (
+        phase != "eval"
+    )
+
+
+def test_a_train_job_round_trips_through_kubeflow_trainers_models() -> None:
+    (train_job,) = render(job([*FULL, "launch.kubernetes.runtime=torch-distributed"]))
+    assert TrainerV1alpha1TrainJob.from_dict(train_job).to_dict() == train_job
+    trainer = train_job["spec"]["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (4, 8)
+    assert train_job["spec"]["runtimeRef"] == {
+        "name": "torch-distributed",
+        "kind": "ClusterTrainingRuntime",
+        "apiGroup": "trainer.kubeflow.org",
+    }
+    # The controller injects the place (PET_*): nothing of Qwen's names is set, so flows.node reads PET_*.
+    assert not {"NODE_RANK", "NNODES", "MASTER_ADDR"} & {item["name"] for item in trainer["env"]}
+    assert train_job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training"
+
+
+def test_the_schema_check_catches_what_it_is_there_for() -> None:
+    """The checks above can fail: a misspelt field and a wrong type are refused."""
+    _, indexed = render(job(FULL))
+    indexed["spec"]["template"]["spec"]["containers"][0]["comand"] = ["python"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(indexed, K8S_VERSION, strict=True)
+    (train_job,) = render(job([*FULL, "launch.kubernetes.runtime=torch-distributed"]))
+    train_job["spec"]["trainer"]["numNode"] = 4
+    assert TrainerV1alpha1TrainJob.from_dict(train_job).to_dict() != train_job
+
+
+def test_no_credential_value_reaches_a_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_canary_value_123")
+    text = manifests_text(load_config(None, FULL))
+    assert "hf_canary_value_123" not in text and "secretKeyRef" in text
+
+
+def test_names_fit_dns_and_the_index_suffix() -> None:
+    name = object_name("My_Run.With/Odd chars and a very long name that goes on and on" * 2, "train", "ab12")
+    assert len(name) <= MAX_NAME and name.endswith("-train-ab12") and name == name.lower()
+    assert object_name("short", "eval", "ab12") == "tandem-short-eval-ab12"
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (
+            {"JOB_COMPLETION_INDEX": "3", "NNODES": "4", "MASTER_ADDR": "n0.svc", "MASTER_PORT": "6001"},
+            (3, 4, "n0.svc", 6001, 8),
+        ),
+        (
+            {
+                "PET_NODE_RANK": "1",
+                "PET_NNODES": "2",
+                "PET_MASTER_ADDR": "tj-node-0-0.tj",
+                "PET_MASTER_PORT": "29400",
+                "PET_NPROC_PER_NODE": "auto",
+            },
+            (1, 2, "tj-node-0-0.tj", 29400, 8),
+        ),
+        ({"NODE_RANK": "0", "PET_NODE_RANK": "1", "JOB_COMPLETION_INDEX": "2"}, (0, 1, "localhost", 6001, 8)),
+    ],
+)
+def test_the_node_takes_its_place_from_what_the_controller_injects(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], expected: tuple
+) -> None:
+    for name in ("NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT", "GPUS_PER_NODE", "JOB_COMPLETION_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(f"PET_{name}", raising=False)
+    monkeypatch.delenv("PET_NPROC_PER_NODE", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    plan = plan_from_environment(8)
+    assert (plan.node_rank, plan.nnodes, plan.master_addr, plan.master_port, plan.nproc_per_node) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["launch.backend=kubernetes", "run.storage=s3://b/t"], "needs launch.kubernetes.image"),
+        (
+            [
+                "launch.backend=kubernetes",
+                "run.storage=s3://b/t",
+                "launch.kubernetes.image=i",
+                "launch.forward_env=[HF_TOKEN]",
+            ],
+            "needs launch.kubernetes.secret: a Secret in launch.kubernetes.namespace with the keys HF_TOKEN",
+        ),
+        (["launch.backend=kubernetes", "launch.kubernetes.image=i"], "is a path the pods cannot reach"),
+        (
+            ["launch.kubernetes.resources={rdma/ib: lots}"],
+            "launch.kubernetes.resources.rdma/ib: 'lots' is not a Kubernetes quantity",
+        ),
+        (["launch.kubernetes.tolerations=[{key: a, efect: NoSchedule}]"], "unknown field 'efect'"),
+    ],
+)
+def test_a_config_the_pods_cannot_run_is_one_line(overrides: list[str], said: str) -> None:
+    with pytest.raises(UserError) as info:
+        load_config(None, overrides)
+    assert said in str(info.value)
+
+
+def test_manifests_are_for_the_kubernetes_backend_only() -> None:
+    with pytest.raises(UserError, match=r"add --set launch\.backend=kubernetes"):
+        manifests_text(load_config(None, []))
+
+
+def pod(status: dict, name: str = "tandem-r-train-ab12-1-x") -> dict:
+    return {
+        "metadata": {"name": name, "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
+        "status": status,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "said"),
+    [
+        (
+            {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
+            RetryableError,
+            "was evicted",
+        ),
+        (
+            {
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "PreemptionByScheduler",
+                        "message": "preempted by ml/high-priority",
+                    }
+                ]
+            },
+            RetryableError,
+            "was preempted (PreemptionByScheduler",
+        ),
+        (
+            {
+                "containerStatuses": [
+                    {
+                        "name": "node",
+                        "image": "r/t:9",
+                        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
+                    }
+                ]
+            },
+            UserError,
+            "image 'r/t:9' cannot be pulled (ImagePullBackOff",
+        ),
+        (
+            {
+                "containerStatuses": [
+                    {"name": "node", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+                ]
+            },
+            UserError,
+            "was killed for memory (OOMKilled",
+        ),
+        (
+            {
+                "containerStatuses": [
+                    {
+                        "name": "node",
+                        "state": {
+                            "waiting": {
+                                "reason": "CreateContainerConfigError",
+                                "message": "couldn't find key HF_TOKEN in Secret ml/tandem-creds",
+                            }
+                        },
+                    }
+                ]
+            },
+            UserError,
+            "add it to launch.kubernetes.secret",
+        ),
+    ],
+)
+def test_what_keeps_a_pod_from_running_is_one_line_of_its_class(status: dict, kind: type, said: str) -> None:
+    problem = pod_problem(pod(status))
+    assert isinstance(problem, kind) and said in str(problem) and "\n" not in str(problem)
+
+
+def test_a_pod_that_waits_for_the_scheduler_is_not_a_failure_yet() -> None:
+    waiting = pod(
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        }
+    )
+    assert pod_problem(waiting) is None and completion_index(waiting) == 1
+    assert (
+        unschedulable(waiting) == "pod tandem-r-train-ab12-1-x: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    )
+    deadline = job_failure("train", {"reason": "DeadlineExceeded", "message": "Job was active longer than specified"})
+    assert isinstance(deadline, UserError) and "launch.kubernetes.active_deadline_s" in str(deadline)
+
+
+def test_the_dry_run_prints_every_object_of_train_and_eval() -> None:
+    text = manifests_text(load_config(None, FULL))
+    import yaml
+
+    documents = list(yaml.safe_load_all(text))
+    assert [d["kind"] for d in documents] == ["Service", "Job", "Service", "Job"]
+    assert json.dumps(documents).count("RUN-ID") == 0  # run.name is set: the real run id is used
+    assert text.startswith("# The objects of each phase")
+
+
+def test_the_pipelines_role_validates_and_allows_every_call_the_backend_makes() -> None:
+    """deploy/kubernetes/rbac.yaml against the schemas, and each (group, resource, verb) the backend's client calls
+    use (launch/backends/kubernetes.py `Cluster`) in its rules."""
+    import yaml
+
+    from core.checkout import PROJECT_ROOT
+
+    documents = list(yaml.safe_load_all((PROJECT_ROOT / "deploy" / "kubernetes" / "rbac.yaml").read_text()))
+    for document in documents:
+        assert kubernetes_validate.validate(document, K8S_VERSION, strict=True) == K8S_VERSION
+    (role,) = [d for d in documents if d["kind"] == "Role"]
+    allowed = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    needed = {
+        ("batch", "jobs", "create"), ("batch", "jobs/status", "get"), ("batch", "jobs", "delete"),
+        ("", "services", "create"), ("", "services", "delete"), ("", "pods", "list"), ("", "pods/log", "get"),
+        ("trainer.kubeflow.org", "trainjobs", "create"), ("trainer.kubeflow.org", "trainjobs/status", "get"),
+        ("trainer.kubeflow.org", "trainjobs", "delete"),
+    }  # fmt: skip
+    assert needed <= allowed
