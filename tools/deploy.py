@@ -3,8 +3,9 @@
     PREFECT_API_URL=http://127.0.0.1:4200/api python tools/deploy.py              # node queues node-0, node-1
     PREFECT_API_URL=... python tools/deploy.py --nodes 4 --name finetune/manual   # more queues, one deployment
 
-`prefect deploy` refuses a work pool that does not exist yet, so this creates them first (process type;
-existing pools and queues are left as they are), then runs `prefect --no-prompt deploy --all` (or `-n NAME`
+`prefect deploy` refuses a work pool that does not exist yet, so this creates them first (process type, but
+tandem-kubernetes: kubernetes type with deploy/kubernetes/pipeline-pool.json as its base job template; existing pools
+and queues are left as they are), then runs `prefect --no-prompt deploy --all` (or `-n NAME`
 for each --name) from the repository root.
 """
 
@@ -12,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_POOL = "tandem-nodes"  # the pool whose queues are node-0 .. node-{N-1} (launch.queue_prefix "node-")
+# Pools of another type than process: (type, base job template).
+TYPED_POOLS = {"tandem-kubernetes": ("kubernetes", ROOT / "deploy" / "kubernetes" / "pipeline-pool.json")}
 
 
 def pools_and_queues(prefect_yaml: Path, nodes: int) -> dict[str, set[str]]:
@@ -36,17 +41,26 @@ def pools_and_queues(prefect_yaml: Path, nodes: int) -> dict[str, set[str]]:
 def ensure_pools(wanted: dict[str, set[str]]) -> None:
     """Create missing process pools and queues (idempotent)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
     with get_client(sync_client=True) as client:
         for pool, queues in sorted(wanted.items()):
             with contextlib.suppress(ObjectAlreadyExists):
-                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+                client.create_work_pool(pool_create(pool))
             existing = {queue.name for queue in client.read_work_queues(work_pool_name=pool)}
             for queue in sorted(queues - existing):
                 client.create_work_queue(name=queue, work_pool_name=pool)
             print(f"deploy: work pool {pool}: queues {', '.join(sorted(queues | existing))}")
+
+
+def pool_create(pool: str) -> Any:
+    """What creates a pool: process type, or the type and base job template of TYPED_POOLS."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    if pool not in TYPED_POOLS:
+        return WorkPoolCreate(name=pool, type="process")
+    kind, template = TYPED_POOLS[pool]
+    return WorkPoolCreate(name=pool, type=kind, base_job_template=json.loads(template.read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ def test_the_form_schema_on_the_server_is_typed(deployed) -> None:
     assert train["objective"]["enum"] == ["sft", "dpo", "ipo", "kto", "orpo"]  # preference tuning, offered by the form
     assert defs["PreferenceConfig"]["properties"]["beta"]["exclusiveMinimum"] == 0.0
     assert (train["learning_rate"]["exclusiveMinimum"], train["learning_rate"]["maximum"]) == (0.0, 1.0)
-    assert launch["backend"]["enum"] == ["local", "prefect", "slurm", "ssh"]
+    assert launch["backend"]["enum"] == ["local", "prefect", "slurm", "ssh", "kubernetes"]
     assert launch["nnodes"]["type"] == "integer" and launch["nnodes"]["maximum"] == 1024
     assert run["storage"]["description"].startswith("fsspec URL shared by every node")
     assert defs["TrainConfig"]["additionalProperties"] is False  # unknown keys are refused, as on the CLI
@@ -53,6 +53,33 @@ def test_the_form_schema_on_the_server_is_typed(deployed) -> None:
     assert manual.schedules == [] and [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
     assert (manual.work_pool_name, manual.work_queue_name) == ("tandem-pipeline", "manual")
     assert (node.work_pool_name, node.work_queue_name) == ("tandem-nodes", "node-0")
+
+
+def test_the_kubernetes_pool_holds_the_pipelines_job_template(deployed) -> None:
+    """tools/deploy.py made tandem-kubernetes a kubernetes pool with deploy/kubernetes/pipeline-pool.json (the server
+    checked that every placeholder names a variable); its Job, with the variables' defaults and the deployment's
+    image filled in by Prefect's own templating, validates against Kubernetes 1.33's strict schemas. No kubernetes
+    worker runs here: no cluster can."""
+    import kubernetes_validate
+    from prefect.utilities.templating import apply_values
+
+    with client_of(deployed) as client:
+        pool = client.read_work_pool("tandem-kubernetes")
+        deployment = client.read_deployment_by_name("finetune/kubernetes")
+    assert pool.type == "kubernetes" and (deployment.work_pool_name, deployment.work_queue_name) == (
+        "tandem-kubernetes",
+        "default",
+    )
+    template = pool.base_job_template
+    values = {name: spec["default"] for name, spec in template["variables"]["properties"].items() if "default" in spec}
+    values |= {**deployment.job_variables, "name": "finetune-kubernetes", "labels": {"app": "tandem"}, "env": []}
+    values["command"] = ["python", "-m", "prefect.engine"]
+    job = apply_values(template["job_configuration"]["job_manifest"], values)
+    job["metadata"]["name"] = job["metadata"].pop("generateName") + "x1"
+    assert kubernetes_validate.validate(job, "1.33", strict=True) == "1.33"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "tandem-pipeline"  # the account deploy/kubernetes/rbac.yaml binds
+    assert pod["containers"][0]["image"] == "registry.example/tandem:latest"
 
 
 @pytest.mark.parametrize(

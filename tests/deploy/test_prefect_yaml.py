@@ -20,9 +20,10 @@ def deployments() -> dict[str, dict]:
     return {f"{flows[d['entrypoint']]}/{d['name']}": d for d in document["deployments"]}
 
 
-def test_the_three_deployments_and_their_pools() -> None:
+def test_the_four_deployments_and_their_pools() -> None:
     found = deployments()
-    assert sorted(found) == ["finetune/manual", "finetune/nightly", "node/node"]
+    assert sorted(found) == ["finetune/kubernetes", "finetune/manual", "finetune/nightly", "node/node"]
+    assert found["finetune/kubernetes"]["work_pool"]["name"] == "tandem-kubernetes"
     assert found["finetune/manual"]["work_pool"]["name"] == found["finetune/nightly"]["work_pool"]["name"]
     assert found["node/node"]["work_pool"]["name"] == "tandem-nodes"
     # Separate queues, so that a worker (the tests' one) can serve manual runs without taking scheduled ones.
@@ -38,11 +39,12 @@ def test_nightly_has_a_cron_schedule_and_manual_none() -> None:
     CronSim(schedule["cron"], datetime(2026, 1, 1))  # raises on a malformed expression
     assert schedule["active"] is True
     assert found["finetune/manual"]["schedules"] == [] and found["node/node"]["schedules"] == []
+    assert found["finetune/kubernetes"]["schedules"] == []
 
 
 def test_pipeline_parameters_are_the_tiny_cpu_preset() -> None:
     preset = FinetuneConfig.model_validate(read_yaml(preset_path("tiny-cpu"))).model_dump()  # paths as written
-    for name in ("finetune/nightly", "finetune/manual"):
+    for name in ("finetune/nightly", "finetune/manual", "finetune/kubernetes"):
         parameters = deployments()[name]["parameters"]
         assert list(parameters) == ["config"]
         assert FinetuneConfig.model_validate(parameters["config"]).model_dump() == preset, name

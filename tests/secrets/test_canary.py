@@ -1,15 +1,13 @@
 """A canary credential through the real entry points: `python -m flows.finetune` on the local backend and on the
 prefect backend (real process workers, one per node queue), against a real `prefect server start` that requires
-basic auth, as the local cluster does off loopback.
-
-The canary is forwarded by name (launch.forward_env): the local run takes it from the pipeline's environment, the
-workers run from the node workers' own (the pipeline of that run does not have it). Every rank writes the canary's
-sha256 (not the value) to its node's directory, proving the value arrived. A second canary, tried in launch.env and
-in run.storage_options, is refused without being echoed. Afterwards no canary, and not the server's auth string, is
-in any file under the storage root or PREFECT_HOME (the SQLite database included), in any process's output (the
-CLIs', the server's, the workers', the nodes' logs), in a rendered sbatch script, or in what the Prefect API serves:
-logs, flow-run parameters, artifacts, variables. Several minutes, so not in the default run: `make test-suites`
-(marker `secrets`)."""
+basic auth, as the local cluster does off loopback. The canary is forwarded by name (launch.forward_env): the local
+run takes it from the pipeline's environment, the workers run from the node workers' own (the pipeline of that run
+does not have it). Every rank writes the canary's sha256 (not the value) to its node's directory, proving the value
+arrived. A second canary, tried in launch.env and in run.storage_options, is refused without being echoed.
+Afterwards no canary, and not the server's auth string, is in any file under the storage root or PREFECT_HOME (the
+SQLite database included), in any process's output (the CLIs', the server's, the workers', the nodes' logs), in a
+rendered sbatch script or the kubernetes backend's objects, or in what the Prefect API serves: logs, flow-run
+parameters, artifacts, variables. Several minutes, so not in the default run: `make test-suites` (marker `secrets`)."""
 
 from __future__ import annotations
 
@@ -54,8 +52,8 @@ class World:
     api: dict[str, list] = field(default_factory=dict)
 
 
-def finetune(env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "flows.finetune"] + [arg for o in overrides for arg in ("--set", o)]
+def finetune(env: dict[str, str], *overrides: str, extra: list[str] | None = None) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "flows.finetune", *(extra or [])] + [arg for o in overrides for arg in ("--set", o)]
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -136,6 +134,16 @@ def run_everything(world: World, tiny_model: str) -> None:
     world.outputs["missing"] = finetune(
         with_canary, *common, "run.name=canary-missing", f"launch.forward_env=[{NAME}, TANDEM_ABSENT]"
     )
+    world.outputs["manifests"] = finetune(  # the kubernetes backend's objects, printed as they would be submitted
+        with_canary,
+        *common,
+        "launch.backend=kubernetes",
+        "launch.kubernetes.image=registry.example/tandem:test",
+        "launch.kubernetes.secret=tandem-creds",
+        "launch.kubernetes.pvc=shared",
+        f"launch.kubernetes.pvc_path={world.storage}",
+        extra=["--manifests"],
+    )
     world.outputs["refused"] = finetune(  # one CLI start for both: the loader reports every refused key at once
         with_canary,
         *common,
@@ -184,6 +192,14 @@ def test_a_credential_in_the_config_is_refused_without_echoing_it(world: World) 
         "canary-missing",
         "canary-workers",
     ]
+
+
+def test_the_kubernetes_objects_name_the_secret_never_the_value(world: World) -> None:
+    """The rendered objects (printed by --manifests, what the backend submits) take the forwarded name from the
+    Secret; test_no_canary_anywhere checks that output with the others."""
+    done = world.outputs["manifests"]
+    assert done.returncode == 0, done.stderr
+    assert f"key: {NAME}" in done.stdout and "name: tandem-creds" in done.stdout and "secretKeyRef" in done.stdout
 
 
 def test_no_canary_anywhere(world: World) -> None:
