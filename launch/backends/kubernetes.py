@@ -361,7 +361,7 @@ def api_error(status: int, message: str, what: str) -> TandemError:
             f"kubernetes: not allowed to {what} ({message}); give the pipeline's service account the Role of "
             "deploy/kubernetes/rbac.yaml"
         )
-    if status == 404 and "trainjobs" in message.lower():
+    if status == 404 and "TrainJob" in what:
         return UserError(
             f"kubernetes: cannot {what}: the cluster has no TrainJob API ({message}); install Kubeflow Trainer or "
             "leave launch.kubernetes.runtime empty (an indexed Job)"

@@ -323,3 +323,20 @@ def test_the_pipelines_role_validates_and_allows_every_call_the_backend_makes() 
         ("trainer.kubeflow.org", "trainjobs", "delete"),
     }  # fmt: skip
     assert needed <= allowed
+
+
+@pytest.mark.parametrize(
+    ("status", "what", "kind", "said"),
+    [
+        (403, "create Job ml/x", UserError, "deploy/kubernetes/rbac.yaml"),
+        (404, "create TrainJob ml/x", UserError, "install Kubeflow Trainer or leave launch.kubernetes.runtime empty"),
+        (422, "create Job ml/x", UserError, "fix launch.kubernetes"),
+        (409, "create Job ml/x", RetryableError, "(409: "),
+        (503, "list the job's pods", RetryableError, "(503: "),
+    ],
+)
+def test_the_api_servers_refusals_are_one_line_with_their_fix(status: int, what: str, kind: type, said: str) -> None:
+    from launch.backends.kubernetes import api_error
+
+    error = api_error(status, "the server could not find the requested resource", what)
+    assert isinstance(error, kind) and said in str(error) and "\n" not in str(error)
