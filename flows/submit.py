@@ -13,10 +13,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from config.loader import DEFAULT_PRESET, apply_override, preset_path, read_yaml, validate
 from core.errors import UserError
 from flows.cli import add_config_arguments, config_yaml, run_cli
+from launch.backends.prefect_api import ApiOutage, fail_fast, unreachable
+
+if TYPE_CHECKING:
+    from uuid import UUID
+
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import State
 
 POLL_S = 2.0
 
@@ -53,10 +61,29 @@ def submit(deployment: str, parameters: dict, wait: bool) -> int:
         print(f"flow run {run.name} ({run.id}) of {deployment} created on {client.api_url}")
         if not wait:
             return 0
-        while not (state := client.read_flow_run(run.id).state) or not state.is_final():
+        outage = ApiOutage(
+            parameters["config"]["launch"]["api_outage_s"],
+            "the run goes on on its workers",
+            f"the run may still be going: follow flow run {run.id} in the UI once the API is back",
+        )
+        while not (state := read_state(client, run.id, outage)) or not state.is_final():
             time.sleep(POLL_S)
         print(f"flow run {run.name}: {state.name}" + (f" ({state.message})" if state.message else ""))
         return 0 if state.is_completed() else 1
+
+
+def read_state(client: SyncPrefectClient, run_id: UUID, outage: ApiOutage) -> State | None:
+    """The flow run's state; None while the API does not answer (up to the outage's limit)."""
+    try:
+        with fail_fast():
+            state = client.read_flow_run(run_id).state
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        outage.failed(exc)
+        return None
+    outage.answered()
+    return state
 
 
 def main(argv: list[str] | None = None) -> int:

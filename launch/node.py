@@ -163,19 +163,37 @@ def _address_towards(master_addr: str) -> str:
 
 def record_failure(run_url: Location, node_rank: int, phase: str, exit_code: int) -> None:
     """Add the exit code of a node's error to its status.json (written there when its agent exited)."""
-    url = join(layout.node_dir(run_url, node_rank), layout.STATUS)
+    url = status_url(run_url, node_rank)
     status = read_json(url) if exists(url) else {"node_rank": node_rank}
     write_json_atomic(url, {**status, "phase": phase, ERROR_EXIT_CODE: exit_code})
 
 
 def clear_failure(run_url: Location, node_rank: int) -> None:
     """Forget the failure an earlier attempt of this node recorded."""
-    url = join(layout.node_dir(run_url, node_rank), layout.STATUS)
+    url = status_url(run_url, node_rank)
     if exists(url) and ERROR_EXIT_CODE in (status := read_json(url)):
         write_json_atomic(url, {k: v for k, v in status.items() if k != ERROR_EXIT_CODE})
 
 
 def failure_exit_code(run_url: Location, node_rank: int) -> int | None:
     """The exit code a failed node recorded (None when it recorded none: it may not have got that far)."""
-    url = join(layout.node_dir(run_url, node_rank), layout.STATUS)
+    url = status_url(run_url, node_rank)
     return read_json(url).get(ERROR_EXIT_CODE) if exists(url) else None
+
+
+def status_url(run_url: Location, node_rank: int) -> Location:
+    """{run}/nodes/node-{rank}/status.json: how the node's agent ended (launch/agent.py)."""
+    return join(layout.node_dir(run_url, node_rank), layout.STATUS)
+
+
+def recorded_end(run_url: Location, node_rank: int, phase: str) -> int | None:
+    """How this node's agent ended this phase by its own record: 0 when it finished well, its error's exit code (or
+    its agent's) when it failed, None while it has recorded no end (or storage cannot say)."""
+    try:
+        url = status_url(run_url, node_rank)
+        status = read_json(url) if exists(url) else None
+    except Exception:  # noqa: BLE001 - storage unreadable too: no news
+        return None
+    if status is None or status.get("phase") != phase or status.get("exit_code") is None:
+        return None
+    return status.get(ERROR_EXIT_CODE) or status["exit_code"]

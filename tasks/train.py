@@ -13,6 +13,7 @@ from prefect.context import TaskRunContext
 from prefect.states import State
 
 from core.errors import RetryableError
+from launch.backends.prefect_api import fail_fast, unreachable
 from launch.command import transport_debug
 from launch.elastic import attempt_launch, is_elastic, next_attempt, probe_for
 from launch.phase import run_phase
@@ -121,7 +122,12 @@ def progress_reporter(
             f"step {step}/{total} loss {record['loss']:.4f} tokens {record['tokens']} tokens/s "
             f"{record['tokens_per_s']:.0f} ETA {eta:.0f} s"
         )
-        update_progress_artifact(artifact_id=artifact, progress=100.0 * step / total)
+        try:
+            with fail_fast():  # the API away (launch/backends/prefect_api.py): this step is not shown, the next one is
+                update_progress_artifact(artifact_id=artifact, progress=100.0 * step / total)
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
         if tracker is not None:
             tracker.steps([record])
 

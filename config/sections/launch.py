@@ -133,6 +133,13 @@ class LaunchConfig(Section):
         description="Stop the job when no optimizer step completes for this many seconds (a step "
         "that saves a checkpoint includes the save: keep it above the longest save).",
     )
+    api_outage_s: int = Field(
+        1800,
+        gt=0,
+        description="How long the pipeline waits for a Prefect API that stopped answering while the nodes run "
+        "(they train on without it, followed through their records on storage) before it fails the phase with "
+        "exit 75.",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Extra environment for every rank (NCCL_*, GLOO_*), stored with the run; "

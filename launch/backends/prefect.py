@@ -7,6 +7,13 @@ the node's exit code, recorded in its status.json, says whether a retry may help
 others' failures within the loop's settle time). Whatever way this function exits (success, failure, the parent
 being cancelled), no child is left running: unfinished children are cancelled and waited for, so a retry never
 starts beside the attempt before it.
+
+An outage of the Prefect API while the nodes train is not their failure (prefect_api.py): the loop waits for the
+API up to launch.api_outage_s while the nodes train on, and once it is back a node's own record on storage
+(status.json, written when its agent exits) says how it ended where its flow run cannot: a node that finished while
+the API was away ends Failed on the server (its engine could not report the end), or stays Running (its engine gave
+up); it is taken as finished, its state corrected. A child the API cannot cancel
+stops by itself once the phase ends, when the pipeline removes its liveness record (launch/liveness.py).
 """
 
 from __future__ import annotations
@@ -20,18 +27,25 @@ from uuid import UUID
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.deployments import run_deployment
-from prefect.states import Cancelling
+from prefect.states import Cancelling, Completed
 
+from core.errors import RetryableError
+from launch.backends.prefect_api import ApiOutage, fail_fast, reason, unreachable
 from launch.command import DEFAULT_MASTER_PORT
 from launch.diagnose import error_for, is_one_line, log_tail
 from launch.job import Info, OnProgress, PhaseJob
-from launch.node import failure_exit_code
+from launch.liveness import STALE_S
+from launch.node import failure_exit_code, recorded_end, status_url
 from launch.supervise import Failure, supervise
 from launch.watch import Watch, phase_watch
-from storage.fs import Location
+from storage.fs import Location, remove
 
 POLL_S = 1.0
 CANCEL_WAIT_S = 60.0
+# After an API outage, how long a node's record of a good end may stand without its flow run reporting it: the
+# engine of a flow run that ended during the outage reports within its retries' back-off (32 s at most) once the API
+# is back, or never (it gave up).
+REPORT_GRACE_S = 90.0
 
 log = logging.getLogger(__name__)
 
@@ -61,26 +75,42 @@ def run_prefect_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None 
     watch = phase_watch(spec.run, launch, phase, on_progress)
     try:
         for rank in range(launch.nnodes):
-            # Called from synchronous code, run_deployment returns the flow run (its type also admits a coroutine).
-            run = cast(
-                FlowRun,
-                run_deployment(
-                    name=launch.node_deployment,
-                    timeout=0,
-                    work_queue_name=f"{launch.queue_prefix}{rank}",
-                    parameters=node_parameters(job, rank, port),
-                    flow_run_name=f"{spec.run_id}-{phase}-node{rank}",
-                ),
-            )
-            children[rank] = run.id
+            # The record of this node's last attempt would read as this one's end while the API is away.
+            remove(status_url(spec.run, rank))
+            children[rank] = _start_child(job, rank, port)
         info(
             f"{phase}: {launch.nnodes} node flow runs sent to queues {launch.queue_prefix}0.."
             f"{launch.queue_prefix}{launch.nnodes - 1} ({launch.node_deployment}), rendezvous "
             f"{launch.rendezvous_addr}:{port}"
         )
-        _follow(children, spec.run, phase, watch)
+        _follow(children, spec.run, phase, watch, launch.api_outage_s)
     finally:
         _cancel_unfinished(children)
+
+
+def _start_child(job: PhaseJob, rank: int, port: int) -> UUID:
+    """Create node `rank`'s flow run on its queue; an API that does not answer is a failure a retry may mend."""
+    spec, launch = job.written.spec, job.written.spec.config.launch
+    try:
+        # Called from synchronous code, run_deployment returns the flow run (its type also admits a coroutine).
+        run = cast(
+            FlowRun,
+            run_deployment(
+                name=launch.node_deployment,
+                timeout=0,
+                work_queue_name=f"{launch.queue_prefix}{rank}",
+                parameters=node_parameters(job, rank, port),
+                flow_run_name=f"{spec.run_id}-{job.phase}-node{rank}",
+            ),
+        )
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        raise RetryableError(
+            f"{job.phase}: could not start node {rank}'s flow run: the Prefect API does not answer ({reason(exc)}); "
+            "run the pipeline again once it is back"
+        ) from None
+    return run.id
 
 
 @dataclass
@@ -92,15 +122,53 @@ class NodeFlowRun:
     client: SyncPrefectClient
     run_url: Location
     phase: str
+    outage: ApiOutage
     state: State | None = None
+    ended_at: float | None = None  # when its record of a good end was first seen while its flow run was not final
 
     def returncode(self) -> int | None:
-        """None while the flow run is not final; 0 when it completed, else 1 (its node's code is in status.json)."""
-        state = self.client.read_flow_run(self.run_id).state
-        if state is None or not state.is_final():
+        """None while the flow run is not final (or the API does not answer); 0 when it completed, else 1 (its node's
+        code is in status.json). After an outage, a node that recorded its end well is taken as finished where its
+        flow run could not report it."""
+        try:
+            state = self.client.read_flow_run(self.run_id).state
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            # Wait for the API rather than end the phase now: the pipeline's own engine needs it to go on.
+            self.outage.failed(exc)
             return None
-        self.state = state
-        return 0 if state.is_completed() else 1
+        self.outage.answered()
+        if state is not None and state.is_final():
+            self.state = state
+            if state.is_completed():
+                return 0
+            if recorded_end(self.run_url, self.node_rank, self.phase) != 0:
+                return 1
+            self._completed_after_all(state)  # its engine could not report the end: it failed on the API
+            return 0
+        if self.outage.happened and recorded_end(self.run_url, self.node_rank, self.phase) == 0:
+            # Ended during the outage, and its engine may have given up reporting it: after REPORT_GRACE_S, the
+            # node's record stands for the report.
+            self.ended_at = self.ended_at or time.monotonic()
+            if time.monotonic() - self.ended_at > REPORT_GRACE_S:
+                self._completed_after_all(state)
+                return 0
+        return None
+
+    def _completed_after_all(self, state: State | None) -> None:
+        """The node finished well but its flow run could not report it (the API was away when it ended): say so on
+        the server too, so that the UI and the run's history agree with the node."""
+        message = (
+            f"node {self.node_rank} finished its {self.phase} (its status.json); the flow run could not report its "
+            f"end to the API (it is {state.name if state else 'without a state'}"
+            f"{': ' + (state.message or '').strip()[:200] if state and state.message else ''})"
+        )
+        log.warning("%s", message)
+        try:
+            self.client.set_flow_run_state(self.run_id, Completed(message=message), force=True)
+        except Exception as exc:  # noqa: BLE001 - only the record on the server stays wrong
+            log.warning("could not correct the state of node %d's flow run: %s", self.node_rank, reason(exc))
 
     def failure(self) -> Failure:
         """The node's failure: its flow run's state and the tail of its log, classified by the exit code the node
@@ -115,10 +183,11 @@ class NodeFlowRun:
         return Failure(error_for(code, message), code, self.state.timestamp.timestamp())
 
 
-def _follow(children: dict[int, UUID], run_url: Location, phase: str, watch: Watch | None) -> None:
+def _follow(children: dict[int, UUID], run_url: Location, phase: str, watch: Watch | None, outage_s: float) -> None:
     """Poll the children's states until all completed; raise for the failure that caused the others."""
-    with get_client(sync_client=True) as client:
-        runs = [NodeFlowRun(rank, run_id, client, run_url, phase) for rank, run_id in children.items()]
+    outage = ApiOutage(outage_s, "the nodes go on, followed through their records on storage")
+    with fail_fast(), get_client(sync_client=True) as client:
+        runs = [NodeFlowRun(rank, run_id, client, run_url, phase, outage) for rank, run_id in children.items()]
         supervise(runs, [watch] if watch is not None else [], POLL_S)
 
 
@@ -128,6 +197,21 @@ def _cancel_unfinished(children: dict[int, UUID]) -> None:
     same port: this backend does not pick one per launch) or its GPUs would fail on them."""
     if not children:
         return
+    try:
+        _cancel_and_wait(children)
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        log.warning(
+            "could not cancel the node flow runs: the Prefect API does not answer (%s); their nodes stop by "
+            "themselves %.0f s after this phase ends (the pipeline's liveness record)",
+            reason(exc),
+            STALE_S,
+        )
+
+
+def _cancel_and_wait(children: dict[int, UUID]) -> None:
+    """Set every unfinished child Cancelling and wait up to CANCEL_WAIT_S for all to be final."""
     with get_client(sync_client=True) as client:
 
         def unfinished() -> list[UUID]:

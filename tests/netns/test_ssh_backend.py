@@ -21,7 +21,7 @@ from core.errors import RetryableError, UserError
 from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
-from storage.checkpoints import latest_complete
+from storage.checkpoints import latest_complete, read_complete
 from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
 from tests.conftest import ROOT
@@ -361,3 +361,50 @@ def test_a_cancelled_launch_leaves_nothing_running_on_any_host(staged: Staged, m
     print(f"cancel: every host clean {time.monotonic() - started:.1f} s after the launch started")
     assert machines.strays() == {}
     assert not list(Path("/tmp").glob("tandem-ssh-*/*"))  # no shared connection left behind
+
+
+# The pipeline of a run over ssh, as a process of its own that the test kills (the phase alone, as run_phase runs it).
+PIPELINE = """
+import sys
+from launch.phase import run_phase
+from storage.fs import environment_location
+from storage.spec import WrittenSpec, load_spec
+spec, digest = load_spec(environment_location(sys.argv[1]))
+run_phase(WrittenSpec(spec, spec.run.with_url(sys.argv[1]), digest), "train", print, on_progress=lambda _: None)
+"""
+
+
+def test_kill_9_of_the_pipeline_leaves_nothing_on_any_host(staged: Staged, machines: Machines) -> None:
+    """The pipeline's process killed outright (the OOM killer, a lost terminal) while the nodes train over ssh: every
+    host is clean within the bound of docs/operations.md (the ssh link's end, and the pipeline's liveness record),
+    after the ranks saved on the way out, and the checkpoints are whole."""
+    written = ssh_spec(
+        staged,
+        machines,
+        "ssh-orphan",
+        machines.hosts(2),
+        ["train.max_steps=400", "train.save_steps=1000", "launch.checkpoint_on_cancel=true"],
+    )
+    run = staged.storage / "runs" / "ssh-orphan"
+    pipeline = subprocess.Popen(
+        [sys.executable, "-c", PIPELINE, str(written.url)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while len((run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []) < 3:
+        assert time.monotonic() < deadline and pipeline.poll() is None, pipeline.returncode
+        time.sleep(0.2)
+    pipeline.kill()
+    pipeline.wait()
+    killed = time.monotonic()
+    while machines.strays():
+        assert time.monotonic() - killed < 90, machines.strays()
+        time.sleep(0.25)
+    print(f"ssh backend: every host clean {time.monotonic() - killed:.1f} s after kill -9 of the pipeline")
+    newest = latest_complete(str(run))
+    assert newest is not None and newest.step >= 3, newest  # the ranks saved on the way out
+    for step_dir in (run / "checkpoints").iterdir():
+        assert not (step_dir / "COMPLETE").exists() or read_complete(str(step_dir)) is not None
