@@ -60,6 +60,35 @@ def start(
     return process, storage / "runs" / name, out
 
 
+# One phase of a written spec run as the pipeline runs it (launch/phase.py), in a process of its own that a test can
+# kill: how the ssh and slurm backends' kill -9 tests start their pipeline.
+PHASE_PIPELINE = """
+import sys
+from launch.phase import run_phase
+from storage.fs import environment_location
+from storage.spec import WrittenSpec, load_spec
+spec, digest = load_spec(environment_location(sys.argv[1]))
+run_phase(WrittenSpec(spec, spec.run.with_url(sys.argv[1]), digest), "train", print, on_progress=lambda _: None)
+"""
+
+
+def start_phase(spec_url: str, run: Path, steps: int = 3) -> subprocess.Popen:
+    """PHASE_PIPELINE on the spec at spec_url, returned once `steps` optimizer steps are in the run's metrics."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", PHASE_PIPELINE, spec_url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + STEP_WAIT_S
+    while len(metrics.read_text().splitlines() if metrics.exists() else []) < steps:
+        assert time.monotonic() < deadline and process.poll() is None, process.returncode
+        time.sleep(0.2)
+    return process
+
+
 def run_processes(run: Path) -> list[int]:
     """Pids whose command line names the run's spec.json: its torchrun agents and ranks."""
     needle = str(run / "spec.json").encode()

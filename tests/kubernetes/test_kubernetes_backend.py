@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from storage.checkpoints import latest_complete
 from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
 from tests.distributed.harness import Staged, config
+from tests.flows.test_orphans import GONE_WAIT_S, saved_whole, start_phase, wait_gone
 from tests.kubernetes.fake_cluster import FakeCluster, fake_cluster
 
 pytestmark = pytest.mark.kubernetes
@@ -135,3 +137,23 @@ def test_an_image_that_cannot_be_pulled_is_one_line_and_nothing_is_left(cluster:
     assert "image 'registry.example/tandem:missing' cannot be pulled (ErrImagePull" in str(info.value)
     assert "fix launch.kubernetes.image" in str(info.value)
     assert cluster.objects == {}
+
+
+def test_kill_9_of_the_pipeline_stops_every_pod(cluster: FakeCluster, staged: Staged) -> None:
+    """The pipeline killed outright while its pods train: each pod's node sees the pipeline's liveness record go
+    stale and stops after its ranks saved, so no pod keeps its GPUs. The Job and Service stay on the cluster (nothing
+    is left to delete them: no owner reference yet, docs/kubernetes.md); the rerun's objects have names of their
+    own."""
+    settings = ["train.max_steps=400", "train.save_steps=1000", "launch.checkpoint_on_cancel=true"]
+    job = written(staged, "k8s-orphan", settings)
+    run = Path(str(job.spec.run_url))
+    pipeline = start_phase(str(job.url), run)
+    assert cluster.alive(), "no pod runs"
+    pipeline.kill()
+    pipeline.wait()
+    print(f"kubernetes backend: no process of the run left {wait_gone(run):.1f} s after kill -9")
+    deadline = time.monotonic() + GONE_WAIT_S
+    while cluster.alive():
+        assert time.monotonic() < deadline, cluster.alive()
+        time.sleep(0.5)
+    saved_whole(run)

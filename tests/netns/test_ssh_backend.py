@@ -26,6 +26,7 @@ from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config
+from tests.flows.test_orphans import start_phase
 from tests.netns.hosts import Machine, Machines, _cmdline, heal, partition, restore, vanish
 
 pytestmark = pytest.mark.netns
@@ -363,17 +364,6 @@ def test_a_cancelled_launch_leaves_nothing_running_on_any_host(staged: Staged, m
     assert not list(Path("/tmp").glob("tandem-ssh-*/*"))  # no shared connection left behind
 
 
-# The pipeline of a run over ssh, as a process of its own that the test kills (the phase alone, as run_phase runs it).
-PIPELINE = """
-import sys
-from launch.phase import run_phase
-from storage.fs import environment_location
-from storage.spec import WrittenSpec, load_spec
-spec, digest = load_spec(environment_location(sys.argv[1]))
-run_phase(WrittenSpec(spec, spec.run.with_url(sys.argv[1]), digest), "train", print, on_progress=lambda _: None)
-"""
-
-
 def test_kill_9_of_the_pipeline_leaves_nothing_on_any_host(staged: Staged, machines: Machines) -> None:
     """The pipeline's process killed outright (the OOM killer, a lost terminal) while the nodes train over ssh: every
     host is clean within the bound of docs/operations.md (the ssh link's end, and the pipeline's liveness record),
@@ -386,17 +376,7 @@ def test_kill_9_of_the_pipeline_leaves_nothing_on_any_host(staged: Staged, machi
         ["train.max_steps=400", "train.save_steps=1000", "launch.checkpoint_on_cancel=true"],
     )
     run = staged.storage / "runs" / "ssh-orphan"
-    pipeline = subprocess.Popen(
-        [sys.executable, "-c", PIPELINE, str(written.url)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    deadline = time.monotonic() + 120
-    while len((run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []) < 3:
-        assert time.monotonic() < deadline and pipeline.poll() is None, pipeline.returncode
-        time.sleep(0.2)
+    pipeline = start_phase(str(written.url), run)
     pipeline.kill()
     pipeline.wait()
     killed = time.monotonic()

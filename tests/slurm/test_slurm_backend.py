@@ -6,6 +6,8 @@ host here, so the real runs use 1 node x 2 ranks; the 2-node script is checked a
 from __future__ import annotations
 
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from storage.checkpoints import latest_complete
 from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
 from tests.distributed.harness import Staged, config
+from tests.flows.test_orphans import GONE_WAIT_S, saved_whole, start_phase, wait_gone
 
 
 def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
@@ -111,3 +114,35 @@ def test_a_failing_rank_fails_the_job_with_its_output(slurm_cluster, staged: Sta
     )
     queued = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout
     assert queued.strip() == ""
+
+
+@pytest.mark.orphans
+def test_kill_9_of_the_pipeline_ends_the_slurm_job_and_leaves_no_rank(slurm_cluster, staged: Staged) -> None:
+    """The pipeline killed outright while its SLURM job trains: the node (flows.node under srun) sees the pipeline's
+    liveness record go stale, its ranks save and stop, and the job ends; nothing of the run is left running and the
+    checkpoint saved on the way out is whole. Marker `orphans` (make test-suites)."""
+    cfg = config(
+        staged,
+        "slurm-orphan",
+        [
+            "launch.backend=slurm",
+            "launch.nnodes=1",
+            "launch.nproc_per_node=2",
+            f"launch.master_port={free_port()}",
+            "train.max_steps=400",
+            "train.save_steps=1000",
+            "launch.checkpoint_on_cancel=true",
+        ],
+    )
+    spec = build_spec(cfg, "slurm-orphan", staged.model_path, staged.dataset)
+    written = WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
+    run = Path(str(spec.run_url))
+    pipeline = start_phase(str(written.url), run)
+    pipeline.kill()
+    pipeline.wait()
+    print(f"slurm backend: no process of the run left {wait_gone(run):.1f} s after kill -9")
+    deadline = time.monotonic() + GONE_WAIT_S
+    while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, "the SLURM job is still queued or running"
+        time.sleep(1)
+    saved_whole(run)
