@@ -182,7 +182,7 @@ def failure_exit_code(run_url: Location, node_rank: int) -> int | None:
 
 
 def status_url(run_url: Location, node_rank: int) -> Location:
-    """{run}/nodes/node-{rank}/status.json: how the node's agent ended (launch/agent.py)."""
+    """{run}/nodes/{rank}/status.json: how the node's agent ended (launch/agent.py)."""
     return join(layout.node_dir(run_url, node_rank), layout.STATUS)
 
 

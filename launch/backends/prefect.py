@@ -12,8 +12,8 @@ An outage of the Prefect API while the nodes train is not their failure (prefect
 API up to launch.api_outage_s while the nodes train on, and once it is back a node's own record on storage
 (status.json, written when its agent exits) says how it ended where its flow run cannot: a node that finished while
 the API was away ends Failed on the server (its engine could not report the end), or stays Running (its engine gave
-up); it is taken as finished, its state corrected. A child the API cannot cancel
-stops by itself once the phase ends, when the pipeline removes its liveness record (launch/liveness.py).
+up); it is taken as finished, its state corrected. A child the API cannot cancel stops by itself once the phase
+ends, when the pipeline removes its liveness record (launch/liveness.py).
 """
 
 from __future__ import annotations

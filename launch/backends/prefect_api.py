@@ -30,11 +30,14 @@ RERUN = (
 
 
 def unreachable(exc: BaseException) -> bool:
-    """The API did not answer (no connection, a timeout) or answered that it cannot serve now (HTTP 5xx: a proxy in
-    front of a server that is restarting, or a server whose database is failing over)."""
+    """The API did not answer (no connection, a timeout) or answered that it cannot serve now: HTTP 5xx (a proxy in
+    front of a server that is restarting, a server whose database is failing over) or 429 (Prefect Cloud's rate
+    limit, which Prefect's own retries would have waited out)."""
     if isinstance(exc, httpx.TransportError):
         return True
-    return isinstance(exc, PrefectHTTPStatusError) and exc.response.status_code >= 500
+    return isinstance(exc, PrefectHTTPStatusError) and (
+        exc.response.status_code >= 500 or exc.response.status_code == 429
+    )
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
+from prefect.exceptions import PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Failed, Running
 
@@ -34,6 +35,11 @@ def test_only_an_api_that_cannot_answer_counts_as_an_outage() -> None:
     assert unreachable(httpx.ConnectError("refused"))
     assert unreachable(httpx.ReadTimeout("slow"))
     assert not unreachable(ValueError("a bug"))
+    request = httpx.Request("GET", "http://127.0.0.1/api/flow_runs/x")
+    for code, verdict in ((503, True), (502, True), (429, True), (404, False), (422, False)):
+        response = httpx.Response(code, request=request)
+        error = PrefectHTTPStatusError.from_httpx_error(httpx.HTTPStatusError("", request=request, response=response))
+        assert unreachable(error) is verdict, code
 
 
 def test_the_outage_is_reported_once_and_fails_only_past_its_limit(caplog: pytest.LogCaptureFixture) -> None:
