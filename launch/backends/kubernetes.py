@@ -18,12 +18,22 @@ import json
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from core.errors import RetryableError, TandemError, UserError
-from launch.backends.kubernetes_render import COMPLETION_INDEX, CONTAINER, JOB_LABEL, TRAINER_GROUP, PodJob, render
+from launch.backends.kubernetes_render import (
+    COMPLETION_INDEX,
+    CONTAINER,
+    JOB_LABEL,
+    TRAINER_GROUP,
+    Owner,
+    PodJob,
+    render,
+)
 from launch.diagnose import error_for
 from launch.job import Info, OnProgress, PhaseJob
 from launch.supervise import Failure, supervise
@@ -41,21 +51,23 @@ BAD_CONFIG = {"CreateContainerConfigError", "CreateContainerError", "RunContaine
 # How a pod's DisruptionTarget condition says it was taken away (retryable: the node was needed elsewhere or lost).
 DISRUPTED = {"PreemptionByScheduler", "DeletionByTaintManager", "EvictionByEvictionAPI", "TerminationByKubelet"}
 LOG_LINES = 200
+# Where a pod finds its service account, and its namespace (the in-cluster client reads the same).
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-def pod_job(job: PhaseJob) -> PodJob:
+def pod_job(job: PhaseJob, owner: Owner | None = None) -> PodJob:
     """The renderer's view of a phase: a fresh suffix per submission, so that a retry never meets the objects of the
     attempt before it while they are still being deleted."""
     spec = job.written.spec
-    return PodJob(spec.config, spec.run_id, spec.run, job.phase, job.node_args, secrets.token_hex(2))
+    return PodJob(spec.config, spec.run_id, spec.run, job.phase, job.node_args, secrets.token_hex(2), owner)
 
 
 def run_kubernetes_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
     """Submit the phase's objects, follow them until the phase completed, and delete them; raise naming the failure."""
-    submission = pod_job(job)
+    cluster = Cluster(api_client())
+    submission = pod_job(job, pipeline_pod(cluster, job.written.spec.config.launch.kubernetes.namespace))
     objects = render(submission)
     launch = submission.config.launch
-    cluster = Cluster(api_client())
     created: list[dict[str, Any]] = []
     try:
         for body in objects:
@@ -70,6 +82,31 @@ def run_kubernetes_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | No
     finally:
         for body in reversed(created):
             cluster.delete(body)
+
+
+def pipeline_pod(cluster: Cluster, namespace: str) -> Owner | None:
+    """The pod this pipeline runs in, as the owner of the phase's objects: so a pipeline killed without unwinding
+    (its pod evicted, deleted, or its Job's deadline) leaves nothing behind once its pod is gone. None outside a pod,
+    and for objects in another namespace than the pod's (the garbage collector refuses owners across namespaces)."""
+    try:
+        own = (SERVICE_ACCOUNT / "namespace").read_text().strip()
+    except OSError:
+        return None  # not in a pod
+    if own != namespace:
+        log.warning(
+            "kubernetes: the pipeline's pod is in namespace %s, the phase's objects in %s: they get no owner "
+            "reference, so a pipeline killed without unwinding leaves them (stopped) until deleted by its run label",
+            own,
+            namespace,
+        )
+        return None
+    name = os.environ.get("HOSTNAME") or socket.gethostname()  # a pod's hostname is its name
+    try:
+        uid = cluster.pod(name, namespace)["metadata"]["uid"]
+    except Exception as exc:  # noqa: BLE001 - without an owner the phase runs as before; the line says why
+        log.warning("kubernetes: no owner for the phase's objects: cannot read pod %s/%s (%s)", namespace, name, exc)
+        return None
+    return Owner(name, uid, namespace)
 
 
 def api_client() -> Any:
@@ -116,6 +153,9 @@ class Cluster:
             meta["namespace"], label_selector=f"{label}={meta['name']}", _preload_content=False
         )
         return sorted(_json(listed).get("items", []), key=lambda pod: pod["metadata"]["name"])
+
+    def pod(self, name: str, namespace: str) -> dict[str, Any]:
+        return _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
 
     def log(self, pod: dict[str, Any]) -> str:
         meta = pod["metadata"]

@@ -48,6 +48,16 @@ MAX_NAME = 52
 
 
 @dataclass(frozen=True)
+class Owner:
+    """The pod the pipeline runs in (Prefect's Kubernetes worker runs it in one): the phase's objects name it as their
+    owner, so that the cluster's garbage collector deletes them with that pod when the pipeline could not."""
+
+    name: str
+    uid: str
+    namespace: str
+
+
+@dataclass(frozen=True)
 class PodJob:
     """What every pod of one phase runs: the config, where the run is, the phase and `flows.node`'s arguments."""
 
@@ -57,6 +67,7 @@ class PodJob:
     phase: str
     node_args: list[str]
     suffix: str  # distinguishes the submissions of one run's phase (retries): 4 hex
+    owner: Owner | None = None  # None: the pipeline runs outside the objects' namespace (or outside the cluster)
 
 
 def object_name(run_id: str, phase: str, suffix: str) -> str:
@@ -95,7 +106,12 @@ def labels(job: PodJob) -> dict[str, str]:
 
 def metadata(job: PodJob, name: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
     namespace = job.config.launch.kubernetes.namespace
-    return {"name": name, "namespace": namespace, "labels": {**labels(job), **(extra or {})}}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {**labels(job), **(extra or {})}}
+    # Only an owner in the same namespace: the garbage collector treats an owner in another namespace as absent and
+    # would delete the objects at once.
+    if job.owner is not None and job.owner.namespace == namespace:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": job.owner.name, "uid": job.owner.uid}]
+    return meta
 
 
 def master_port(job: PodJob) -> int:

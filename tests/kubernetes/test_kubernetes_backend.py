@@ -21,6 +21,7 @@ import pytest
 from config.loader import load_config
 from core.checkout import PROJECT_ROOT
 from core.errors import RetryableError, UserError
+from launch.backends import kubernetes as kubernetes_backend
 from launch.command import free_port
 from launch.phase import run_phase
 from pipeline.plan import build_spec, record_model
@@ -118,14 +119,30 @@ def test_a_trainjobs_pods_take_their_place_from_the_trainer_variables(cluster: F
     assert cluster.alive() == [] and cluster.objects == {}
 
 
-def test_a_failing_rank_is_its_nodes_error_line_with_its_exit_class(cluster: FakeCluster, staged: Staged) -> None:
+def test_a_failing_rank_is_its_nodes_error_line_with_its_exit_class(
+    cluster: FakeCluster, staged: Staged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipeline runs in a pod of the namespace here (its service account's namespace file, its hostname): the
+    phase's objects name that pod as their owner."""
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "namespace").write_text("default\n")
+    monkeypatch.setattr(kubernetes_backend, "SERVICE_ACCOUNT", account)
+    monkeypatch.setenv("HOSTNAME", "pipeline-7xk2p")
+    owner = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pipeline-7xk2p", "uid": "5f1c-uid"}}
+    cluster.objects[("Pod", "default", "pipeline-7xk2p")] = owner
     job = written(staged, "k8s-fail", ["train.max_steps=8", "launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:3'}"])
     with pytest.raises(RetryableError) as info:
         run_phase(job, "train", lambda _: None)
     message = str(info.value)
     assert message.startswith("train: ") and "rank 1 exited with code 137" in message, message
     assert "(pod tandem-k8s-fail-train-" in message and "\n" not in message
+    del cluster.objects[("Pod", "default", "pipeline-7xk2p")]
     assert cluster.alive() == [] and cluster.objects == {}
+    assert [(body["kind"], body["metadata"]["ownerReferences"]) for body in cluster.received] == [
+        (kind, [{"apiVersion": "v1", "kind": "Pod", "name": "pipeline-7xk2p", "uid": "5f1c-uid"}])
+        for kind in ("Service", "Job")
+    ]
 
 
 def test_an_image_that_cannot_be_pulled_is_one_line_and_nothing_is_left(cluster: FakeCluster, staged: Staged) -> None:

@@ -6,6 +6,7 @@ line a pod's status becomes (status documents as the kubelet writes them; no clu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import kubernetes_validate
@@ -18,6 +19,7 @@ from flows.node import plan_from_environment
 from launch.backends.kubernetes import completion_index, job_failure, pod_problem, unschedulable
 from launch.backends.kubernetes_render import (
     MAX_NAME,
+    Owner,
     PodJob,
     manifests_text,
     master_host,
@@ -105,6 +107,24 @@ def test_a_train_job_round_trips_through_kubeflow_trainers_models() -> None:
     # The controller injects the place (PET_*): nothing of Qwen's names is set, so flows.node reads PET_*.
     assert not {"NODE_RANK", "NNODES", "MASTER_ADDR"} & {item["name"] for item in trainer["env"]}
     assert train_job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training"
+
+
+@pytest.mark.parametrize("runtime", [[], ["launch.kubernetes.runtime=torch-distributed"]])
+def test_the_pipelines_pod_owns_the_phases_objects_in_its_own_namespace_only(runtime: list[str]) -> None:
+    """So the garbage collector deletes them with the pipeline's pod; an owner in another namespace counts as absent
+    there and would get them deleted at once, so it is left out."""
+    planned_job = job([*FULL, *runtime])
+    mine = dataclasses.replace(planned_job, owner=Owner("pipeline-7xk2p", "5f1c-uid", "ml"))
+    for obj in render(mine):
+        assert obj["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Pod", "name": "pipeline-7xk2p", "uid": "5f1c-uid"}
+        ]
+        if obj["kind"] != "TrainJob":
+            assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION
+        else:
+            assert TrainerV1alpha1TrainJob.from_dict(obj).to_dict() == obj
+    elsewhere = dataclasses.replace(planned_job, owner=Owner("pipeline-7xk2p", "5f1c-uid", "prefect"))
+    assert not any("ownerReferences" in obj["metadata"] for obj in render(elsewhere))
 
 
 def test_the_schema_check_catches_what_it_is_there_for() -> None:
@@ -319,6 +339,7 @@ def test_the_pipelines_role_validates_and_allows_every_call_the_backend_makes() 
     needed = {
         ("batch", "jobs", "create"), ("batch", "jobs/status", "get"), ("batch", "jobs", "delete"),
         ("", "services", "create"), ("", "services", "delete"), ("", "pods", "list"), ("", "pods/log", "get"),
+        ("", "pods", "get"),  # the pipeline's own pod, the owner of the phase's objects
         ("trainer.kubeflow.org", "trainjobs", "create"), ("trainer.kubeflow.org", "trainjobs/status", "get"),
         ("trainer.kubeflow.org", "trainjobs", "delete"),
     }  # fmt: skip
