@@ -50,6 +50,13 @@ class Footprint:
         return self.checkpoints_kept * self.checkpoint + self.export + self.merged
 
 
+def staged_on_node(footprint: Footprint, nproc_per_node: int, world_size: int, *, node0: bool) -> int:
+    """Bytes a node stages on its own disk for a run.storage that is not local: its ranks' share of a checkpoint,
+    written there before upload, and on node 0 the export (and the merged export) staged before it is published."""
+    share = footprint.checkpoint * nproc_per_node // world_size
+    return share + (footprint.export + footprint.merged if node0 else 0)
+
+
 MODEL_CONFIG = "config.json"
 
 

@@ -14,7 +14,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 
-from config.footprint import MODEL_CONFIG, Footprint, estimate, read_model_json
+from config.footprint import MODEL_CONFIG, Footprint, estimate, read_model_json, staged_on_node
 from launch.job import NodePlan
 from storage.fs import StorageFull, free_bytes, human_bytes, is_local, join, read_json, storage_root
 from storage.node_cache import cache_root
@@ -50,8 +50,7 @@ def needs(spec: Spec, plan: NodePlan, footprint: Footprint) -> list[Need]:
         )
     ]
     if not is_local(spec.run):
-        share = footprint.checkpoint * plan.nproc_per_node // spec.world_size
-        staged = share + (footprint.export + footprint.merged if plan.node_rank == 0 else 0)
+        staged = staged_on_node(footprint, plan.nproc_per_node, spec.world_size, node0=plan.node_rank == 0)
         out.append(Need(tempfile.gettempdir(), staged, "this node's ranks' checkpoint shards staged before upload"))
     if not is_local(spec.dataset_dir):
         out.append(

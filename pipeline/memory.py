@@ -3,13 +3,16 @@ built-in model's materialization (docs/memory-plan.md)."""
 
 from __future__ import annotations
 
+import tempfile
+
 from config.deepspeed import read_deepspeed_json, resolve_from_train
-from config.footprint import estimate, read_model_json
+from config.footprint import Footprint, estimate, read_model_json, staged_on_node
 from config.memory_plan import PLAN_ERROR, plan, table
 from config.schema import FinetuneConfig
 from core.errors import UserError
 from pipeline.models import resolve_model
-from storage.fs import human_bytes
+from storage.fs import human_bytes, is_local
+from storage.node_cache import cache_root
 
 
 def plan_text(cfg: FinetuneConfig, *, on_gpu: bool) -> str:
@@ -42,4 +45,23 @@ def plan_text(cfg: FinetuneConfig, *, on_gpu: bool) -> str:
             f"{human_bytes(footprint.export)}"
             + (f", the merged export {human_bytes(footprint.merged)}" if footprint.merged else "")
         )
+        lines.append(node_disk(cfg, footprint))
     return "\n".join(line for line in lines if line)
+
+
+def node_disk(cfg: FinetuneConfig, footprint: Footprint) -> str:
+    """What each node writes to its own disk (what preflight's space check counts there, launch/space.py)."""
+    staged = [
+        staged_on_node(footprint, cfg.launch.nproc_per_node, cfg.world_size, node0=node0) for node0 in (True, False)
+    ]
+    where = (
+        f"each node's disk: in {tempfile.gettempdir()}, its ranks' checkpoint shards staged before upload "
+        f"({human_bytes(staged[0])} on node 0 with the export, {human_bytes(staged[1])} on the others)"
+        if not is_local(cfg.run.storage)
+        else "each node's disk: nothing staged (run.storage is a local or shared filesystem, written in place)"
+    )
+    cache = cache_root(cfg.launch.node_cache_dir)
+    return (
+        f"{where}; a dataset on remote storage is also copied whole to {cache} (launch.node_cache_dir), as large as "
+        "the staged dataset (python -m flows.prepare prints its size)"
+    )

@@ -178,7 +178,25 @@ def test_the_plan_on_the_command_line(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert "memory plan, GPU ranks (bf16)" in out.stdout and "float32 master copy and Adam's moments" in out.stdout
     assert "run.storage: a checkpoint" in out.stdout
+    assert "each node's disk: nothing staged (run.storage is a local or shared filesystem" in out.stdout
     assert not (storage / "runs").exists()
+
+
+def test_the_plan_says_what_each_node_stages_on_its_own_disk(tmp_path: Path) -> None:
+    """With run.storage on S3: the checkpoint shards of a node's 8 ranks (of 16), and on node 0 the export too, the
+    same bytes as preflight's space check counts (config/footprint.py `staged_on_node`, one definition)."""
+    from config.footprint import estimate, read_model_json, staged_on_node
+    from pipeline.memory import plan_text
+    from storage.fs import human_bytes
+
+    model = qwen_dir(tmp_path, "1.5b")
+    cfg = load_config(None, [*FULL_1_5B, "run.storage=s3://bucket/tandem", f"model.name_or_path={model}"])
+    text = plan_text(cfg, on_gpu=True)
+    footprint = estimate(cfg, cast(dict, read_model_json(str(model))), cfg.train.max_steps or 1, 16, bf16=True)
+    assert footprint is not None
+    node0, other = (staged_on_node(footprint, 8, 16, node0=first) for first in (True, False))
+    assert other == footprint.checkpoint // 2 and node0 == other + footprint.export
+    assert f"({human_bytes(node0)} on node 0 with the export, {human_bytes(other)} on the others)" in text, text
 
 
 def test_preflight_refuses_a_node_whose_host_memory_cannot_load_the_model(tmp_path: Path) -> None:
