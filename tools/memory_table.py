@@ -1,8 +1,8 @@
-"""The memory plan's table for docs/memory-plan.md: Qwen2.5-7B, 14B and 72B (their published config.json values) by
+"""The memory plan's tables for docs/memory-plan.md: Qwen2.5-7B, 14B and 72B (their published config.json values) by
 method, ZeRO stage and node count, on nodes of 8 GPUs of 80 GB, and Qwen's "Q-LoRA 72B on 4 single-GPU nodes of
-24 GB" claim.
+24 GB" claim (`table`); the plan beside the memory Qwen measured for its own scripts (`published_table`).
 
-    .venv/bin/python tools/memory_table.py          # prints the Markdown that the page holds between its markers
+    .venv/bin/python tools/memory_table.py          # prints the Markdown of both tables, as the page holds them
 
 tests/unit/test_memory_plan.py checks that the page holds what this prints.
 """
@@ -89,5 +89,82 @@ def table() -> str:
     return "\n".join(lines)
 
 
+# Qwen (the first generation) measured its own fine-tuning scripts, on A100-SXM4-80G GPUs with flash attention 2, a
+# micro-batch of 1, gradient accumulation 8 (QwenLM/Qwen's README, "Profiling of Memory and Speed"): GB at 256, 2,048
+# and 8,192 tokens. Its models' shapes as Qwen2 config.json values (multi-head attention; Qwen's intermediate_size
+# counts both halves of the gated MLP, halved here).
+QWEN1 = {
+    "1.8B": {"hidden_size": 2048, "intermediate_size": 5504, "num_hidden_layers": 24, "num_attention_heads": 16,
+             "vocab_size": 151936},
+    "7B": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "vocab_size": 151936},
+    "14B": {"hidden_size": 5120, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 40,
+            "vocab_size": 152064},
+    "72B": {"hidden_size": 8192, "intermediate_size": 24576, "num_hidden_layers": 80, "num_attention_heads": 64,
+            "vocab_size": 152064},
+}  # fmt: skip
+SEQUENCES = (256, 2048, 8192)
+# (model, method, nodes, GPUs a node, ZeRO) -> Qwen's GB; its multi-GPU figures are read as the sum over the GPUs.
+QWEN_MEASURED = {
+    ("1.8B", "lora", 1, 1, 2): (6.7, 11.0, 21.8),
+    ("1.8B", "qlora", 1, 1, 2): (5.8, 7.8, 15.8),
+    ("1.8B", "full", 1, 1, 2): (43.5, 43.5, 48.3),
+    ("7B", "lora", 1, 1, 2): (20.1, 23.8, 36.6),
+    ("7B", "qlora", 1, 1, 2): (11.5, 13.9, 23.5),
+    ("7B", "lora", 2, 2, 2): (74.7, 95.1, 155.5),
+    ("14B", "lora", 1, 1, 2): (34.6, 37.4, 55.2),
+    ("14B", "qlora", 1, 1, 2): (18.7, 19.9, 27.9),
+    ("72B", "lora", 1, 4, 3): (215.4, 228.8, 289.2),
+    ("72B", "qlora", 1, 1, 2): (61.4, 64.1, 75.6),
+}
+# Qwen's scripts' settings: LoRA r 64 (dropout 0.05) on every projection, gradient checkpointing, the loss over full
+# logits (the HF model's).
+QWEN_SETTINGS = [
+    "train.micro_batch_size=1",
+    "train.gradient_accumulation_steps=8",
+    "train.gradient_checkpointing=true",
+    "train.lora.r=64",
+    "train.lora.dropout=0.05",
+    "train.loss_chunk_tokens=0",
+]
+
+
+def planned_qwen1(size: str, method: str, nnodes: int, gpus: int, zero: int, seq: int) -> float:
+    """The plan's GB a GPU for one of Qwen's measured configurations."""
+    cfg = load_config(
+        None,
+        [
+            *QWEN_SETTINGS,
+            f"data.max_length={seq}",
+            f"train.method={method}",
+            f"launch.nnodes={nnodes}",
+            f"launch.nproc_per_node={gpus}",
+            f"deepspeed.config={ROOT / 'config' / 'deepspeed' / f'zero{zero}.json'}",
+        ],
+    )
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    memory = plan(cfg, ds, {**QWEN1[size], "tie_word_embeddings": False}, on_gpu=True)
+    assert memory is not None
+    return memory.device_bytes / GB
+
+
+def published_table() -> str:
+    lines = [
+        "| Qwen model | method | GPUs (ZeRO) | 256 tokens: measured / planned | 2,048 | 8,192 |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for (size, method, nnodes, gpus, zero), measured in QWEN_MEASURED.items():
+        world = nnodes * gpus
+        cells = []
+        for seq, total in zip(SEQUENCES, measured, strict=True):
+            mine, theirs = planned_qwen1(size, method, nnodes, gpus, zero, seq), total / world
+            cells.append(f"{theirs:.1f} / {mine:.1f} ({(mine - theirs) / theirs:+.0%})")
+        where = f"{nnodes} x {gpus}" if nnodes > 1 else str(gpus)
+        lines.append(f"| Qwen-{size} | {method} | {where} ({zero}) | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(table())
+    print()
+    print(published_table())
