@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from config.batch import accumulation_steps, batch_problem
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
-from config.sections.model_train import REFERENCE_OBJECTIVES, DeepSpeedSection, ModelConfig, TrainConfig
+from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
 from config.sections.results import PREFERENCE_METRICS, SFT_METRICS, EvalConfig, RegisterConfig, TrackConfig
 from config.sections.run_data import DataConfig, RunConfig
 
@@ -111,11 +111,12 @@ class FinetuneConfig(Section):
                 f"register.gate.metric={gate.metric} is not measured for train.objective={objective}; use loss or "
                 f"one of {', '.join(SFT_METRICS if objective == 'sft' else PREFERENCE_METRICS)}"
             )
-        if objective in REFERENCE_OBJECTIVES and self.train.method == "full":
+        if objective == "kto" and self.train.method == "full":
             raise ValueError(
-                f"train.objective={objective} with train.method=full needs a frozen reference model, which Tandem "
-                "does not build yet; use train.method lora or qlora (the reference is the model with its adapters "
-                "disabled), or train.objective=orpo, which needs no reference"
+                "train.objective=kto with train.method=full: KTO's reference point compares each answer with another "
+                "prompt's answer chosen by the batch, which the reference computed once before full fine-tuning "
+                "cannot hold; use train.method lora or qlora (the reference is the model with its adapters disabled), "
+                "or dpo, ipo or orpo on pairs"
             )
         return self
 

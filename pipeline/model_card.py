@@ -118,6 +118,11 @@ def objective_row(spec: Spec) -> str:
         "ipo": f"tau {p.beta:g}",
         "kto": f"beta {p.beta:g}, desirable weight {p.desirable_weight:g}, undesirable weight {p.undesirable_weight:g}",
     }[train.objective]
+    if train.method == "full":
+        return (
+            f"{train.objective} ({settings}); reference: the base model `{spec.model_path}`'s log-probabilities of "
+            "every pair, computed before training (the run's reference/)"
+        )
     return f"{train.objective} ({settings}); reference: the base model `{spec.model_path}` (the adapters disabled)"
 
 

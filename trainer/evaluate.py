@@ -156,12 +156,28 @@ def eval_document(spec: Spec, model_url: Location, dist: Dist, metrics: dict[str
 
 def evaluate_preference(spec: Spec, model: Any, examples: Split, dist: Dist, pad_id: int) -> dict[str, Any]:
     """The preference metrics of train.objective over the whole eval split (trainer/preference_train.py)."""
+    from trainer import reference_table
     from trainer.preference_step import Objective
     from trainer.preference_train import preference_eval
 
     objective = Objective.of(spec.config.train)
+    table = None
+    if spec.config.train.method == "full" and objective.needs_reference:
+        table = reference_table.load(spec.run, "eval", len(examples))
+        if table is None:
+            raise UserError(
+                f"{reference_table.table_url(spec.run, 'eval')}: missing; full fine-tuning's {objective.name} "
+                "reference log-probabilities are written by the train stage before its first step: train the run first"
+            )
     metrics = preference_eval(
-        model, examples, range(len(examples)), objective, dist, batch_size=spec.config.eval.batch_size, pad_id=pad_id
+        model,
+        examples,
+        range(len(examples)),
+        objective,
+        dist,
+        batch_size=spec.config.eval.batch_size,
+        pad_id=pad_id,
+        table=table,
     )
     return {**metrics, "reference": reference_of(spec.config.train.objective, spec.config.train.method)}
 
@@ -170,6 +186,8 @@ def reference_of(objective: str, method: str) -> str | None:
     """The reference model a preference objective compared with, in words (eval.json, the model card)."""
     if objective in ("sft", "orpo"):
         return None
+    if method == "full":
+        return "the base model's log-probabilities, computed before training (reference/ in the run directory)"
     return f"the base model ({method} adapters disabled)"
 
 

@@ -8,7 +8,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,8 @@ from trainer.model import (
 from trainer.preference_data import rank_preference_batches
 from trainer.preference_step import Objective
 from trainer.preference_train import preference_eval, preference_step
+from trainer.profiler import StepProfiler
+from trainer.reference_table import ReferenceTable, load_or_compute
 from trainer.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,8 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path)
     model = make_trainable(base, train)
+    if train.compile:
+        model.compile()  # in place: the state dict's names stay those of the uncompiled model
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)
 
     def scheduler(optimizer: Any) -> Any:
@@ -145,12 +149,14 @@ class Run:
     cancel: CancelWatch
     clock: SaveClock
     partitioned: PartitionedLoad | None = None  # kept alive for the run (ZeRO-3): see trainer/model.py
+    reference: dict[str, ReferenceTable] = field(default_factory=dict)  # by split: full fine-tuning's dpo/ipo
 
 
 def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     """Build the engine, resume (train.resume), and set up metrics and the watches; returns (run, first step)."""
     train_cfg = spec.config.train
     engine, pad_id, partitioned = build_engine(spec, dist)
+    reference = full_reference(engine, spec, dist, pad_id)  # by the base: before any checkpoint is resumed
     seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
     io = DeepSpeedIO(engine, spec, dist, zero_stage=zero_stage(spec.deepspeed))
     checkpointer = Checkpointer(
@@ -173,6 +179,7 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
         CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train_cfg.preempt_grace_s)),
         SaveClock(train_cfg.save_every_minutes),
         partitioned,
+        reference,
     )
     return run, start
 
@@ -191,6 +198,7 @@ def train(spec: Spec, dist: Dist) -> None:
     loss_head = LossHead.of(run.engine, spec.config.train.loss_chunk_tokens)
     objective = Objective.of(spec.config.train)
     check_rows(run.examples, objective)
+    profiler = StepProfiler(spec.config.train.profile_steps, start, spec.run, dist.rank)
     loop_started = time.perf_counter()
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):
@@ -201,32 +209,62 @@ def train(spec: Spec, dist: Dist) -> None:
         if faults.fires_at(dist.rank, step + 1):
             run.checkpointer.wait(run.metrics.write)
         faults.maybe_exit(dist.rank, step + 1)
+        profiler.before(step + 1)
         started = time.perf_counter()
-        extra: dict[str, float] = {}
         with guards.out_of_memory_named(dist, step + 1):
-            if objective.name == "sft":
-                batches = step_batches(run, spec, dist, step)
-                data_s = time.perf_counter() - started
-                stats = train_step(run.engine, batches, dist, run.heartbeat, step + 1, loss_head)
-            else:
-                units = step_batches(run, spec, dist, step, rank_preference_batches)
-                data_s = time.perf_counter() - started
-                stats, extra = preference_step(run.engine, units, dist, run.heartbeat, step + 1, objective)
+            stats, extra, data_s = one_step(run, spec, dist, step, objective, loss_head)
         elapsed, done = time.perf_counter() - started, step + 1
+        profiler.after(done, run.metrics.write)
         guards.check_loss(stats.loss, done)
         run.straggler.observe(stats.compute_s)
         for event in run.straggler.check(done):
             run.metrics.write(event)
         if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
             record = step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s) | extra
+            if profiler.profiles(done):
+                record["profiled"] = True  # its time includes the profiler's
             run.metrics.write({**record, "elapsed_s": time.perf_counter() - loop_started})
         if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
             run.clock.saved()
     if start < spec.total_steps:
-        run.metrics.write(
-            {"event": "final_eval", "step": spec.total_steps, **final_eval(run.engine, spec, dist, run.pad_id)}
-        )
+        result = final_eval(run.engine, spec, dist, run.pad_id, run.reference.get("eval"))
+        run.metrics.write({"event": "final_eval", "step": spec.total_steps, **result})
     run.checkpointer.finish(run.metrics.write)
+
+
+def one_step(
+    run: Run, spec: Spec, dist: Dist, step: int, objective: Objective, loss_head: LossHead
+) -> tuple[StepStats, dict[str, float], float]:
+    """Optimizer step `step` (0-based) of the objective: (its stats, the objective's own step metrics, this rank's
+    seconds to read and batch its rows)."""
+    started = time.perf_counter()
+    if objective.name == "sft":
+        batches = step_batches(run, spec, dist, step)
+        data_s = time.perf_counter() - started
+        return train_step(run.engine, batches, dist, run.heartbeat, step + 1, loss_head), {}, data_s
+    units = step_batches(run, spec, dist, step, rank_preference_batches)
+    data_s = time.perf_counter() - started
+    table = run.reference.get("train")
+    stats, extra = preference_step(run.engine, units, dist, run.heartbeat, step + 1, objective, table)
+    return stats, extra, data_s
+
+
+def full_reference(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, ReferenceTable]:
+    """Full fine-tuning's dpo/ipo reference log-probabilities of each non-empty split, from the run directory or
+    computed by the engine's model as loaded (trainer/reference_table.py); none for other methods and objectives."""
+    train = spec.config.train
+    if train.method != "full" or not Objective.of(train).needs_reference:
+        return {}
+    engine.eval()  # the reference has no dropout
+    tables = {}
+    for split in ("train", "eval"):
+        rows = split_of(spec, split)
+        if len(rows):
+            lockstep = zero_stage(spec.deepspeed) == 3
+            batching = {"batch_size": train.micro_batch_size, "pad_id": pad_id, "lockstep": lockstep}
+            tables[split] = load_or_compute(engine, spec.run, split, rows, dist, **batching)
+    engine.train()
+    return tables
 
 
 def step_batches(
@@ -290,9 +328,9 @@ def split_of(spec: Spec, split: str) -> Split:
     return open_split(spec.dataset_dir, split, node_cache(spec.config.launch), spec.dataset.manifest_digest)
 
 
-def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
+def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int, table: ReferenceTable | None = None) -> dict[str, Any]:
     """Eval metrics of the in-memory trained model on eval.final_eval_rows rows of the eval split (the exported model
-    must reproduce them on the same rows: trainer/evaluate.py sample_rows)."""
+    must reproduce them on the same rows: trainer/evaluate.py sample_rows); `table`: full fine-tuning's reference."""
     engine.eval()
     examples = split_of(spec, "eval")
     objective = Objective.of(spec.config.train)
@@ -306,6 +344,7 @@ def final_eval(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, An
             batch_size=spec.config.eval.batch_size,
             pad_id=pad_id,
             lockstep=zero_stage(spec.deepspeed) == 3,
+            table=table,
         )
         engine.train()
         return result

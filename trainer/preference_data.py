@@ -31,6 +31,7 @@ class PreferenceBatch:
     pairs: bool
     desirable: torch.Tensor  # bool per unit (pairs: all true)
     mismatched: Batch | None = None
+    indices: tuple[int, ...] = ()  # each unit's row in its split (a precomputed reference is looked up by it)
 
     @property
     def units(self) -> int:
@@ -61,14 +62,21 @@ def sequence(prompt: list[int], answer: tuple[list[int], list[int]]) -> Row:
 
 
 def collate_preference(
-    items: Sequence[Row], feedback: Sequence[int], pad_id: int, partners: Sequence[Row] = ()
+    items: Sequence[Row],
+    feedback: Sequence[int],
+    pad_id: int,
+    partners: Sequence[Row] = (),
+    indices: Sequence[int] = (),
 ) -> PreferenceBatch:
-    """One micro-batch of preference rows (`feedback`: each row's; `partners`: each KTO row's partner row)."""
+    """One micro-batch of preference rows (`feedback`: each row's; `partners`: each KTO row's partner row;
+    `indices`: each row's index in its split)."""
     split = [parts(item) for item in items]
     if all(f == PAIR for f in feedback):
         chosen = [sequence(prompt, answers[0]) for prompt, answers in split]
         rejected = [sequence(prompt, answers[1]) for prompt, answers in split]
-        return PreferenceBatch(collate(chosen + rejected, pad_id), True, torch.ones(len(items), dtype=torch.bool))
+        return PreferenceBatch(
+            collate(chosen + rejected, pad_id), True, torch.ones(len(items), dtype=torch.bool), indices=tuple(indices)
+        )
     if any(f == PAIR for f in feedback):
         raise ValueError("a micro-batch mixes pairs and KTO answers; a dataset holds one or the other")
     mismatched = [sequence(prompt, parts(other)[1][0]) for (prompt, _), other in zip(split, partners, strict=True)]
@@ -77,6 +85,7 @@ def collate_preference(
         False,
         torch.tensor([f == 1 for f in feedback], dtype=torch.bool),
         collate(mismatched, pad_id),
+        tuple(indices),
     )
 
 
@@ -106,4 +115,4 @@ def rank_preference_batches(
     for group in mine:
         feedback = [rows.feedback(i) for i in group]
         partners = [rows[partner[i]] for i in group] if PAIR not in feedback else []
-        yield collate_preference([rows[i] for i in group], feedback, pad_id, partners)
+        yield collate_preference([rows[i] for i in group], feedback, pad_id, partners, group)

@@ -2,7 +2,9 @@
 log-probabilities, the rewards and the sums the metrics are divided from.
 
 The reference of dpo, ipo and kto is the policy's own base: the same model with its LoRA adapters disabled (PEFT's
-`disable_adapter()`), run without gradients before the policy's pass; no second model is loaded. A micro-batch's
+`disable_adapter()`), run without gradients before the policy's pass; no second model is loaded. Under full
+fine-tuning, dpo's and ipo's reference log-probabilities are looked up in the table the base computed before
+training (trainer/reference_table.py). A micro-batch's
 loss is returned as its units' summed losses (and ORPO's summed chosen-token cross-entropy) for the caller to divide
 by the global batch's counts.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +22,9 @@ from config.sections.model_train import REFERENCE_OBJECTIVES, TrainConfig
 from trainer.data import Batch
 from trainer.preference_data import PreferenceBatch
 from trainer.preference_loss import dpo_losses, ipo_losses, kto_losses, orpo_ratio_losses, sequence_logps
+
+if TYPE_CHECKING:
+    from trainer.reference_table import ReferenceTable
 
 # The sums every preference metric is divided from, in this order (all-reduced as one vector).
 SUM_KEYS = (
@@ -84,6 +89,16 @@ def reference_logps(model: Any, batch: Batch, device: torch.device) -> tuple[tor
         return logps(model, batch, device)
 
 
+def reference_for(
+    model: Any, batch: PreferenceBatch, device: torch.device, table: ReferenceTable | None
+) -> tuple[torch.Tensor, ...]:
+    """The reference log-probabilities of a micro-batch's sequences (first of the tuple): looked up in full
+    fine-tuning's `table`, else computed by the model with its adapters disabled."""
+    if table is not None:
+        return (table.logps(batch.indices, device),)
+    return reference_logps(model, batch.sequences, device)
+
+
 def kl_sums(model: Any, batch: PreferenceBatch, device: torch.device) -> tuple[float, int]:
     """KTO: (summed policy - reference log-probability of the mismatched sequences, their count), no gradients."""
     assert batch.mismatched is not None, "KTO micro-batch without its mismatched sequences"
@@ -94,10 +109,16 @@ def kl_sums(model: Any, batch: PreferenceBatch, device: torch.device) -> tuple[f
 
 
 def micro_batch(
-    model: Any, batch: PreferenceBatch, objective: Objective, device: torch.device, kl: float = 0.0
+    model: Any,
+    batch: PreferenceBatch,
+    objective: Objective,
+    device: torch.device,
+    kl: float = 0.0,
+    table: ReferenceTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Sums]:
-    """(summed unit losses, ORPO's summed chosen-token cross-entropy (0 otherwise), the metric sums)."""
-    reference = reference_logps(model, batch.sequences, device) if objective.needs_reference else None
+    """(summed unit losses, ORPO's summed chosen-token cross-entropy (0 otherwise), the metric sums); the reference
+    from `table` where given (full fine-tuning), else from the model with its adapters disabled."""
+    reference = reference_for(model, batch, device, table) if objective.needs_reference else None
     policy, counts = logps(model, batch.sequences, device)
     counts = counts.clamp(min=1)
     n = batch.units

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from trainer.heartbeat import Heartbeat
 from trainer.metrics import StepStats
 from trainer.preference_data import PreferenceBatch, collate_preference
 from trainer.preference_step import SUM_KEYS, Objective, Sums, kl_sums, metrics_of, micro_batch
+
+if TYPE_CHECKING:
+    from trainer.reference_table import ReferenceTable
 
 
 def kl_point(model: Any, batches: Sequence[PreferenceBatch], objective: Objective, dist: Dist) -> float:
@@ -47,10 +50,17 @@ def reduce(sums: Sums, dist: Dist) -> Sums:
 
 
 def preference_step(
-    engine: Any, batches: list[PreferenceBatch], dist: Dist, heartbeat: Heartbeat, step: int, objective: Objective
+    engine: Any,
+    batches: list[PreferenceBatch],
+    dist: Dist,
+    heartbeat: Heartbeat,
+    step: int,
+    objective: Objective,
+    table: ReferenceTable | None = None,
 ) -> tuple[StepStats, dict[str, float]]:
     """Forward/backward every micro-batch so that the gradient is that of the global batch's mean loss; returns
-    the step's stats and its preference metrics (reward accuracy and margin on the step's units)."""
+    the step's stats and its preference metrics (reward accuracy and margin on the step's units). `table`: the
+    reference log-probabilities of full fine-tuning."""
     heartbeat.beat(step)
     units, chosen_tokens = dist_sum([sum(b.units for b in batches), sum(b.chosen_tokens for b in batches)], dist)
     kl = kl_point(engine, batches, objective, dist)
@@ -62,7 +72,7 @@ def preference_step(
     for batch in batches:
         started = time.perf_counter()
         faults.maybe_slow(dist.rank)
-        losses, nll, micro = micro_batch(engine, batch, objective, dist.device, kl)
+        losses, nll, micro = micro_batch(engine, batch, objective, dist.device, kl, table)
         loss = losses / max(units, 1.0) + (nll / max(chosen_tokens, 1.0) if objective.name == "orpo" else 0.0)
         heartbeat.beat(step)
         compute_s += time.perf_counter() - started
@@ -96,6 +106,7 @@ def preference_eval(
     batch_size: int,
     pad_id: int,
     lockstep: bool = False,
+    table: ReferenceTable | None = None,
 ) -> dict[str, Any]:
     """The preference metrics over the rows `indices` of an eval split: row i to rank i % world, sums all-reduced
     and divided once (so equal to one process's). KTO's reference point comes from the same rows, each with the
@@ -111,7 +122,7 @@ def preference_eval(
         group = groups[k] if k < len(groups) else [indices[0]]  # a throw-away pass, to keep ZeRO-3 in step
         feedback = [rows.feedback(i) for i in group]
         partners = [rows[partner[i]] for i in group] if objective.name == "kto" else []
-        return collate_preference([rows[i] for i in group], feedback, pad_id, partners)
+        return collate_preference([rows[i] for i in group], feedback, pad_id, partners, group)
 
     kl = 0.0
     if objective.name == "kto":
@@ -122,7 +133,7 @@ def preference_eval(
         kl = max(total / max(count, 1.0), 0.0)
     sums: Sums = {}
     for k in range(passes):
-        _, _, micro = micro_batch(model, batch_of(k), objective, dist.device, kl)
+        _, _, micro = micro_batch(model, batch_of(k), objective, dist.device, kl, table)
         if k < len(groups):
             add(sums, micro)
     metrics = metrics_of(reduce(sums, dist))

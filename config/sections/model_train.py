@@ -151,6 +151,20 @@ class TrainConfig(Section):
     seed: int = Field(42, ge=0, description="Base seed; rank r uses seed + r.")
     log_steps: int = Field(1, gt=0, description="Append to metrics.jsonl every N steps.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations to save memory.")
+    compile: bool = Field(
+        False,
+        description="Compile the model's forward and backward with torch.compile (in place: checkpoints and exports "
+        "keep their parameter names). The first steps take longer while it compiles; pays where kernel launches, not "
+        "arithmetic, bound a step (small micro-batches, small models). Measured on a GPU: docs/performance.md.",
+    )
+    profile_steps: int = Field(
+        0,
+        ge=0,
+        description="Profile this many optimizer steps with the PyTorch profiler, starting after the first three "
+        "of the attempt (warm-up); each rank writes its table of the most expensive operations (by device and by "
+        "CPU time) to {run}/profile/rank-{r}.txt, and metrics.jsonl gets a `profile` event naming the steps, "
+        "whose times the profiler inflates. 0: off.",
+    )
     loss_chunk_tokens: int = Field(
         1024,
         ge=0,
@@ -166,8 +180,10 @@ class TrainConfig(Section):
         "sft",
         description="sft: supervised fine-tuning (cross-entropy of the answers). Preference tuning, on data staged "
         "with data.preference=pairs: dpo (sigmoid loss on pairs), ipo (DPO's squared variant), kto (answers labelled "
-        "desirable or not), orpo (pairs, no reference model). dpo, ipo and kto take the reference from the same "
-        "model with its adapters disabled, so they need train.method lora or qlora.",
+        "desirable or not), orpo (pairs, no reference model). With lora and qlora, dpo, ipo and kto take the "
+        "reference from the same model with its adapters disabled; with full, dpo and ipo take the base model's "
+        "log-probabilities of every pair, computed once before the first step into {run}/reference/ (kto needs "
+        "lora or qlora).",
     )
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)

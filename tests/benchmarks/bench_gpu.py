@@ -3,6 +3,8 @@
     python tests/benchmarks/bench_gpu.py                                  # every case, in the order below
     python tests/benchmarks/bench_gpu.py --cases lora-1.5b-2048,full-1.5b-2048 --repeats 3
     python tests/benchmarks/bench_gpu.py --cases lora-1.5b-2048 --loss-chunk-tokens 1024,0 --no-hf
+    python tests/benchmarks/bench_gpu.py --cases full-1.5b-2048 --packing --micro-batch 4 \
+        --variant "train.profile_steps=3" --variant "train.compile=true"  # packed rows; profiled; compiled
     python tests/benchmarks/bench_gpu.py --dry-run-cpu                    # checks this script only (toy shape, CPU)
 
 The models have random weights (they run at the speed of trained ones) in the shapes of Qwen2.5-0.5B and -1.5B from
@@ -17,7 +19,10 @@ Measured: real (non-padding) tokens per second of step time after the warm-up st
 trainer's tensors held: Tandem's metrics.jsonl `peak_memory_gb`, torch.cuda.max_memory_allocated for the HF
 Trainer); MFU = tokens/s x FLOPs per token / the GPU's peak dense bf16 FLOP/s, FLOPs counted as torchtitan counts
 them (printed with the table). `--loss-chunk-tokens` lists Tandem variants (train.loss_chunk_tokens; 0 = the loss
-over full logits), each measured in the same alternation. The table is printed and written as JSON (`--out`).
+over full logits), each measured in the same alternation; `--variant` adds a Tandem variant of any overrides (e.g.
+`train.compile=true`; with `train.profile_steps=N` the profiled steps are left out of its tokens/s, and its table is
+kept beside the JSON). `--packing` stages the rows packed (for both trainers), `--micro-batch` sets the micro-batch
+of both. The table is printed and written as JSON (`--out`), after every run.
 On a machine without CUDA it prints one line and exits (status 1); `--dry-run-cpu` runs a toy shape on the CPU
 instead, to check the script end to end before spending GPU time, and its figures mean nothing.
 tests/benchmarks/GPU.md says how to run it from a checkout on a machine without the project's pinned environment.
@@ -29,13 +34,17 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from core.errors import TandemError  # after the checkout is on sys.path
 
 # Published configuration values (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B).
 QWEN25 = {
@@ -152,6 +161,11 @@ def peak_flops(override: float | None) -> tuple[float | None, str]:
     return None, name
 
 
+def micro_batch(case: Case, options: argparse.Namespace) -> int:
+    """Rows per micro-batch of a case: --micro-batch, else MICRO_BATCH by sequence length."""
+    return options.micro_batch or MICRO_BATCH[case.seq]
+
+
 def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, object, list[str]]:
     """(model path, staged dataset, base overrides) of a case: the model saved in bf16, the data staged."""
     from config.deepspeed import read_deepspeed_json
@@ -172,7 +186,8 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
         "data.eval_ratio=0.02",
         "launch.nnodes=1",
         "launch.nproc_per_node=1",
-        f"train.micro_batch_size={MICRO_BATCH[case.seq]}",
+        f"train.micro_batch_size={micro_batch(case, options)}",
+        f"data.packing={str(options.packing).lower()}",
         f"train.gradient_accumulation_steps={ACCUMULATION}",
         f"train.method={case.method}",
         "train.learning_rate=1e-5",
@@ -196,46 +211,88 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
     return str(model_dir), stage_dataset(cfg.data, layout.root(cfg.run), str(model_dir)), base
 
 
-def measure(case: Case, options: argparse.Namespace, work: Path) -> dict:
-    """Alternate Tandem (each --loss-chunk-tokens variant) and the HF Trainer; medians and per-repeat figures."""
+def variants(options: argparse.Namespace) -> dict[str, list[str]]:
+    """Tandem's variants by name: one per --loss-chunk-tokens value, then one per --variant (its overrides on the
+    first --loss-chunk-tokens value). --profile-steps profiles the first variant."""
+    named = {f"tandem (loss_chunk_tokens={c})": [f"train.loss_chunk_tokens={c}"] for c in options.loss_chunk_tokens}
+    if options.profile_steps:
+        first = next(iter(named))
+        named[first].append(f"train.profile_steps={options.profile_steps}")
+    for extra in options.variant:
+        named[f"tandem ({extra})"] = [f"train.loss_chunk_tokens={options.loss_chunk_tokens[0]}", *extra.split()]
+    return named
+
+
+def measure(case: Case, options: argparse.Namespace, work: Path, report: Callable[[dict], None]) -> dict:
+    """Alternate the HF Trainer and Tandem's variants; medians and per-repeat figures. `report` gets the figures so
+    far after every run (a cut-off session keeps what it measured)."""
     from tests.benchmarks.bench_train import huggingface_result, ours_steps, tokens_per_s
 
     model, dataset, base = prepare(work, case, options)
     runs: dict[str, list[dict]] = {}
     for repeat in range(options.repeats):
-        for chunk in options.loss_chunk_tokens:
-            steps = ours_steps(
-                model,
-                dataset,
-                base,
-                f"{case.name}-tandem{chunk}-{repeat}",
-                options.steps,
-                [f"train.loss_chunk_tokens={chunk}"],
-            )
-            runs.setdefault(f"tandem (loss_chunk_tokens={chunk})", []).append(
+        if options.hf:
+            hf_base = [*base, *(["train.compile=true"] if options.hf_compile else [])]
+            try:
+                result = huggingface_result(
+                    model, dataset, hf_base, f"{options.out.stem}-{case.name}-hf-{repeat}", options.steps, work
+                )
+                row = {
+                    "tokens_per_s": result["tokens"] / result["seconds"],
+                    "peak_memory_gb": result.get("peak_memory_gb"),
+                }
+            except (TandemError, subprocess.SubprocessError, OSError) as error:  # Tandem's runs still count
+                row = {"error": str(error).splitlines()[0] if str(error) else type(error).__name__}
+                print(f"{case.name} HF Trainer failed: {row['error']}", flush=True)
+            runs.setdefault("HF Trainer", []).append(row)
+            report(runs)
+        for index, (name, overrides) in enumerate(variants(options).items()):
+            run = f"{options.out.stem}-{case.name}-tandem{index}-{repeat}"  # --out names the runs: --work is kept
+            try:
+                rows = ours_steps(model, dataset, base, run, options.steps, overrides)
+            except (TandemError, subprocess.SubprocessError, OSError) as error:  # a fast path that breaks
+                message = str(error).splitlines()[0] if str(error) else type(error).__name__
+                print(f"{run} ({name}) failed: {message}", flush=True)
+                runs.setdefault(name, []).append({"error": message})
+                report(runs)
+                continue
+            measured = [r for r in rows if not r.get("profiled")]
+            if not measured:
+                raise SystemExit(f"--steps {options.steps}: every step after the warm-up was profiled; raise it")
+            runs.setdefault(name, []).append(
                 {
-                    "tokens_per_s": tokens_per_s(steps),
-                    "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in steps), default=0.0) or None,
+                    "tokens_per_s": tokens_per_s(measured),
+                    "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in rows), default=0.0) or None,
+                    "steps_measured": len(measured),
                 }
             )
-        if options.hf:
-            result = huggingface_result(model, dataset, base, f"{case.name}-hf-{repeat}", options.steps, work)
-            runs.setdefault("HF Trainer", []).append(
-                {"tokens_per_s": result["tokens"] / result["seconds"], "peak_memory_gb": result.get("peak_memory_gb")}
-            )
+            keep_profile(work, run, options.out)
+            # A full fine-tuning run of the 1.5B shape leaves about 24 GB of checkpoint and export: a GPU machine's disk
+            # holds two or three.
+            shutil.rmtree(work / "storage" / "runs" / run, ignore_errors=True)
+            report(runs)
         print(
             f"{case.name} repeat {repeat + 1}: "
-            + ", ".join(f"{name} {rows[-1]['tokens_per_s']:.0f} tokens/s" for name, rows in runs.items()),
+            + ", ".join(f"{name} {rows[-1].get('tokens_per_s', 0):.0f} tokens/s" for name, rows in runs.items()),
             flush=True,
         )
     return {name: summary(rows) for name, rows in runs.items()}
 
 
+def keep_profile(work: Path, run: str, out: Path) -> None:
+    """Copy a profiled run's rank-0 table (train.profile_steps) beside the JSON, named after the run."""
+    for table in (work / "storage").glob(f"runs/{run}/profile/rank-0.txt"):
+        kept = out.with_name(f"{out.stem}-profile-{run}.txt")
+        shutil.copyfile(table, kept)
+        print(f"profile of {run}: {kept}", flush=True)
+
+
 def summary(rows: list[dict]) -> dict:
-    """Medians over the repeats, and every repeat's figures."""
-    memory = [r["peak_memory_gb"] for r in rows if r["peak_memory_gb"] is not None]
+    """Medians over the repeats that ran, and every repeat's figures (a failed one's error)."""
+    ran = [r for r in rows if "error" not in r]
+    memory = [r["peak_memory_gb"] for r in ran if r["peak_memory_gb"] is not None]
     return {
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in ran) if ran else None,
         "peak_memory_gb": statistics.median(memory) if memory else None,
         "repeats": rows,
     }
@@ -248,7 +305,12 @@ def table(results: list[dict]) -> str:
     ]
     for result in results:
         hf = result["trainers"].get("HF Trainer")
+        if hf and not hf["tokens_per_s"]:
+            hf = None
         for name, row in result["trainers"].items():
+            if not row["tokens_per_s"]:
+                lines.append(f"{result['case']:<16} {name:<34} failed: {row['repeats'][-1]['error']}")
+                continue
             mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a"
             memory = f"{row['peak_memory_gb']:.2f}" if row["peak_memory_gb"] is not None else "n/a"
             speed = f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf and name != "HF Trainer" else ""
@@ -280,6 +342,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="1024",
         help="Tandem variants: comma-separated train.loss_chunk_tokens values (0: full logits)",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="a further Tandem variant: space-separated overrides (repeatable), e.g. 'train.compile=true'",
+    )
+    parser.add_argument("--profile-steps", type=int, default=0, help="profile this many steps of the first variant")
+    parser.add_argument("--micro-batch", type=int, help="rows per micro-batch, both trainers (default by sequence)")
+    parser.add_argument("--packing", action="store_true", help="stage the rows packed (data.packing), both trainers")
+    parser.add_argument("--hf-compile", action="store_true", help="the HF Trainer with torch_compile")
+    parser.add_argument("--work", type=Path, help="a folder kept across invocations (the models are built once)")
     parser.add_argument("--no-hf", dest="hf", action="store_false", help="Tandem only (e.g. to compare variants)")
     parser.add_argument(
         "--torch-adam",
@@ -314,35 +387,45 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_gpu: no CUDA device here; this benchmark needs one GPU (--dry-run-cpu checks the script on a CPU)")
         return 1
     peak, device = peak_flops(options.peak_tflops)
-    results = []
-    work = Path(tempfile.mkdtemp(prefix="tandem-bench-gpu-"))
+    results: list[dict] = []
+    work = options.work or Path(tempfile.mkdtemp(prefix="tandem-bench-gpu-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
         for case in options.cases:
-            trainers = measure(case, options, work)
-            flops = flops_per_token(shape_of(case.size), case.method, case.seq)
-            for row in trainers.values():
-                row["mfu"] = row["tokens_per_s"] * flops / peak if peak else None
-            model = "toy" if case.size == "toy" else f"Qwen2.5-{case.size} shape"
-            results.append(
-                {
-                    "case": case.name,
-                    "method": case.method,
-                    "model": model,
-                    "seq": case.seq,
-                    "micro_batch": MICRO_BATCH[case.seq],
-                    "accumulation": ACCUMULATION,
-                    "flops_per_token": flops,
-                    "trainers": trainers,
-                }
-            )
-            write(options, device, peak, results)  # after every case: a cut-off session keeps what it measured
+
+            def report(runs: dict[str, list[dict]], case: Case = case) -> None:
+                trainers = {name: summary(rows) for name, rows in runs.items()}
+                write(options, device, peak, [*results, case_result(case, options, trainers, peak)])
+
+            trainers = measure(case, options, work, report)
+            results.append(case_result(case, options, trainers, peak))
+            write(options, device, peak, results)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not options.work:
+            shutil.rmtree(work, ignore_errors=True)
     print(f"\ndevice: {device}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s; medians of {options.repeats}")
     print(FLOPS_FORMULA)
     print(table(results))
     print(f"written: {options.out}")
     return 0
+
+
+def case_result(case: Case, options: argparse.Namespace, trainers: dict, peak: float | None) -> dict:
+    """A case's entry of the JSON document: its settings, FLOPs per token, and each trainer's figures with MFU."""
+    flops = flops_per_token(shape_of(case.size), case.method, case.seq)
+    for row in trainers.values():
+        row["mfu"] = row["tokens_per_s"] * flops / peak if peak and row["tokens_per_s"] else None
+    return {
+        "case": case.name,
+        "method": case.method,
+        "model": "toy" if case.size == "toy" else f"Qwen2.5-{case.size} shape",
+        "seq": case.seq,
+        "micro_batch": micro_batch(case, options),
+        "accumulation": ACCUMULATION,
+        "packing": options.packing,
+        "flops_per_token": flops,
+        "trainers": trainers,
+    }
 
 
 def write(options: argparse.Namespace, device: str, peak: float | None, results: list[dict]) -> None:

@@ -1,8 +1,11 @@
 """What the reference model of DPO costs: a LoRA step with the reference pass (the same model, adapters disabled, no
-gradients) against the same step without it (ORPO's, which has no reference), in time and peak memory.
+gradients) against the same step without it (ORPO's, which has no reference), in time and peak memory; with
+`--method full`, full fine-tuning's DPO step, which looks its reference up in the table the base computed before
+training (trainer/reference_table.py), against ORPO's, and the time that table took per pair.
 
     python tests/benchmarks/bench_preference_reference.py                      # 4 pairs x 512 tokens, 4 layers
     python tests/benchmarks/bench_preference_reference.py --pairs 8 --seq 1024 --layers 8 --hidden 1024
+    python tests/benchmarks/bench_preference_reference.py --method full
 
 One micro-batch of pairs (chosen and rejected in one forward pass) through trainer/preference_step.py's
 `micro_batch` and a backward pass, on a random Qwen2-shaped model with LoRA (trainer/model.py `make_trainable`),
@@ -35,7 +38,27 @@ def resident_gb() -> float:
     return pages * resource.getpagesize() / 2**30
 
 
-def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats: int) -> dict:
+class Rows(list):
+    """The benchmark's pairs as trainer/reference_table.py reads a split: rows by index, each one's feedback."""
+
+    def feedback(self, index: int) -> int:
+        return -1  # a pair
+
+
+def reference_table(model, rows: Rows, device) -> tuple[object, float]:
+    """(full fine-tuning's reference table of `rows`, the seconds the base took to compute it)."""
+    import numpy as np
+
+    from trainer.distributed import Dist
+    from trainer.reference_table import ReferenceTable, compute
+
+    dist = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="bench", device=device)
+    started = time.perf_counter()
+    values = compute(model, rows, dist, batch_size=len(rows), pad_id=0, lockstep=False)
+    return ReferenceTable(np.asarray(values)), time.perf_counter() - started
+
+
+def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats: int, method: str = "lora") -> dict:
     """Measure one objective in this process."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -58,18 +81,22 @@ def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats:
         num_key_value_heads=max(hidden // 128, 1),
     )
     base = Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16 if cuda else torch.float32)
-    model = make_trainable(base, TrainConfig.model_validate({"lora": {"dropout": 0.0}}))
+    model = make_trainable(base, TrainConfig.model_validate({"method": method, "lora": {"dropout": 0.0}}))
     prompt, answer = seq // 2, seq // 2
-    rows = []
+    rows = Rows()
     for _ in range(pairs):
         ids = torch.randint(2, VOCAB, (prompt + 2 * answer,)).tolist()
         rows.append(Row(ids, [IGNORE_INDEX] * prompt + ids[prompt:], [prompt, answer, answer]))
-    batch = collate_preference(rows, [-1] * pairs, 0)
+    batch = collate_preference(rows, [-1] * pairs, 0, indices=range(pairs))
     chosen = Objective(objective, 0.1)
+    table, table_s = None, 0.0
+    if method == "full" and objective == "dpo":
+        table, table_s = reference_table(model.eval(), rows, device)
+        model.train()
 
     def step() -> float:
         started = time.perf_counter()
-        losses, nll, _ = micro_batch(model, batch, chosen, device)
+        losses, nll, _ = micro_batch(model, batch, chosen, device, table=table)
         (losses.sum() + nll).backward()
         model.zero_grad(set_to_none=True)
         if cuda:
@@ -89,6 +116,8 @@ def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     return {
         "objective": objective,
+        "method": method,
+        "reference_table_s_per_pair": table_s / pairs if table is not None else None,
         "pairs": pairs,
         "seq": seq,
         "device": str(device),
@@ -105,15 +134,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--method", choices=["lora", "full"], default="lora")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process of one objective
     options = parser.parse_args(argv)
-    shape = [options.pairs, options.seq, options.layers, options.hidden, options.repeats]
+    shape = [options.pairs, options.seq, options.layers, options.hidden, options.repeats, options.method]
     if options.one is not None:
         print(json.dumps(one(options.one, *shape)))
         return []
     rows = []
     for objective in ("orpo", "dpo"):
-        args = ["--pairs", "--seq", "--layers", "--hidden", "--repeats"]
+        args = ["--pairs", "--seq", "--layers", "--hidden", "--repeats", "--method"]
         command = [sys.executable, __file__, "--one", objective]
         command += [part for flag, value in zip(args, shape, strict=True) for part in (flag, str(value))]
         out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT)
@@ -124,6 +154,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             flush=True,
         )
     ratio = rows[1]["step_s"] / rows[0]["step_s"]
+    if options.method == "full":
+        per_pair = rows[1]["reference_table_s_per_pair"]
+        print(
+            f"full fine-tuning: dpo's step (its reference looked up) takes {ratio:.2f} x orpo's; the table took "
+            f"{per_pair:.3f} s per pair, once, before training ({per_pair * options.pairs / rows[1]['step_s']:.2f} x "
+            "a step over the same pairs)",
+            flush=True,
+        )
+        return rows
     print(f"the reference pass: dpo's step takes {ratio:.2f} x orpo's (no reference)", flush=True)
     return rows
 

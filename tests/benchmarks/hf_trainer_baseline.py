@@ -108,6 +108,7 @@ def main() -> None:
         dataloader_num_workers=0,
         remove_unused_columns=False,
         bf16=cuda,
+        torch_compile=train.compile,  # the Trainer's own torch.compile, where the spec asks Tandem's
         accelerator_config={"use_configured_state": not cuda},
     )
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=collator, callbacks=[clock])

@@ -99,14 +99,19 @@ def test_bench_async_save() -> None:
 
 
 @bench
-def test_bench_preference_reference() -> None:
-    """DPO's step with its reference pass against ORPO's without, at toy size."""
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_bench_preference_reference(method: str) -> None:
+    """DPO's step with its reference pass (LoRA) or its reference table (full fine-tuning, and the table's time)
+    against ORPO's without, at toy size."""
     from tests.benchmarks import bench_preference_reference
 
-    rows = bench_preference_reference.main(["--pairs", "2", "--seq", "64", "--layers", "1", "--hidden", "64"])
+    toy = ["--pairs", "2", "--seq", "64", "--layers", "1", "--hidden", "64", "--method", method]
+    rows = bench_preference_reference.main(toy)
     assert [r["objective"] for r in rows] == ["orpo", "dpo"], rows
     for row in rows:
         positive(row, "step_s")
+    if method == "full":
+        positive(rows[1], "reference_table_s_per_pair")
 
 
 @bench

@@ -36,10 +36,11 @@ def reference(staged: Staged) -> Run:
 @pytest.fixture(scope="session")
 def zero3(staged: Staged, tmp_path_factory) -> Run:
     """The reference run under Qwen's ZeRO-3 JSON as it is: LoRA weights partitioned across the 2 ranks, gathered to
-    export (tests/distributed/test_trainer.py compares it with the reference, test_evaluate.py evaluates it)."""
+    export (tests/distributed/test_trainer.py compares it with the reference, test_evaluate.py evaluates it). Steps
+    4-5 run under the PyTorch profiler (train.profile_steps=2), which must change nothing of the trajectory."""
     ds_config = tmp_path_factory.mktemp("qwen-zero3") / "ds_config.json"
     ds_config.write_text(json.dumps(QWEN_ZERO3))
-    return train(staged, "zero3", ["launch.nnodes=2", f"deepspeed.config={ds_config}"])
+    return train(staged, "zero3", ["launch.nnodes=2", f"deepspeed.config={ds_config}", "train.profile_steps=2"])
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,9 @@
 """Preference tuning under real torchrun agents (marker `multirun`: several training runs each): with the same global
 batch, 1, 2 and 3 ranks give the same DPO trajectory and 1 and 2 ranks the same KTO trajectory (its reference point
 all-reduced over the global batch), within the SFT invariance tests' tolerance (rtol 1e-5); a run resumed from its
-checkpoint, on the same or on another world size, continues the uninterrupted trajectory; and the CPU demo preset
+checkpoint, on the same or on another world size, continues the uninterrupted trajectory; DPO under full fine-tuning
+takes the base model's log-probabilities computed before training as its reference, under ZeRO-2 and ZeRO-3, and
+resumes on another world size from that table; and the CPU demo preset
 (`tiny-cpu-dpo`: the tiny model, data/sample/preferences.jsonl, 2 nodes) runs the five stages and reaches a reward
 accuracy of at least 0.8 on its training pairs in each of 3 seeds, and registers past its gate on reward accuracy."""
 
@@ -94,6 +96,72 @@ def test_a_resumed_run_continues_the_trajectory_on_the_same_or_another_world_siz
     steps = [r["step"] for r in resumed.metrics() if "event" not in r]
     assert steps[0] == 5, steps
     assert_close(resumed.losses()[-4:], dpo_two.losses()[-4:], rtol=RTOL, atol=0)
+
+
+FULL = [*SETTINGS, "train.objective=dpo", "train.method=full"]
+
+
+@pytest.fixture(scope="module")
+def full_dpo(pairs: Staged) -> Run:
+    """DPO under full fine-tuning on 2 ranks (ZeRO-2): its reference is the table the base computed before step 1."""
+    return train(pairs, "dpo-full-2", [*FULL, "launch.nnodes=2"])
+
+
+def test_full_fine_tuning_takes_the_base_models_log_probabilities_as_its_reference(full_dpo: Run) -> None:
+    """The table holds the base model's summed log-probabilities of each pair's answers (recomputed here, in one
+    process, for two rows); at step 1 the policy is that base, so every pair's DPO loss is -log sigmoid(0) = log 2 and
+    its margin 0; then the loss falls."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from storage.local_dataset import open_split
+    from storage.node_cache import node_cache
+    from trainer.model import ensure_pad_token_id, load_base
+    from trainer.preference_data import collate_preference
+    from trainer.preference_loss import sequence_logps
+
+    spec = full_dpo.spec
+    rows = open_split(spec.dataset_dir, "train", node_cache(spec.config.launch))
+    table = np.load(full_dpo.run_dir / "reference" / "train.npy")
+    assert table.shape == (len(rows), 2) and (table < 0).all()
+    model = load_base(spec.model_path, method="full", bf16=False).eval()
+    pad_id = ensure_pad_token_id(model, spec.model_path)
+    for i in (0, len(rows) - 1):
+        batch = collate_preference([rows[i]], [rows.feedback(i)], pad_id).sequences
+        with torch.no_grad():
+            expected, _ = sequence_logps(model(**batch.model_inputs(torch.device("cpu"))).logits, batch.labels)
+        assert_close(torch.tensor(table[i]), expected.double(), rtol=RTOL, atol=1e-6)
+    steps = [r for r in full_dpo.metrics() if "event" not in r]
+    assert_close(steps[0]["loss"], math.log(2), rtol=RTOL, atol=1e-6)
+    assert abs(steps[0]["reward_margin"]) < 1e-5
+    assert steps[-1]["loss"] < steps[0]["loss"] and steps[-1]["reward_margin"] > 0
+    final = next(r for r in full_dpo.metrics() if r.get("event") == "final_eval")
+    assert (full_dpo.run_dir / "reference" / "eval.npy").exists() and final["units"] > 0
+
+
+def test_full_fine_tuning_dpo_under_zero3_follows_zero2(pairs: Staged, full_dpo: Run, tmp_path: Path) -> None:
+    """The same run under Qwen's ZeRO-3 JSON: the table computed by the partitioned model, every rank in step."""
+    from tests.qwen_configs import QWEN_ZERO3
+
+    ds_config = tmp_path / "zero3.json"
+    ds_config.write_text(json.dumps(QWEN_ZERO3))
+    zero3 = train(pairs, "dpo-full-zero3", [*FULL, "launch.nnodes=2", f"deepspeed.config={ds_config}"])
+    assert_close(zero3.losses(), full_dpo.losses(), rtol=RTOL, atol=0)
+
+
+def test_full_fine_tuning_dpo_resumes_on_another_world_size_reading_its_table(pairs: Staged, full_dpo: Run) -> None:
+    """Resumed from step 4 on 1 rank with the run's table: read, not computed again (the model is no longer the
+    base once the checkpoint is loaded), and the uninterrupted trajectory continues."""
+    name = "dpo-full-resume-1"
+    run_dir = Path(pairs.storage) / "runs" / name
+    shutil.copytree(full_dpo.checkpoint(4), run_dir / "checkpoints" / full_dpo.checkpoint(4).name)
+    shutil.copytree(full_dpo.run_dir / "reference", run_dir / "reference")
+    resumed = train(pairs, name, [*FULL, "launch.nnodes=1"])
+    assert "reference log-probabilities of the train split:" in (run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert next(r["step"] for r in resumed.metrics() if "event" not in r) == 5
+    assert_close(resumed.losses()[-4:], full_dpo.losses()[-4:], rtol=RTOL, atol=0)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -148,6 +148,20 @@ def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, referen
     assert_close(eval_exported(zero3), final_eval(zero3)["loss"], rtol=1e-5, atol=1e-5)
 
 
+def test_profiled_steps_are_named_and_each_rank_writes_its_table(zero3: Run) -> None:
+    """train.profile_steps=2 in the ZeRO-3 run (whose trajectory equals the reference's, above): steps 4 and 5, after
+    the attempt's three warm-up steps, are flagged in metrics.jsonl and named by a `profile` event, and each rank's
+    table holds the operations its steps ran."""
+    rows = zero3.metrics()
+    assert [r["step"] for r in rows if r.get("profiled")] == [4, 5]
+    (event,) = [r for r in rows if r.get("event") == "profile"]
+    assert (event["first_step"], event["last_step"], event["table"]) == (4, 5, "profile/rank-{rank}.txt")
+    for rank in (0, 1):
+        table = (zero3.run_dir / "profile" / f"rank-{rank}.txt").read_text()
+        assert table.startswith("steps 4-5 (2), wall ") and "By self CPU time:" in table
+        assert "aten::mm" in table and "c10d::_reduce_scatter_base_" in table  # the matmuls, ZeRO-3's gradients
+
+
 @pytest.fixture(scope="module")
 def qwen_zero2_slow_rank(staged: Staged, tmp_path_factory) -> Run:
     """Qwen's ZeRO-2 JSON as it is, with rank 1 sleeping 0.1 s per micro-batch and a straggler check every 2

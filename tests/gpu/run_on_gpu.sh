@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The GPU session in one command (tests/benchmarks/GPU.md): install the carried wheels, then, until DEADLINE_S
-# seconds from the start, the benchmark cases in their ranked order and the gpu suite, each result kept in $OUT_DIR
-# as soon as it exists. Usage: OUT_DIR=out DEADLINE_S=540 WHEELS=.whl bash tests/gpu/run_on_gpu.sh
+# A GPU session in one command (tests/benchmarks/GPU.md): install the carried wheels, then, until DEADLINE_S
+# seconds from the start, the steps of PLAN, each result kept in $OUT_DIR as soon as it exists.
+#   PLAN=first: the benchmark's first cases (LoRA and full 1.5B at 2,048 tokens, both trainers) and the gpu suite.
+#   PLAN=fast-paths: packed rows at micro-batch 4, each case's first Tandem run profiled, torch.compile on and off.
+# Usage: OUT_DIR=out DEADLINE_S=540 WHEELS=.whl PLAN=fast-paths bash tests/gpu/run_on_gpu.sh
 set -u
 OUT_DIR=${OUT_DIR:-gpu-out}
+PLAN=${PLAN:-fast-paths}
 WHEELS=${WHEELS:-.tandem/gpu-wheels}
 DEADLINE=$((SECONDS + ${DEADLINE_S:-540}))
 mkdir -p "$OUT_DIR"
@@ -26,15 +29,29 @@ python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl >>"$
     python3 tests/benchmarks/gpu_env.py
     python3 -c "import torch, transformers, peft, deepspeed, bitsandbytes as b; print(torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__, deepspeed.__version__, b.__version__)"
 } >"$OUT_DIR/env.txt" 2>&1
-# DeepSpeed's fused Adam (the default JSON's optimizer, which the gpu suite runs) compiles at first use: meanwhile.
-(python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" \
-    >"$OUT_DIR/fused_adam.txt" 2>&1 &)
 B=tests/benchmarks/bench_gpu.py
-step "lora-1.5b-2048, both trainers" 230 python3 $B --cases lora-1.5b-2048 --repeats 2 --steps 14 --torch-adam \
-    --out "$OUT_DIR/bench_lora.json"
-step "gpu suite" 150 python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -n 4 -q -rA
-step "full-1.5b-2048, both trainers" 200 python3 $B --cases full-1.5b-2048 --repeats 1 --steps 14 --torch-adam \
-    --out "$OUT_DIR/bench_full.json"
-step "lora-1.5b-2048, the loss over full logits" 120 python3 $B --cases lora-1.5b-2048 --repeats 1 --steps 14 \
-    --torch-adam --no-hf --loss-chunk-tokens 0 --out "$OUT_DIR/bench_lora_full_logits.json"
+if [[ $PLAN == first ]]; then
+    # DeepSpeed's fused Adam (the default JSON's optimizer, which the gpu suite runs) compiles at first use: meanwhile.
+    (python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" \
+        >"$OUT_DIR/fused_adam.txt" 2>&1 &)
+    step "lora-1.5b-2048, both trainers" 230 python3 $B --cases lora-1.5b-2048 --repeats 2 --steps 14 --torch-adam \
+        --out "$OUT_DIR/bench_lora.json"
+    step "gpu suite" 150 python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -n 4 -q -rA
+    step "full-1.5b-2048, both trainers" 200 python3 $B --cases full-1.5b-2048 --repeats 1 --steps 14 --torch-adam \
+        --out "$OUT_DIR/bench_full.json"
+    step "lora-1.5b-2048, the loss over full logits" 120 python3 $B --cases lora-1.5b-2048 --repeats 1 --steps 14 \
+        --torch-adam --no-hf --loss-chunk-tokens 0 --out "$OUT_DIR/bench_lora_full_logits.json"
+else
+    # Packed rows of 2,048 tokens, 4 a micro-batch: about 8,000 real tokens per forward pass, where the first session's
+    # 2 padded rows held 1,900 and a step's kernels took a fraction of its time. The models are built once (--work).
+    FAST=(--repeats 1 --steps 14 --torch-adam --packing --micro-batch 4 --profile-steps 3 --variant train.compile=true
+        --work /tmp/tandem-bench-work)
+    step "lora-1.5b-2048 packed: HF, Tandem (profiled), Tandem compiled" 230 python3 $B --cases lora-1.5b-2048 \
+        "${FAST[@]}" --out "$OUT_DIR/packed_lora.json"
+    step "full-1.5b-2048 packed: HF, Tandem (profiled), Tandem compiled" 260 python3 $B --cases full-1.5b-2048 \
+        "${FAST[@]}" --out "$OUT_DIR/packed_full.json"
+    step "lora-1.5b-2048 as the first session ran it (2 padded rows), Tandem profiled" 100 python3 $B \
+        --cases lora-1.5b-2048 --repeats 1 --steps 8 --torch-adam --no-hf --profile-steps 2 \
+        --work /tmp/tandem-bench-work --out "$OUT_DIR/padded_lora.json"
+fi
 grep -h "^== \|tokens/s\|passed\|failed\|Error" "$OUT_DIR/log.txt" | tail -40

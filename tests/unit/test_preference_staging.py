@@ -156,10 +156,11 @@ def test_supervised_records_are_refused_in_one_line(tmp_path, tiny_model) -> Non
             "train.objective=kto trains on preference rows; set data.preference=pairs to stage them",
         ),
         (
-            {"data": {"preference": "pairs"}, "train": {"objective": "dpo", "method": "full"}},
-            "train.objective=dpo with train.method=full needs a frozen reference model, which Tandem does not build "
-            "yet; use train.method lora or qlora (the reference is the model with its adapters disabled), or "
-            "train.objective=orpo, which needs no reference",
+            {"data": {"preference": "pairs"}, "train": {"objective": "kto", "method": "full"}},
+            "train.objective=kto with train.method=full: KTO's reference point compares each answer with another "
+            "prompt's answer chosen by the batch, which the reference computed once before full fine-tuning cannot "
+            "hold; use train.method lora or qlora (the reference is the model with its adapters disabled), or dpo, "
+            "ipo or orpo on pairs",
         ),
         (
             {"register": {"gate": {"metric": "reward_accuracy", "direction": "max", "threshold": 0.6}}},
