@@ -95,6 +95,14 @@ class KubernetesConfig(Section):
         "for run.storage on a shared filesystem; empty: run.storage is an object store.",
     )
     pvc_path: str = Field("/data", pattern=r"^/", description="Where launch.kubernetes.pvc is mounted in each pod.")
+    node_cache_host_path: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="A directory on each Kubernetes node's own disk (a hostPath volume, created if missing) mounted "
+        "as the pods' node cache (launch.node_cache_dir, else /var/cache/tandem in the pod), so that a retry or a "
+        "later run scheduled on the same machine reuses its dataset copy and file digests instead of fetching them "
+        "again; empty: the cache is in the container's own filesystem and goes with the pod.",
+    )
     active_deadline_s: int | None = Field(
         None,
         gt=0,

@@ -24,6 +24,7 @@ from launch.command import DEFAULT_MASTER_PORT
 from launch.job import node_args
 from storage import layout
 from storage.fs import Location, join, options_environment
+from storage.node_cache import CACHE_ENV
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -40,6 +41,8 @@ PHASE_LABEL = "tandem.dev/phase"
 JOB_LABEL = "tandem.dev/job"  # an indexed Job's pods: the Service selects them by it
 SHM_VOLUME = "dshm"
 STORAGE_VOLUME = "storage"
+CACHE_VOLUME = "node-cache"
+CACHE_MOUNT = "/var/cache/tandem"  # the pods' node cache when launch.node_cache_dir is empty
 # A save after the ranks stop (launch.checkpoint_on_cancel, train.preempt_grace_s) may take this long beyond the
 # grace itself before the kubelet's SIGKILL: the pod's terminationGracePeriodSeconds covers both.
 SAVE_ALLOWANCE_S = 60
@@ -154,6 +157,8 @@ def environment(job: PodJob) -> list[dict[str, Any]]:
         **kube.env,
         "PYTHONPATH": kube.checkout,
         "PYTHONUNBUFFERED": "1",
+        # The node cache on the mounted host directory (launch.node_cache_dir, when set, is read before this).
+        **({CACHE_ENV: CACHE_MOUNT} if kube.node_cache_host_path and not launch.node_cache_dir else {}),
     }
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(values.items())]
     for name in launch.forward_env:
@@ -192,6 +197,10 @@ def volumes(job: PodJob) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": kube.shm_size}}]
     if kube.pvc:
         found.append({"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": kube.pvc}})
+    if kube.node_cache_host_path:
+        found.append(
+            {"name": CACHE_VOLUME, "hostPath": {"path": kube.node_cache_host_path, "type": "DirectoryOrCreate"}}
+        )
     return found
 
 
@@ -200,6 +209,8 @@ def volume_mounts(job: PodJob) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     if kube.pvc:
         mounts.append({"name": STORAGE_VOLUME, "mountPath": kube.pvc_path})
+    if kube.node_cache_host_path:
+        mounts.append({"name": CACHE_VOLUME, "mountPath": job.config.launch.node_cache_dir or CACHE_MOUNT})
     return mounts
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from config.loader import load_config
 from config.schema import FinetuneConfig
+from config.sections.launch import LaunchConfig
 from launch.backends.local import run_local_job
 from launch.job import PhaseJob
 from pipeline.models import resolve_model
@@ -21,7 +22,7 @@ from pipeline.plan import build_spec, record_model
 from staging.stage import stage_dataset
 from storage import layout
 from storage.fs import Location, join, read_bytes
-from storage.spec import DatasetRef, Spec, publish_spec
+from storage.spec import DatasetRef, Spec, WrittenSpec, load_spec, publish_spec
 
 # Small and fast: 12 steps of 2 micro-batches x 2 examples per rank, a checkpoint every 4 steps.
 BASE_OVERRIDES = [
@@ -235,3 +236,13 @@ def lost_node_pipeline(staged: Staged, name: str, died_at: int, tmp: Path) -> tu
         summary = finetune(cfg)
     run_dir = Path(staged.storage) / "runs" / name
     return summary, run_dir, seconds_from_loss_to_resume(run_dir, stamp)
+
+
+def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
+    """Run the evaluator on one node with `nproc` ranks, as the pipeline's evaluate task does; eval.json."""
+    launch = LaunchConfig(nnodes=1, nproc_per_node=nproc, rdzv_timeout=60)
+    # The ranks read the run's spec.json; only the launcher sees this world size (no preflight before eval).
+    spec = run.spec.model_copy(update={"config": run.spec.config.model_copy(update={"launch": launch})})
+    written = WrittenSpec(spec, run.spec_url, load_spec(run.spec_url)[1])
+    run_local_job(PhaseJob(written, "eval", str(model_url)), lambda _: None)
+    return json.loads((run.run_dir / "eval.json").read_text())

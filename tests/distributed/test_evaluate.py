@@ -11,25 +11,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from config.sections.launch import LaunchConfig
 from core.errors import UserError
-from launch.backends.local import run_local_job
-from launch.job import PhaseJob
-from storage.spec import WrittenSpec, load_spec
-from tests.distributed.harness import Run, Staged
+from tests.distributed.harness import Run, Staged, evaluate
 
 METRICS = ("loss", "perplexity", "token_accuracy")
 COUNTS = ("target_tokens", "correct_tokens", "examples")
-
-
-def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
-    """Run the evaluator on one node with `nproc` ranks, as the pipeline's evaluate task does; eval.json."""
-    launch = LaunchConfig(nnodes=1, nproc_per_node=nproc, rdzv_timeout=60)
-    # The ranks read the run's spec.json; only the launcher sees this world size (no preflight before eval).
-    spec = run.spec.model_copy(update={"config": run.spec.config.model_copy(update={"launch": launch})})
-    written = WrittenSpec(spec, run.spec_url, load_spec(run.spec_url)[1])
-    run_local_job(PhaseJob(written, "eval", str(model_url)), lambda _: None)
-    return json.loads((run.run_dir / "eval.json").read_text())
 
 
 def samples(run: Run) -> list[dict]:

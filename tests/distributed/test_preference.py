@@ -17,7 +17,8 @@ import pytest
 from torch.testing import assert_close
 
 from config.loader import load_config
-from tests.distributed.harness import Run, Staged, stage, train
+from core.errors import UserError
+from tests.distributed.harness import Run, Staged, evaluate, stage, train
 
 pytestmark = pytest.mark.multirun
 
@@ -139,6 +140,25 @@ def test_full_fine_tuning_takes_the_base_models_log_probabilities_as_its_referen
     assert steps[-1]["loss"] < steps[0]["loss"] and steps[-1]["reward_margin"] > 0
     final = next(r for r in full_dpo.metrics() if r.get("event") == "final_eval")
     assert (full_dpo.run_dir / "reference" / "eval.npy").exists() and final["units"] > 0
+
+
+def test_the_evaluate_stage_reads_the_eval_splits_table(full_dpo: Run) -> None:
+    """The exported full weights evaluated on 2 ranks by the evaluate stage against the eval split's table give the
+    trainer's final evaluation of the in-memory model; without the table it stops in one line naming it."""
+    final = next(r for r in full_dpo.metrics() if r.get("event") == "final_eval")
+    result = evaluate(full_dpo, full_dpo.run_dir / "final", 2)
+    assert result["objective"] == "dpo" and result["units"] == final["units"]
+    assert result["reference"].startswith("the base model's log-probabilities, computed before training")
+    keys = ("reward_accuracy", "reward_margin", "loss")
+    assert_close([result[k] for k in keys], [final[k] for k in keys], rtol=RTOL, atol=1e-6)
+    table = full_dpo.run_dir / "reference" / "eval.npy"
+    kept = table.read_bytes()
+    table.unlink()
+    try:
+        with pytest.raises(UserError, match=r"reference/eval.npy: missing; full fine-tuning's dpo reference"):
+            evaluate(full_dpo, full_dpo.run_dir / "final", 1)
+    finally:
+        table.write_bytes(kept)
 
 
 def test_full_fine_tuning_dpo_under_zero3_follows_zero2(pairs: Staged, full_dpo: Run, tmp_path: Path) -> None:

@@ -94,6 +94,32 @@ def test_the_indexed_job_and_its_service_validate_against_the_api_schemas(phase:
     )
 
 
+@pytest.mark.parametrize("cache_dir", [None, "/scratch/tandem"])
+def test_the_node_cache_on_the_machines_own_disk_outlives_the_pod(cache_dir: str | None) -> None:
+    """launch.kubernetes.node_cache_host_path: a hostPath volume mounted where the node looks for its cache (the
+    configured launch.node_cache_dir, else /var/cache/tandem named by TANDEM_NODE_CACHE), valid for both kinds."""
+    extra = ["launch.kubernetes.node_cache_host_path=/mnt/nvme/tandem-cache"]
+    extra += [f"launch.node_cache_dir={cache_dir}"] if cache_dir else []
+    mount = {"name": "node-cache", "mountPath": cache_dir or "/var/cache/tandem"}
+    volume = {"name": "node-cache", "hostPath": {"path": "/mnt/nvme/tandem-cache", "type": "DirectoryOrCreate"}}
+    _, indexed = render(job([*FULL, *extra]))
+    assert kubernetes_validate.validate(indexed, K8S_VERSION, strict=True) == K8S_VERSION
+    pod = indexed["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert volume in pod["volumes"] and mount in container["volumeMounts"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env.get("TANDEM_NODE_CACHE") == (None if cache_dir else "/var/cache/tandem")
+    (train_job,) = render(job([*FULL, *extra, "launch.kubernetes.runtime=torch-distributed"]))
+    assert TrainerV1alpha1TrainJob.from_dict(train_job).to_dict() == train_job
+    patch = train_job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod = patch["template"]["spec"]["template"]["spec"]
+    assert volume in pod["volumes"] and mount in pod["containers"][0]["volumeMounts"]
+    env = {item["name"]: item.get("value") for item in train_job["spec"]["trainer"]["env"]}
+    assert env.get("TANDEM_NODE_CACHE") == (None if cache_dir else "/var/cache/tandem")
+    _, plain = render(job(FULL))
+    assert "node-cache" not in json.dumps(plain) and "TANDEM_NODE_CACHE" not in json.dumps(plain)
+
+
 def test_a_train_job_round_trips_through_kubeflow_trainers_models() -> None:
     (train_job,) = render(job([*FULL, "launch.kubernetes.runtime=torch-distributed"]))
     assert TrainerV1alpha1TrainJob.from_dict(train_job).to_dict() == train_job
