@@ -26,7 +26,7 @@ import torch
 from core.errors import UserError
 from storage.fs import Location, exists, join, read_bytes, write_bytes_atomic
 from storage.split_reader import Split
-from trainer.distributed import Dist, gather_objects
+from trainer.distributed import Dist, dist_sum, gather_objects
 from trainer.preference_data import collate_preference
 from trainer.preference_loss import sequence_logps
 
@@ -97,7 +97,10 @@ def load_or_compute(model: Any, run: Location, split: str, rows: Split, dist: Di
     """The split's table: read from the run directory, or computed by the model as it is now (the base: called
     before any checkpoint is resumed) and written by rank 0."""
     table = load(run, split, len(rows))
-    if table is not None:
+    # Every rank must take the same branch (computing gathers from all of them): a table one rank cannot read yet is
+    # computed again by all.
+    (readable,) = dist_sum([float(table is not None)], dist)
+    if table is not None and readable == dist.world_size:
         log.info("reference log-probabilities of the %s split: %s (computed before)", split, table_url(run, split))
         return table
     started = time.perf_counter()
