@@ -198,7 +198,7 @@ def train(spec: Spec, dist: Dist) -> None:
     loss_head = LossHead.of(run.engine, spec.config.train.loss_chunk_tokens)
     objective = Objective.of(spec.config.train)
     check_rows(run.examples, objective)
-    profiler = StepProfiler(spec.config.train.profile_steps, start, spec.run, dist.rank)
+    profiler = StepProfiler(spec.config.train.profile_steps, start, spec.total_steps, spec.run, dist.rank)
     loop_started = time.perf_counter()
     for step in range(start, spec.total_steps):
         if run.cancel.should_stop(dist):

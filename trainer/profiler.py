@@ -27,11 +27,12 @@ PROFILE_DIR = "profile"
 
 
 class StepProfiler:
-    """Profiles optimizer steps [first, last] (1-based) of this attempt; `around(step)` wraps each step's work."""
+    """Profiles optimizer steps [first, last] (1-based) of this attempt, the last no later than the run's last step;
+    `before(step)` and `after(step)` bracket each step's work."""
 
-    def __init__(self, steps: int, start: int, run_url: Location, rank: int) -> None:
-        self.first, self.last = start + WARMUP_STEPS + 1, start + WARMUP_STEPS + steps
-        self.enabled = steps > 0
+    def __init__(self, steps: int, start: int, total: int, run_url: Location, rank: int) -> None:
+        self.first, self.last = start + WARMUP_STEPS + 1, min(start + WARMUP_STEPS + steps, total)
+        self.enabled = steps > 0 and self.first <= self.last  # a run too short for the warm-up profiles nothing
         self.run_url, self.rank = run_url, rank
         self._profile: Any = None
         self._started = 0.0

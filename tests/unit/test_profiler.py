@@ -6,7 +6,8 @@ from __future__ import annotations
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
-from trainer.profiler import device_busy_us, tables
+from storage.fs import Location
+from trainer.profiler import StepProfiler, device_busy_us, tables
 
 
 class Recorded:
@@ -54,3 +55,27 @@ def test_the_file_starts_with_the_steps_and_the_busy_fraction() -> None:
         "device busy 0.000 s (55.0% of the wall time), host operations 0.000 s",
     ]
     assert "By self device time:" in text and "By self CPU time:" in text
+
+
+def test_the_window_follows_the_warm_up_and_ends_with_the_run() -> None:
+    """Steps after the attempt's three warm-up steps (after a resume too), never past the run's last step."""
+    window = StepProfiler(5, start=0, total=6, run_url=Location("unused"), rank=0)
+    assert [s for s in range(1, 8) if window.profiles(s)] == [4, 5, 6]
+    resumed = StepProfiler(2, start=8, total=20, run_url=Location("unused"), rank=0)
+    assert [s for s in range(1, 21) if resumed.profiles(s)] == [12, 13]
+    assert not StepProfiler(3, start=0, total=3, run_url=Location("unused"), rank=0).enabled
+
+
+def test_a_profiled_step_on_the_cpu_writes_its_table_and_names_the_steps(tmp_path) -> None:
+    import torch
+
+    profiler = StepProfiler(1, start=0, total=4, run_url=Location(str(tmp_path)), rank=1)
+    events: list[dict] = []
+    profiler.before(4)
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    profiler.after(4, events.append)
+    table = (tmp_path / "profile" / "rank-1.txt").read_text()
+    assert table.startswith("steps 4-4 (1), wall ") and "aten::mm" in table
+    assert events == [
+        {"event": "profile", "step": 4, "first_step": 4, "last_step": 4, "table": "profile/rank-{rank}.txt"}
+    ]
