@@ -21,6 +21,9 @@ from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConf
 from config.sections.results import PREFERENCE_METRICS, SFT_METRICS, EvalConfig, RegisterConfig, TrackConfig
 from config.sections.run_data import DataConfig, RunConfig
 
+# The backends that can start an attempt on fewer (or more) nodes than the last one (launch/elastic.py).
+ELASTIC_BACKENDS = ("local", "ssh", "kubernetes")
+
 # `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
 # deprecated classmethod of that name, which this model never uses.
 warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
@@ -68,9 +71,9 @@ class FinetuneConfig(Section):
                 f"launch.min_nnodes={low} <= launch.nnodes={self.launch.nnodes} <= launch.max_nnodes="
                 f"{high} does not hold; set them in that order"
             )
-        if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend not in ("local", "ssh"):
+        if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend not in ELASTIC_BACKENDS:
             raise ValueError(
-                f"launch.min_nnodes/max_nnodes: only launch.backend=local or ssh picks the surviving "
+                f"launch.min_nnodes/max_nnodes: only launch.backend=local, ssh or kubernetes picks the surviving "
                 f"nodes so far, not {self.launch.backend}; leave them empty (every node must come back)"
             )
         if self.launch.backend == "ssh" and high > self.launch.nnodes:

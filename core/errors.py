@@ -28,3 +28,12 @@ class RetryableError(TandemError):
     """A lost node, a stall, a rendezvous timeout: a retry (resuming from a checkpoint) may help."""
 
     exit_code = EXIT_RETRYABLE
+
+
+class TooFewNodes(RetryableError):
+    """The cluster started only `nodes` of the attempt's nodes in time (its scheduler or its queue could place no
+    more): an elastic run starts again on that many (launch.min_nnodes permitting); any other run retries."""
+
+    def __init__(self, message: str, nodes: int) -> None:
+        super().__init__(message)
+        self.nodes = nodes

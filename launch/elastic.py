@@ -6,8 +6,10 @@ same on any of those world sizes, and the trainer resumes a checkpoint of anothe
 
 The local backend's nodes are slots 0..max_nnodes-1 on this machine, probed by preflight's node-local checks; the
 ssh backend's are the hosts of launch.hosts, probed over ssh (reachable with the key, the checkout and its Python),
-and an attempt runs on the hosts that answer, node 0 first. The other backends keep today's behaviour (every node
-must come back).
+and an attempt runs on the hosts that answer, node 0 first. The kubernetes backend's slots are pods, which no probe
+can place ahead: each attempt asks for its nodes, and when the cluster starts fewer within
+launch.kubernetes.schedule_timeout_s (launch/backends/kubernetes.py raises TooFewNodes), the next attempt starts
+at once on that many (`cap`), not as a retry. The other backends keep today's behaviour (every node must come back).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 from config.schema import FinetuneConfig
 from config.sections.launch import LaunchConfig
-from core.errors import RetryableError
+from core.errors import RetryableError, TooFewNodes
 from storage.checkpoints import latest_complete
 from storage.spec import Attempt, Spec
 
@@ -26,9 +28,12 @@ def is_elastic(cfg: FinetuneConfig) -> bool:
     return cfg.node_range != (cfg.launch.nnodes, cfg.launch.nnodes)
 
 
-def next_attempt(spec: Spec, previous: list[Attempt], probe: Callable[[int], str | None]) -> Attempt:
+def next_attempt(
+    spec: Spec, previous: list[Attempt], probe: Callable[[int], str | None], cap: TooFewNodes | None = None
+) -> Attempt:
     """The nodes of the next attempt: every slot probed, the healthy ones taken in order (up to launch.nnodes the
-    first time, launch.max_nnodes after); RetryableError when fewer than launch.min_nnodes pass."""
+    first time, launch.max_nnodes after, at most `cap.nodes` after an attempt the cluster could not place whole);
+    RetryableError when fewer than launch.min_nnodes pass."""
     low, high = spec.config.node_range
     wanted = high if previous else spec.config.launch.nnodes
     healthy, left_out = [], {}
@@ -38,6 +43,9 @@ def next_attempt(spec: Spec, previous: list[Attempt], probe: Callable[[int], str
             healthy.append(slot)
         else:
             left_out[str(slot)] = problem
+    if cap is not None:  # the slots the cluster could not place, with its reason
+        left_out.update({str(slot): str(cap) for slot in healthy[cap.nodes : wanted]})
+        wanted = min(wanted, cap.nodes)
     chosen = healthy[:wanted]
     if len(chosen) < low:
         reasons = "; ".join(left_out.values())
@@ -56,12 +64,15 @@ def next_attempt(spec: Spec, previous: list[Attempt], probe: Callable[[int], str
 
 
 def probe_for(spec: Spec) -> Callable[[int], str | None]:
-    """How the slots of `spec`'s backend are probed: over ssh for the ssh backend's hosts, else preflight's node-local
+    """How the slots of `spec`'s backend are probed: over ssh for the ssh backend's hosts, not at all for pods (the
+    scheduler decides), else preflight's node-local
     checks on this machine."""
     if spec.config.launch.backend == "ssh":
         from launch.backends.ssh import probe_host
 
         return lambda slot: probe_host(spec.config.launch, slot)
+    if spec.config.launch.backend == "kubernetes":
+        return lambda slot: None  # the cluster's scheduler places the pods; each pod preflights its own node
     from launch.preflight import probe_node
 
     return lambda slot: probe_node(spec, slot)

@@ -12,7 +12,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 from prefect.states import State
 
-from core.errors import RetryableError
+from core.errors import RetryableError, TooFewNodes
 from launch.backends.prefect_api import fail_fast, unreachable
 from launch.command import transport_debug
 from launch.elastic import attempt_launch, is_elastic, next_attempt, probe_for
@@ -37,28 +37,45 @@ def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
             "are complete); no node is started. train.resume=never or a new run.name trains again"
         )
         return written
-    if is_elastic(spec.config):
-        written = start_attempt(written, logger.info)
-    on_progress = progress_reporter(written.spec.total_steps, logger.info, active(spec.run_id))
+    on_progress = progress_reporter(spec.total_steps, logger.info, active(spec.run_id))
     context = TaskRunContext.get()
     if context is None or context.task_run.run_count <= 1:
-        run_phase(written, "train", logger.info, on_progress=on_progress)
-        return written
+        return train_attempts(written, logger.info, on_progress)
     logger.info(
         "train: a retry after a failure: the ranks log their transport (NCCL_DEBUG=INFO, "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO) to the nodes' logs"
     )
     with transport_debug():
-        run_phase(written, "train", logger.info, on_progress=on_progress)
-    return written
+        return train_attempts(written, logger.info, on_progress)
 
 
-def start_attempt(written: WrittenSpec, info: Callable[[str], None]) -> WrittenSpec:
-    """Pick the nodes of this attempt of an elastic run and write its spec.json (launch.nnodes and the world size of
-    the attempt, the history of attempts); returns it."""
+def train_attempts(
+    written: WrittenSpec, info: Callable[[str], None], on_progress: Callable[[dict[str, Any]], None] | None = None
+) -> WrittenSpec:
+    """Run the train phase; an elastic run first picks its nodes, and when the cluster starts fewer of them than asked
+    (TooFewNodes: pods its scheduler could not place in time) it starts again at once on as many, down to
+    launch.min_nnodes. Returns the spec the phase finished under."""
+    elastic = is_elastic(written.spec.config)
+    if elastic:
+        written = start_attempt(written, info)
+    while True:
+        try:
+            run_phase(written, "train", info, on_progress=on_progress)
+            return written
+        except TooFewNodes as short:
+            if not elastic or short.nodes < written.spec.config.node_range[0]:
+                raise
+            info(f"train: {short}; the elastic run starts again on the {short.nodes} node(s) the cluster can place")
+            written = start_attempt(written, info, short)
+
+
+def start_attempt(written: WrittenSpec, info: Callable[[str], None], cap: TooFewNodes | None = None) -> WrittenSpec:
+    """Pick the nodes of this attempt of an elastic run (at most `cap.nodes` after one the cluster could not place
+    whole) and write its spec.json (launch.nnodes and the world size of the attempt, the history of attempts);
+    returns it."""
     base = written.spec
     previous = load_spec(written.url)[0].attempts  # what earlier attempts of this pipeline run recorded
-    attempt = next_attempt(base, previous, probe_for(base))
+    attempt = next_attempt(base, previous, probe_for(base), cap)
     launch = attempt_launch(base.config.launch, attempt)
     cfg = base.config.model_copy(update={"launch": launch})
     spec = build_spec(cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest).model_copy(

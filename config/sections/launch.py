@@ -43,16 +43,17 @@ class LaunchConfig(Section):
         None,
         gt=0,
         le=1024,
-        description="local and ssh backends: a retry after a lost node continues on the nodes "
-        "that pass preflight (ssh: the hosts of launch.hosts that answer) when at least this many do (from the newest "
-        "complete checkpoint, same train.global_batch_size); empty: launch.nnodes (every node must come back).",
+        description="local, ssh and kubernetes backends: a retry after a lost node continues on the nodes "
+        "that pass preflight (ssh: the hosts of launch.hosts that answer; kubernetes: the pods the cluster schedules "
+        "within launch.kubernetes.schedule_timeout_s, at once, not as a retry) when at least this many do (from the "
+        "newest complete checkpoint, same train.global_batch_size); empty: launch.nnodes (every node must come back).",
     )
     max_nnodes: int | None = Field(
         None,
         gt=0,
         le=1024,
-        description="Upper bound of the nodes a retry may use (local backend: nodes it may add "
-        "when more hosts are free; ssh: the hosts of launch.hosts); empty: launch.nnodes.",
+        description="Upper bound of the nodes a retry may use (local and kubernetes backends: nodes it may add "
+        "when more are free; ssh: the hosts of launch.hosts); empty: launch.nnodes.",
     )
     nproc_per_node: int = Field(1, gt=0, le=64, description="Ranks per node (GPUs per node).")
     hosts: list[str] = Field(

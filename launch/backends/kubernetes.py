@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.errors import RetryableError, TandemError, UserError
+from core.errors import RetryableError, TandemError, TooFewNodes, UserError
 from launch.backends.kubernetes_render import (
     COMPLETION_INDEX,
     CONTAINER,
@@ -250,15 +250,30 @@ class PodsFollow:
             phase_of(pod) in ("Running", "Succeeded", "Failed") for pod in pods
         )
         if not running and time.monotonic() - self.started > launch.kubernetes.schedule_timeout_s:
-            why = waiting[0] if waiting else f"{len(pods)} of {launch.nnodes} pods created"
-            raise RetryableError(
-                f"{phase}: not every pod runs after {launch.kubernetes.schedule_timeout_s} s ({why}); free the nodes "
-                "or raise launch.kubernetes.schedule_timeout_s"
-            )
+            raise too_few_nodes(self.submission, pods, waiting)
         if running and not self.watching:  # time in the queue is not a stall: start the clock once every pod runs
             self.watch, self.watching = phase_watch(self.submission.run, launch, phase, self.on_progress), True
         if self.watch is not None:
             self.watch.poll()
+
+
+def too_few_nodes(submission: PodJob, pods: list[dict[str, Any]], waiting: list[str]) -> TooFewNodes:
+    """The scheduling timeout, with how many nodes the cluster did place: the pods it scheduled, or under a Kueue
+    queue with nothing admitted one fewer than asked (a queue admits all of a job's pods or none, so the next size
+    down is the one to try)."""
+    launch, phase = submission.config.launch, submission.phase
+    kube = launch.kubernetes
+    if kube.queue and not pods:
+        why = f"queue {kube.queue} admitted none of the {launch.nnodes} pods"
+        placed = launch.nnodes - 1
+    else:
+        why = waiting[0] if waiting else f"{len(pods)} of {launch.nnodes} pods created"
+        placed = len(pods) - len(waiting)
+    return TooFewNodes(
+        f"{phase}: not every pod runs after {kube.schedule_timeout_s} s ({why}); free the nodes or raise "
+        "launch.kubernetes.schedule_timeout_s",
+        placed,
+    )
 
 
 class PodMember:

@@ -5,8 +5,11 @@ environment, with what the cluster would inject (an indexed Job's completion ind
 TrainJob's PET_* variables as Kubeflow Trainer's torch plugin sets them, a Secret's values through secretKeyRef), and
 the pod's DNS names in an /etc/hosts of its own (a mount namespace per pod, as the kubelet writes a pod's hosts file).
 
-What it does not do: schedule, pull images, enforce resources, run controllers beyond these two objects' pods. Tests
-say which part is real: the pods' processes (flows.node, torchrun, the ranks), storage, the pipeline and the client.
+Scheduling is one number, `capacity` (the nodes with room for a pod; None: room for all): a pod past it stays Pending
+with the scheduler's Unschedulable condition, and a job under a Kueue queue label gets pods only when all of them
+fit (Kueue's gang admission), else none. What it does not do: pull images, enforce resources, reschedule a pending
+pod, run controllers beyond these two objects' pods. Tests say which part is real: the pods' processes (flows.node,
+torchrun, the ranks), storage, the pipeline and the client.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from urllib.parse import parse_qs, urlparse
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # What Kubeflow Trainer's torch plugin uses when the TrainJob names no port.
 TRAINER_PORT = 29400
 # The host environment a pod's process starts from (an image has its own PATH and HOME; nothing else leaks in).
@@ -43,6 +47,7 @@ class Pod:
     process: subprocess.Popen | None = None
     waiting: dict[str, str] | None = None
     exit_code: int | None = None
+    conditions: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         container = self.spec["containers"][0]
@@ -68,6 +73,7 @@ class Pod:
             "spec": self.spec,
             "status": {
                 "phase": self.phase,
+                "conditions": self.conditions,
                 "containerStatuses": [{"name": container["name"], "image": container.get("image"), "state": state}],
             },
         }
@@ -84,6 +90,7 @@ class FakeCluster:
     requests: list[tuple[str, str]] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)  # every object the client sent
     unpullable: set[str] = field(default_factory=set)
+    capacity: int | None = None  # how many pods the cluster's nodes have room for (None: all)
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
 
@@ -91,6 +98,9 @@ class FakeCluster:
     def start_pods(self, kind: str, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         name, namespace = meta["name"], meta["namespace"]
+        wanted = body["spec"]["completions"] if kind == "Job" else body["spec"]["trainer"]["numNodes"]
+        if QUEUE_LABEL in meta.get("labels", {}) and not self.room(wanted):
+            return  # Kueue keeps the job suspended until all of its pods fit: no pod at all
         if kind == "Job":
             template = body["spec"]["template"]
             hosts = [
@@ -138,7 +148,22 @@ class FakeCluster:
                 }
                 self._run(pod, injected, [master])
 
+    def room(self, pods: int) -> bool:
+        placed = sum(1 for pod in self.pods.values() if not pod.conditions)
+        return self.capacity is None or placed + pods <= self.capacity
+
     def _run(self, pod: Pod, injected: dict[str, str], hosts: list[str]) -> None:
+        if not self.room(1):
+            pod.conditions = [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": f"0/{self.capacity} nodes are available: {self.capacity} Insufficient nvidia.com/gpu",
+                }
+            ]
+            self.pods[pod.name] = pod
+            return
         self.pods[pod.name] = pod
         container = pod.spec["containers"][0]
         if container.get("image") in self.unpullable:

@@ -20,7 +20,7 @@ import pytest
 
 from config.loader import load_config
 from core.checkout import PROJECT_ROOT
-from core.errors import RetryableError, UserError
+from core.errors import RetryableError, TooFewNodes, UserError
 from launch.backends import kubernetes as kubernetes_backend
 from launch.command import free_port
 from launch.phase import run_phase
@@ -29,6 +29,7 @@ from storage import layout
 from storage.checkpoints import latest_complete
 from storage.fs import join
 from storage.spec import WrittenSpec, write_spec
+from tasks.train import train_attempts
 from tests.distributed.harness import Staged, config
 from tests.flows.test_orphans import GONE_WAIT_S, saved_whole, start_phase, wait_gone
 from tests.kubernetes.fake_cluster import FakeCluster, fake_cluster
@@ -143,6 +144,59 @@ def test_a_failing_rank_is_its_nodes_error_line_with_its_exit_class(
         (kind, [{"apiVersion": "v1", "kind": "Pod", "name": "pipeline-7xk2p", "uid": "5f1c-uid"}])
         for kind in ("Service", "Job")
     ]
+
+
+def test_an_elastic_run_starts_again_on_the_pods_the_cluster_can_place(cluster: FakeCluster, staged: Staged) -> None:
+    """Room for one pod of two: the first attempt's second pod stays unschedulable, and once
+    launch.kubernetes.schedule_timeout_s passes the run starts again on one node (the same task, not a retry),
+    records why, and trains to its last step with the same global batch."""
+    cluster.capacity = 1
+    elastic = [
+        "launch.min_nnodes=1",
+        "train.global_batch_size=8",
+        "train.max_steps=4",
+        "launch.kubernetes.schedule_timeout_s=6",
+    ]
+    job = written(staged, "k8s-elastic", elastic)
+    lines: list[str] = []
+    finished = train_attempts(job, lines.append)
+    first, second = finished.spec.attempts
+    assert (first.nodes, first.world_size, second.nodes, second.world_size) == ([0, 1], 2, [0], 1)
+    why = second.left_out["1"]
+    assert why.startswith("train: not every pod runs after 6 s (pod tandem-k8s-elastic-train-") and (
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu" in why
+    ), why
+    assert any("the elastic run starts again on the 1 node(s) the cluster can place" in line for line in lines)
+    assert finished.spec.config.accumulation_steps(1) == 4  # 8 rows = 2 x 4 x 1 rank (2 x 2 x 2 ranks before)
+    assert latest_complete(finished.spec.run).step == 4
+    jobs = [body["spec"]["completions"] for body in cluster.received if body["kind"] == "Job"]
+    assert jobs == [2, 1]
+    assert cluster.alive() == [] and cluster.objects == {}
+
+
+def test_a_queue_that_admits_nothing_is_one_node_fewer_and_below_the_minimum_one_line(
+    cluster: FakeCluster, staged: Staged
+) -> None:
+    """Kueue admits all of a job's pods or none: a job that does not fit gets no pod, the timeout names the queue,
+    and the node count to try next is one fewer; the elastic loop stops at launch.min_nnodes with the same line."""
+    cluster.capacity = 1
+    settings = [
+        "launch.kubernetes.queue=gpus",
+        "launch.kubernetes.schedule_timeout_s=3",
+        "launch.min_nnodes=2",
+        "launch.max_nnodes=3",
+        "train.global_batch_size=12",
+    ]
+    job = written(staged, "k8s-queue", settings)
+    with pytest.raises(TooFewNodes) as info:
+        run_phase(job, "probe", lambda _: None)
+    assert info.value.nodes == 1 and str(info.value) == (
+        "probe: not every pod runs after 3 s (queue gpus admitted none of the 2 pods); free the nodes or raise "
+        "launch.kubernetes.schedule_timeout_s"
+    )
+    with pytest.raises(TooFewNodes, match=r"^train: not every pod runs after 3 s \(queue gpus admitted none"):
+        train_attempts(job, lambda _: None)  # 1 < launch.min_nnodes=2: the line as it is, to retry later
+    assert cluster.pods == {} and cluster.objects == {}
 
 
 def test_an_image_that_cannot_be_pulled_is_one_line_and_nothing_is_left(cluster: FakeCluster, staged: Staged) -> None:

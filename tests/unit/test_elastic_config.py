@@ -8,7 +8,7 @@ import re
 import pytest
 
 from config.loader import load_config
-from core.errors import RetryableError, UserError
+from core.errors import RetryableError, TooFewNodes, UserError
 from launch.elastic import next_attempt
 from pipeline.plan import build_spec, total_steps
 from storage.spec import Attempt, DatasetRef, Spec
@@ -62,7 +62,8 @@ def test_elastic_nodes_need_a_global_batch_and_an_ordered_range() -> None:
     with pytest.raises(UserError, match=re.escape("launch.min_nnodes/max_nnodes need train.global_batch_size")):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=2"])
     with pytest.raises(
-        UserError, match=re.escape("only launch.backend=local or ssh picks the surviving nodes so far, not slurm")
+        UserError,
+        match=re.escape("only launch.backend=local, ssh or kubernetes picks the surviving nodes so far, not slurm"),
     ):
         load_config(
             None, ["launch.nnodes=3", "launch.min_nnodes=2", "train.global_batch_size=24", "launch.backend=slurm"]
@@ -119,6 +120,20 @@ def test_an_attempt_takes_the_healthy_nodes_and_refuses_fewer_than_min(tmp_path)
     with pytest.raises(RetryableError, match=r"only 1 of 4 nodes passed preflight .* launch.min_nnodes=2"):
         next_attempt(spec, [first, lost], lambda slot: None if slot == 0 else f"node {slot}: unreachable")
     assert isinstance(first, Attempt)
+
+
+def test_an_attempt_the_cluster_placed_in_part_is_capped_and_says_why(tmp_path) -> None:
+    """Kubernetes: no probe places a pod ahead, so every slot passes and TooFewNodes caps the next attempt."""
+    spec = spec_for(
+        tmp_path,
+        ["launch.nnodes=3", "launch.min_nnodes=1", "launch.max_nnodes=4", "train.global_batch_size=24"],
+    )
+    first = next_attempt(spec, [], lambda slot: None)
+    short = TooFewNodes("train: not every pod runs after 900 s (pod p-2: 0/3 nodes are available)", 2)
+    capped = next_attempt(spec, [first], lambda slot: None, short)
+    # max_nnodes=4 asked, 2 placed: slots 2 and 3 left out with the scheduler's line.
+    assert (capped.number, capped.nodes, capped.world_size) == (2, [0, 1], 2)
+    assert capped.left_out == {"2": str(short), "3": str(short)}
 
 
 def test_a_checkpoint_of_another_stage_or_method_is_refused_naming_what_differs() -> None:
