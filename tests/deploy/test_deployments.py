@@ -76,8 +76,11 @@ def test_the_kubernetes_pool_holds_the_pipelines_job_template(deployed) -> None:
     values["command"] = ["python", "-m", "prefect.engine"]
     job = apply_values(template["job_configuration"]["job_manifest"], values)
     job["metadata"]["name"] = job["metadata"].pop("generateName") + "x1"
-    assert kubernetes_validate.validate(job, "1.33", strict=True) == "1.33"
     pod = job["spec"]["template"]["spec"]
+    # prefect-kubernetes refuses a template without these two in the pod's spec (its own default template has them;
+    # tests/kubernetes runs its worker); they are no PodSpec fields, and the API server drops them with a warning.
+    assert (pod.pop("parallelism"), pod.pop("completions")) == (1, 1)
+    assert kubernetes_validate.validate(job, "1.33", strict=True) == "1.33"
     assert pod["serviceAccountName"] == "tandem-pipeline"  # the account deploy/kubernetes/rbac.yaml binds
     assert pod["containers"][0]["image"] == "registry.example/tandem:latest"
 

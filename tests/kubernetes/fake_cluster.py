@@ -4,6 +4,11 @@ that runs each pod's container as a local process, exactly as rendered: its comm
 environment, with what the cluster would inject (an indexed Job's completion index through the downward API, a
 TrainJob's PET_* variables as Kubeflow Trainer's torch plugin sets them, a Secret's values through secretKeyRef), and
 the pod's DNS names in an /etc/hosts of its own (a mount namespace per pod, as the kubelet writes a pod's hosts file).
+Every pod also gets what the kubelet gives any pod: its service account's token, CA and namespace mounted at
+/var/run/secrets/kubernetes.io/serviceaccount, KUBERNETES_SERVICE_HOST/PORT naming the API server (HTTPS, with a
+certificate of its own), and HOSTNAME, its name; so a pipeline in a pod finds the cluster as in a real one. A
+container without a command runs the image's entrypoint with its args; the image is this checkout as
+docker/train.Dockerfile lays it out (its entrypoint, its Python first on PATH, TANDEM_ROOT).
 
 Scheduling is one number, `capacity` (the nodes with room for a pod; None: room for all): a pod past it stays Pending
 with the scheduler's Unschedulable condition, and a job under a Kueue queue label gets pods only when all of them
@@ -18,13 +23,19 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
+import sys
 import threading
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from core.checkout import PROJECT_ROOT
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -33,6 +44,8 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TRAINER_PORT = 29400
 # The host environment a pod's process starts from (an image has its own PATH and HOME; nothing else leaks in).
 BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # where the kubelet mounts a pod's account
+ENTRYPOINT = PROJECT_ROOT / "docker" / "entrypoint.sh"  # docker/train.Dockerfile's ENTRYPOINT
 
 
 @dataclass
@@ -48,6 +61,7 @@ class Pod:
     waiting: dict[str, str] | None = None
     exit_code: int | None = None
     conditions: list[dict[str, str]] = field(default_factory=list)
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     def to_json(self) -> dict[str, Any]:
         container = self.spec["containers"][0]
@@ -67,6 +81,7 @@ class Pod:
             "metadata": {
                 "name": self.name,
                 "namespace": self.namespace,
+                "uid": self.uid,
                 "labels": self.labels,
                 "annotations": self.annotations,
             },
@@ -98,16 +113,14 @@ class FakeCluster:
     def start_pods(self, kind: str, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         name, namespace = meta["name"], meta["namespace"]
-        wanted = body["spec"]["completions"] if kind == "Job" else body["spec"]["trainer"]["numNodes"]
+        wanted = body["spec"].get("completions", 1) if kind == "Job" else body["spec"]["trainer"]["numNodes"]
         if QUEUE_LABEL in meta.get("labels", {}) and not self.room(wanted):
             return  # Kueue keeps the job suspended until all of its pods fit: no pod at all
         if kind == "Job":
             template = body["spec"]["template"]
-            hosts = [
-                f"{name}-{i}.{template['spec']['subdomain']}.{namespace}.svc"
-                for i in range(body["spec"]["completions"])
-            ]
-            for index in range(body["spec"]["completions"]):
+            subdomain = template["spec"].get("subdomain")
+            hosts = [f"{name}-{i}.{subdomain}.{namespace}.svc" for i in range(wanted)] if subdomain else []
+            for index in range(wanted):
                 pod = Pod(
                     f"{name}-{index}-x{index}",
                     namespace,
@@ -170,7 +183,9 @@ class FakeCluster:
             pod.waiting = {"reason": "ErrImagePull", "message": f"pull access denied for {container['image']}"}
             return
         env = {name: os.environ[name] for name in BASE_ENV if name in os.environ}
-        env.update(injected)
+        env.update(self.image_env())
+        env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=self.url.rsplit(":", 1)[1])
+        env.update(HOSTNAME=pod.name, **injected)
         for item in container.get("env", []):
             value = self._value(pod, item)
             if value is None:
@@ -184,9 +199,12 @@ class FakeCluster:
         hosts_file.write_text(
             "127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {host}\n" for host in hosts), encoding="utf-8"
         )
+        account = self.service_account(pod.namespace)
+        argv = container.get("command") or [str(ENTRYPOINT)]  # no command: the image's ENTRYPOINT, then args
         command = [
             "unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file), *container["command"],
+            'mount --bind "$0" /etc/hosts && mount --bind "$1" "$2" && shift 2 && exec "$@"',
+            str(hosts_file), str(account), str(SERVICE_ACCOUNT), *argv, *container.get("args", []),
         ]  # fmt: skip
         with open(pod.log, "wb") as log:
             # Without a workingDir the image's WORKDIR applies; "/" here, so that only what was rendered finds Tandem.
@@ -200,6 +218,22 @@ class FakeCluster:
             )
         pod.phase = "Running"
         threading.Thread(target=self._wait, args=(pod,), daemon=True).start()
+
+    def image_env(self) -> dict[str, str]:
+        """What docker/train.Dockerfile's ENV sets: its venv first on PATH, the checkout as TANDEM_ROOT."""
+        path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        return {"PATH": path, "TANDEM_ROOT": str(PROJECT_ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+    def service_account(self, namespace: str) -> Path:
+        """The directory mounted at SERVICE_ACCOUNT in the namespace's pods: a token, the API server's CA, the
+        namespace."""
+        account = self.root / f"serviceaccount-{namespace}"
+        if not account.is_dir():
+            account.mkdir()
+            (account / "token").write_text("not-a-secret")
+            (account / "ca.crt").write_bytes((self.root / "cert.pem").read_bytes())
+            (account / "namespace").write_text(namespace)
+        return account
 
     def _value(self, pod: Pod, item: dict[str, Any]) -> str | None:
         if "value" in item:
@@ -293,6 +327,8 @@ def handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             kind, namespace, _, _, _ = self._route()
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if "name" not in body["metadata"]:  # generateName: the API server adds 5 random characters
+                body["metadata"]["name"] = body["metadata"].pop("generateName") + uuid.uuid4().hex[:5]
             name = body["metadata"]["name"]
             with cluster.lock:
                 cluster.requests.append(("POST", f"{kind} {namespace}/{name}"))
@@ -321,6 +357,8 @@ def handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                         return self._send(404, {"kind": "Status", "message": f"pod {name} not found", "code": 404})
                     lines = pod.log.read_text(errors="replace").splitlines(keepends=True)
                     return self._send(200, "".join(lines[-int(query.get("tailLines", ["200"])[0]) :]))
+                if kind == "Pod" and name in cluster.pods:
+                    return self._send(200, cluster.pods[name].to_json())
                 body = cluster.objects.get((kind, namespace, name or ""))
                 if body is None:
                     return self._send(404, {"kind": "Status", "message": f"{kind} {name} not found", "code": 404})
@@ -344,21 +382,52 @@ def handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def certificate(root: Path) -> None:
+    """A self-signed certificate for 127.0.0.1 (root/cert.pem, root/key.pem): the API server's, and its own CA."""
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=kubernetes",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:kubernetes.default.svc",
+            "-keyout", str(root / "key.pem"), "-out", str(root / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
-def fake_cluster(root: Path):
-    """The fake cluster serving on 127.0.0.1, and a kubeconfig for it at root/kubeconfig (KUBECONFIG points there
-    while it runs)."""
+def mount_point(path: Path) -> Iterator[None]:
+    """The directory the pods' service account is mounted on (each pod's mount is its own), created for the
+    stand-in's lifetime where this machine has none, and removed after."""
+    made = [parent for parent in [path, *path.parents] if not parent.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        for directory in made:  # deepest first; only the empty directories made here
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+@contextlib.contextmanager
+def fake_cluster(root: Path) -> Iterator[FakeCluster]:
+    """The fake cluster serving HTTPS on 127.0.0.1, and a kubeconfig for it at root/kubeconfig (KUBECONFIG points
+    there while it runs)."""
     root.mkdir(parents=True, exist_ok=True)
+    certificate(root)
     cluster = FakeCluster(root)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(cluster))
-    cluster.url = f"http://127.0.0.1:{server.server_address[1]}"
-    kubeconfig = root / "kubeconfig"
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(root / "cert.pem", root / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    cluster.url = f"https://127.0.0.1:{server.server_address[1]}"
+    kubeconfig, ca = root / "kubeconfig", root / "cert.pem"
     kubeconfig.write_text(
         json.dumps(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": cluster.url}}],
+                "clusters": [{"name": "fake", "cluster": {"server": cluster.url, "certificate-authority": str(ca)}}],
                 "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
                 "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
                 "current-context": "fake",
@@ -371,7 +440,8 @@ def fake_cluster(root: Path):
     before = os.environ.get("KUBECONFIG")
     os.environ["KUBECONFIG"] = str(kubeconfig)
     try:
-        yield cluster
+        with mount_point(SERVICE_ACCOUNT):
+            yield cluster
     finally:
         if before is None:
             os.environ.pop("KUBECONFIG", None)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prefect.client.orchestration import get_client
 
 from config.loader import load_config
 from core.checkout import PROJECT_ROOT
@@ -33,10 +36,15 @@ from tasks.train import train_attempts
 from tests.distributed.harness import Staged, config
 from tests.flows.test_orphans import GONE_WAIT_S, saved_whole, start_phase, wait_gone
 from tests.kubernetes.fake_cluster import FakeCluster, fake_cluster
+from tests.servers import PrefectServer, spawn
 
 pytestmark = pytest.mark.kubernetes
 
 CANARY_NAME = "TANDEM_K8S_CANARY"
+# Prefect's kubernetes worker, started as on a real cluster's worker node; its observer setting (see the test).
+WORKER = [sys.executable, "-m", "prefect", "worker", "start", "--name", "test-kubernetes"]
+OBSERVER = "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_ENABLED"
+RUN_TIMEOUT_S = 600
 CANARY = "canary-7f3e9a1c0b"
 
 
@@ -71,11 +79,15 @@ def written(staged: Staged, name: str, overrides: list[str]) -> WrittenSpec:
     return WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
 
 
-def test_the_pipeline_trains_evaluates_and_registers_through_indexed_job_pods(
-    cluster: FakeCluster, prefect_server, tmp_path: Path, tiny_model: str
+def test_a_prefect_kubernetes_worker_runs_the_pipeline_in_a_pod_and_its_nodes_as_pods_of_their_own(
+    cluster: FakeCluster, prefect_server: PrefectServer, tmp_path: Path, tiny_model: str
 ) -> None:
-    from flows.finetune import finetune
-
+    """finetune/kubernetes as users deploy it (tools/deploy.py: the pool of deploy/kubernetes/pipeline-pool.json),
+    served by Prefect's own kubernetes worker (prefect-kubernetes; its observer, a kopf operator that watches the
+    cluster, is off: the stand-in serves no watches, and the flow run's state comes from the pod's own engine). The
+    worker renders the pipeline's Job from the pool's template and creates it; the pipeline runs in that Job's pod
+    (the image's entrypoint, `prefect flow-run execute`), finds the cluster through the service account mounted in
+    it, as in a real cluster, and runs its train and eval phases as indexed Jobs of its own, owned by its pod."""
     storage = tmp_path / "pvc"
     cfg = load_config(
         None,
@@ -90,23 +102,55 @@ def test_the_pipeline_trains_evaluates_and_registers_through_indexed_job_pods(
             "train.save_steps=2",
         ],
     )
-    os.environ[CANARY_NAME] = CANARY  # the pipeline's own environment has it too: it must not reach a manifest
-    try:
-        summary = finetune(cfg)
-    finally:
-        os.environ.pop(CANARY_NAME)
-    assert latest_complete(summary["run_url"]).step == 4
-    assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")
-    created = [what for method, what in cluster.requests if method == "POST"]
-    kinds = [what.split()[0] for what in created]
-    assert kinds.count("Service") == kinds.count("Job") >= 2  # train and eval, each a headless Service and a Job
-    deleted = [what for method, what in cluster.requests if method == "DELETE"]
-    assert sorted(d for d in deleted if d.startswith("Job ")) == sorted(
-        f"{c} Foreground" for c in created if c.startswith("Job ")
+    deploy = subprocess.run(
+        [sys.executable, "tools/deploy.py", "--name", "finetune/kubernetes"],
+        cwd=PROJECT_ROOT,
+        env=prefect_server.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert cluster.alive() == [] and cluster.objects == {}
-    # Preflight refuses a node without a launch.forward_env name: the pods had it, from the Secret, not the manifest.
-    assert CANARY not in json.dumps(cluster.received)
+    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("finetune/kubernetes")
+        # The pipeline's own credential: in its pod's environment (a real deployment would take it from a Secret).
+        run = client.create_flow_run_from_deployment(
+            deployment.id,
+            parameters={"config": cfg.model_dump(mode="json")},
+            job_variables={"env": {CANARY_NAME: CANARY}},
+        )
+    worker_env = {**prefect_server.env, "KUBECONFIG": os.environ["KUBECONFIG"], OBSERVER: "false"}
+    worker_log = prefect_server.logs / "worker-kubernetes.log"
+    worker = spawn([*WORKER, "--pool", "tandem-kubernetes", "--run-once"], worker_env, worker_log)
+    assert worker.wait(timeout=180) == 0, worker_log.read_text()[-3000:]
+    state = final_state(run.id)
+    pipeline = next(pod for pod in cluster.pods.values() if "prefect.io/flow-run-id" in pod.labels)
+    assert state.is_completed(), f"{state.name}: {state.message}\n{pipeline.log.read_text()[-3000:]}"
+    assert state.message == "registered tandem-tiny v0001 (champion)"
+    job = next(body for body in cluster.received if "prefect.io/flow-run-id" in body["metadata"]["labels"])
+    spec = job["spec"]["template"]["spec"]  # the pool's template, as the worker rendered it
+    assert (spec["serviceAccountName"], spec["containers"][0]["image"]) == (
+        "tandem-pipeline",
+        "registry.example/tandem:latest",
+    )
+    nodes = [body for body in cluster.received if body["metadata"]["labels"].get("app.kubernetes.io/name") == "tandem"]
+    assert sorted(body["kind"] for body in nodes) == ["Job", "Job", "Service", "Service"]  # train and eval
+    owner = [{"apiVersion": "v1", "kind": "Pod", "name": pipeline.name, "uid": pipeline.uid}]
+    assert all(body["metadata"]["ownerReferences"] == owner for body in nodes)  # found from inside its pod
+    assert CANARY not in json.dumps(nodes)  # the nodes read it from the Secret; no object of theirs holds it
+    assert latest_complete(storage / "runs" / "via-kubernetes").step == 4
+    assert pipeline.process is not None and pipeline.process.wait(timeout=60) == 0  # the engine's exit ends its pod
+    assert cluster.alive() == []
+    assert [key[0] for key in cluster.objects] == ["Job"]  # the pipeline's own, kept for finished_job_ttl
+
+
+def final_state(flow_run_id: Any) -> Any:
+    """The flow run's state once final (or as it stands after RUN_TIMEOUT_S)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    with get_client(sync_client=True) as client:
+        while not (state := client.read_flow_run(flow_run_id).state).is_final() and time.monotonic() < deadline:
+            time.sleep(2)
+    return state
 
 
 def test_a_trainjobs_pods_take_their_place_from_the_trainer_variables(cluster: FakeCluster, staged: Staged) -> None:
