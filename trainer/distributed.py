@@ -1,6 +1,6 @@
 """Everything about process groups, in one place: rank identity, init/teardown, and reductions.
 
-The rest of the trainer receives a `Dist` and calls `dist_sum`/`gather_objects`/`barrier`; nothing
+The rest of the trainer receives a `Dist` and calls `dist_sum`/`gather_objects`/`gather_to_main`/`barrier`; nothing
 else reads RANK/LOCAL_RANK/WORLD_SIZE or calls torch.distributed.
 """
 
@@ -91,6 +91,23 @@ def gather_objects(obj: Any, dist: Dist, group: Any = None) -> list[Any]:
     out: list[Any] = [None] * dist.world_size
     tdist.all_gather_object(out, obj, group=group)
     return out
+
+
+def gather_to_main(
+    tensor: torch.Tensor, dist: Dist, into: list[torch.Tensor] | None = None
+) -> list[torch.Tensor] | None:
+    """Every rank's `tensor` (one shape and dtype on every rank) on rank 0, in rank order; None on the other ranks.
+    Unlike gather_objects nothing is pickled and only rank 0 receives: numbers too many to copy to every rank as
+    Python objects (a reference table's rows) go this way, in blocks of a fixed size. `into`: rank 0's tensors to
+    receive in (one per rank, on dist.device), for a caller that gathers many times: new ones each time fragment the
+    heap, which then grows with the number of gathers."""
+    if not tdist.is_initialized() or dist.world_size == 1:
+        return [tensor]
+    tensor = tensor.to(dist.device)  # NCCL gathers on the device, gloo on the CPU
+    if dist.is_main and into is None:
+        into = [torch.empty_like(tensor) for _ in range(dist.world_size)]
+    tdist.gather(tensor, into if dist.is_main else None, dst=0)
+    return into if dist.is_main else None
 
 
 def side_group(dist: Dist) -> Any:

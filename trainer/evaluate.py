@@ -24,7 +24,7 @@ from core.errors import UserError
 from storage import layout
 from storage.fs import Location, join, write_json_atomic
 from storage.local_dataset import open_split
-from storage.node_cache import node_cache
+from storage.node_cache import cache_root, node_cache
 from storage.shards import Row, examples_of
 from storage.spec import Spec
 from storage.split_reader import Split
@@ -163,7 +163,7 @@ def evaluate_preference(spec: Spec, model: Any, examples: Split, dist: Dist, pad
     objective = Objective.of(spec.config.train)
     table = None
     if spec.config.train.method == "full" and objective.needs_reference:
-        table = reference_table.load(spec.run, "eval", len(examples))
+        table = reference_table.load(spec.run, "eval", len(examples), cache_root(spec.config.launch.node_cache_dir))
         if table is None:
             raise UserError(
                 f"{reference_table.table_url(spec.run, 'eval')}: missing; full fine-tuning's {objective.name} "

@@ -17,7 +17,7 @@ import torch
 from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
 from core.errors import UserError
 from storage.local_dataset import open_split
-from storage.node_cache import node_cache
+from storage.node_cache import cache_root, node_cache
 from storage.shards import PAIR
 from storage.spec import Spec
 from storage.split_reader import Split
@@ -262,7 +262,8 @@ def full_reference(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str
         if len(rows):
             lockstep = zero_stage(spec.deepspeed) == 3
             batching = {"batch_size": train.micro_batch_size, "pad_id": pad_id, "lockstep": lockstep}
-            tables[split] = load_or_compute(engine, spec.run, split, rows, dist, **batching)
+            cache = cache_root(spec.config.launch.node_cache_dir)  # where a table on S3 is copied to be mapped
+            tables[split] = load_or_compute(engine, spec.run, split, rows, dist, cache, **batching)
     engine.train()
     return tables
 

@@ -182,6 +182,18 @@ def test_bench_reshard() -> None:
     positive(result, "checkpoint_gb", "universal_gb", "read_s", "convert_s", "convert_s_per_gb")
 
 
+@bench
+def test_bench_reference_table_memory() -> None:
+    """The reference table gathered, written and mapped the way the trainer does it, against the way it did before,
+    on 2 real gloo ranks at 20,000 pairs: every rank of both ways read the same values."""
+    from tests.benchmarks import bench_reference_table_memory
+
+    rows = bench_reference_table_memory.main(["--rows", "20000", "--repeats", "1"])
+    assert sorted((row["way"], row["rank"]) for row in rows) == [("new", 0), ("new", 1), ("old", 0), ("old", 1)]
+    assert len({row["checksum"] for row in rows}) == 1
+    assert all(row["peak_rss_added_mib"] > 0 for row in rows)
+
+
 def test_every_benchmark_script_has_a_toy_run() -> None:
     """In the default run: a new bench_*.py without a toy run here fails the build, not only its first CI run."""
     names = {name for name in globals() if name.startswith("test_bench_")}
