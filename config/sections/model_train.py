@@ -163,7 +163,8 @@ class TrainConfig(Section):
         description="Profile this many optimizer steps with the PyTorch profiler, starting after the first three "
         "of the attempt (warm-up); each rank writes its table of the most expensive operations (by device and by "
         "CPU time) to {run}/profile/rank-{r}.txt, and metrics.jsonl gets a `profile` event naming the steps, "
-        "whose times the profiler inflates. 0: off.",
+        "whose times the profiler inflates. The window ends at the run's last step: a run with three steps or fewer "
+        "left profiles nothing. 0: off.",
     )
     loss_chunk_tokens: int = Field(
         1024,
