@@ -63,7 +63,8 @@ def train_attempts(
             run_phase(written, "train", info, on_progress=on_progress)
             return written
         except TooFewNodes as short:
-            if not elastic or short.nodes < written.spec.config.node_range[0]:
+            # fewer than the attempt had, and no fewer than the least the run may use; so every turn shrinks
+            if not elastic or not written.spec.config.node_range[0] <= short.nodes < written.spec.config.launch.nnodes:
                 raise
             info(f"train: {short}; the elastic run starts again on the {short.nodes} node(s) the cluster can place")
             written = start_attempt(written, info, short)

@@ -257,23 +257,37 @@ class PodsFollow:
             self.watch.poll()
 
 
-def too_few_nodes(submission: PodJob, pods: list[dict[str, Any]], waiting: list[str]) -> TooFewNodes:
-    """The scheduling timeout, with how many nodes the cluster did place: the pods it scheduled, or under a Kueue
-    queue with nothing admitted one fewer than asked (a queue admits all of a job's pods or none, so the next size
-    down is the one to try)."""
+def too_few_nodes(submission: PodJob, pods: list[dict[str, Any]], waiting: list[str]) -> RetryableError:
+    """The scheduling timeout, with how many nodes the cluster did place (TooFewNodes): the pods it scheduled, or
+    under a Kueue queue with nothing admitted one fewer than asked (a queue admits all of a job's pods or none, so
+    the next size down is the one to try). Every pod placed but one not running yet (a slow image pull) is no
+    shortage of nodes: a plain RetryableError, so that an elastic run does not start again on as many."""
     launch, phase = submission.config.launch, submission.phase
     kube = launch.kubernetes
     if kube.queue and not pods:
         why = f"queue {kube.queue} admitted none of the {launch.nnodes} pods"
         placed = launch.nnodes - 1
     else:
-        why = waiting[0] if waiting else f"{len(pods)} of {launch.nnodes} pods created"
         placed = len(pods) - len(waiting)
-    return TooFewNodes(
+        why = waiting[0] if waiting else not_running(pods) or f"{len(pods)} of {launch.nnodes} pods created"
+    line = (
         f"{phase}: not every pod runs after {kube.schedule_timeout_s} s ({why}); free the nodes or raise "
-        "launch.kubernetes.schedule_timeout_s",
-        placed,
+        "launch.kubernetes.schedule_timeout_s"
     )
+    return TooFewNodes(line, placed) if placed < launch.nnodes else RetryableError(line)
+
+
+def not_running(pods: list[dict[str, Any]]) -> str | None:
+    """The first placed pod that is not running yet, with what its container waits for (ContainerCreating, an image
+    being pulled)."""
+    for pod in pods:
+        if phase_of(pod) == "Pending":
+            states = [
+                c.get("state", {}).get("waiting") or {} for c in pod.get("status", {}).get("containerStatuses") or []
+            ]
+            reason = next((state.get("reason") for state in states if state.get("reason")), "not started")
+            return f"pod {pod['metadata']['name']}: Pending, {reason}"
+    return None
 
 
 class PodMember:

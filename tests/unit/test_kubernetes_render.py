@@ -14,9 +14,9 @@ import pytest
 from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
 from config.loader import load_config
-from core.errors import RetryableError, UserError
+from core.errors import RetryableError, TooFewNodes, UserError
 from flows.node import plan_from_environment
-from launch.backends.kubernetes import completion_index, job_failure, pod_problem, unschedulable
+from launch.backends.kubernetes import completion_index, job_failure, pod_problem, too_few_nodes, unschedulable
 from launch.backends.kubernetes_render import (
     MAX_NAME,
     Owner,
@@ -336,6 +336,37 @@ def test_a_pod_that_waits_for_the_scheduler_is_not_a_failure_yet() -> None:
     )
     deadline = job_failure("train", {"reason": "DeadlineExceeded", "message": "Job was active longer than specified"})
     assert isinstance(deadline, UserError) and "launch.kubernetes.active_deadline_s" in str(deadline)
+
+
+def test_the_scheduling_timeout_counts_the_pods_placed_and_a_slow_pull_is_no_shortage() -> None:
+    """Of 3 pods, one the scheduler cannot place: TooFewNodes(2), so an elastic run starts again on 2. Every pod
+    placed, one still pulling its image: a plain retryable line naming that pod, never a 'shortage' of 3 nodes (an
+    elastic run would start again on as many, and wait as long, for ever)."""
+    submission = job(["launch.nnodes=3", "launch.kubernetes.schedule_timeout_s=60"])
+    running = pod({"phase": "Running"}, "p-0")
+    pulling = pod(
+        {
+            "phase": "Pending",
+            "containerStatuses": [{"name": "node", "state": {"waiting": {"reason": "ContainerCreating"}}}],
+        },
+        "p-2",
+    )
+    unplaced = pod(
+        {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes fit"}
+            ],
+        },
+        "p-1",
+    )
+    short = too_few_nodes(submission, [running, unplaced, pulling], [str(unschedulable(unplaced))])
+    assert isinstance(short, TooFewNodes) and short.nodes == 2 and "(pod p-1: 0/2 nodes fit)" in str(short)
+    slow = too_few_nodes(submission, [running, running, pulling], [])
+    assert type(slow) is RetryableError and str(slow) == (
+        "train: not every pod runs after 60 s (pod p-2: Pending, ContainerCreating); free the nodes or raise "
+        "launch.kubernetes.schedule_timeout_s"
+    )
 
 
 def test_the_dry_run_prints_every_object_of_train_and_eval() -> None:
