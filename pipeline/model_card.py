@@ -106,24 +106,9 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
 
 
 def objective_row(spec: Spec) -> str:
-    """The training objective, its settings and its reference model."""
+    """The training objective, its settings and its reference model, as the objective describes itself."""
     train = spec.config.train
-    p = train.preference
-    if train.objective == "sft":
-        return "sft (supervised: cross-entropy of the answers)"
-    if train.objective == "orpo":
-        return f"orpo (lambda {p.beta:g}); no reference model"
-    settings = {
-        "dpo": f"beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
-        "ipo": f"tau {p.beta:g}",
-        "kto": f"beta {p.beta:g}, desirable weight {p.desirable_weight:g}, undesirable weight {p.undesirable_weight:g}",
-    }[train.objective]
-    if train.method == "full":
-        return (
-            f"{train.objective} ({settings}); reference: the base model `{spec.model_path}`'s log-probabilities of "
-            "every pair, computed before training (the run's reference/)"
-        )
-    return f"{train.objective} ({settings}); reference: the base model `{spec.model_path}` (the adapters disabled)"
+    return train.objective.card(train.preference, train.method, spec.model_path)
 
 
 def split_row(split: dict[str, Any]) -> tuple[str, str]:

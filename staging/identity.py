@@ -99,7 +99,7 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
         "streams": [stream.describe() for stream in streams],
         "mix": data.mix,
         "on_invalid": data.on_invalid,
-        "preference": data.preference,
+        "preference": data.preference_mode,
         "packing": data.packing,
         "shaping": shaping(data),
         "tokenizer": fingerprint,

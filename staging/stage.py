@@ -261,7 +261,7 @@ def split_writer(
 ) -> SplitWriter | PackingWriter:
     """The writer of one split's shards: examples row by row, spooled and packed into rows of max_length, or
     preference rows (data.preference=pairs)."""
-    if data.preference == "pairs":
+    if data.preference_mode == "pairs":
         return PreferenceWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
     writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed)
     return PackingWriter(writer, data.max_length, workdir) if packed else writer

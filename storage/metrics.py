@@ -17,7 +17,7 @@ PREFERENCE_COUNTS = ("units",)
 
 def eval_metric_keys(result: dict[str, Any]) -> tuple[str, ...]:
     """The headline metrics of an eval.json (or a registry entry's metrics): a preference objective's when it has
-    them (trainer/preference_train.py), else supervised evaluation's."""
+    them (trainer/objectives/preference/), else supervised evaluation's."""
     return ("loss", *(PREFERENCE_METRICS if "reward_accuracy" in result else SFT_METRICS))
 
 

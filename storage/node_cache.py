@@ -12,9 +12,10 @@ redo work the node already did.
   Each copy has a lock file beside it (`{name}.lock`): every rank reading a copy holds it shared for as long as it
   runs, and eviction takes it exclusively without waiting, so a copy in use is never removed. Whoever fills a copy
   holds a second lock (`{name}.fill`) exclusively, keeping its shared hold: readers never block a filler.
-- `reference/`: copies of full fine-tuning's reference tables kept on an object store (trainer/reference_table.py),
-  one file per table URL and version, fetched once per node (under the same `{name}.fill` lock) and renamed into place,
-  for the node's ranks to memory-map; 16 bytes a pair, not counted in `launch.node_cache_max_gb`.
+- `reference/`: copies of full fine-tuning's reference tables kept on an object store
+  (trainer/objectives/preference/reference_table.py), one file per table URL and version, fetched once per node (under
+  the same `{name}.fill` lock) and renamed into place, for the node's ranks to memory-map; 16 bytes a pair, not counted
+  in `launch.node_cache_max_gb`.
 
 The cache lives in `launch.node_cache_dir` (default `~/.cache/tandem`, or `TANDEM_NODE_CACHE` when set). Deleting the
 directory is always safe while no job runs on the node: it costs the next launch a hash or a download.

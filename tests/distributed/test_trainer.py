@@ -131,7 +131,8 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
 def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, reference: Run) -> None:
     # Both train with the loss from the last hidden states, in one pass at the tiny vocabulary (ZeRO-3's through its
     # partitioned path, the choice agreed across ranks), so the same trajectory is also that loss under ZeRO-3
-    # training as under ZeRO-2 (and as the full logits, qwen_zero2_slow_rank). Chunks: tests/unit/test_chunked_loss*.
+    # training as under ZeRO-2 (and as the full logits, qwen_zero2_slow_rank).
+    # Chunks: tests/unit/trainer/loss/test_chunked*.
     chunk = TrainConfig.model_fields["loss_chunk_tokens"].default
     logged = (
         f"in chunks of {chunk} target tokens (train.loss_chunk_tokens), the choice and the chunk count agreed "

@@ -88,12 +88,13 @@ FEEDBACK = {
 PAIR_FIXES = (
     "which supervised fine-tuning would mistrain: it has no place for the rejected answers; set "
     "data.preference=chosen to train on the prompts and chosen answers only (rejected answers are never targets), or "
-    "train it with a preference objective (data.preference=pairs, train.objective=dpo, ipo or orpo)"
+    "train it with a preference objective (train.objective=dpo, ipo or orpo, which stages its pairs)"
 )
 FEEDBACK_FIXES = (
     "which supervised fine-tuning would mistrain: it would imitate the answers labelled false; set "
     "data.preference=chosen to train on the records labelled true only (those labelled false are left out and listed "
-    "in rejects.jsonl), or train it with a preference objective (data.preference=pairs, train.objective=kto)"
+    "in rejects.jsonl), or train it with a preference objective (train.objective=kto, which stages its labelled "
+    "answers)"
 )
 CASES = [(f"{name} pairs", record, form, PAIR_FIXES) for name, (record, form) in PAIRS.items()] + [
     (f"{name} feedback", record, form, FEEDBACK_FIXES) for name, (record, form) in FEEDBACK.items()

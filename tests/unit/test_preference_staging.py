@@ -1,7 +1,9 @@
 """Preference data staged for a preference objective (data.preference=pairs): a pair is one row holding its prompt
 once (tokenized with the chat template, tools kept) and its chosen and rejected answers, targets on the answers only;
 KTO feedback is a row of its prompt and answer with the label; an over-long pair is truncated as a unit or dropped
-and counted; supervised records, packing and a mismatched objective are refused in one line."""
+and counted; supervised records, and pairs with KTO records in one dataset, are refused in one line. The config's
+checks of an objective against its data are tests/unit/config/test_objectives.py's, the trainer's against the staged
+rows tests/unit/trainer/objectives/test_base.py's."""
 
 from __future__ import annotations
 
@@ -10,9 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pydantic import ValidationError
 
-from config.schema import FinetuneConfig
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.stage import stage_dataset
@@ -136,71 +136,6 @@ def test_supervised_records_are_refused_in_one_line(tmp_path, tiny_model) -> Non
         f"{source}: its first records are not preference data (no 'chosen'/'rejected' answers, no KTO label); "
         "data.preference=pairs stages pairs and KTO feedback only: give it in its own run, with "
         "data.preference=chosen or refuse"
-    )
-
-
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        (
-            {"data": {"preference": "pairs", "packing": True}, "train": {"objective": "dpo"}},
-            "data.packing: preference data is not packed (a pair is one row); leave data.packing empty or false",
-        ),
-        (
-            {"data": {"preference": "pairs"}},
-            "data.preference=pairs stages preference rows, which train.objective=sft cannot train; set "
-            "train.objective to dpo, ipo, kto or orpo, or data.preference to chosen",
-        ),
-        (
-            {"train": {"objective": "kto"}},
-            "train.objective=kto trains on preference rows; set data.preference=pairs to stage them",
-        ),
-        (
-            {"data": {"preference": "pairs"}, "train": {"objective": "kto", "method": "full"}},
-            "train.objective=kto with train.method=full: KTO's reference point compares each answer with another "
-            "prompt's answer chosen by the batch, which the reference computed once before full fine-tuning cannot "
-            "hold; use train.method lora or qlora (the reference is the model with its adapters disabled), or dpo, "
-            "ipo or orpo on pairs",
-        ),
-        (
-            {"register": {"gate": {"metric": "reward_accuracy", "direction": "max", "threshold": 0.6}}},
-            "register.gate.metric=reward_accuracy is not measured for train.objective=sft; use loss or one of "
-            "perplexity, token_accuracy",
-        ),
-    ],
-)
-def test_config_mismatches_are_refused_in_one_line(settings: dict, message: str) -> None:
-    with pytest.raises(ValidationError) as info:
-        FinetuneConfig.model_validate(settings)
-    assert message in str(info.value)
-
-
-def test_orpo_trains_full_weights_and_a_preference_gate_is_accepted() -> None:
-    cfg = FinetuneConfig.model_validate(
-        {
-            "data": {"preference": "pairs"},
-            "train": {"objective": "orpo", "method": "full"},
-            "register": {"gate": {"metric": "reward_accuracy", "direction": "max", "threshold": 0.6}},
-        }
-    )
-    assert cfg.train.objective == "orpo"
-
-
-def test_an_objective_that_does_not_fit_the_staged_rows_stops_the_trainer_in_one_line(tmp_path, tiny_model) -> None:
-    from trainer.loop import check_rows
-    from trainer.preference_step import Objective
-
-    ref = stage(write_jsonl(tmp_path / "p.jsonl", [PAIR_RECORD]), tmp_path, tiny_model)
-    split = Split([Shard(Path(ref.url) / "train" / "shard-00000.arrow")], 1)
-    check_rows(split, Objective("dpo", 0.1))  # pairs for DPO: fine
-    with pytest.raises(UserError) as info:
-        check_rows(split, Objective("kto", 0.1))
-    assert str(info.value) == "train.objective=kto: the dataset holds pairs; set train.objective to dpo, ipo or orpo"
-    with pytest.raises(UserError) as info:
-        check_rows(split, Objective("sft", 0.1))
-    assert str(info.value) == (
-        "train.objective=sft and the staged dataset disagree: it holds preference rows; stage it with "
-        "data.preference=refuse or chosen"
     )
 
 

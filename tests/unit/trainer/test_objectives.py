@@ -28,14 +28,12 @@ from storage.fs import Location
 from storage.shards import IGNORE_INDEX, PAIR, PreferenceWriter, Row
 from storage.split_reader import Shard, Split
 from trainer import tiny
-from trainer.chunked_loss import LossHead
 from trainer.data import collate
 from trainer.distributed import Dist
-from trainer.evaluate import local_sums, reduced_metrics
-from trainer.loop import summed_loss
+from trainer.loss.chunked import LossHead
 from trainer.model import make_trainable
-from trainer.preference_step import Objective
-from trainer.preference_train import preference_eval
+from trainer.objectives.registry import build as build_objective
+from trainer.objectives.sft import summed_loss
 
 RELATIVE = 1e-6  # float32 rounding of sums over a few hundred tokens
 VOCAB = tiny.RECIPE["vocab_size"]
@@ -115,24 +113,16 @@ def measure_sft_losses(model: Any, rows: list[Row]) -> dict[str, float]:
 
 def measure_sft_eval(model: Any, rows: list[Row], chunk_tokens: int) -> dict[str, Any]:
     """The evaluation's metrics of `rows` in micro-batches of 2."""
-    sums = local_sums(
-        model,
-        rows,
-        range(len(rows)),
-        rank=0,
-        world=1,
-        batch_size=2,
-        pad_id=0,
-        device=CPU,
-        loss_chunk_tokens=chunk_tokens,
-    )
-    return reduced_metrics(sums, ONE)
+    objective = build_objective(TrainConfig.model_validate({"loss_chunk_tokens": chunk_tokens}))
+    return objective.evaluate(model, rows, range(len(rows)), ONE, batch_size=2, pad_id=0, lockstep=False)
 
 
 def measure_preference(model: Any, split: Split, name: str) -> dict[str, Any]:
     """The objective's evaluation of every row of `split`."""
-    objective = Objective(name, BETA, SMOOTHING if name == "dpo" else 0.0, W_D, W_U)
-    return preference_eval(model, split, range(len(split)), objective, ONE, batch_size=EVAL_BATCH, pad_id=0)
+    settings = {"beta": BETA, "label_smoothing": SMOOTHING if name == "dpo" else 0.0}
+    settings |= {"desirable_weight": W_D, "undesirable_weight": W_U}
+    objective = build_objective(TrainConfig.model_validate({"objective": name, "preference": settings}))
+    return objective.evaluate(model, split, range(len(split)), ONE, batch_size=EVAL_BATCH, pad_id=0, lockstep=False)
 
 
 def assert_pinned(got: dict[str, Any], pinned: dict[str, Any]) -> None:

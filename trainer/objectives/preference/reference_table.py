@@ -1,7 +1,7 @@
 """The reference of DPO and IPO under full fine-tuning: the base model's log-probabilities of every pair's answers,
 computed once, before the first optimizer step, and kept in the run directory.
 
-With LoRA the reference is the policy with its adapters disabled (trainer/preference_step.py). A fully fine-tuned
+With LoRA the reference is the policy with its adapters disabled (reference.py). A fully fine-tuned
 policy has no such switch, and a second, frozen copy of the model would cost every rank a model's memory (under
 ZeRO-3 a second partitioned engine). What DPO and IPO need of the reference is a number per answer, which never
 changes: so the loaded base computes it for the train and eval splits in one pass without gradients (each rank a
@@ -49,8 +49,8 @@ from storage.fs import (
 from storage.node_cache import REFERENCE, cache_root, filling
 from storage.split_reader import Split
 from trainer.distributed import Dist, barrier, dist_sum, gather_to_main
-from trainer.preference_data import collate_preference
-from trainer.preference_loss import sequence_logps
+from trainer.loss.logps import sequence_logps
+from trainer.objectives.preference.batching import collate_preference
 
 log = logging.getLogger(__name__)
 

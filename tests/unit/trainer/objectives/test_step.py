@@ -1,11 +1,11 @@
-"""The preference objectives' step (trainer/preference_train.py) under real DeepSpeed engines, ZeRO-2 and ZeRO-3, on 1
-and 2 gloo ranks: the step's loss and every trainable parameter's full gradient (what DeepSpeed holds after the
-ranks' backward passes, before the optimizer step) equal the published equations' on the whole global batch
-(tests/unit/test_preference_loss.py writes them out), rtol 1e-5 in float32 (an element near zero: 1e-5 of its
-tensor's largest). The global batch of 4 units is dealt 2 micro-batches of 1 per rank on 2 ranks and 2 of 2 on 1
-rank, so the ranks' losses, the accumulation and KTO's all-reduced reference point all take part.
+"""The optimizer step (trainer/objectives/step.py) of the preference objectives under real DeepSpeed engines, ZeRO-2 and
+ZeRO-3, on 1 and 2 gloo ranks: the step's loss and every trainable parameter's full gradient (what DeepSpeed holds after
+the ranks' backward passes, before the optimizer step) equal the published equations' on the whole global batch
+(tests/unit/trainer/objectives/preference/test_losses.py writes them out), rtol 1e-5 in float32 (an element near zero:
+1e-5 of its tensor's largest). The global batch of 4 units is dealt 2 micro-batches of 1 per rank on 2 ranks and 2 of 2
+on 1 rank, so the ranks' losses, the accumulation and KTO's all-reduced reference point all take part.
 
-Each launch runs this file as a module, one process per rank, as tests/unit/test_chunked_loss_zero3.py does."""
+Each launch runs this file as a module, one process per rank, as tests/unit/trainer/loss/test_chunked_zero3.py does."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_chunked_loss_zero3 import COLLECTIVE_TIMEOUT_S
+from tests.unit.trainer.loss.test_chunked_zero3 import COLLECTIVE_TIMEOUT_S
 
+LAUNCHER, THIS = "tests.unit.trainer.loss.test_chunked_zero3", "tests.unit.trainer.objectives.test_step"
 CASES = [(stage, objective) for stage in (2, 3) for objective in ("dpo", "ipo", "kto", "orpo")]
 UNITS = 4
 
@@ -28,7 +29,7 @@ UNITS = 4
 def test_preference_loss_and_gradients_equal_the_published_ones_under_zero2_and_zero3(
     tmp_path: Path, world: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tests.unit.test_chunked_loss_zero3 as launcher
+    import tests.unit.trainer.loss.test_chunked_zero3 as launcher
 
     monkeypatch.setattr(launcher, "WORLD", world)
     monkeypatch.setattr(sys, "executable", sys.executable)
@@ -39,15 +40,15 @@ def test_preference_loss_and_gradients_equal_the_published_ones_under_zero2_and_
 
 
 def launch(tmp_path: Path, world: int) -> list[dict]:
-    """This module on `world` ranks, through test_chunked_loss_zero3's launcher (its module name swapped)."""
+    """This module on `world` ranks, through test_chunked_zero3's launcher (its module name swapped)."""
     import subprocess
 
-    import tests.unit.test_chunked_loss_zero3 as launcher
+    import tests.unit.trainer.loss.test_chunked_zero3 as launcher
 
     real = subprocess.Popen
 
     def popen(args: list[str], **kwargs: Any) -> Any:
-        return real([arg.replace("test_chunked_loss_zero3", "test_preference_zero") for arg in args], **kwargs)
+        return real([arg.replace(LAUNCHER, THIS) for arg in args], **kwargs)
 
     launcher.subprocess.Popen = popen  # type: ignore[misc]
     try:
@@ -56,7 +57,7 @@ def launch(tmp_path: Path, world: int) -> list[dict]:
         launcher.subprocess.Popen = real  # type: ignore[misc]
 
 
-# ---- one rank (python -m tests.unit.test_preference_zero OUT_DIR) ----
+# ---- one rank (python -m tests.unit.trainer.objectives.test_step OUT_DIR) ----
 
 
 def engine_for(stage: int, model: Any, accum: int) -> Any:
@@ -83,11 +84,11 @@ def compare(stage: int, name: str, dist: Any) -> int:
     import torch
     from deepspeed.utils import safe_get_full_grad
 
-    from tests.unit.test_preference_loss import BETA, SMOOTHING, W_D, W_U, build, published_loss, rows_for
+    from tests.unit.trainer.objectives.preference.test_losses import build, published_loss, rows_for, settings_of
     from trainer.heartbeat import Heartbeat
-    from trainer.preference_data import collate_preference
-    from trainer.preference_step import Objective
-    from trainer.preference_train import preference_step
+    from trainer.objectives.preference.batching import collate_preference
+    from trainer.objectives.registry import build as build_objective
+    from trainer.objectives.step import optimizer_step
 
     method = "lora"
     rows, feedback = rows_for(name)
@@ -113,8 +114,8 @@ def compare(stage: int, name: str, dist: Any) -> int:
         step()
 
     engine.step = capture_then_step
-    objective = Objective(name, BETA, SMOOTHING if name == "dpo" else 0.0, W_D, W_U)
-    stats, _ = preference_step(engine, batches, dist, Heartbeat(dist.rank), 1, objective)
+    objective = build_objective(settings_of(name))
+    stats, _ = optimizer_step(engine, batches, dist, Heartbeat(dist.rank), 1, objective)
     assert stats.loss == pytest.approx(float(expected_loss.detach()), rel=1e-5), (stage, name)
     assert grads.keys() == expected.keys() and expected
     for n, grad in expected.items():
@@ -146,4 +147,4 @@ if __name__ == "__main__":
     main(Path(sys.argv[1]))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # as tests/unit/test_chunked_loss_zero3.py: skip a teardown that may abort after the result
+    os._exit(0)  # as tests/unit/trainer/loss/test_chunked_zero3.py: skip a teardown that may abort after the result

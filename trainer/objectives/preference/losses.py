@@ -1,6 +1,6 @@
-"""The preference objectives' losses, as published, on per-sequence log-probabilities (train.objective; see
-docs/preference-tuning.md). Every function returns one value per unit (a pair, or a KTO answer) or per token sums,
-never a mean: the step divides by the global batch's counts once (trainer/preference_step.py), so that a unit
+"""The preference objectives' losses, as published, on per-sequence log-probabilities (trainer/loss/logps.py; see
+docs/preference-tuning.md). Every function returns one value per unit (a pair, or a KTO answer), never a mean: the
+objective divides by the global batch's counts once (trainer/objectives/preference/objective.py), so that a unit
 weighs the same whatever the micro-batch, accumulation and world size.
 
     DPO  (Rafailov et al. 2023; conservative DPO's label smoothing eps):
@@ -20,18 +20,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from storage.shards import IGNORE_INDEX
-
-
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed log-probability of each sequence's targets, its target count), labels shifted by one."""
-    logits, targets = logits[:, :-1, :].float(), labels[:, 1:].to(logits.device)
-    mask = targets != IGNORE_INDEX
-    per_token = torch.gather(torch.log_softmax(logits, dim=-1), 2, torch.where(mask, targets, 0).unsqueeze(-1)).squeeze(
-        -1
-    )
-    return (per_token * mask).sum(dim=1), mask.sum(dim=1)
 
 
 def dpo_losses(

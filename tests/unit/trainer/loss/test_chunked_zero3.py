@@ -1,9 +1,9 @@
-"""The chunked loss (trainer/chunked_loss.py) under real DeepSpeed engines, ZeRO-2 and ZeRO-3, on 2 gloo ranks whose
+"""The chunked loss (trainer/loss/chunked.py) under real DeepSpeed engines, ZeRO-2 and ZeRO-3, on 2 gloo ranks whose
 batches have different numbers of target tokens, so each rank's own chunk count differs (the case that hangs unless
 the count is agreed across ranks: under ZeRO-3 every call of the output layer is an all-gather).
 
-One launch of 2 processes (this file run as a module, one per rank) builds an engine per stage and method (LoRA with
-the output layer among its targets, full fine-tuning) on tests/unit/test_chunked_loss.py's tiny model, and compares
+One launch of 2 processes (this file run as a module, one per rank) builds an engine per stage and method (LoRA with the
+output layer among its targets, full fine-tuning) on tests/unit/trainer/loss/test_chunked.py's tiny model, and compares
 on every rank the summed loss and every trainable parameter's full gradient (averaged over the ranks, read after
 backward and before the step) with the full-logits ones at rtol 1e-5 in float32: chunked (forced: the tiny vocabulary
 takes one pass at the default threshold), in one pass, and at a threshold between the two ranks' target logits, where
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 WORLD = 2
 COLLECTIVE_TIMEOUT_S = 20  # a rank left waiting in a collective fails after this instead of hanging
 LAUNCH_TIMEOUT_S = 150
@@ -61,7 +61,7 @@ def launch(tmp_path: Path) -> list[dict]:
         log = (tmp_path / f"rank-{rank}.log").open("w")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "tests.unit.test_chunked_loss_zero3", str(tmp_path)],
+                [sys.executable, "-m", "tests.unit.trainer.loss.test_chunked_zero3", str(tmp_path)],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -85,14 +85,14 @@ def launch(tmp_path: Path) -> list[dict]:
     return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(WORLD)]
 
 
-# ---- one rank (python -m tests.unit.test_chunked_loss_zero3 OUT_DIR) ----
+# ---- one rank (python -m tests.unit.trainer.loss.test_chunked_zero3 OUT_DIR) ----
 
 
 def rank_batch(rank: int, *, targets: bool = True) -> tuple:
-    """test_chunked_loss's batch, its prompts longer on rank 1 (fewer targets, fewer chunks of CHUNK); no target at
+    """test_chunked's batch, its prompts longer on rank 1 (fewer targets, fewer chunks of CHUNK); no target at
     all with `targets` False."""
     from storage.shards import IGNORE_INDEX
-    from tests.unit.test_chunked_loss import batch
+    from tests.unit.trainer.loss.test_chunked import batch
 
     ids, mask, labels = batch()
     labels[:, : 7 + 24 * rank] = IGNORE_INDEX
@@ -113,7 +113,7 @@ def engine_for(stage: int, method: str) -> Any:
     import deepspeed
     import torch
 
-    from tests.unit.test_chunked_loss import build
+    from tests.unit.trainer.loss.test_chunked import build
     from trainer.model import LORA_TARGETS
 
     model = build(method, lora_targets=[*LORA_TARGETS["qwen2"], "lm_head"] if method == "lora" else None)
@@ -137,7 +137,7 @@ def loss_and_grads(
     """The summed loss and every trainable parameter's full gradient after DeepSpeed's backward (before the step)."""
     from deepspeed.utils import safe_get_full_grad
 
-    from tests.unit.test_chunked_loss import head_of
+    from tests.unit.trainer.loss.test_chunked import head_of
 
     ids, mask, labels = inputs
     head = head_of(engine, chunk_tokens, one_pass_max_bytes)
@@ -162,8 +162,8 @@ def compare_training(engine: Any, inputs: tuple) -> int:
     number of gradients compared."""
     import torch
 
-    from tests.unit.test_chunked_loss import CHUNK, CHUNKED, ONE_PASS, VOCAB
-    from trainer.chunked_loss import LOGIT_BYTES
+    from tests.unit.trainer.loss.test_chunked import CHUNK, CHUNKED, ONE_PASS, VOCAB
+    from trainer.loss.chunked import LOGIT_BYTES
 
     full_loss, full_grads = loss_and_grads(engine, 0, inputs)
     between = target_count(rank_batch(1)[2]) * VOCAB * LOGIT_BYTES  # rank 1's own logits fit, rank 0's do not
@@ -187,7 +187,7 @@ def compare_evaluation(engine: Any, inputs: tuple) -> None:
     """eval_sums, chunked vs full logits, on a ZeRO-3 engine in eval mode."""
     import torch
 
-    from tests.unit.test_chunked_loss import CHUNK, head_of
+    from tests.unit.trainer.loss.test_chunked import CHUNK, head_of
 
     ids, mask, labels = inputs
     engine.eval()
@@ -207,7 +207,7 @@ def main(out_dir: Path) -> None:
     import deepspeed
     import torch
 
-    from tests.unit.test_chunked_loss import CHUNK
+    from tests.unit.trainer.loss.test_chunked import CHUNK
 
     rank = int(os.environ["RANK"])
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))

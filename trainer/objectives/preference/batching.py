@@ -7,7 +7,7 @@ for the KL reference point a mismatched one, its prompt with the answer of its p
 step's global order (so a row's partner depends on the step alone, not on how rows are dealt to ranks).
 
 A pair, or a KTO answer, is one unit of the global batch: rows are ordered, dealt and counted as supervised rows are
-(trainer/data.py), and each unit's loss is divided by the global batch's count.
+(trainer/data.py), and each unit's loss is divided by the global batch's count (trainer/objectives/preference/).
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ class PreferenceBatch:
     def units(self) -> int:
         """Pairs or KTO answers in it."""
         return len(self.desirable)
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """(pad positions, all positions) of its sequences (the mismatched ones are KTO's reference point's)."""
+        return self.sequences.padding
 
     @property
     def chosen_tokens(self) -> int:

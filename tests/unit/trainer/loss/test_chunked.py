@@ -1,10 +1,10 @@
-"""The loss from the last hidden states (trainer/chunked_loss.py), chunked or in one pass, equals the full-logits one:
+"""The loss from the last hidden states (trainer/loss/chunked.py), chunked or in one pass, equals the full-logits one:
 the summed loss, every trainable gradient (LoRA and full fine-tuning, the output layer tied or not, LoRA on the output
 layer) and the evaluation sums; chunked, no tensor as wide as the vocabulary ever holds more than one chunk of
 positions; and which of the two a micro-batch takes follows the size of its target logits. In process, on the
 built-in tiny model's shape in float32. Its 2,048-token vocabulary takes one pass at the default threshold, so the
 chunked path is forced here (`one_pass_max_bytes=0`). The same comparisons with real ZeRO-2 and ZeRO-3 engines on
-2 ranks whose chunk counts differ are tests/unit/test_chunked_loss_zero3.py's; the ZeRO-2 and ZeRO-3 runs of
+2 ranks whose chunk counts differ are tests/unit/trainer/loss/test_chunked_zero3.py's; the ZeRO-2 and ZeRO-3 runs of
 tests/distributed train with it, in one pass (the reference's and the zero3 run's trajectories match the full-logits
 qwen-zero2 run's)."""
 
@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX
 from trainer import tiny
-from trainer.chunked_loss import LOGIT_BYTES, LossHead
+from trainer.loss.chunked import LOGIT_BYTES, LossHead
 from trainer.model import make_trainable
 
 CHUNK = 16  # several chunks per batch, the last one short

@@ -1,11 +1,11 @@
-"""Full fine-tuning's reference table (trainer/reference_table.py) in one process: rows gathered in fixed-size blocks
-land in their places, whatever the order and the block size; the table is written under a temporary name and
-renamed (a failed fill leaves nothing under the name), then mapped read-only, not read into memory; a table on an
-object store (a real S3 endpoint, moto's) is fetched once per node into the node cache and mapped there, and a table
+"""Full fine-tuning's reference table (trainer/objectives/preference/reference_table.py) in one process: rows gathered
+in fixed-size blocks land in their places, whatever the order and the block size; the table is written under a temporary
+name and renamed (a failed fill leaves nothing under the name), then mapped read-only, not read into memory; a table on
+an object store (a real S3 endpoint, moto's) is fetched once per node into the node cache and mapped there, and a table
 written again is fetched again; a table of other rows, or a file that is no table, stops in one line naming it. The
 model's log-probabilities are those of a forward pass one row at a time. Three real ranks (processes in a gloo group)
-with uneven shares and blocks of a few rows each build the same table and map it; the whole training path over
-several ranks is tests/distributed/test_preference.py's, through real torchrun."""
+with uneven shares and blocks of a few rows each build the same table and map it; the whole training path over several
+ranks is tests/distributed/test_preference.py's, through real torchrun."""
 
 from __future__ import annotations
 
@@ -21,11 +21,20 @@ from core.errors import UserError
 from storage.fs import Location, filesystem, write_bytes_atomic
 from storage.node_cache import REFERENCE
 from storage.shards import PAIR, Row
-from trainer import reference_table, tiny
+from trainer import tiny
 from trainer.distributed import Dist, barrier, init, shutdown
-from trainer.preference_data import collate_preference
-from trainer.preference_loss import sequence_logps
-from trainer.reference_table import collect, compute, load, pass_count, table_url, write, written_table
+from trainer.loss.logps import sequence_logps
+from trainer.objectives.preference import reference_table
+from trainer.objectives.preference.batching import collate_preference
+from trainer.objectives.preference.reference_table import (
+    collect,
+    compute,
+    load,
+    pass_count,
+    table_url,
+    write,
+    written_table,
+)
 
 ONE = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="test", device=torch.device("cpu"))
 
@@ -146,7 +155,7 @@ def test_the_base_models_log_probabilities_fill_the_table() -> None:
 
 
 class Rows(list[Row]):
-    """Pairs as trainer/reference_table.py reads a split: rows by index, each one's feedback."""
+    """Pairs as reference_table.py reads a split: rows by index, each one's feedback."""
 
     def feedback(self, index: int) -> int:
         return PAIR

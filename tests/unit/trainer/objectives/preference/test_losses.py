@@ -1,10 +1,10 @@
-"""The preference objectives (trainer/preference_step.py) equal the published equations, written out here one pair or
-one answer at a time on unpadded sequences: DPO (with label smoothing), IPO, KTO (its reference point from the
-mismatched answers) and ORPO. The loss and every trainable gradient agree within rtol 1e-5 in float32 on the
-built-in tiny model's shape with LoRA (its reference: the same model with the adapters disabled), and for ORPO
-under full fine-tuning too; an element of a gradient near zero gets an absolute tolerance of 1e-5 of its tensor's
-largest element (the padded batch sums in another order). In process; the same objectives under DeepSpeed ZeRO-2
-and ZeRO-3 on 1 and 2 ranks are tests/distributed/test_preference.py's."""
+"""The preference objectives (trainer/objectives/preference/) equal the published equations, written out here one pair
+or one answer at a time on unpadded sequences: DPO (with label smoothing), IPO, KTO (its reference point from the
+mismatched answers) and ORPO. The loss and every trainable gradient agree within rtol 1e-5 in float32 on the built-in
+tiny model's shape with LoRA (its reference: the same model with the adapters disabled), and for ORPO under full
+fine-tuning too; an element of a gradient near zero gets an absolute tolerance of 1e-5 of its tensor's largest element
+(the padded batch sums in another order). In process; the same objectives under DeepSpeed ZeRO-2 and ZeRO-3 on 1 and 2
+ranks are tests/unit/trainer/objectives/test_step.py's, through real torchrun tests/distributed/test_preference.py's."""
 
 from __future__ import annotations
 
@@ -17,14 +17,25 @@ import torch
 from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX, PAIR, Row
 from trainer import tiny
+from trainer.distributed import Dist
 from trainer.model import make_trainable
-from trainer.preference_data import collate_preference
-from trainer.preference_step import Objective, adapters_off, micro_batch
-from trainer.preference_train import add, metrics_of
+from trainer.objectives.base import add
+from trainer.objectives.preference.batching import collate_preference
+from trainer.objectives.preference.reference import adapters_off
+from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
+from trainer.objectives.registry import build as build_objective
 
 VOCAB = tiny.RECIPE["vocab_size"]
 BETA, SMOOTHING, W_D, W_U = 0.3, 0.1, 1.3, 0.7
 KTO_SEED = 5  # rows whose mismatched log ratio is positive: KTO's reference point is not clamped to 0
+ONE = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="test", device=torch.device("cpu"))
+
+
+def settings_of(name: str) -> TrainConfig:
+    """train with the objective `name` and the settings the equations below use."""
+    preference = {"beta": BETA, "label_smoothing": SMOOTHING if name == "dpo" else 0.0}
+    preference |= {"desirable_weight": W_D, "undesirable_weight": W_U}
+    return TrainConfig.model_validate({"objective": name, "preference": preference})
 
 
 def rows_for(name: str) -> tuple[list[Row], list[int]]:
@@ -128,21 +139,18 @@ def published_loss(model: Any, rows: list[Row], feedback: list[int], objective: 
     return torch.stack(losses).mean()
 
 
-def ours(model: Any, rows: list[Row], feedback: list[int], objective: Objective) -> tuple[torch.Tensor, dict]:
-    """The trainer's loss of the same batch: one padded forward pass (pairs: chosen and rejected together)."""
+def ours(model: Any, rows: list[Row], feedback: list[int], name: str) -> tuple[torch.Tensor, dict]:
+    """The trainer's loss of the same batch, as one rank's only micro-batch of a step: one padded forward pass
+    (pairs: chosen and rejected together)."""
     n = len(rows)
-    partners = [rows[(i + 1) % n] for i in range(n)] if objective.name == "kto" else []
+    partners = [rows[(i + 1) % n] for i in range(n)] if name == "kto" else []
     batch = collate_preference(rows, feedback, pad_id=0, partners=partners)
-    kl = 0.0
-    if objective.name == "kto":
-        from trainer.preference_step import kl_sums
-
-        total, count = kl_sums(model, batch, torch.device("cpu"))
-        assert total > 0, "the reference point would be clamped to 0: choose rows that make it positive"
-        kl = max(total / count, 0.0)
-    losses, nll, sums = micro_batch(model, batch, objective, torch.device("cpu"), kl)
-    loss = losses / n + (nll / batch.chosen_tokens if objective.name == "orpo" else 0.0)
-    return loss, sums
+    objective = build_objective(settings_of(name))
+    scope = objective.begin_step(model, [batch], ONE)
+    if name == "kto":
+        assert scope.kl > 0, "the reference point would be clamped to 0: choose rows that make it positive"
+    micro = objective.micro_batch(model, batch, scope)
+    return micro.backward, micro.sums
 
 
 def gradients(model: Any, loss: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -157,10 +165,9 @@ def gradients(model: Any, loss: torch.Tensor) -> dict[str, torch.Tensor]:
 def test_loss_and_gradients_equal_the_published_equations(name: str, method: str) -> None:
     model = build(method)
     rows, feedback = rows_for(name)
-    objective = Objective(name, BETA, SMOOTHING if name == "dpo" else 0.0, W_D, W_U)
     theirs = published_loss(model, rows, feedback, name)
     expected = gradients(model, theirs)
-    loss, _ = ours(model, rows, feedback, objective)
+    loss, _ = ours(model, rows, feedback, name)
     got = gradients(model, loss)
     assert float(theirs.detach()) > 0
     torch.testing.assert_close(loss, theirs, rtol=1e-5, atol=1e-7)
@@ -178,10 +185,10 @@ def test_the_reference_is_the_base_and_the_rewards_start_at_zero() -> None:
     # every reward 0, and no pair is counted right (the accuracy counts strictly higher chosen rewards).
     model = make_trainable(tiny.build_model(VOCAB, pad_id=0, eos_id=1), TrainConfig()).float()
     rows, feedback = random_rows(3, pairs=True)
-    loss, sums = ours(model, rows, feedback, Objective("dpo", BETA))
+    loss, sums = ours(model, rows, feedback, "dpo")
     assert float(loss.detach()) == pytest.approx(math.log(2), rel=1e-6)
     total: dict = {}
-    add(total, sums)
+    add(total, sums, SUM_KEYS)
     metrics = metrics_of(total)
     assert metrics["reward_accuracy"] == 0.0 and metrics["reward_margin"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["chosen_logps_per_token"] < 0 and metrics["units"] == 3

@@ -1,5 +1,5 @@
-"""The loss of trainer/loss.py computed from the last hidden states: in one pass, or a chunk of target positions at
-a time when the logits would be large.
+"""The loss of trainer/loss/cross_entropy.py computed from the last hidden states: in one pass, or a chunk of target
+positions at a time when the logits would be large.
 
 The unfused loss takes the model's full logits, batch x sequence x vocabulary, and upcasts them to float32: for
 Qwen2.5's 151,936-token vocabulary at micro-batch 2 x 2,048 tokens that is 2.5 GB in one tensor, and its gradient
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from storage.shards import IGNORE_INDEX
-from trainer.loss import cross_entropy, shift
+from trainer.loss.cross_entropy import cross_entropy, shift
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class LossHead:
         hidden, targets = target_positions(out.hidden_states[-1], labels)
         loss = torch.zeros((), dtype=torch.float64, device=hidden.device)
         correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-        # Under ZeRO-3 every rank calls this as often (evaluate.local_sums' lockstep) and here runs as many chunks.
+        # Under ZeRO-3 every rank calls this as often (sft.local_sums' lockstep) and here runs as many chunks.
         size, starts = self.chunks(len(targets), hidden.device)
         for start in starts:
             logits = self.head(hidden[start : start + size]).float()
