@@ -109,8 +109,10 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     """Build the engine and the objective, resume (train.resume), and set up metrics and the watches; returns (run,
     first step)."""
     train_cfg = spec.config.train
-    engine, pad_id, partitioned = build_engine(spec, dist)
     objective = build(train_cfg)
+    examples = split_of(spec, "train")
+    check_rows(examples, objective.objective)  # before the model loads: rows staged for another objective stop here
+    engine, pad_id, partitioned = build_engine(spec, dist)
     objective.start(engine, spec, dist, pad_id)  # by the base (a reference table): before any checkpoint is resumed
     seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
     io = DeepSpeedIO(engine, spec, dist, zero_stage=zero_stage(spec.deepspeed))
@@ -119,7 +121,6 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
     )
     start = checkpointer.resume()
     metrics = MetricsWriter(spec.run, enabled=dist.is_main, start_step=start)
-    examples = split_of(spec, "train")
     order = GlobalOrder(len(examples), train_cfg.seed)
     order.epoch(start * spec.config.global_batch(dist.world_size) // max(len(examples), 1))  # before the first step
     run = Run(
@@ -151,7 +152,6 @@ def train(spec: Spec, dist: Dist) -> None:
         spec.total_steps,
         dist.world_size,
     )
-    check_rows(run.examples, run.objective.objective)
     profiler = StepProfiler(spec.config.train.profile_steps, start, spec.total_steps, spec.run, dist.rank)
     loop_started = time.perf_counter()
     for step in range(start, spec.total_steps):

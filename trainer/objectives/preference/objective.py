@@ -14,6 +14,7 @@ all-reduced and divided once, so it equals one process's.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -82,7 +83,7 @@ class EvalPasses:
         return collate_preference([self.rows[i] for i in group], feedback, self.pad_id, partners, group)
 
 
-class PreferenceObjective:
+class PreferenceObjective(ABC):
     """A preference objective on a rank: its config object, its settings (train.preference), the method (full
     fine-tuning reads its reference from tables), and the tables by split. Subclasses compute each unit's loss
     (`losses`); KTO adds its reference point."""
@@ -132,6 +133,7 @@ class PreferenceObjective:
         kl = self.reference_point(model, batches, len(batches), dist)
         return PreferenceScope(units, chosen, kl, dist.world_size * len(batches), dist.device, self.tables.get("train"))
 
+    @abstractmethod
     def losses(
         self,
         policy: torch.Tensor,
@@ -142,7 +144,6 @@ class PreferenceObjective:
     ) -> tuple[torch.Tensor, torch.Tensor, Sums]:
         """(each unit's loss, the summed chosen-token cross-entropy ORPO adds (0 for the others), the metric sums)
         from the policy's log-probabilities of the batch's sequences and their target counts, and the reference's."""
-        raise NotImplementedError
 
     def nll_tokens(self, batch: PreferenceBatch) -> float:
         """The target tokens the cross-entropy of `losses` is divided by (ORPO: the chosen answers'); 0 without one."""

@@ -11,6 +11,8 @@ into a loss per pair and the pair's rewards (losses.py has the equations).
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import torch
 
 from trainer.objectives.base import Sums
@@ -52,6 +54,7 @@ class PairObjective(PreferenceObjective):
         )
         return losses, nll, sums
 
+    @abstractmethod
     def pair_losses(
         self,
         chosen: torch.Tensor,
@@ -62,7 +65,6 @@ class PairObjective(PreferenceObjective):
         ref_rejected: torch.Tensor | None,
     ) -> PairLosses:
         """Each pair's loss and rewards from summed log-probabilities, their target counts and the reference's."""
-        raise NotImplementedError
 
 
 class Dpo(PairObjective):
