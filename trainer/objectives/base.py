@@ -24,7 +24,7 @@ group; an auxiliary loss (a mixture of experts' load balancing) is added to what
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,10 +44,12 @@ Sums = dict[str, float]
 
 @dataclass(frozen=True)
 class MicroLoss:
-    """A micro-batch's loss, scaled for backward (see the module's docstring), and its metric sums."""
+    """A micro-batch's loss, scaled for backward (see the module's docstring), and its metric sums: numbers, or
+    0-d tensors read only after the backward pass (reading a tensor on a GPU waits for it: before backward, the
+    device would idle while the backward pass is queued)."""
 
     backward: torch.Tensor
-    sums: Sums
+    sums: Mapping[str, float | torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,10 @@ class TrainObjective(Protocol):
         ...
 
 
-def add(into: Sums, sums: Sums, keys: Sequence[str]) -> None:
+def add(into: Sums, sums: Mapping[str, float | torch.Tensor], keys: Sequence[str]) -> None:
     """Accumulate metric sums."""
     for key in keys:
-        into[key] = into.get(key, 0.0) + sums.get(key, 0.0)
+        into[key] = into.get(key, 0.0) + float(sums.get(key, 0.0))
 
 
 def reduced(sums: Sums, keys: Sequence[str], dist: Dist) -> Sums:

@@ -139,7 +139,7 @@ class Sft:
         """The micro-batch's summed cross-entropy, scaled by the step's target tokens."""
         assert self.head is not None, "Sft.start builds the loss head before the first step"
         loss = summed_loss(model, batch, scope.device, self.head)
-        return MicroLoss(loss * scope.scale, {"loss_sum": loss.item()})
+        return MicroLoss(loss * scope.scale, {"loss_sum": loss.detach()})
 
     def end_step(self, sums: Sums, scope: SftScope) -> StepResult:
         """The global batch's loss per target token."""

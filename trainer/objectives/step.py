@@ -37,13 +37,14 @@ def optimizer_step(
         faults.maybe_stall(dist.rank, step)
         micro = objective.micro_batch(engine, batch, scope)
         loss = faults.maybe_poison(micro.backward, dist.rank, step)
-        nonfinite += not math.isfinite(float(loss.detach()))
         heartbeat.beat(step)
         # Only the forward pass is timed for straggler detection: DeepSpeed's backward reduces gradients across
         # ranks, so it would include waiting for the slowest rank.
         compute_s += time.perf_counter() - started
         engine.backward(loss)
         engine.step()
+        # Read after the backward pass is queued (a read waits for the device), as the sums are.
+        nonfinite += not math.isfinite(float(loss.detach()))
         add(sums, micro.sums, objective.sum_keys)
         pad, total = batch.padding
         pads, positions, tokens = pads + pad, positions + total, tokens + total - pad
