@@ -1,14 +1,14 @@
 """What every tracking sink records besides metrics: the resolved config as flat, masked params, and the lineage and
-an elastic run's attempts as tags (tasks/tracking)."""
+an elastic run's attempts as tags (tasks/track.py), and the check before a run that its sinks are installed."""
 
 from __future__ import annotations
 
 import json
 
 from storage.spec import Attempt
-from tests.unit.test_elastic_config import spec_for
+from tests.specs import spec_for
 from tracking import resolved_params, run_tags
-from tracking.sink import flatten, step_metrics
+from tracking.sink import flatten
 
 
 def test_the_resolved_config_is_flattened_with_secret_looking_values_masked(tmp_path) -> None:
@@ -42,6 +42,21 @@ def test_an_elastic_runs_attempts_and_the_lineage_become_tags(tmp_path) -> None:
     }
 
 
-def test_a_step_line_gives_its_train_metrics_and_skips_what_is_missing() -> None:
-    line = {"step": 3, "max_steps": 8, "loss": 2.5, "lr": 0.001, "grad_norm": None, "tokens_per_s": 100}
-    assert step_metrics(line) == {"train/loss": 2.5, "train/lr": 0.001, "train/tokens_per_s": 100.0}
+def test_a_tracking_extra_that_is_not_installed_is_named_in_one_line(tmp_path) -> None:
+    """The pipeline's check before training, in a process where `import mlflow` fails as it does without the
+    extra (a None entry in sys.modules is how Python marks a module as not importable)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import sys; sys.modules['mlflow'] = None\n"
+        "from config.loader import load_config\nfrom tracking import check_tracking\n"
+        "check_tracking(load_config(None, ['track.mlflow_uri=http://127.0.0.1:1']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert (
+        "core.errors.UserError: track.mlflow_uri: MLflow is not installed in this environment: "
+        "pip install 'tandem[mlflow]' (or set track.mlflow_uri=off)"
+    ) in done.stderr

@@ -13,9 +13,7 @@ from config.sections.run_data import DataConfig
 from staging import firstpass, workers
 from staging.stage import stage_dataset
 from storage.manifest import read_manifest
-from tests.datafiles import write_json
-
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
+from tests.datafiles import SAMPLE, write_json
 
 
 def stage_in_one_and_two_processes(data: DataConfig, tmp_path: Path, model: str) -> tuple[dict, dict]:

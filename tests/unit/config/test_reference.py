@@ -23,8 +23,7 @@ from config.reference import (
 )
 from config.schema import FinetuneConfig
 from config.sections.base import Section
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")

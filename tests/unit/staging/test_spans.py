@@ -11,10 +11,9 @@ import pytest
 
 from staging.formats import normalize_openai, normalize_sharegpt
 from staging.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
+from tests.datafiles import SAMPLE, read_records
 from tests.datafiles import openai as openai_turns
-from tests.datafiles import read_records
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
 TOOLS = [{"name": "add", "description": "Add two numbers", "parameters": {"type": "object", "properties": {}}}]
 SHAREGPT = {
     "tools": '[{"name": "add", "description": "Add two numbers", "parameters": {"type": "object", "properties": {}}}]',

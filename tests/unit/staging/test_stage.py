@@ -20,9 +20,8 @@ from staging import spool, workers
 from staging.stage import stage_dataset
 from storage import shards
 from storage.manifest import read_manifest, verify_dataset, verify_files
-from tests.datafiles import arithmetic, qwen, write_json, write_jsonl
+from tests.datafiles import SAMPLE, arithmetic, qwen, write_json, write_jsonl
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
 SCHEMA = "tandem.dataset/1"
 
 

@@ -22,8 +22,8 @@ from launch.fit import check_fit
 from launch.job import NodePlan
 from storage.spec import Spec
 from tests.benchmarks.bench_gpu import ACCUMULATION, LORA, MICRO_BATCH, shape_of
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "tests" / "benchmarks" / "results" / "h200-2026-11-26"
 ZERO3 = str(ROOT / "config" / "deepspeed" / "zero3.json")
 

@@ -11,9 +11,8 @@ import pytest
 from staging import length
 from staging.formats import Conversation
 from staging.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
-from tests.datafiles import read_records
+from tests.datafiles import SAMPLE, read_records
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
 # A Qwen2.5-style template that renders tools and tool calls (the tiny model's ChatML template renders neither).
 TOOL_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"

@@ -22,13 +22,13 @@ from storage.local_dataset import open_split
 from storage.manifest import read_manifest
 from storage.node_cache import node_cache
 from storage.shards import Row, examples_of
+from tests.datafiles import SAMPLE
 from tests.distributed.harness import tool_call_conversations
 from trainer.chunked_loss import LossHead
 from trainer.data import collate
 from trainer.evaluate import local_sums
 from trainer.loop import summed_loss
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "conversations.json"
 CPU = torch.device("cpu")
 
 
