@@ -17,8 +17,9 @@ from typing import Any
 
 import boto3
 
+from launch.command import free_port
 from tests.cluster.test_cluster import alive, cluster, pids
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT
 
 # Whether this machine can run the stack (its PostgreSQL).
 HAS_POSTGRES = shutil.which("initdb") is not None or bool(glob.glob("/usr/lib/postgresql/*/bin/initdb"))

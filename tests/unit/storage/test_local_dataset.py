@@ -5,7 +5,6 @@ the earlier Parquet form converted into the cache and read as before; a shard th
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from staging.stage import stage_dataset
 from storage.fs import Location, filesystem, join, read_bytes
 from storage.local_dataset import open_split, prepare_dataset
 from storage.manifest import read_manifest
-from storage.node_cache import NodeCache, dataset_entry, lock_path
+from storage.node_cache import NodeCache, dataset_entry, unused
 from storage.shards import Row
 from storage.spec import DatasetRef
 from tests.datafiles import arithmetic, write_jsonl
@@ -119,7 +118,8 @@ def test_a_damaged_cached_file_is_fetched_again(on_s3, s3_endpoint, tmp_path) ->
         open_split(dataset, "train", cache)
     # The failed open let its hold on the copy go, even while its traceback lives (else the fill below would wait on
     # it forever: flock counts each open file as a holder of its own, in the same process too).
-    assert no_one_holds(dataset_entry(cache.root, ref.dataset_id, ref.manifest_digest)) and caught.traceback
+    with unused(dataset_entry(cache.root, ref.dataset_id, ref.manifest_digest)) as free:
+        assert free and caught.traceback
     assert prepare_dataset(dataset, ref.manifest_digest, cache).endswith(", 1 fetched (0.00 GB)")
     assert shard.read_bytes() == good
 
@@ -137,18 +137,6 @@ def test_a_rank_fills_a_copy_that_others_already_read(on_s3, s3_endpoint, tmp_pa
     other.start()
     other.join(timeout=60)
     assert done == [len(split_rows(dataset, "train"))] and len(reader) == len(split_rows(dataset, "eval"))
-
-
-def no_one_holds(entry: Path) -> bool:
-    """Whether a copy's lock can be taken exclusively right now."""
-    fd = os.open(lock_path(entry), os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def test_copies_beyond_the_cap_go_least_recently_used_first_unless_in_use(on_s3, s3_endpoint, tmp_path) -> None:
