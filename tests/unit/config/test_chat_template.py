@@ -15,7 +15,7 @@ import pytest
 
 from config.chat_template import builtin_template, resolve_chat_template
 from core.errors import UserError
-from staging.tokenize import load_tokenizer
+from staging.tokenizer import load_tokenizer
 
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
 CURRENT = {

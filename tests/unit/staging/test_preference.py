@@ -269,7 +269,7 @@ def stage(source: str, storage: Path, tokenizer: str, **settings: object):
 
 def staged_rows(url: str, tokenizer: str) -> list[tuple[str, list[str]]]:
     """(the whole text, the target runs) of every staged row, decoded."""
-    from staging.tokenize import load_tokenizer
+    from staging.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     table = pa.ipc.open_file(Path(url) / "train" / "shard-00000.arrow").read_all()

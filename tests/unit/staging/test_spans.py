@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from staging.formats import normalize_openai, normalize_sharegpt
-from staging.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
+from staging.tokenize import IGNORE_INDEX, ChatEncoder
+from staging.tokenizer import load_tokenizer
 from tests.datafiles import SAMPLE, read_records
 from tests.datafiles import openai as openai_turns
 

@@ -10,7 +10,8 @@ import pytest
 
 from staging import length
 from staging.formats import Conversation
-from staging.tokenize import IGNORE_INDEX, ChatEncoder, load_tokenizer
+from staging.tokenize import IGNORE_INDEX, ChatEncoder
+from staging.tokenizer import load_tokenizer
 from tests.datafiles import SAMPLE, read_records
 
 # A Qwen2.5-style template that renders tools and tool calls (the tiny model's ChatML template renders neither).
