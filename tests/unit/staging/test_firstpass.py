@@ -1,5 +1,5 @@
 """Pass one (parse, validate, digest) in data.num_proc processes stages the same bytes as in one, and keeps every
-bad record's `file:line`."""
+bad record's `file:line`: a JSON Lines file is cut into blocks of whole lines, each numbered as the file."""
 
 from __future__ import annotations
 
@@ -112,3 +112,30 @@ def test_mapped_compressed_and_mixed_sources_stage_the_same_bytes_in_two_process
     assert (Path(one.url) / "rejects.jsonl").read_bytes() == (Path(two.url) / "rejects.jsonl").read_bytes()
     gz = next(s for s in manifest["sources"] if s["url"].endswith(".gz"))
     assert gz["digest"] == blake3.blake3((tmp_path / "sample.jsonl.gz").read_bytes()).hexdigest()
+
+
+def test_a_jsonl_file_is_cut_into_blocks_of_whole_lines_numbered_as_the_file(tmp_path, monkeypatch) -> None:
+    from staging import firstpass
+    from staging.mapping import Mapping
+    from staging.records import Reading, Record, Reject
+    from storage.fs import Location
+
+    lines = [json.dumps({"text": f"line {n} " + "x" * (n % 7)}) for n in range(1, 201)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines))  # no newline after the last line
+    monkeypatch.setattr(firstpass, "BLOCK_BYTES", 300)
+    monkeypatch.setattr(firstpass, "READ_BYTES", 1000)
+    reading = Reading("text", Mapping("text"), "refuse")
+    read: list[int] = []
+    blocks = list(firstpass.blocks(Location(str(path)), reading, read.append))
+    assert len(blocks) > 10 and sum(read) == path.stat().st_size
+    assert b"".join(block.data for block in blocks) == path.read_bytes()
+    for block in blocks:
+        assert block.data.startswith(b'{"text": "line ' + str(block.first_line).encode() + b" ")
+    parts = firstpass.scan_block(blocks[0])
+    assert parts.count == blocks[1].first_line - 1 and not parts.rejects
+    broken = firstpass.Block(Location(str(path)), reading, b'{"text": "a"}\nnot json\n{"text": "b"}\n', 41)
+    runs = list(firstpass.scan_block(broken).runs())
+    assert [type(run).__name__ for run in runs] == ["Digested", "Reject", "Digested"]
+    assert isinstance(runs[1], Reject) and runs[1].location == f"{path}:42"
+    assert not isinstance(runs[0], Record) and runs[0].count == runs[2].count == 1
