@@ -9,7 +9,6 @@ from pathlib import Path
 from storage import layout
 from storage.checkpoints import (
     apply_retention,
-    checkpoint_manifest,
     commit,
     complete_checkpoints,
     inspect,
@@ -22,29 +21,15 @@ from storage.checkpoints import (
 )
 from storage.digest import digest_bytes
 from storage.fs import Location
-
-
-def save(run: Path, step: int, *, seal: bool = True, payload: bytes = b"weights") -> Location:
-    """A checkpoint of `step` as the trainer writes one: its shard, then the manifest, then COMPLETE."""
-    url = layout.checkpoint_dir(Location(str(run)), step)
-    folder = Path(str(url)) / layout.rank_dir_name(0)
-    folder.mkdir(parents=True)
-    (folder / "model.pt").write_bytes(payload)
-    files = [{"path": "rank-00000/model.pt", "size": len(payload), "digest": digest_bytes(payload, "blake3")}]
-    manifest = checkpoint_manifest(step, 1, {"zero_stage": 2, "method": "lora"}, "blake3", files)
-    if seal:
-        commit(url, manifest, verify=True)
-    else:
-        (Path(str(url)) / layout.MANIFEST).write_text("{}")
-    return url
+from tests.checkpoints import save_checkpoint, shard_path
 
 
 def test_only_sealed_checkpoints_exist_and_the_newest_is_found(tmp_path) -> None:
-    save(tmp_path, 10)
-    save(tmp_path, 20)
-    save(tmp_path, 30, seal=False)  # a save that died before COMPLETE
+    save_checkpoint(tmp_path, 10)
+    save_checkpoint(tmp_path, 20)
+    save_checkpoint(tmp_path, 30, seal=False)  # a save that died before COMPLETE
     newest = latest_complete(Location(str(tmp_path)))
-    assert newest is not None and newest.step == 20 and newest.manifest["files"][0]["path"] == "rank-00000/model.pt"
+    assert newest is not None and newest.step == 20 and newest.manifest["files"][0]["path"] == shard_path(0)
     assert [c.step for c in complete_checkpoints(Location(str(tmp_path)))] == [20, 10]
     assert inspect(layout.checkpoint_dir(Location(str(tmp_path)), 30)).endswith(
         "COMPLETE: missing (the save did not finish)"
@@ -53,24 +38,24 @@ def test_only_sealed_checkpoints_exist_and_the_newest_is_found(tmp_path) -> None
 
 
 def test_a_changed_manifest_or_a_truncated_file_unmakes_a_checkpoint(tmp_path) -> None:
-    url = save(tmp_path, 10)
+    url = save_checkpoint(tmp_path, 10)
     folder = Path(str(url))
     (folder / layout.MANIFEST).write_text((folder / layout.MANIFEST).read_text().replace('"step": 10', '"step": 11'))
     reason = inspect(url)
     assert isinstance(reason, str) and "manifest or its marker changed after the save" in reason
-    url = save(tmp_path, 20)
-    (Path(str(url)) / "rank-00000" / "model.pt").write_bytes(b"we")
+    url = save_checkpoint(tmp_path, 20)
+    (Path(str(url)) / shard_path(0)).write_bytes(b"we")
     assert read_complete(url) is None
-    assert "size 2 != expected 7" in str(inspect(url))
+    assert "size 2 != expected 8" in str(inspect(url))
     assert latest_complete(Location(str(tmp_path))) is None
 
 
 def test_retention_keeps_the_newest_k_and_drops_older_incomplete_ones(tmp_path) -> None:
     run = Location(str(tmp_path))
     for step in (10, 20, 30, 40):
-        save(tmp_path, step)
-    save(tmp_path, 25, seal=False)  # incomplete, older than the newest complete: retention's too
-    save(tmp_path, 50, seal=False)  # incomplete and newest: a save in flight, left alone
+        save_checkpoint(tmp_path, step)
+    save_checkpoint(tmp_path, 25, seal=False)  # incomplete, older than the newest complete: retention's too
+    save_checkpoint(tmp_path, 50, seal=False)  # incomplete and newest: a save in flight, left alone
     assert retention_doomed(run, None) == [25]
     assert apply_retention(run, 2) == [10, 20, 25]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
