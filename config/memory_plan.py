@@ -2,7 +2,7 @@
 JSON and the model's config.json alone, before anything loads (docs/memory-plan.md).
 
 Every term is counted from first principles, bytes per parameter or per token by dtype, ZeRO stage and offload, not
-fitted to measurements: the measurements check it (tests/unit/test_memory_plan.py). The shapes are those of
+fitted to measurements: the measurements check it (tests/unit/config/test_memory_plan.py). The shapes are those of
 config/footprint.py (a decoder-only transformer with grouped-KV attention and a gated MLP). What the terms assume:
 
 - Training dtype: bf16 on GPUs, fp32 on CPU ranks. DeepSpeed keeps a float32 master copy of the trained parameters

@@ -30,7 +30,8 @@ from staging.progress import Reporter
 from staging.records import RecordError, Reject
 from staging.scan import EVAL, Scan, scan_sources
 from staging.streams import label
-from staging.tokenize import EncoderSettings, tokenizer_fingerprint
+from staging.tokenize import EncoderSettings
+from staging.tokenizer import tokenizer_fingerprint
 from staging.workers import ChunkResult, encode_chunks, worker_count
 from storage import layout
 from storage.digest import digest_bytes

@@ -194,19 +194,30 @@ def evict(root: Path, keep: Path, need: int, cap: int) -> list[str]:
     return removed
 
 
-def remove_unused(entry: Path) -> bool:
-    """Remove a copy unless a reader or a filler holds its lock; contents.json first, so that a copy being removed is
-    never complete."""
+@contextlib.contextmanager
+def unused(entry: Path) -> Iterator[bool]:
+    """The copy's lock held exclusively for the block if no reader or filler holds it; yields whether it was free
+    (without waiting: a copy in use is simply not free)."""
     fd = os.open(lock_path(entry), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def remove_unused(entry: Path) -> bool:
+    """Remove a copy unless a reader or a filler holds its lock; contents.json first, so that a copy being removed is
+    never complete."""
+    with unused(entry) as free:
+        if not free:
             return False
         with contextlib.suppress(FileNotFoundError):
             (entry / CONTENTS).unlink()
         shutil.rmtree(entry, ignore_errors=True)
         log.info("node cache: removed %s (least recently used, over launch.node_cache_max_gb)", entry)
         return True
-    finally:
-        os.close(fd)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.command import free_port
 from storage.fs import Location
 from tests.servers import MlflowServer, PrefectServer
 
@@ -63,13 +63,6 @@ def session_node_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TANDEM_NODE_CACHE", str(folder))
         yield folder
-
-
-def free_port() -> int:
-    """A TCP port that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+# The sample conversations the demo stages (data/sample/).
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample" / "conversations.json"
+
 
 def write_jsonl(path: Path, records: list[Any]) -> str:
     """JSON Lines, one record per line."""

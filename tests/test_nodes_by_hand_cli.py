@@ -12,8 +12,9 @@ import re
 import subprocess
 import sys
 
+from launch.command import free_port
 from storage.checkpoints import latest_complete
-from tests.conftest import ROOT, free_port, run_cli
+from tests.conftest import ROOT, run_cli
 
 
 def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_server) -> None:

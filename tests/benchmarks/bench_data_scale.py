@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -601,9 +600,9 @@ def s3_endpoint(enabled: bool) -> Iterator[str | None]:
     if not enabled:
         yield None
         return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from launch.command import free_port
+
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -98,7 +98,7 @@ def replaced_workflow(source: Path, target: Path, model: str, num_proc: int) -> 
     (token ids) in num_proc processes and writes Parquet."""
     from datasets import Dataset, disable_progress_bars
 
-    from staging.tokenize import load_tokenizer
+    from staging.tokenizer import load_tokenizer
 
     disable_progress_bars()
     tokenizer = load_tokenizer(model)
@@ -205,7 +205,8 @@ def bench_tokenize(
     from staging.progress import Reporter
     from staging.scan import scan_sources
     from staging.spool import read_chunk
-    from staging.tokenize import EncoderSettings, load_tokenizer
+    from staging.tokenize import EncoderSettings
+    from staging.tokenizer import load_tokenizer
     from staging.workers import encode_chunks, worker_count
 
     subset = work / "subset.jsonl"

@@ -28,7 +28,6 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from launch.command import free_port
 
 WAYS = ("old", "new")
 
@@ -156,12 +157,6 @@ def rank(way: str, rows: int, micro: int, folder: str) -> dict:
         "shared_table_mib": (after["RssFile"] - before["RssFile"]) / mib,
         "checksum": checksum,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(way: str, rows: int, micro: int, ranks: int) -> list[dict]:

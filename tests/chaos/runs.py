@@ -4,7 +4,6 @@ storage holds nothing half-written under a final name."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import time
@@ -106,17 +105,3 @@ def _verify(directory: Path) -> list[str]:
     except (UserError, ValueError, KeyError) as exc:
         return [f"{directory}: {exc}"]
     return []
-
-
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Pids of this user's processes whose environment has name=value (every descendant inherits it)."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found

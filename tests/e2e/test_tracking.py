@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, run_cli
+from launch.command import free_port
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e
 

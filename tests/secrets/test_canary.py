@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from launch.command import free_port
+from tests.conftest import ROOT
 from tests.flows.conftest import deploy, start_workers
 from tests.servers import PrefectServer, start_prefect_server, stop
 

@@ -22,9 +22,9 @@ from core.errors import EXIT_RETRYABLE, RetryableError
 from launch.backends import prefect as prefect_backend
 from launch.backends.prefect import NodeFlowRun
 from launch.backends.prefect_api import ApiOutage, fail_fast, unreachable
+from launch.command import free_port
 from launch.node import ERROR_EXIT_CODE, recorded_end, status_url
 from storage.fs import Location, write_json_atomic
-from tests.conftest import free_port
 
 
 def record(run: Location, rank: int, **status: object) -> None:

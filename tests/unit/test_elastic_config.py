@@ -10,8 +10,9 @@ import pytest
 from config.loader import load_config
 from core.errors import RetryableError, TooFewNodes, UserError
 from launch.elastic import next_attempt
-from pipeline.plan import build_spec, total_steps
-from storage.spec import Attempt, DatasetRef, Spec
+from pipeline.plan import total_steps
+from storage.spec import Attempt
+from tests.specs import spec_for
 
 
 def test_accumulation_is_derived_from_the_global_batch_for_every_world_size() -> None:
@@ -83,25 +84,6 @@ def test_elastic_nodes_need_a_global_batch_and_an_ordered_range() -> None:
         )
     with pytest.raises(UserError, match=re.escape("launch.min_nnodes=4 <= launch.nnodes=3")):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=4", "train.global_batch_size=24"])
-
-
-def spec_for(tmp_path, overrides: list[str]) -> Spec:
-    cfg = load_config(
-        None,
-        [
-            f"run.storage={tmp_path}",
-            "train.global_batch_size=12",
-            "train.micro_batch_size=2",
-            "train.max_steps=8",
-            *overrides,
-        ],
-    )
-    return build_spec(
-        cfg,
-        "r",
-        str(tmp_path),
-        DatasetRef(dataset_id="d", url=str(tmp_path), manifest_digest="x", split_records={"train": 100}),
-    )
 
 
 def test_an_attempt_takes_the_healthy_nodes_and_refuses_fewer_than_min(tmp_path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.stage import stage_dataset
-from staging.tokenize import load_tokenizer
+from staging.tokenizer import load_tokenizer
 from storage.shards import IGNORE_INDEX, PAIR
 from storage.split_reader import Shard, Split
 from tests.datafiles import write_jsonl

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from launch.command import free_port
 
 ROOT = Path(__file__).resolve().parents[4]
 WORLD = 2
@@ -43,9 +44,7 @@ def test_chunked_loss_and_gradients_equal_the_full_logits_ones_under_zero2_and_z
 
 def launch(tmp_path: Path) -> list[dict]:
     """Run this module on WORLD ranks; every rank's result (each compares on its own and exits 1 on a mismatch)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(WORLD):
         env = {

@@ -18,6 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 from core.errors import UserError
+from launch.command import free_port
 from storage.fs import Location, filesystem, write_bytes_atomic
 from storage.node_cache import REFERENCE
 from storage.shards import PAIR, Row
@@ -183,11 +184,6 @@ def ranks_build(rank: int, world: int, port: int, folder: str, rows: int) -> Non
 
 
 def test_ranks_gather_their_shares_into_one_mapped_table(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(ranks_build, args=(3, port, str(tmp_path), 101), nprocs=3, join=True)
+    mp.spawn(ranks_build, args=(3, free_port(), str(tmp_path), 101), nprocs=3, join=True)
     assert sorted(p.name for p in tmp_path.glob("rank-*.ok")) == ["rank-0.ok", "rank-1.ok", "rank-2.ok"]
     assert [p.name for p in (tmp_path / "run" / "reference").iterdir()] == ["train.npy"]
