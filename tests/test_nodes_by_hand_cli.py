@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from storage.checkpoints import latest_complete
+from storage.location import Location
 from tests.conftest import ROOT, free_port, run_cli
 
 
@@ -66,4 +67,4 @@ def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_s
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "node 0 preflight ok" in outputs[0] and "node 1 preflight ok" in outputs[1]
-    assert latest_complete(str(storage / "runs" / "r1")).step == 2
+    assert latest_complete(Location(str(storage / "runs" / "r1"))).step == 2

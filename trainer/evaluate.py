@@ -22,8 +22,9 @@ import torch
 
 from core.errors import UserError
 from storage import layout
-from storage.fs import Location, join, write_json_atomic
+from storage.fs import write_json_atomic
 from storage.local_dataset import open_split
+from storage.location import ARGUMENT_FORM, Location, join, location_argument
 from storage.node_cache import cache_root, node_cache
 from storage.shards import Row, examples_of
 from storage.spec import Spec
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
+    parser.add_argument("--spec", required=True, type=location_argument, help=f"the run's spec.json: {ARGUMENT_FORM}")
     parser.add_argument(
         "--model",
         required=True,

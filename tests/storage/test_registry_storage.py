@@ -9,7 +9,8 @@ import json
 import pytest
 
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
-from storage.fs import Location, filesystem, join, read_bytes
+from storage.fs import filesystem, read_bytes
+from storage.location import Location, join
 from storage.registry import champion, read_entry, register_version, resolve, versions
 from tests.racing import race
 from tests.registry_helpers import claim, claim_and_promote, entry
@@ -86,3 +87,7 @@ def test_registry_cli_reads_an_s3_registry(s3_endpoint, s3_bucket) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("remote v0001\n") and '"writer": "w0"' in result.stdout
     assert "# from_pretrained needs a local directory" not in result.stdout  # model_url here is a local path
+    # Without the endpoint variable, the endpoint given with the URL, as run.storage_options gives it to the pipeline.
+    by_options = run_cli("flows.registry", "--storage", storage.argument(), "list", env={"AWS_ENDPOINT_URL": None})
+    assert by_options.returncode == 0, by_options.stderr
+    assert [line.split()[:2] for line in by_options.stdout.splitlines()[1:]] == [["remote", "v0001"]]

@@ -23,7 +23,8 @@ from launch.backends import prefect as prefect_backend
 from launch.backends.prefect import NodeFlowRun
 from launch.backends.prefect_api import ApiOutage, fail_fast, unreachable
 from launch.node import ERROR_EXIT_CODE, recorded_end, status_url
-from storage.fs import Location, write_json_atomic
+from storage.fs import write_json_atomic
+from storage.location import Location
 from tests.conftest import free_port
 
 

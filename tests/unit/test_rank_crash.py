@@ -10,7 +10,7 @@ import torch.distributed as torch_dist
 from core.errors import EXIT_RETRYABLE, EXIT_USER_ERROR
 from core.rank_log import CRASH
 from launch.diagnose import failure_message, without_torchrun_report
-from storage.fs import Location
+from storage.location import Location
 from tests.unit.test_failure_summary import TORCHRUN_REPORT
 from trainer.crash import crash_exit_code, crash_line
 from trainer.model import lora_targets

@@ -11,6 +11,7 @@ from config.loader import load_config
 from config.sections.results import GateConfig
 from core.errors import UserError
 from pipeline.gate import check_gate
+from storage.location import Location
 from storage.registry import champion, promote, read_entry, register_version, resolve, versions
 from tests.conftest import run_cli
 from tests.registry_helpers import entry
@@ -18,7 +19,7 @@ from tests.registry_helpers import entry
 METRICS = {"loss": 2.31, "perplexity": 10.07, "token_accuracy": 0.42}
 
 
-def registered(storage: str, *losses: float) -> None:
+def registered(storage: Location, *losses: float) -> None:
     """Register one version per loss, promoting by loss as the register task does without a gate."""
     for i, loss in enumerate(losses):
         version, _ = register_version(storage, "m", entry(loss, f"w{i}"))
@@ -39,12 +40,12 @@ def registered(storage: str, *losses: float) -> None:
     ],
 )
 def test_threshold_gate_both_ways(tmp_path, gate: dict, passed: bool, message: str) -> None:
-    result = check_gate(GateConfig(**gate), METRICS, str(tmp_path), "m")
+    result = check_gate(GateConfig(**gate), METRICS, Location(str(tmp_path)), "m")
     assert (result.passed, result.message) == (passed, message)
 
 
 def test_champion_gate_both_ways(tmp_path) -> None:
-    storage, gate = str(tmp_path), GateConfig(better_than="champion")
+    storage, gate = Location(str(tmp_path)), GateConfig(better_than="champion")
     first = check_gate(gate, METRICS, storage, "m")
     assert first.passed and first.message == "passed: eval_loss 2.31, and m has no champion yet"
     registered(storage, 2.5, 2.0, 2.2)
@@ -84,7 +85,7 @@ def test_bad_gate_and_eval_config_is_one_line_naming_the_key(override: str, expe
 
 
 def test_resolve_names_versions_and_the_champion(tmp_path) -> None:
-    storage = str(tmp_path)
+    storage = Location(str(tmp_path))
     registered(storage, 2.5, 2.0, 2.2)
     assert [resolve(storage, ref)["version"] for ref in ("m", "m:1", "m:v2", "m:v0003", "m:champion")] == [
         3,
@@ -100,10 +101,10 @@ def test_resolve_names_versions_and_the_champion(tmp_path) -> None:
 
 
 def test_registry_cli_lists_and_shows_without_a_prefect_server(tmp_path) -> None:
-    storage = str(tmp_path / "storage")
+    storage = Location(str(tmp_path / "storage"))
     registered(storage, 2.5, 2.0)
     env = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}  # nothing listens there: the CLI must not need it
-    listing = run_cli("flows.registry", "--storage", storage, "list", env=env, timeout=120)
+    listing = run_cli("flows.registry", "--storage", storage.url, "list", env=env, timeout=120)
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     assert lines[0].split() == ["model", "version", "created", "loss", "perplexity", "token_accuracy", "champion"]
@@ -113,14 +114,14 @@ def test_registry_cli_lists_and_shows_without_a_prefect_server(tmp_path) -> None
     ]
     assert lines[2].endswith("*") and not lines[1].endswith("*")
 
-    shown = run_cli("flows.registry", "--storage", storage, "show", "m:champion", env=env, timeout=120)
+    shown = run_cli("flows.registry", "--storage", storage.url, "show", "m:champion", env=env, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("m v0002 (champion)\n")
     doc = json.loads(shown.stdout[shown.stdout.index("{") : shown.stdout.index("\nHow to load")])
     assert doc == read_entry(storage, "m", 2)
     assert 'model = PeftModel.from_pretrained(base, "/models/w1")' in shown.stdout
 
-    missing = run_cli("flows.registry", "--storage", storage, "show", "m:v7", env=env, timeout=120)
+    missing = run_cli("flows.registry", "--storage", storage.url, "show", "m:v7", env=env, timeout=120)
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.strip() == f"error: m:v0007 is not registered under {storage} (versions: v0001, v0002)"
 
@@ -128,7 +129,7 @@ def test_registry_cli_lists_and_shows_without_a_prefect_server(tmp_path) -> None
 def test_a_registry_that_is_empty_lists_nothing(tmp_path) -> None:
     result = run_cli("flows.registry", "--storage", str(tmp_path), "list", timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == f"no models registered in {tmp_path}/registry"
-    assert versions(str(tmp_path), "m") == []
+    assert versions(Location(str(tmp_path)), "m") == []
 
 
 def test_loss_curve_plots_train_steps_and_eval_points(tmp_path) -> None:
@@ -143,27 +144,28 @@ def test_loss_curve_plots_train_steps_and_eval_points(tmp_path) -> None:
     records.insert(4, {"event": "straggler", "step": 4, "rank": 1})
     records.append({"event": "final_eval", "step": 10, "loss": 4.2})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    train, evals = loss_series(read_metrics(str(run)), [(10, 4.25)])
+    train, evals = loss_series(read_metrics(Location(str(run))), [(10, 4.25)])
     assert train == (list(range(1, 11)), [5.0 - s / 10 for s in range(1, 11)])
     assert evals == ([10], [4.25])  # eval.json's value for the step replaces the trainer's in-memory one
-    url = write_loss_plot(str(run), [(10, 4.25)], "test")
-    assert url == str(run / "loss.png")
+    url = write_loss_plot(Location(str(run)), [(10, 4.25)], "test")
+    assert str(url) == str(run / "loss.png")
     image = Image.open(io.BytesIO((run / "loss.png").read_bytes()))
     assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 200
-    assert write_loss_plot(str(tmp_path / "empty"), [], "none") is None
+    assert write_loss_plot(Location(str(tmp_path / "empty")), [], "none") is None
 
 
 def test_an_edited_entry_or_champion_is_refused_naming_the_file(tmp_path) -> None:
     from pathlib import Path
 
-    registered(str(tmp_path), 2.5)
+    storage = Location(str(tmp_path))
+    registered(storage, 2.5)
     entry_file = Path(tmp_path) / "registry" / "m" / "v0001.json"
     entry_file.write_text(entry_file.read_text().replace('"loss": 2.5', '"loss": 1.5'))  # still valid JSON
     refused = rf"^{entry_file}: sha256 digest mismatch: recorded .* the registry file is corrupt"
     with pytest.raises(UserError, match=refused):
-        read_entry(str(tmp_path), "m", 1)
+        read_entry(storage, "m", 1)
     alias = Path(tmp_path) / "registry" / "m" / "champion.json"
     alias.write_bytes(alias.read_bytes().replace(b'"version": 1', b'"version": 2'))
     with pytest.raises(UserError, match=rf"^{alias}: sha256 digest mismatch"):
-        champion(str(tmp_path), "m")
+        champion(storage, "m")
     assert json.loads(entry_file.read_text())["metrics"]["loss"] == 1.5  # refused, not repaired in place

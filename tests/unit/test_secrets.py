@@ -22,7 +22,7 @@ from core.redact import MASK, MaskingFilter, is_secret_name, mask_text, redact
 from launch.backends.slurm import sbatch_command
 from launch.command import rank_environment
 from launch.forward import check_forwarded, forward_env, forwarded_report
-from storage.fs import Location
+from storage.location import Location
 from storage.registry import read_entry, register_version
 from tests.conftest import ROOT
 from tests.registry_helpers import entry
@@ -137,7 +137,7 @@ def test_forward_env_reads_values_by_name_and_reports_only_set_or_missing() -> N
 def test_ranks_get_forwarded_values_and_sbatch_exports_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", CANARY)
     launch = LaunchConfig(forward_env=["HF_TOKEN"])
-    assert rank_environment(launch, Location("/tmp/run"))["HF_TOKEN"] == CANARY
+    assert rank_environment(launch)["HF_TOKEN"] == CANARY
     assert sbatch_command("/s/train.sbatch", launch) == ["sbatch", "--parsable", "--export=ALL", "/s/train.sbatch"]
     assert sbatch_command("/s/t", LaunchConfig()) == ["sbatch", "--parsable", "/s/t"]
     own = LaunchConfig(forward_env=["HF_TOKEN"], slurm_args=["--export=NONE"])
@@ -222,10 +222,10 @@ def test_masking_filter_masks_messages_arguments_and_tracebacks() -> None:
 
 def test_registry_entries_are_stored_masked_and_still_verify(tmp_path) -> None:
     body = {**entry(2.0, "w"), "notes": {"HF_TOKEN": CANARY}, "run_url": "s3://u:pw@bucket/runs/r"}
-    version, _ = register_version(str(tmp_path), "m", body)
+    version, _ = register_version(Location(str(tmp_path)), "m", body)
     raw = (tmp_path / "registry" / "m" / "v0001.json").read_text()
     assert CANARY not in raw and ":pw@" not in raw
-    stored = read_entry(str(tmp_path), "m", version)  # the digest covers the masked body
+    stored = read_entry(Location(str(tmp_path)), "m", version)  # the digest covers the masked body
     assert stored["notes"] == {"HF_TOKEN": MASK} and stored["run_url"] == "s3://u:***@bucket/runs/r"
     assert json.loads(raw)["metrics"] == body["metrics"]
 
