@@ -33,25 +33,26 @@ from launch.command import DEFAULT_MASTER_PORT
 from launch.job import MODULES, NodePlan, PhaseJob
 from launch.node import run_node
 from launch.preflight import visible_gpus
-from storage.fs import environment_location
+from storage.location import ARGUMENT_FORM, Location, location_argument
 from storage.spec import WrittenSpec, load_spec
 
 log = logging.getLogger("tandem.node")
 
 
-def node_job(spec_url: str, phase: str, model_url: str | None, expected_spec_digest: str | None) -> PhaseJob:
-    """This node's part of a phase: spec.json read back (and its storage options applied) for a node process."""
-    # spec.json is read with the options a launcher handed down (none when started by hand: then the environment's
-    # AWS_ENDPOINT_URL and profile reach the store); everything else with the spec's run.storage_options.
-    spec, digest = load_spec(environment_location(spec_url))
+def node_job(spec_url: Location, phase: str, model_url: str | None, expected_spec_digest: str | None) -> PhaseJob:
+    """This node's part of a phase: spec.json read back for a node process."""
+    # spec.json is read with the options its --spec carries (none when started by hand with a plain URL: then the
+    # environment's AWS_ENDPOINT_URL and profile reach the store); everything else through the spec's run location.
+    spec, digest = load_spec(spec_url)
     install_log_masking(spec.config.launch.forward_env)
     # Preflight checks the bytes this node reads against the digest the pipeline recorded, when it sent one.
-    return PhaseJob(WrittenSpec(spec, spec.run.with_url(spec_url), expected_spec_digest or digest), phase, model_url)
+    written = WrittenSpec(spec, spec.run.with_url(spec_url.url), expected_spec_digest or digest)
+    return PhaseJob(written, phase, model_url)
 
 
 @flow(name="node")
 def node(
-    spec_url: str,
+    spec: str,
     node_rank: int,
     nnodes: int,
     nproc_per_node: int,
@@ -61,8 +62,13 @@ def node(
     model_url: str | None = None,
     expected_spec_digest: str | None = None,
 ) -> dict[str, Any]:
-    """One node of a multi-node job (the flow the `prefect` launch backend starts on each node's queue)."""
+    """One node of a multi-node job (the flow the `prefect` launch backend starts on each node's queue); `spec` is the
+    run's spec.json as `--spec` takes it (its URL, or the JSON location with its storage options)."""
     plan = NodePlan(node_rank, nnodes, nproc_per_node, master_addr, master_port)
+    try:
+        spec_url = Location.parse(spec)
+    except ValueError as exc:
+        raise UserError(f"spec: {exc}") from None
     run_node(node_job(spec_url, phase, model_url, expected_spec_digest), plan, info=get_run_logger().info)
     return {"node_rank": node_rank, "phase": phase}
 
@@ -120,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m flows.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--spec", required=True, help="URL of the run's spec.json (written by flows.finetune)")
+    parser.add_argument(
+        "--spec",
+        required=True,
+        type=location_argument,
+        help=f"the run's spec.json (written by flows.finetune or flows.prepare --write-spec): {ARGUMENT_FORM}",
+    )
     parser.add_argument("--phase", choices=sorted(MODULES), default="train")
     parser.add_argument("--model", default=None, help="model URL to evaluate (--phase eval)")
     parser.add_argument("--spec-digest", default=None, help="sha256 the pipeline recorded for spec.json (checked)")

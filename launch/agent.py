@@ -36,7 +36,8 @@ from launch.diagnose import error_for, failure_message, failure_summary, read_fr
 from launch.job import NodePlan
 from launch.supervise import Failure, Poller, supervise
 from storage import layout
-from storage.fs import Location, is_local, join, put_file, write_json_atomic
+from storage.fs import put_file, write_json_atomic
+from storage.location import Location, is_local, join
 
 KILL_GRACE_S = 10.0
 FAILED_GRACE_S = 2.0
@@ -153,7 +154,7 @@ def start_agent(
     shutil.rmtree(beats, ignore_errors=True)
     os.makedirs(beats)
     tag = uuid.uuid4().hex
-    env = {**rank_environment(launch, run_url, plan.master_addr), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
+    env = {**rank_environment(launch, plan.master_addr), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
     log_path = os.path.join(node_scratch(run_url, plan.node_rank), layout.LOG)  # appended to by every phase
     with open(log_path, "ab") as log_file:
         offset = log_file.tell()

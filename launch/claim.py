@@ -27,7 +27,8 @@ from core.errors import EXIT_USER_ERROR, TandemError, UserError
 from core.processes import pid_alive
 from launch.diagnose import LOST_PEER, error_for
 from storage import layout
-from storage.fs import Location, exists, join, read_json, remove, write_json_atomic
+from storage.fs import exists, read_json, remove, write_json_atomic
+from storage.location import Location, join
 
 LEASE_S = 15.0
 RENEW_S = 2.0

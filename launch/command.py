@@ -15,7 +15,7 @@ from launch.forward import forward_env
 from launch.job import NodePlan
 from launch.network import interface_environment, source_address
 from storage import layout
-from storage.fs import Location, is_local, local_path, options_environment
+from storage.location import Location, is_local, local_path
 
 DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken
 AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
@@ -58,14 +58,14 @@ TRANSPORT_DEBUG = {
 FORWARDED = tuple(TRANSPORT_DEBUG)
 
 
-def node_environment(launch: LaunchConfig, run: Location) -> dict[str, str]:
-    """The variables a launcher hands to every node process beyond the node's own environment: the storage options
-    of the run directory (what reaches its spec.json; the rest come from the spec), the FORWARDED names this process
-    has, launch.forward_env's credentials (launch/forward.py) and launch.env. The one place that decides it: the local
-    agents get it on top of this process's environment, the ssh backend sends it over each connection's stdin (never
-    on a command line)."""
+def node_environment(launch: LaunchConfig) -> dict[str, str]:
+    """The variables a launcher hands to every node process beyond the node's own environment: the FORWARDED names
+    this process has, launch.forward_env's credentials (launch/forward.py) and launch.env. The one place that decides
+    it: the local agents get it on top of this process's environment, the ssh backend sends it over each connection's
+    stdin (never on a command line). The storage options of the run are no part of it: they travel in `--spec`
+    (launch/job.py)."""
     forwarded = {name: os.environ[name] for name in FORWARDED if name in os.environ}
-    return {**options_environment(run), **forwarded, **forward_env(launch), **launch.env}
+    return {**forwarded, **forward_env(launch), **launch.env}
 
 
 @contextlib.contextmanager
@@ -83,7 +83,7 @@ def transport_debug() -> Iterator[None]:
 MALLOC_MMAP_THRESHOLD = 2**20  # bytes; see rank_environment
 
 
-def rank_environment(launch: LaunchConfig, run: Location, master_addr: str | None = None) -> dict[str, str]:
+def rank_environment(launch: LaunchConfig, master_addr: str | None = None) -> dict[str, str]:
     """Environment for every rank: this node's own, one thread per rank on CPU, glibc's heap giving large blocks back,
     a per-checkout extension cache, the node environment (launch.forward_env's credentials among them), and, with
     `master_addr`, the interface that routes to it (launch/network.py) unless the user named one. A variable the node
@@ -97,7 +97,7 @@ def rank_environment(launch: LaunchConfig, run: Location, master_addr: str | Non
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(node_environment(launch, run))
+    env.update(node_environment(launch))
     if master_addr is not None:
         env.update(interface_environment(master_addr, env))
         with contextlib.suppress(OSError):

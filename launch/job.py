@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from storage.location import Location
 from storage.spec import WrittenSpec
 
 # phase -> the module torchrun runs on every rank ("probe": only the network probe, e.g. to test a cluster's links)
@@ -20,15 +21,17 @@ Info = Callable[[str], None]
 OnProgress = Callable[[dict[str, Any]], None]
 
 
-def trainer_args(spec_url: str, phase: str, model_url: str | None = None) -> list[str]:
-    """The arguments of `python -m trainer` / `python -m trainer.evaluate` for a phase."""
-    return ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
+def trainer_args(spec: Location, phase: str, model_url: str | None = None) -> list[str]:
+    """The arguments of `python -m trainer` / `python -m trainer.evaluate` for a phase. `--spec` is the spec.json's
+    location in its command-line form (the URL, with its storage options when it has any: storage/location.py), so the
+    rank reads it with the options that reach it."""
+    return ["--spec", spec.argument()] + (["--model", model_url] if phase == "eval" and model_url else [])
 
 
-def node_args(spec_url: str, phase: str, model_url: str | None, spec_digest: str) -> list[str]:
-    """The arguments of `python -m flows.node`: with the digest the pipeline recorded for spec.json where the node
-    preflights (train, probe), which checks it."""
-    args = ["--spec", spec_url, "--phase", phase]
+def node_args(spec: Location, phase: str, model_url: str | None, spec_digest: str) -> list[str]:
+    """The arguments of `python -m flows.node` (`--spec` as for trainer_args): with the digest the pipeline recorded
+    for spec.json where the node preflights (train, probe), which checks it."""
+    args = ["--spec", spec.argument(), "--phase", phase]
     if model_url:
         args += ["--model", model_url]
     if phase in ("train", "probe"):
@@ -63,12 +66,12 @@ class PhaseJob:
     @property
     def args(self) -> list[str]:
         """The arguments of that module."""
-        return trainer_args(str(self.written.url), self.phase, self.model_url)
+        return trainer_args(self.written.url, self.phase, self.model_url)
 
     @property
     def node_args(self) -> list[str]:
         """The arguments of `python -m flows.node` for this job on any node (srun, ssh, a pod)."""
-        return node_args(str(self.written.url), self.phase, self.model_url, self.written.digest)
+        return node_args(self.written.url, self.phase, self.model_url, self.written.digest)
 
 
 class Backend(Protocol):

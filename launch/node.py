@@ -18,7 +18,8 @@ from launch.network import source_address
 from launch.preflight import run_preflight
 from launch.supervise import Poller, poll_each
 from storage import layout
-from storage.fs import Location, exists, join, read_json, write_json_atomic
+from storage.fs import exists, read_json, write_json_atomic
+from storage.location import Location, join
 
 log = logging.getLogger(__name__)
 # status.json's record of why a node failed: the exit code of its error (2: retrying cannot help).

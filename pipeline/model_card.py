@@ -12,7 +12,7 @@ from config.chat_template import template_digest
 from config.deepspeed import zero_stage
 from core.redact import mask_text
 from storage import layout
-from storage.fs import Where
+from storage.location import Location
 from storage.spec import Spec
 
 METRIC_ROWS = (
@@ -125,7 +125,7 @@ def split_row(split: dict[str, Any]) -> tuple[str, str]:
     )
 
 
-def model_card(spec: Spec, entry: dict[str, Any], manifest: dict[str, Any], loss_plot: Where | None) -> str:
+def model_card(spec: Spec, entry: dict[str, Any], manifest: dict[str, Any], loss_plot: Location | None) -> str:
     """The whole card for a registered version (`manifest`: the staged dataset's)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"

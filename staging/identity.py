@@ -23,7 +23,8 @@ from staging.sources import expand
 from staging.streams import Stream, resolve
 from storage import layout
 from storage.digest import digest_bytes, hasher
-from storage.fs import Location, read_range, size
+from storage.fs import read_range, size
+from storage.location import Location
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
 PIPELINE_VERSION = 6

@@ -32,7 +32,8 @@ from core.errors import UserError
 from core.processes import pid_alive
 from storage import layout
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
-from storage.fs import Where, remove
+from storage.fs import remove
+from storage.location import Location
 
 log = logging.getLogger(__name__)
 LEASE_ENV = "TANDEM_RUN_LOCK_LEASE_S"
@@ -61,7 +62,7 @@ class RunLock:
 
     def __init__(
         self,
-        run_url: Where,
+        run_url: Location,
         run_id: str,
         flow_run_id: str | None,
         lease_s: float | None = None,

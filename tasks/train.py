@@ -9,6 +9,7 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from prefect.states import State
 
@@ -21,23 +22,25 @@ from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete, verified_export_step
 from storage.spec import Spec, WrittenSpec, load_spec, publish_spec
-from tracking.sink import Tracker, active
+from tracking.sink import Tracker
 
 
-@task(name="train")
-def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
+# Never a cached result: training must run (a run already trained says so itself), and the tracker (threads) has no
+# hash to key a cache by.
+@task(name="train", cache_policy=NO_CACHE)
+def train_on_nodes(written: WrittenSpec, tracker: Tracker | None = None) -> WrittenSpec:
     """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished, with the spec the
-    job finished under (an elastic run's attempt may have other nodes than the first). A run already trained to its
-    last step launches nothing."""
+    job finished under (an elastic run's attempt may have other nodes than the first). `tracker`: the run's, which
+    the flow hands in, fed each new step. A run already trained to its last step launches nothing."""
     logger = get_run_logger()
     spec = written.spec
     if trained_to_the_end(spec):
         logger.info(
-            f"train: {spec.run_url} is already trained to step {spec.total_steps} (its checkpoint and final/ "
+            f"train: {spec.run} is already trained to step {spec.total_steps} (its checkpoint and final/ "
             "are complete); no node is started. train.resume=never or a new run.name trains again"
         )
         return written
-    on_progress = progress_reporter(spec.total_steps, logger.info, active(spec.run_id))
+    on_progress = progress_reporter(spec.total_steps, logger.info, tracker)
     context = TaskRunContext.get()
     if context is None or context.task_run.run_count <= 1:
         return train_attempts(written, logger.info, on_progress)

@@ -8,7 +8,7 @@ from pathlib import Path
 from storage import layout
 from storage.checkpoints import checkpoint_manifest, commit
 from storage.digest import digest_bytes
-from storage.fs import Location
+from storage.location import Location
 
 
 def shard_path(rank: int) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launch.command import free_port
-from storage.fs import Location
+from storage.location import Location
 from tests.servers import MlflowServer, PrefectServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 def s3_bucket(s3_endpoint: str) -> Location:
     """A new empty bucket on the session's S3 endpoint: the location `s3://name` with the endpoint as its fsspec
     option (what a config's run.storage_options would give)."""
-    from storage.fs import Location, filesystem
+    from storage.fs import filesystem
+    from storage.location import Location
 
     bucket = Location(f"s3://tandem-test-{uuid.uuid4().hex[:12]}", {"endpoint_url": s3_endpoint})
     fs, path = filesystem(bucket)
@@ -198,7 +199,8 @@ def staged(tmp_path_factory, tiny_model):
 def s3_stoppable(s3_endpoint: str) -> Iterator:
     """An S3 endpoint of its own (moto's server) that a test may stop and start again on the same port, with a
     new bucket on it: yields (StoppableEndpoint, the bucket's location). Objects survive a stop."""
-    from storage.fs import Location, filesystem
+    from storage.fs import filesystem
+    from storage.location import Location
     from tests.s3_faults import StoppableEndpoint
 
     endpoint = StoppableEndpoint(free_port())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.fs import Location
+from storage.location import Location
 from storage.registry import promote, read_entry, register_version
 
 LINEAGE = {

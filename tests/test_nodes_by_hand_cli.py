@@ -14,6 +14,7 @@ import sys
 
 from launch.command import free_port
 from storage.checkpoints import latest_complete
+from storage.location import Location
 from tests.conftest import ROOT, run_cli
 
 
@@ -67,4 +68,4 @@ def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_s
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "node 0 preflight ok" in outputs[0] and "node 1 preflight ok" in outputs[1]
-    assert latest_complete(str(storage / "runs" / "r1")).step == 2
+    assert latest_complete(Location(str(storage / "runs" / "r1"))).step == 2

@@ -19,7 +19,8 @@ from typing import Any
 
 from core.errors import UserError
 from storage import layout
-from storage.fs import Location, join, write_json_atomic
+from storage.fs import write_json_atomic
+from storage.location import ARGUMENT_FORM, Location, join, location_argument
 from storage.shards import examples_of
 from storage.spec import Spec
 from trainer.data import split_of
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
+    parser.add_argument("--spec", required=True, type=location_argument, help=f"the run's spec.json: {ARGUMENT_FORM}")
     parser.add_argument(
         "--model",
         required=True,

@@ -23,7 +23,7 @@ from core.errors import UserError
 from launch.command import DEFAULT_MASTER_PORT
 from launch.job import node_args
 from storage import layout
-from storage.fs import Location, join, options_environment
+from storage.location import Location, join
 from storage.node_cache import CACHE_ENV
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
@@ -145,14 +145,13 @@ def master_host(job: PodJob) -> str:
 
 
 def environment(job: PodJob) -> list[dict[str, Any]]:
-    """The container's variables other than the node's place: the run directory's storage options (what reaches
-    spec.json), launch.env and launch.kubernetes.env, Tandem's checkout on the import path, and each
-    launch.forward_env name from the Secret."""
+    """The container's variables other than the node's place: launch.env and launch.kubernetes.env, Tandem's checkout
+    on the import path, and each launch.forward_env name from the Secret (the run's storage options are in the
+    node's `--spec`: launch/job.py)."""
     launch = job.config.launch
     kube = launch.kubernetes
     # PYTHONPATH: a TrainJob's container has no working directory of ours (the image's WORKDIR applies).
     values = {
-        **options_environment(job.run),
         **launch.env,
         **kube.env,
         "PYTHONPATH": kube.checkout,
@@ -335,10 +334,10 @@ def planned(cfg: FinetuneConfig, phase: str) -> PodJob:
     """A phase as the pipeline would submit it, before the run exists: run.name (else RUN-ID) and placeholders for
     the spec's digest and the submission's suffix."""
     run_id = cfg.run.name or PLANNED_RUN
-    run = layout.run_dir(layout.root(cfg.run), run_id)
+    run = layout.run_dir(cfg.run, run_id)
     model = str(join(run, "MODEL")) if phase == "eval" else None
     return PodJob(
-        cfg, run_id, run, phase, node_args(str(join(run, layout.SPEC)), phase, model, PLANNED_DIGEST), PLANNED_SUFFIX
+        cfg, run_id, run, phase, node_args(join(run, layout.SPEC), phase, model, PLANNED_DIGEST), PLANNED_SUFFIX
     )
 
 

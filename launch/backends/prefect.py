@@ -38,7 +38,8 @@ from launch.liveness import STALE_S
 from launch.node import failure_exit_code, recorded_end, status_url
 from launch.supervise import Failure, supervise
 from launch.watch import Watch, phase_watch
-from storage.fs import Location, remove
+from storage.fs import remove
+from storage.location import Location
 
 POLL_S = 1.0
 CANCEL_WAIT_S = 60.0
@@ -54,7 +55,7 @@ def node_parameters(job: PhaseJob, node_rank: int, port: int) -> dict[str, Any]:
     """The node flow's parameters for one node."""
     launch = job.written.spec.config.launch
     return {
-        "spec_url": str(job.written.url),
+        "spec": job.written.url.argument(),
         "node_rank": node_rank,
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.nproc_per_node,

@@ -23,7 +23,8 @@ from launch.command import DEFAULT_MASTER_PORT
 from launch.diagnose import error_for, is_one_line, tail, without_torchrun_report
 from launch.job import Info, OnProgress, PhaseJob
 from launch.watch import phase_watch
-from storage.fs import is_local, join, local_path, makedirs
+from storage.fs import makedirs
+from storage.location import is_local, join, local_path
 
 POLL_S = 2.0
 FINAL_OK = {"COMPLETED"}

@@ -287,7 +287,7 @@ def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: I
     args = job.node_args
     launch = job.written.spec.config.launch
     request = {
-        "env": {**node_environment(launch, job.written.spec.run), **plan_environment(plan)},
+        "env": {**node_environment(launch), **plan_environment(plan)},
         "argv": args,
         "tag": tag,
         "grace_s": grace_for(launch),

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from config.sections.run_data import DataConfig
 from staging.stage import stage_dataset
+from storage.location import Location
 
 SAMPLE = ROOT / "data" / "sample" / "conversations.json"
 
@@ -165,17 +166,21 @@ def bench_staging(
         first.append(
             timed(
                 lambda storage=storage, messages=messages: stage_dataset(
-                    data, str(storage), model, progress=messages.append, bars=False
+                    data, Location(str(storage)), model, progress=messages.append, bars=False
                 )
             )
         )
         phases.append(phase_seconds(messages))
     again, no_index = [], []
     for _ in range(repeats):
-        again.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
+        again.append(
+            timed(lambda: stage_dataset(data, Location(str(storage)), model, progress=lambda _: None, bars=False))
+        )
     for _ in range(repeats):
         shutil.rmtree(storage / "datasets" / "by-source")
-        no_index.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
+        no_index.append(
+            timed(lambda: stage_dataset(data, Location(str(storage)), model, progress=lambda _: None, bars=False))
+        )
     shutil.rmtree(storage)
     writing = median([p["writing"] for p in phases])
     return {

@@ -127,7 +127,7 @@ def rank(way: str, rows: int, micro: int, folder: str) -> dict:
     """One rank of one variant, in this process (torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     import numpy as np
 
-    from storage.fs import Location
+    from storage.location import Location
     from trainer.distributed import barrier, init, shutdown
 
     dist = init(deepspeed_backend=False)

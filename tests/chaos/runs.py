@@ -13,6 +13,7 @@ from pathlib import Path
 from core.errors import UserError
 from storage import layout
 from storage.checkpoints import read_complete, step_of
+from storage.location import Location
 from storage.manifest import verify_files
 
 
@@ -84,7 +85,7 @@ def half_written(storage: Path) -> list[str]:
         problems += _verify(manifest.parent)
     for run in (storage / "runs").glob("*"):
         for ckpt in (run / "checkpoints").glob("*"):
-            if step_of(ckpt.name) is not None and read_complete(str(ckpt)) is not None:
+            if step_of(ckpt.name) is not None and read_complete(Location(str(ckpt))) is not None:
                 problems += _verify(ckpt)
         if (run / "final" / layout.COMPLETE).exists():
             problems += _verify(run / "final")
@@ -101,7 +102,7 @@ def _parses(raw: bytes) -> bool:
 
 def _verify(directory: Path) -> list[str]:
     try:
-        verify_files(str(directory), json.loads((directory / layout.MANIFEST).read_bytes()), mode="full")
+        verify_files(Location(str(directory)), json.loads((directory / layout.MANIFEST).read_bytes()), mode="full")
     except (UserError, ValueError, KeyError) as exc:
         return [f"{directory}: {exc}"]
     return []

@@ -15,13 +15,15 @@ from pathlib import Path
 from config.loader import load_config
 from config.schema import FinetuneConfig
 from config.sections.launch import LaunchConfig
+from config.sections.run_data import RunConfig
 from launch.backends.local import run_local_job
 from launch.job import PhaseJob
 from pipeline.models import resolve_model
 from pipeline.plan import build_spec, record_model
 from staging.stage import stage_dataset
 from storage import layout
-from storage.fs import Location, join, read_bytes
+from storage.fs import read_bytes
+from storage.location import Location, join
 from storage.spec import DatasetRef, Spec, WrittenSpec, load_spec, publish_spec
 
 # Small and fast: 12 steps of 2 micro-batches x 2 examples per rank, a checkpoint every 4 steps.
@@ -64,17 +66,21 @@ class Staged:
         """The storage with its options, as the pipeline reaches it."""
         return Location(str(self.storage), self.options)
 
+    def run(self, name: str) -> Location:
+        """The directory of run `name` under this storage (storage/layout.py's one definition)."""
+        return layout.run_dir(RunConfig(storage=str(self.storage), storage_options=self.options), name)
+
 
 @dataclass(frozen=True)
 class Run:
     """One finished (or failed) training run."""
 
     spec: Spec
-    spec_url: str
+    spec_url: Location
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.spec.run_url)
+        return Path(self.spec.run.url)
 
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.metrics() if "event" not in r]
@@ -84,7 +90,7 @@ class Run:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def checkpoint(self, step: int) -> Path:
-        return Path(layout.checkpoint_dir(self.spec.run_url, step))
+        return Path(str(layout.checkpoint_dir(self.spec.run, step)))
 
 
 def storage_settings(storage: Path | str, options: dict[str, str]) -> list[str]:

@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 from config.loader import load_config
 from core.errors import UserError
+from storage.location import Location
 from tests.distributed.harness import Run, Staged, evaluate, stage, train
 
 pytestmark = pytest.mark.multirun
@@ -191,7 +192,7 @@ def test_the_cpu_demo_preset_learns_the_preference_in_each_seed(prefect_server, 
 
     cfg = load_config("tiny-cpu-dpo", [f"run.storage={tmp_path}", f"run.name=demo-{seed}", f"train.seed={seed}"])
     summary = finetune(cfg)
-    steps = [r for r in read_metrics(summary["run_url"]) if "event" not in r]
+    steps = [r for r in read_metrics(Location(summary["run_url"])) if "event" not in r]
     assert len(steps) == cfg.train.max_steps
     assert max(r["reward_accuracy"] for r in steps) >= 0.8, [r["reward_accuracy"] for r in steps]
     assert summary["eval"]["reward_accuracy"] >= 0.6 and summary["registered"], summary

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from launch.command import free_port
+from storage.location import Location
 from tests.conftest import ROOT
 from tests.flows.conftest import deploy, start_workers
 from tests.servers import PrefectServer, start_prefect_server, stop
@@ -248,7 +249,7 @@ def rendered_sbatch(world: World) -> str:
     from launch.job import PhaseJob
     from storage.spec import WrittenSpec, load_spec
 
-    url = str(world.storage / "runs" / "canary-local" / "spec.json")
+    url = Location(str(world.storage / "runs" / "canary-local" / "spec.json"))
     spec, digest = load_spec(url)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(NAME, world.canary)

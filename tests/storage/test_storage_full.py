@@ -11,7 +11,9 @@ import pytest
 
 from core.errors import EXIT_USER_ERROR
 from storage.conditional import create_exclusive
-from storage.fs import StorageFull, storage_full, write_bytes_atomic
+from storage.fs import write_bytes_atomic
+from storage.full import StorageFull, storage_full
+from storage.location import Location
 from tests.tmpfs import NEEDS_ROOT, mounted
 
 pytestmark = NEEDS_ROOT
@@ -20,9 +22,9 @@ pytestmark = NEEDS_ROOT
 def test_a_write_that_does_not_fit_is_one_line_and_changes_nothing(tmp_path) -> None:
     with mounted(tmp_path / "full", "256k") as store:
         target = store / "runs" / "r" / "status.json"
-        write_bytes_atomic(str(target), b"old")
+        write_bytes_atomic(Location(str(target)), b"old")
         with pytest.raises(StorageFull) as caught:
-            write_bytes_atomic(str(target), b"x" * 600_000)
+            write_bytes_atomic(Location(str(target)), b"x" * 600_000)
         message = str(caught.value)
         assert caught.value.exit_code == EXIT_USER_ERROR
         assert "\n" not in message
@@ -38,7 +40,7 @@ def test_an_exclusive_create_that_does_not_fit_is_one_line(tmp_path) -> None:
     with mounted(tmp_path / "full", "256k") as store:
         entry = store / "registry" / "m" / "v0001.json"
         with pytest.raises(StorageFull, match=rf"while writing {entry}; "):
-            create_exclusive(str(entry), b"x" * 600_000)
+            create_exclusive(Location(str(entry)), b"x" * 600_000)
         assert not entry.exists()
         assert list(entry.parent.iterdir()) == []
 

@@ -11,16 +11,9 @@ import pytest
 
 from core.errors import EXIT_RETRYABLE, UserError
 from storage.conditional import create_exclusive
-from storage.fs import (
-    RETRY_ENV,
-    Location,
-    StorageUnavailable,
-    is_transient,
-    join,
-    read_bytes,
-    retry_budget,
-    write_bytes_atomic,
-)
+from storage.fs import read_bytes, write_bytes_atomic
+from storage.location import Location, join
+from storage.retry import RETRY_ENV, StorageUnavailable, is_transient, retry_budget
 from tests.s3_faults import LoseOneAnswer
 
 # botocore and s3fs retry connection errors themselves for about 8 s; one attempt each leaves the retries
@@ -42,7 +35,7 @@ class RestartOnFirstRetry(logging.Handler):
 
 
 def retries_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "storage.fs" and "retry" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if r.name == "storage.retry" and "retry" in r.getMessage()]
 
 
 def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatch, caplog) -> None:
@@ -54,12 +47,12 @@ def test_an_outage_is_retried_and_the_write_lands_whole(s3_stoppable, monkeypatc
     # The endpoint comes back once the first failed attempt is logged (not after a fixed time: on a loaded machine
     # the write could start after it, and meet no outage at all).
     restart = RestartOnFirstRetry(endpoint)
-    logging.getLogger("storage.fs").addHandler(restart)
+    logging.getLogger("storage.retry").addHandler(restart)
     try:
-        with caplog.at_level(logging.WARNING, logger="storage.fs"):
+        with caplog.at_level(logging.WARNING, logger="storage.retry"):
             write_bytes_atomic(url, body)
     finally:
-        logging.getLogger("storage.fs").removeHandler(restart)
+        logging.getLogger("storage.retry").removeHandler(restart)
     assert read_bytes(url) == body
     logged = retries_logged(caplog)
     assert logged and all(f"write {url} failed" in line and RETRY_ENV in line for line in logged)
@@ -82,7 +75,7 @@ def test_a_permanent_outage_fails_with_one_line_naming_the_endpoint(s3_stoppable
 def test_what_a_retry_cannot_change_is_raised_at_once(s3_stoppable, monkeypatch, caplog) -> None:
     _, bucket = s3_stoppable
     monkeypatch.setenv(RETRY_ENV, "30")
-    with caplog.at_level(logging.WARNING, logger="storage.fs"), pytest.raises(FileNotFoundError):
+    with caplog.at_level(logging.WARNING, logger="storage.retry"), pytest.raises(FileNotFoundError):
         read_bytes(join(bucket, "no/such/object"))
     assert not retries_logged(caplog)
     assert not is_transient(PermissionError(13, "denied")) and is_transient(ConnectionRefusedError(111, "refused"))

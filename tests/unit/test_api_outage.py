@@ -24,7 +24,8 @@ from launch.backends.prefect import NodeFlowRun
 from launch.backends.prefect_api import ApiOutage, fail_fast, unreachable
 from launch.command import free_port
 from launch.node import ERROR_EXIT_CODE, recorded_end, status_url
-from storage.fs import Location, write_json_atomic
+from storage.fs import write_json_atomic
+from storage.location import Location
 
 
 def record(run: Location, rank: int, **status: object) -> None:

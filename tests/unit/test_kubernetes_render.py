@@ -170,6 +170,22 @@ def test_no_credential_value_reaches_a_manifest(monkeypatch: pytest.MonkeyPatch)
     assert "hf_canary_value_123" not in text and "secretKeyRef" in text
 
 
+def test_a_pod_gets_the_runs_storage_options_in_its_spec_argument_not_its_environment() -> None:
+    """run.storage_options (a store's endpoint) travel with the spec's location in the node's --spec, parsed once by
+    flows.node; no variable carries them."""
+    options = {"endpoint_url": "http://minio.ml.svc:9000"}
+    _, indexed = render(job([*FULL, f"run.storage_options={json.dumps(options)}"]))
+    [container] = indexed["spec"]["template"]["spec"]["containers"]
+    spec = container["command"][container["command"].index("--spec") + 1]
+    assert json.loads(spec) == {"url": "s3://bucket/tandem/runs/qwen7b-lora/spec.json", "options": options}
+    assert not [e for e in container["env"] if "STORAGE" in e["name"] or "minio" in str(e.get("value"))]
+    _, plain = render(job(FULL))
+    [container] = plain["spec"]["template"]["spec"]["containers"]
+    assert container["command"][container["command"].index("--spec") + 1] == (
+        "s3://bucket/tandem/runs/qwen7b-lora/spec.json"
+    )
+
+
 def test_names_fit_dns_and_the_index_suffix() -> None:
     name = object_name("My_Run.With/Odd chars and a very long name that goes on and on" * 2, "train", "ab12")
     assert len(name) <= MAX_NAME and name.endswith("-train-ab12") and name == name.lower()

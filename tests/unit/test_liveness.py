@@ -13,7 +13,7 @@ import pytest
 
 from launch import liveness
 from launch.liveness import PipelineBeat, PipelineGone, PipelineWatch, record_url
-from storage.fs import Location
+from storage.location import Location
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from launch.claim import NodeClaim
 from launch.diagnose import error_for
 from launch.node import clear_failure, failure_exit_code, record_failure, root_cause
 from storage import layout
+from storage.location import Location
 
 
 def test_the_exit_code_decides_whether_a_retry_may_help() -> None:
@@ -22,7 +23,7 @@ def test_the_exit_code_decides_whether_a_retry_may_help() -> None:
 
 
 def test_a_node_records_its_failure_next_to_its_status_and_a_new_attempt_forgets_it(tmp_path) -> None:
-    run = str(tmp_path / "runs" / "r")
+    run = Location(str(tmp_path / "runs" / "r"))
     assert failure_exit_code(run, 1) is None
     status = tmp_path / "runs" / "r" / "nodes" / "1" / layout.STATUS
     status.parent.mkdir(parents=True)
@@ -36,7 +37,7 @@ def test_a_node_records_its_failure_next_to_its_status_and_a_new_attempt_forgets
 
 
 def test_a_node_that_failed_before_its_agent_ran_still_records_why(tmp_path) -> None:
-    run = str(tmp_path / "runs" / "r")
+    run = Location(str(tmp_path / "runs" / "r"))
     record_failure(run, 0, "train", EXIT_USER_ERROR)  # e.g. its preflight refused the node
     assert failure_exit_code(run, 0) == EXIT_USER_ERROR
 
@@ -45,7 +46,7 @@ def test_a_node_whose_ranks_lost_their_peers_to_a_non_retryable_failure_names_th
     """Two hosts started as node 1: the later one fails (exit 2) and tells the others; node 0 stops, and the first
     node 1's ranks lose their rendezvous store before that node reads the note. Its lost connection (exit 75,
     'retry') must not hide the duplicate rank, which no retry can fix (a CI run of the by-hand recipe saw it)."""
-    run = str(tmp_path / "runs" / "r")
+    run = Location(str(tmp_path / "runs" / "r"))
     first = NodeClaim(run, 1, 3, "10.0.0.2")
     second = NodeClaim(run, 1, 3, "10.0.0.3")
     lost = RetryableError("train failed on node 1, Failed to recv, got 0 bytes")
@@ -62,7 +63,7 @@ def test_a_node_whose_ranks_lost_their_peers_to_a_non_retryable_failure_names_th
 
 
 def test_a_retryable_peer_failure_does_not_replace_a_nodes_own_error(tmp_path) -> None:
-    run = str(tmp_path / "runs" / "r")
+    run = Location(str(tmp_path / "runs" / "r"))
     mine, peer = NodeClaim(run, 0, 2, "10.0.0.1"), NodeClaim(run, 1, 2, "10.0.0.2")
     peer.stop_all("train failed on node 1, rank 1 was killed by SIGKILL", EXIT_RETRYABLE)
     own = RetryableError("train failed on node 0, rank 0 was killed by SIGKILL")
@@ -74,7 +75,7 @@ def test_a_peers_lost_connection_note_waits_for_this_nodes_own_failure(tmp_path,
     node 1's agent notices its own dead rank. Node 1 must not stop on that echo at once (it would report node 0's lost
     connection as the cause, and lose its own: a CI run of the resume test saw it); a note that is not an echo stops
     it at the next renewal, and an echo does after ECHO_GRACE_S of its own clock."""
-    run = str(tmp_path / "runs" / "r")
+    run = Location(str(tmp_path / "runs" / "r"))
     now = [1000.0]
     monkeypatch.setattr(claims.time, "monotonic", lambda: now[0])
     node0, node1 = NodeClaim(run, 0, 2, "127.0.0.1"), NodeClaim(run, 1, 2, "127.0.0.1")

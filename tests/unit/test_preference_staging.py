@@ -17,6 +17,7 @@ from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.stage import stage_dataset
 from staging.tokenizer import load_tokenizer
+from storage.location import Location
 from storage.shards import IGNORE_INDEX, PAIR
 from storage.split_reader import Shard, Split
 from tests.datafiles import write_jsonl
@@ -31,7 +32,7 @@ PAIR_RECORD = {
 
 def stage(source: Path, storage: Path, tokenizer: str, **settings: object):
     data = DataConfig(source=str(source), preference="pairs", eval_ratio=0, **{"max_length": 256, **settings})
-    return stage_dataset(data, str(storage), tokenizer, bars=False)
+    return stage_dataset(data, Location(str(storage)), tokenizer, bars=False)
 
 
 def rows(ref) -> pa.Table:

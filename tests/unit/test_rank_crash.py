@@ -6,7 +6,7 @@ torchrun ranks, is in tests/distributed/test_trainer.py
 from __future__ import annotations
 
 from launch.diagnose import failure_message, without_torchrun_report
-from storage.fs import Location
+from storage.location import Location
 from tests.unit.test_failure_summary import TORCHRUN_REPORT
 
 

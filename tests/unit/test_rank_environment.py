@@ -1,4 +1,5 @@
-"""The ranks' environment: the defaults Tandem adds, and a node's own settings kept over them."""
+"""The ranks' environment: the defaults Tandem adds, and a node's own settings kept over them; and the one place the
+spec's location reaches a started process, its arguments (launch/job.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,29 @@ import pytest
 
 from config.sections.launch import LaunchConfig
 from launch.command import MALLOC_MMAP_THRESHOLD, rank_environment
-from storage.fs import Location
+from launch.job import node_args, trainer_args
+from storage.location import Location
 
 
 def test_ranks_get_a_fixed_malloc_threshold_unless_the_node_sets_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """glibc's dynamic threshold kept freed layer-sized blocks in the heap (docs/large-models.md measures it): the
     ranks get a fixed one, and a node that tunes its allocator keeps its own value."""
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    env = rank_environment(LaunchConfig(), Location("/tmp/run"))
+    env = rank_environment(LaunchConfig())
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(MALLOC_MMAP_THRESHOLD) == "1048576"
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-    assert rank_environment(LaunchConfig(), Location("/tmp/run"))["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    assert rank_environment(LaunchConfig())["MALLOC_MMAP_THRESHOLD_"] == "131072"
+
+
+def test_a_started_process_gets_the_specs_location_with_its_options_as_one_argument() -> None:
+    """The ranks and node processes read spec.json with the options the run's storage needs (an endpoint of its own):
+    they get them in --spec, parsed once by Location.parse; no environment variable carries them."""
+    spec = Location("s3://tandem/runs/r1/spec.json", {"endpoint_url": "http://minio:9000"})
+    args = trainer_args(spec, "eval", "s3://tandem/runs/r1/final")
+    assert args[0] == "--spec" and args[2:] == ["--model", "s3://tandem/runs/r1/final"]
+    back = Location.parse(args[1])
+    assert (back.url, dict(back.options)) == (spec.url, {"endpoint_url": "http://minio:9000"})
+    node = node_args(spec, "train", None, "ab" * 32)
+    assert node == ["--spec", args[1], "--phase", "train", "--spec-digest", "ab" * 32]
+    assert trainer_args(Location("/shared/runs/r1/spec.json"), "train") == ["--spec", "/shared/runs/r1/spec.json"]
+    assert not any("minio" in value for value in rank_environment(LaunchConfig()).values())

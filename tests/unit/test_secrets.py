@@ -18,7 +18,6 @@ from core.errors import UserError
 from launch.backends.slurm import sbatch_command
 from launch.command import rank_environment
 from launch.forward import check_forwarded, forward_env, forwarded_report
-from storage.fs import Location
 from tests.conftest import ROOT
 
 CANARY = "canary-7f3a9c2e51d04b68"
@@ -42,7 +41,7 @@ def test_forward_env_reads_values_by_name_and_reports_only_set_or_missing() -> N
 def test_ranks_get_forwarded_values_and_sbatch_exports_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", CANARY)
     launch = LaunchConfig(forward_env=["HF_TOKEN"])
-    assert rank_environment(launch, Location("/tmp/run"))["HF_TOKEN"] == CANARY
+    assert rank_environment(launch)["HF_TOKEN"] == CANARY
     assert sbatch_command("/s/train.sbatch", launch) == ["sbatch", "--parsable", "--export=ALL", "/s/train.sbatch"]
     assert sbatch_command("/s/t", LaunchConfig()) == ["sbatch", "--parsable", "/s/t"]
     own = LaunchConfig(forward_env=["HF_TOKEN"], slurm_args=["--export=NONE"])

@@ -13,6 +13,7 @@ from core.errors import RetryableError, UserError
 from launch.backends.ssh_errors import ssh_failure
 from launch.claim import NodeClaim
 from launch.network import check_interfaces, interface_environment, route_interface
+from storage.location import Location
 
 
 def test_ssh_failures_are_one_line_with_the_fix() -> None:
@@ -42,7 +43,7 @@ def test_the_interface_is_the_one_that_routes_to_the_master() -> None:
 
 
 def test_a_second_live_claim_on_a_rank_names_both_nodes(tmp_path) -> None:
-    run = str(tmp_path)
+    run = Location(str(tmp_path))
     first = NodeClaim(run, 1, 3, "10.0.0.2")
     first.take()
     second = NodeClaim(run, 1, 3, "10.0.0.3")

@@ -17,6 +17,7 @@ from launch.job import NodePlan, PhaseJob
 from launch.node import NodeStop, NodeStopped
 from launch.supervise import Failure, supervise
 from pipeline.plan import build_spec
+from storage.location import join
 from storage.spec import DatasetRef, WrittenSpec
 
 
@@ -103,7 +104,7 @@ def job(tmp_path, nnodes: int, extra: list[str] = ()) -> PhaseJob:
         str(tmp_path),
         DatasetRef(dataset_id="d", url=str(tmp_path), manifest_digest="x", split_records={"train": 100}),
     )
-    return PhaseJob(WrittenSpec(spec, f"{spec.run_url}/spec.json", "0" * 64), "eval")
+    return PhaseJob(WrittenSpec(spec, join(spec.run, "spec.json"), "0" * 64), "eval")
 
 
 class Nodes:

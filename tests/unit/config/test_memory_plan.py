@@ -188,7 +188,7 @@ def test_the_plan_says_what_each_node_stages_on_its_own_disk(tmp_path: Path) -> 
     same bytes as preflight's space check counts (config/footprint.py `staged_on_node`, one definition)."""
     from config.footprint import estimate, read_model_json, staged_on_node
     from pipeline.memory import plan_text
-    from storage.fs import human_bytes
+    from storage.full import human_bytes
 
     model = qwen_dir(tmp_path, "1.5b")
     cfg = load_config(None, [*FULL_1_5B, "run.storage=s3://bucket/tandem", f"model.name_or_path={model}"])

@@ -11,7 +11,7 @@ import pytest
 from core.errors import EXIT_USER_ERROR
 from launch.job import NodePlan
 from launch.space import check_space, needs, run_footprint
-from storage.fs import StorageFull
+from storage.full import StorageFull
 from tests.published import QWEN25_05B_INSTRUCT
 from tests.specs import spec_for
 

@@ -12,7 +12,7 @@ import pytest
 from core.errors import RetryableError
 from launch import watch as watch_module
 from launch.watch import Watch
-from storage.fs import Location
+from storage.location import Location
 
 
 def write(path, records: list[dict]) -> None:

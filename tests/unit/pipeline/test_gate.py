@@ -6,6 +6,7 @@ import pytest
 
 from config.sections.results import GateConfig
 from pipeline.gate import check_gate
+from storage.location import Location
 from storage.registry import champion
 from tests.registry_helpers import registered
 
@@ -26,12 +27,12 @@ METRICS = {"loss": 2.31, "perplexity": 10.07, "token_accuracy": 0.42}
     ],
 )
 def test_threshold_gate_both_ways(tmp_path, gate: dict, passed: bool, message: str) -> None:
-    result = check_gate(GateConfig(**gate), METRICS, str(tmp_path), "m")
+    result = check_gate(GateConfig(**gate), METRICS, Location(str(tmp_path)), "m")
     assert (result.passed, result.message) == (passed, message)
 
 
 def test_champion_gate_both_ways(tmp_path) -> None:
-    storage, gate = str(tmp_path), GateConfig(better_than="champion")
+    storage, gate = Location(str(tmp_path)), GateConfig(better_than="champion")
     first = check_gate(gate, METRICS, storage, "m")
     assert first.passed and first.message == "passed: eval_loss 2.31, and m has no champion yet"
     registered(storage, 2.5, 2.0, 2.2)

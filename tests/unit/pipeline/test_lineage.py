@@ -6,7 +6,7 @@ from __future__ import annotations
 from core.checkout import code_version
 from pipeline.lineage import browser_link, registry_entry
 from storage.checkpoints import CompleteCheckpoint
-from storage.fs import Location
+from storage.location import Location
 from storage.spec import Attempt
 from tests.specs import spec_for
 

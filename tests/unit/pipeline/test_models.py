@@ -9,7 +9,7 @@ from pathlib import Path
 from config.loader import load_config
 from core.checkout import PROJECT_ROOT
 from pipeline.models import resolve_model, tiny_model_url
-from storage.fs import Location
+from storage.location import Location
 
 
 def test_a_users_model_is_taken_as_given(tiny_model) -> None:

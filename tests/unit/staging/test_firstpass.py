@@ -12,6 +12,7 @@ import blake3
 from config.sections.run_data import DataConfig
 from staging import firstpass, workers
 from staging.stage import stage_dataset
+from storage.location import Location
 from storage.manifest import read_manifest
 from tests.datafiles import SAMPLE, write_json
 
@@ -23,7 +24,7 @@ def stage_in_one_and_two_processes(data: DataConfig, tmp_path: Path, model: str)
         said[processes] = []
         staged[processes] = stage_dataset(
             data.model_copy(update={"num_proc": processes}),
-            str(tmp_path / f"s{processes}"),
+            Location(str(tmp_path / f"s{processes}")),
             model,
             progress=said[processes].append,
             bars=False,
@@ -49,8 +50,8 @@ def test_one_and_two_processes_stage_the_same_bytes(tmp_path, tiny_model, monkey
     assert "reading 2 files in 1 process" in said[1] and "reading 2 files in 2 processes" in said[2]
     one, two = staged[1], staged[2]
     assert one.dataset_id == two.dataset_id
-    manifest = read_manifest(one.url, "tandem.dataset/1")[0]
-    assert manifest["files"] == read_manifest(two.url, "tandem.dataset/1")[0]["files"]
+    manifest = read_manifest(Location(one.url), "tandem.dataset/1")[0]
+    assert manifest["files"] == read_manifest(Location(two.url), "tandem.dataset/1")[0]["files"]
     assert manifest["records"] == {"read": 242, "staged": 240, "rejected": 2, "dropped": 0, "undesirable": 0}
     rejects = [json.loads(line) for line in (Path(one.url) / "rejects.jsonl").read_text().splitlines()]
     assert [r["location"] for r in rejects] == [f"{source / 'a.jsonl'}:42", f"{source / 'a.jsonl'}:121"]
@@ -77,8 +78,8 @@ def test_mapped_compressed_and_mixed_sources_stage_the_same_bytes_in_two_process
     plain = "".join(json.dumps(r) + "\n" for r in json.loads(SAMPLE.read_text())[:120]).encode()
     half = len(plain) // 2
     (tmp_path / "sample.jsonl.gz").write_bytes(gzip.compress(plain[:half]) + gzip.compress(plain[half:]))
-    assert not firstpass.splittable(str(tmp_path / "sample.jsonl.gz"))
-    assert firstpass.splittable(str(tmp_path / "qa.jsonl"))
+    assert not firstpass.splittable(Location(str(tmp_path / "sample.jsonl.gz")))
+    assert firstpass.splittable(Location(str(tmp_path / "qa.jsonl")))
     data = DataConfig(
         sources=[
             {
@@ -103,9 +104,9 @@ def test_mapped_compressed_and_mixed_sources_stage_the_same_bytes_in_two_process
     assert "reading 3 files in 2 processes" in said[2]
     one, two = staged[1], staged[2]
     assert one.dataset_id == two.dataset_id
-    manifest = read_manifest(one.url, "tandem.dataset/1")[0]
-    assert manifest["files"] == read_manifest(two.url, "tandem.dataset/1")[0]["files"]
-    assert manifest["mix"] == read_manifest(two.url, "tandem.dataset/1")[0]["mix"]
+    manifest = read_manifest(Location(one.url), "tandem.dataset/1")[0]
+    assert manifest["files"] == read_manifest(Location(two.url), "tandem.dataset/1")[0]["files"]
+    assert manifest["mix"] == read_manifest(Location(two.url), "tandem.dataset/1")[0]["mix"]
     rejects = [json.loads(line) for line in (Path(one.url) / "rejects.jsonl").read_text().splitlines()]
     assert [r["location"] for r in rejects] == [f"{tmp_path / 'chats.jsonl'}:31", f"{tmp_path / 'qa.jsonl'}:71"]
     assert "answer (column response)" in rejects[1]["reason"]
@@ -118,7 +119,7 @@ def test_a_jsonl_file_is_cut_into_blocks_of_whole_lines_numbered_as_the_file(tmp
     from staging import firstpass
     from staging.mapping import Mapping
     from staging.records import Reading, Record, Reject
-    from storage.fs import Location
+    from storage.location import Location
 
     lines = [json.dumps({"text": f"line {n} " + "x" * (n % 7)}) for n in range(1, 201)]
     path = tmp_path / "t.jsonl"

@@ -11,6 +11,7 @@ import pytest
 from config.loader import load_config
 from core.errors import UserError
 from staging.sources import expand
+from storage.location import Location
 from tests.datafiles import openai, qwen, read_records, write_json, write_jsonl, write_parquet
 
 # One conversation (system, two exchanges) written in each of the four formats.
@@ -337,7 +338,7 @@ def test_a_json_array_is_read_one_record_at_a_time(tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(sources, "BLOCK", 4096)
     path = write_json(tmp_path / "big.json", [qwen(("user", f"q{i} " * 10), ("assistant", "a")) for i in range(2000)])
     read: list[int] = []
-    items = sources.read_file(path, read.append)
+    items = sources.read_file(Location(path), read.append)
     assert next(items)[0] == f"{path}[0]" and sum(read) <= 2 * 4096 < Path(path).stat().st_size / 20
     assert [location for location, _ in items][-1] == f"{path}[1999]" and sum(read) == Path(path).stat().st_size
 
@@ -373,17 +374,17 @@ def test_sources_expand_to_data_files_or_fail_naming_the_key(tmp_path) -> None:
     write_jsonl(tmp_path / "sub" / "b.jsonl", [GOOD])
     write_json(tmp_path / "a.json", [GOOD])
     (tmp_path / ".hidden.jsonl").write_text("")
-    assert [str(url) for url in expand(str(tmp_path), "data.source")] == [
+    assert [str(url) for url in expand(Location(str(tmp_path)), "data.source")] == [
         str(tmp_path / "a.json"),
         str(tmp_path / "sub" / "b.jsonl"),
     ]
     with pytest.raises(UserError, match=r"^data.eval_source: .*\*.parquet matches no file; check the pattern$"):
-        expand(str(tmp_path / "*.parquet"), "data.eval_source")
+        expand(Location(str(tmp_path / "*.parquet")), "data.eval_source")
     with pytest.raises(UserError, match=r"^data.source: .*missing.jsonl does not exist"):
-        expand(str(tmp_path / "missing.jsonl"), "data.source")
+        expand(Location(str(tmp_path / "missing.jsonl")), "data.source")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=r"^data.source: directory .*empty holds no .jsonl/.ndjson/.json"):
-        expand(str(tmp_path / "empty"), "data.source")
+        expand(Location(str(tmp_path / "empty")), "data.source")
 
 
 def test_config_accepts_directories_and_globs_and_names_the_key_when_missing(tmp_path) -> None:
@@ -471,6 +472,9 @@ def test_a_directory_is_read_as_its_txt_files_only_when_it_holds_no_json_data(tm
     (texts / "b.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(b"two\n"))
     write_jsonl(mixed / "chat.jsonl", [GOOD])
     (mixed / "README.txt").write_text("How this data was made.\n")  # documentation beside the data, not data
-    assert [str(url) for url in expand(str(texts), "data.source")] == [str(texts / "a.txt"), str(texts / "b.txt.zst")]
-    assert [str(url) for url in expand(str(mixed), "data.source")] == [str(mixed / "chat.jsonl")]
+    assert [str(url) for url in expand(Location(str(texts)), "data.source")] == [
+        str(texts / "a.txt"),
+        str(texts / "b.txt.zst"),
+    ]
+    assert [str(url) for url in expand(Location(str(mixed)), "data.source")] == [str(mixed / "chat.jsonl")]
     assert [r.conversation for r in read_records(str(texts), "auto")] == [{"text": "one"}, {"text": "two"}]

@@ -19,6 +19,7 @@ from flows.prepare import summary_rows
 from staging.packing import first_fit_decreasing, packing_enabled
 from staging.stage import stage_dataset
 from storage.local_dataset import open_split
+from storage.location import Location
 from storage.manifest import read_manifest
 from storage.node_cache import node_cache
 from storage.shards import Row, examples_of
@@ -33,7 +34,7 @@ CPU = torch.device("cpu")
 
 def load_split(url: str, split: str) -> list[Row]:
     """Every row of a local split, read as the ranks read it (mapped in place)."""
-    return list(open_split(url, split, node_cache(LaunchConfig())))
+    return list(open_split(Location(str(url)), split, node_cache(LaunchConfig())))
 
 
 def test_first_fit_decreasing_fills_rows_in_a_fixed_order() -> None:
@@ -88,14 +89,14 @@ def test_packing_unset_follows_the_resolved_format_of_every_input(how: str, tmp_
     }[how]
     ref = stage_dataset(
         data.model_copy(update={"max_length": 128, "eval_ratio": 0.2}),
-        str(tmp_path / "s"),
+        Location(str(tmp_path / "s")),
         tiny_model,
         progress=lambda _: None,
         bars=False,
     )
-    manifest = read_manifest(ref.url, "tandem.dataset/1")[0]
+    manifest = read_manifest(Location(ref.url), "tandem.dataset/1")[0]
     assert manifest["packing"] is (how != "chat")
-    assert [name for name, _ in summary_rows(ref)].count("packing") == (how != "chat")
+    assert [name for name, _ in summary_rows(ref, Location(str(tmp_path / "s")))].count("packing") == (how != "chat")
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def both(tmp_path_factory, tiny_model) -> dict[bool, object]:
     return {
         packing: stage_dataset(
             DataConfig(source=str(source), max_length=512, eval_ratio=0.25, packing=packing),
-            str(storage),
+            Location(str(storage)),
             tiny_model,
             progress=lambda _: None,
             bars=False,
@@ -125,8 +126,8 @@ def as_examples(rows: list[Row]) -> Counter:
 def test_packed_shards_hold_the_same_examples_in_fewer_rows(both) -> None:
     unpacked, packed = both[False], both[True]
     assert unpacked.dataset_id != packed.dataset_id
-    plain, _ = read_manifest(unpacked.url, "tandem.dataset/1")
-    manifest, _ = read_manifest(packed.url, "tandem.dataset/1")
+    plain, _ = read_manifest(Location(unpacked.url), "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(packed.url), "tandem.dataset/1")
     assert (plain["packing"], manifest["packing"]) == (False, True)
     for split in ("train", "eval"):
         rows, reference = load_split(packed.url, split), load_split(unpacked.url, split)
@@ -143,20 +144,21 @@ def test_packed_shards_hold_the_same_examples_in_fewer_rows(both) -> None:
         "eval": manifest["splits"]["eval"]["rows"],
     }
     splits = manifest["splits"]
-    assert dict(summary_rows(packed))["packing"] == (
+    storage = Location(str(Path(packed.url).parents[1]))  # {storage}/datasets/{id}
+    assert dict(summary_rows(packed, storage))["packing"] == (
         f"train {splits['train']['records']} records in {splits['train']['rows']} rows, eval "
         f"{splits['eval']['records']} records in {splits['eval']['rows']} rows of up to 512 tokens"
     )
-    assert "packing" not in dict(summary_rows(unpacked))
+    assert "packing" not in dict(summary_rows(unpacked, storage))
 
 
 def test_packing_is_fixed_by_the_dataset_id(both, tmp_path, tiny_model) -> None:
-    source = Path(read_manifest(both[True].url, "tandem.dataset/1")[0]["sources"][0]["url"]).parent
+    source = Path(read_manifest(Location(both[True].url), "tandem.dataset/1")[0]["sources"][0]["url"]).parent
     copy = tmp_path / "moved"
     shutil.copytree(source, copy)
     ref = stage_dataset(
         DataConfig(source=str(copy), max_length=512, eval_ratio=0.25, packing=True),
-        str(tmp_path / "s"),
+        Location(str(tmp_path / "s")),
         tiny_model,
         progress=lambda _: None,
         bars=False,
@@ -249,7 +251,7 @@ def whole_split(url: str) -> list[Row]:
     """The train split read whole into lists, as the reader before the memory map held it."""
     import pyarrow as pa
 
-    manifest, _ = read_manifest(url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(str(url)), "tandem.dataset/1")
     rows = []
     for entry in (e for e in manifest["files"] if e["path"].startswith("train/")):
         columns = pa.ipc.open_file(Path(url) / entry["path"]).read_all().to_pydict()
@@ -275,9 +277,9 @@ def test_every_rank_sees_the_rows_the_in_memory_reader_gave_it(both, packing: bo
     the memory-mapped shards as from the whole split read into lists."""
     from trainer.data import GlobalOrder, rank_micro_batches
 
-    split = open_split(both[packing].url, "train", node_cache(LaunchConfig()))
+    split = open_split(Location(both[packing].url), "train", node_cache(LaunchConfig()))
     rows = whole_split(both[packing].url)
-    manifest, _ = read_manifest(both[packing].url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(both[packing].url), "tandem.dataset/1")
     assert list(split) == rows and split.examples == manifest["splits"]["train"]["records"]
     for world in (1, 3):
         order = GlobalOrder(len(split), seed=11)

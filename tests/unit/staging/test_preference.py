@@ -15,6 +15,7 @@ from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.formats import DETECT_SAMPLE
 from staging.stage import stage_dataset
+from storage.location import Location
 from storage.manifest import read_manifest
 from storage.shards import IGNORE_INDEX
 from tests.datafiles import qwen, read_records, write_json, write_jsonl
@@ -264,7 +265,10 @@ def write_catalog(folder: Path, n: int) -> Path:
 
 def stage(source: str, storage: Path, tokenizer: str, **settings: object):
     return stage_dataset(
-        DataConfig(source=source, max_length=128, eval_ratio=0, **settings), str(storage), tokenizer, bars=False
+        DataConfig(source=source, max_length=128, eval_ratio=0, **settings),
+        Location(str(storage)),
+        tokenizer,
+        bars=False,
     )
 
 
@@ -297,7 +301,7 @@ def test_a_dpo_entry_trains_the_chosen_answers_and_never_a_rejected_one(tmp_path
     )
     assert not list((tmp_path / "s").glob("datasets/ds-*"))
     ref = stage(f"{catalog}#dpo_en_demo", tmp_path / "s", tiny_model, preference="chosen")
-    manifest, _ = read_manifest(ref.url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(ref.url), "tandem.dataset/1")
     assert manifest["records"] == {"read": 8, "staged": 8, "rejected": 0, "dropped": 0, "undesirable": 0}
     [source] = manifest["sources"]
     assert (source["format"], source["preference"], source["records"]) == ("sharegpt", "sharegpt pairs", 8)
@@ -318,7 +322,7 @@ def test_a_kto_entry_trains_what_is_labelled_true_and_lists_the_rest(tmp_path, t
     )
     # data.on_invalid=fail (the default) does not stop on them: they are not invalid.
     ref = stage(f"{catalog}#kto_en_demo", tmp_path / "s", tiny_model, preference="chosen")
-    manifest, _ = read_manifest(ref.url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(ref.url), "tandem.dataset/1")
     assert manifest["records"] == {"read": 8, "staged": 4, "rejected": 0, "dropped": 0, "undesirable": 4}
     assert manifest["sources"][0]["undesirable"] == 4 and manifest["mix"]["sources"][0]["undesirable"] == 4
     rejects = [json.loads(line) for line in (Path(ref.url) / "rejects.jsonl").read_text().splitlines()]
@@ -332,14 +336,14 @@ def test_a_kto_entry_trains_what_is_labelled_true_and_lists_the_rest(tmp_path, t
     rows = staged_rows(ref.url, tiny_model)
     assert sorted(runs[0] for _, runs in rows) == sorted(f"{2 * i}.<|im_end|>\n" for i in (0, 2, 4, 6))
     assert not any("Plaid" in text for text, _ in rows)
-    records = dict(summary_rows(ref))["records"]
+    records = dict(summary_rows(ref, Location(str(tmp_path / "s"))))["records"]
     assert records == f"8 read, 4 staged, 0 rejected, 0 dropped, 4 undesirable (see {Path(ref.url) / 'rejects.jsonl'})"
 
 
 def test_the_text_entry_reads_one_example_a_line(tmp_path, tiny_model) -> None:
     catalog = write_catalog(tmp_path / "lf", 8)
     ref = stage(f"{catalog}#wiki_demo", tmp_path / "s", tiny_model)
-    manifest, _ = read_manifest(ref.url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(ref.url), "tandem.dataset/1")
     assert manifest["records"]["read"] == manifest["records"]["staged"] == 8  # the blank lines are no examples
     assert (manifest["sources"][0]["format"], manifest["packing"]) == ("text", True)
     [(text, runs)] = staged_rows(ref.url, tiny_model)  # packed into one row, every token a target

@@ -8,7 +8,7 @@ import pytest
 from core.errors import UserError
 from staging.mapping import Mapping
 from staging.records import Reading, Record, Reject, Undesirable, file_format, open_file, to_item
-from storage.fs import Location
+from storage.location import Location
 from tests.datafiles import write_jsonl
 
 CHAT = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}

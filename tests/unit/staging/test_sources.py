@@ -16,6 +16,7 @@ import zstandard
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.stage import stage_dataset
+from storage.location import Location
 from storage.manifest import read_manifest
 from tests.datafiles import arithmetic, qwen
 
@@ -29,7 +30,7 @@ CODECS = {
 
 
 def stage(data: DataConfig, storage: Path, model: str):
-    return stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)
+    return stage_dataset(data, Location(str(storage)), model, progress=lambda _: None, bars=False)
 
 
 def compressed(path: Path, content: bytes) -> Path:
@@ -52,13 +53,13 @@ def test_compressed_files_stage_the_same_dataset_as_their_content(tmp_path, tiny
     for path in sorted(folder.glob("d.*")):
         ref = stage(DataConfig(source=str(path), max_length=64), tmp_path / path.name, tiny_model)
         assert ref.dataset_id == reference, path.name
-        [source] = read_manifest(ref.url, "tandem.dataset/1")[0]["sources"]
+        [source] = read_manifest(Location(ref.url), "tandem.dataset/1")[0]["sources"]
         assert (source["format"], source["records"]) == ("qwen", 40)  # auto-detected from the content
         assert (source["size"], source["digest"]) == (path.stat().st_size, blake3.blake3(path.read_bytes()).hexdigest())
     # A directory lists them all; a JSON array compressed is told from its content too.
     array = compressed(folder / "array.json.gz", json.dumps(records[:10], indent=1).encode())
     ref = stage(DataConfig(source=str(folder), max_length=64), tmp_path / "s", tiny_model)
-    manifest, _ = read_manifest(ref.url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(ref.url), "tandem.dataset/1")
     assert [Path(s["url"]).name for s in manifest["sources"]] == [array.name, *(f"d.jsonl{s}" for s in sorted(CODECS))]
     assert manifest["records"]["read"] == 10 + 40 * len(CODECS)
 

@@ -12,6 +12,7 @@ import pytest
 from staging.formats import normalize_openai, normalize_sharegpt
 from staging.tokenize import IGNORE_INDEX, ChatEncoder
 from staging.tokenizer import load_tokenizer
+from storage.location import Location
 from tests.datafiles import SAMPLE, read_records
 from tests.datafiles import openai as openai_turns
 
@@ -266,7 +267,7 @@ def test_a_template_that_drops_reasoning_says_so_in_one_line(tiny_model, tmp_pat
     )
     data = DataConfig(source=str(path), max_length=128, eval_ratio=0)
     with pytest.raises(UserError) as info:  # tiny's template is Qwen2.5's, which renders no reasoning_content
-        stage_dataset(data, str(tmp_path / "s"), tiny_model, bars=False)
+        stage_dataset(data, Location(str(tmp_path / "s")), tiny_model, bars=False)
     assert str(info.value) == (
         f"{path}:2: the record has reasoning (reasoning_content, or v1 'reasoning' parts), but the chat template does "
         "not render an assistant's reasoning_content, so it would be dropped; set model.chat_template to a template "
@@ -275,4 +276,7 @@ def test_a_template_that_drops_reasoning_says_so_in_one_line(tiny_model, tmp_pat
     )
     assert not list((tmp_path / "s").glob("datasets/ds-*"))
     without = data.model_copy(update={"enable_thinking": False})  # dropped on purpose: staged without it
-    assert stage_dataset(without, str(tmp_path / "s"), tiny_model, bars=False).split_records == {"train": 2, "eval": 0}
+    assert stage_dataset(without, Location(str(tmp_path / "s")), tiny_model, bars=False).split_records == {
+        "train": 2,
+        "eval": 0,
+    }

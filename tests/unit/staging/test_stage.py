@@ -19,6 +19,7 @@ from core.errors import UserError
 from staging import spool, workers
 from staging.stage import stage_dataset
 from storage import shards
+from storage.location import Location
 from storage.manifest import read_manifest, verify_dataset, verify_files
 from tests.datafiles import SAMPLE, arithmetic, qwen, write_json, write_jsonl
 
@@ -27,13 +28,17 @@ SCHEMA = "tandem.dataset/1"
 
 def stage(data: DataConfig, storage: Path, model: str, messages: list[str] | None = None):
     return stage_dataset(
-        data, str(storage), model, progress=(messages.append if messages is not None else lambda _: None), bars=False
+        data,
+        Location(str(storage)),
+        model,
+        progress=(messages.append if messages is not None else lambda _: None),
+        bars=False,
     )
 
 
 def examples(url: str, split: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """(input_ids, labels) of every example of a split, in order."""
-    manifest, _ = read_manifest(url, SCHEMA)
+    manifest, _ = read_manifest(Location(url), SCHEMA)
     out = []
     for entry in manifest["files"]:
         if entry["path"].startswith(f"{split}/"):
@@ -48,7 +53,7 @@ def examples(url: str, split: str) -> list[tuple[tuple[int, ...], tuple[int, ...
 def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model) -> None:
     data = DataConfig(source=str(SAMPLE), max_length=128, shard_rows=100)
     ref = stage(data, tmp_path / "s", tiny_model)
-    manifest, digest = read_manifest(ref.url, SCHEMA)
+    manifest, digest = read_manifest(Location(ref.url), SCHEMA)
     assert digest == ref.manifest_digest and manifest["dataset_id"] == ref.dataset_id
     assert [f["path"] for f in manifest["files"]] == [
         "train/shard-00000.arrow",
@@ -56,7 +61,7 @@ def test_staged_directory_holds_verified_shards_and_counts(tmp_path, tiny_model)
         "train/shard-00002.arrow",
         "eval/shard-00000.arrow",
     ]
-    verify_files(ref.url, manifest, mode="full")
+    verify_files(Location(ref.url), manifest, mode="full")
     for split, counts in manifest["splits"].items():
         rows = examples(ref.url, split)
         assert counts["records"] == len(rows) > 0
@@ -143,7 +148,7 @@ def test_the_eval_split_is_capped_by_the_records_lowest_digests(tmp_path, tiny_m
     messages: list[str] = []
     capped = stage(data.model_copy(update={"eval_max_records": 20}), tmp_path / "s", tiny_model, messages)
     held = len(examples(whole.url, "eval"))
-    manifest, _ = read_manifest(capped.url, SCHEMA)
+    manifest, _ = read_manifest(Location(capped.url), SCHEMA)
     assert manifest["split"] == {"eval_ratio": 0.3, "eval_max_records": 20, "eval_capped": held - 20}
     assert (manifest["splits"]["eval"]["records"], manifest["splits"]["train"]["records"]) == (20, 280)
     assert f"eval split capped at data.eval_max_records=20: {held - 20} more records of the {held}" in "".join(messages)
@@ -151,7 +156,10 @@ def test_the_eval_split_is_capped_by_the_records_lowest_digests(tmp_path, tiny_m
 
     moved = f"`data.eval_ratio` 0.3, at most `data.eval_max_records` 20 ({held - 20} more records train)"
     assert split_row(manifest["split"]) == ("held out", moved)
-    assert split_row(read_manifest(whole.url, SCHEMA)[0]["split"]) == ("held out", "`data.eval_ratio` 0.3, no cap")
+    assert split_row(read_manifest(Location(whole.url), SCHEMA)[0]["split"]) == (
+        "held out",
+        "`data.eval_ratio` 0.3, no cap",
+    )
     # The records that stay held out are those whose digests are lowest: the same whatever the order of the file.
     reordered = stage(
         data.model_copy(update={"source": write_jsonl(tmp_path / "r.jsonl", a[::-1]), "eval_max_records": 20}),
@@ -173,7 +181,7 @@ def test_eval_source_is_the_eval_split(tmp_path, tiny_model) -> None:
         max_length=64,
     )
     ref = stage(data, tmp_path / "s", tiny_model)
-    manifest, _ = read_manifest(ref.url, SCHEMA)
+    manifest, _ = read_manifest(Location(ref.url), SCHEMA)
     assert (manifest["splits"]["train"]["records"], manifest["splits"]["eval"]["records"]) == (50, 10)
     assert [s["key"] for s in manifest["sources"]] == ["data.source", "data.eval_source"]
     assert manifest["split"] == {"eval_source": data.eval_source}
@@ -195,7 +203,7 @@ def test_skip_puts_every_rejected_record_in_rejects_jsonl(tmp_path, tiny_model) 
     path.write_text("\n".join(lines) + "\n")
     data = DataConfig(source=str(path), max_length=64, on_invalid="skip", eval_ratio=0.2)
     ref = stage(data, tmp_path / "s", tiny_model)
-    manifest, _ = read_manifest(ref.url, SCHEMA)
+    manifest, _ = read_manifest(Location(ref.url), SCHEMA)
     rejects = [orjson.loads(line) for line in (Path(ref.url) / "rejects.jsonl").read_bytes().splitlines()]
     assert [(r["location"], r["reason"].split(" (")[0]) for r in rejects] == [
         (f"{path}:11", "malformed JSON"),
@@ -207,7 +215,7 @@ def test_skip_puts_every_rejected_record_in_rejects_jsonl(tmp_path, tiny_model) 
     assert manifest["rejects"] == "rejects.jsonl" and manifest["sources"][0]["rejected"] == 3
     assert sum(counts["truncated"] for counts in manifest["splits"].values()) == 1
     assert "rejects.jsonl" in {f["path"] for f in manifest["files"]}
-    verify_files(ref.url, manifest, mode="full")
+    verify_files(Location(ref.url), manifest, mode="full")
     with pytest.raises(UserError) as info:
         stage(data.model_copy(update={"on_invalid": "fail"}), tmp_path / "s", tiny_model)
     assert str(info.value).startswith(f"{path}:11: malformed JSON (")
@@ -222,13 +230,13 @@ def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_
     path = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(20), long_answer, long_prompt])
     data = DataConfig(source=path, max_length=64, eval_ratio=0)
     truncated = stage(data, tmp_path / "s", tiny_model)
-    manifest, _ = read_manifest(truncated.url, SCHEMA)
+    manifest, _ = read_manifest(Location(truncated.url), SCHEMA)
     assert manifest["splits"]["train"]["truncated"] == 2 and manifest["splits"]["train"]["dropped"] == 0
     assert manifest["records"] == {"read": 22, "staged": 22, "rejected": 0, "dropped": 0, "undesirable": 0}
     assert all(len(ids) <= 64 and set(labels) != {-100} for ids, labels in examples(truncated.url, "train"))
 
     dropped = stage(data.model_copy(update={"excess_length": "drop"}), tmp_path / "s", tiny_model)
-    manifest, _ = read_manifest(dropped.url, SCHEMA)
+    manifest, _ = read_manifest(Location(dropped.url), SCHEMA)
     assert dropped.dataset_id != truncated.dataset_id
     assert (manifest["splits"]["train"]["dropped"], manifest["splits"]["eval"]["dropped"]) == (2, 0)
     assert manifest["records"] == {"read": 22, "staged": 20, "rejected": 0, "dropped": 2, "undesirable": 0}
@@ -297,7 +305,9 @@ def test_an_interrupted_staging_leaves_no_manifest_and_is_staged_again_cleanly(t
     (partial / "train" / "stray.arrow").write_bytes(b"left over")
     again = stage(data, tmp_path / "s", tiny_model)
     assert again.dataset_id == clean.dataset_id and not (partial / "train" / "stray.arrow").exists()
-    assert read_manifest(again.url, SCHEMA)[0]["files"] == read_manifest(clean.url, SCHEMA)[0]["files"]
+    assert (
+        read_manifest(Location(again.url), SCHEMA)[0]["files"] == read_manifest(Location(clean.url), SCHEMA)[0]["files"]
+    )
 
 
 def test_a_damaged_staged_dataset_is_staged_again(tmp_path, tiny_model) -> None:
@@ -321,12 +331,12 @@ def test_more_processes_stage_the_same_bytes(tmp_path, tiny_model, monkeypatch) 
     two = stage(data.model_copy(update={"num_proc": 2}), tmp_path / "two", tiny_model, messages)
     assert "tokenizing 240 records in 2 processes" in messages
     assert one.dataset_id == two.dataset_id
-    assert read_manifest(one.url, SCHEMA)[0]["files"] == read_manifest(two.url, SCHEMA)[0]["files"]
+    assert read_manifest(Location(one.url), SCHEMA)[0]["files"] == read_manifest(Location(two.url), SCHEMA)[0]["files"]
 
 
 def test_sha256_is_selectable(tmp_path, tiny_model) -> None:
     ref = stage(DataConfig(source=str(SAMPLE), digest_algorithm="sha256"), tmp_path, tiny_model)
-    manifest, digest = read_manifest(ref.url, SCHEMA)
+    manifest, digest = read_manifest(Location(ref.url), SCHEMA)
     assert manifest["digest_algorithm"] == "sha256"
     assert digest == hashlib.sha256((Path(ref.url) / "manifest.json").read_bytes()).hexdigest()
     for entry in manifest["files"]:
@@ -335,25 +345,25 @@ def test_sha256_is_selectable(tmp_path, tiny_model) -> None:
 
 def test_verification_names_the_file_and_the_digests(tmp_path, tiny_model) -> None:
     ref = stage(DataConfig(source=str(SAMPLE), max_length=128), tmp_path, tiny_model)
-    manifest = verify_dataset(ref.url, "full", ref.manifest_digest)
+    manifest = verify_dataset(Location(ref.url), "full", ref.manifest_digest)
     entry = manifest["files"][0]
     shard = Path(ref.url) / entry["path"]
     body = bytearray(shard.read_bytes())
     body[100] ^= 0xFF
     shard.write_bytes(bytes(body))
-    verify_dataset(ref.url, "size")  # same size: the quick check cannot see it
+    verify_dataset(Location(ref.url), "size")  # same size: the quick check cannot see it
     actual = blake3.blake3(bytes(body)).hexdigest()
     with pytest.raises(UserError) as info:
-        verify_dataset(ref.url, "full")
+        verify_dataset(Location(ref.url), "full")
     assert str(info.value) == (
         f"{shard}: blake3 digest mismatch: expected {entry['digest']}, got {actual}; "
         "the file is corrupt or was modified, re-stage it"
     )
     shard.write_bytes(bytes(body) + b"x")
     with pytest.raises(UserError, match=rf"^{shard}: size {entry['size'] + 1} != expected {entry['size']}"):
-        verify_dataset(ref.url, "size")
+        verify_dataset(Location(ref.url), "size")
     shard.unlink()
     with pytest.raises(UserError, match=rf"^{shard}: missing \(listed in manifest.json\)"):
-        verify_dataset(ref.url, "size")
+        verify_dataset(Location(ref.url), "size")
     with pytest.raises(UserError, match=r"manifest.json: digest mismatch: expected 00ff, got "):
-        verify_dataset(ref.url, "size", manifest_digest="00ff")
+        verify_dataset(Location(ref.url), "size", manifest_digest="00ff")

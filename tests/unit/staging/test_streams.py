@@ -15,6 +15,7 @@ from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.stage import stage_dataset
 from staging.streams import capped, interleave, resolve
+from storage.location import Location
 from storage.manifest import read_manifest
 from tests.datafiles import arithmetic, read_records, write_json, write_jsonl
 
@@ -144,7 +145,11 @@ def test_interleave_takes_records_by_weight_until_the_first_source_runs_out() ->
 
 def stage(data: DataConfig, storage: Path, model: str, messages: list[str] | None = None):
     return stage_dataset(
-        data, str(storage), model, progress=(messages.append if messages is not None else lambda _: None), bars=False
+        data,
+        Location(str(storage)),
+        model,
+        progress=(messages.append if messages is not None else lambda _: None),
+        bars=False,
     )
 
 
@@ -160,7 +165,7 @@ def test_several_sources_are_mixed_and_counted_each(tmp_path, tiny_model) -> Non
     data = DataConfig(sources=sources, max_length=96, eval_ratio=0.2)
     messages: list[str] = []
     concat = stage(data, tmp_path / "s", tiny_model, messages)
-    manifest, _ = read_manifest(concat.url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(concat.url), "tandem.dataset/1")
     mix = manifest["mix"]
     assert mix["strategy"] == "concat"
     assert [(s["key"], s["format"], s["records"], s["weight"]) for s in mix["sources"]] == [
@@ -174,7 +179,7 @@ def test_several_sources_are_mixed_and_counted_each(tmp_path, tiny_model) -> Non
 
     messages.clear()
     interleaved = stage(data.model_copy(update={"mix": "interleave"}), tmp_path / "s", tiny_model, messages)
-    manifest, _ = read_manifest(interleaved.url, "tandem.dataset/1")
+    manifest, _ = read_manifest(Location(interleaved.url), "tandem.dataset/1")
     # Weights 2:1:1, in turns a b c a | a b c a | a b c(none left): the third source (2 records) runs out first.
     assert [s["records"] for s in manifest["mix"]["sources"]] == [5, 3, 2] and manifest["records"]["read"] == 10
     assert interleaved.dataset_id != concat.dataset_id
@@ -183,7 +188,7 @@ def test_several_sources_are_mixed_and_counted_each(tmp_path, tiny_model) -> Non
     assert again.dataset_id == interleaved.dataset_id  # deterministic
     from flows.prepare import summary_rows  # the CLI's summary: one row per source
 
-    assert [value for name, value in summary_rows(interleaved) if name == "source"] == [
+    assert [value for name, value in summary_rows(interleaved, Location(str(tmp_path / "s"))) if name == "source"] == [
         f"data.sources[0] ({chats}): 5 records, 0 rejected",
         f"data.sources[1] ({qa}): 3 records, 0 rejected",
         f"data.sources[2] ({catalog}#qa_few): 2 records, 0 rejected",

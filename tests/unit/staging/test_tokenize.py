@@ -12,6 +12,7 @@ from staging import length
 from staging.formats import Conversation
 from staging.tokenize import IGNORE_INDEX, ChatEncoder
 from staging.tokenizer import load_tokenizer
+from storage.location import Location
 from tests.datafiles import SAMPLE, read_records
 
 # A Qwen2.5-style template that renders tools and tool calls (the tiny model's ChatML template renders neither).
@@ -349,7 +350,11 @@ def test_a_tokenizer_without_chat_template_stages_plain_text_and_names_the_fix_f
     notes = tmp_path / "notes.jsonl"
     notes.write_text("".join(json.dumps({"text": f"note {i}: two plus two is four."}) + "\n" for i in range(30)))
     ref = stage_dataset(
-        DataConfig(source=str(notes)), str(tmp_path / "storage"), str(bare), progress=lambda _: None, bars=False
+        DataConfig(source=str(notes)),
+        Location(str(tmp_path / "storage")),
+        str(bare),
+        progress=lambda _: None,
+        bars=False,
     )
     assert sum(ref.split_records.values()) > 0
     with pytest.raises(
@@ -359,7 +364,7 @@ def test_a_tokenizer_without_chat_template_stages_plain_text_and_names_the_fix_f
     ):
         stage_dataset(
             DataConfig(source=str(SAMPLE)),
-            str(tmp_path / "chat-storage"),
+            Location(str(tmp_path / "chat-storage")),
             str(bare),
             progress=lambda _: None,
             bars=False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage.fs import Location, join
+from storage.location import Location, join
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -13,7 +13,7 @@ import pytest
 from core.errors import UserError
 from storage import layout
 from storage.base_model import read_base_model, record_base_model, verify_local_model
-from storage.fs import Location
+from storage.location import Location
 from storage.node_cache import file_digest
 
 

@@ -20,7 +20,7 @@ from storage.checkpoints import (
     verified_export_step,
 )
 from storage.digest import digest_bytes
-from storage.fs import Location
+from storage.location import Location
 from tests.checkpoints import save_checkpoint, shard_path
 
 

@@ -4,7 +4,8 @@ create never overwrites, and a compare-and-swap refuses a stale token."""
 from __future__ import annotations
 
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
-from storage.fs import join, read_bytes
+from storage.fs import read_bytes
+from storage.location import join
 
 
 def test_create_exclusive_never_overwrites(storage) -> None:

@@ -8,7 +8,7 @@ import blake3
 import pytest
 
 from storage.digest import CHUNK, digest_bytes, digest_url, hasher
-from storage.fs import Location
+from storage.location import Location
 
 
 @pytest.mark.parametrize("algorithm", ["blake3", "sha256"])

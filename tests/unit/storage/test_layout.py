@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from config.sections.run_data import RunConfig
 from storage import layout
-from storage.fs import Location
+from storage.location import Location
 
 
 def test_the_places_of_a_run_are_the_documented_ones() -> None:

@@ -19,8 +19,9 @@ import pytest
 from config.sections.run_data import DataConfig
 from core.errors import RetryableError, UserError
 from staging.stage import stage_dataset
-from storage.fs import Location, filesystem, join, read_bytes
+from storage.fs import filesystem, read_bytes
 from storage.local_dataset import open_split, prepare_dataset
+from storage.location import Location, join
 from storage.manifest import read_manifest
 from storage.node_cache import NodeCache, dataset_entry, unused
 from storage.shards import Row
@@ -36,7 +37,7 @@ def rows_of(shard: bytes) -> list[Row]:
     return [Row(i, la, [len(i)]) for i, la in zip(columns["input_ids"], columns["labels"], strict=True)]
 
 
-def split_rows(dataset: Location | str, split: str) -> list[Row]:
+def split_rows(dataset: Location, split: str) -> list[Row]:
     """Every row of a split, from the stored shards themselves."""
     manifest, _ = read_manifest(dataset, SCHEMA)
     return [
@@ -161,16 +162,20 @@ def test_copies_beyond_the_cap_go_least_recently_used_first_unless_in_use(on_s3,
 def test_a_dataset_in_the_earlier_parquet_form_is_read_through_the_node_cache(tmp_path, tiny_model) -> None:
     source = write_jsonl(tmp_path / "d.jsonl", arithmetic(50))
     ref = stage_dataset(
-        DataConfig(source=source, shard_rows=20), str(tmp_path / "s"), tiny_model, progress=lambda _: None, bars=False
+        DataConfig(source=source, shard_rows=20),
+        Location(str(tmp_path / "s")),
+        tiny_model,
+        progress=lambda _: None,
+        bars=False,
     )
-    expected = {split: split_rows(ref.url, split) for split in ("train", "eval")}
-    old = as_parquet_form(Path(ref.url))
+    expected = {split: split_rows(Location(ref.url), split) for split in ("train", "eval")}
+    old = Location(str(as_parquet_form(Path(ref.url))))
     cache = NodeCache(tmp_path / "cache", 10**9)
-    manifest_digest = read_manifest(str(old), SCHEMA)[1]
-    line = prepare_dataset(str(old), manifest_digest, cache)
+    manifest_digest = read_manifest(old, SCHEMA)[1]
+    line = prepare_dataset(old, manifest_digest, cache)
     assert "node cache copy" in line and "fetched" in line
     for split in ("train", "eval"):
-        assert list(open_split(str(old), split, cache, manifest_digest)) == expected[split]
+        assert list(open_split(old, split, cache, manifest_digest)) == expected[split]
 
 
 def as_parquet_form(dataset: Path) -> Path:
@@ -193,7 +198,7 @@ def as_parquet_form(dataset: Path) -> Path:
 def test_a_shard_that_cannot_be_read_is_named_in_one_line(tmp_path, tiny_model) -> None:
     ref = stage_dataset(
         DataConfig(source=write_jsonl(tmp_path / "d.jsonl", arithmetic(30))),
-        str(tmp_path / "s"),
+        Location(str(tmp_path / "s")),
         tiny_model,
         progress=lambda _: None,
         bars=False,
@@ -202,9 +207,9 @@ def test_a_shard_that_cannot_be_read_is_named_in_one_line(tmp_path, tiny_model) 
     good = shard.read_bytes()
     shard.write_bytes(good[:-64])  # cut short: seen by its size before it is mapped
     with pytest.raises(UserError, match=rf"^{shard}: size \d+ != expected \d+; the file changed after staging, re-st"):
-        open_split(ref.url, "train", cache)
+        open_split(Location(ref.url), "train", cache)
     shard.write_bytes(good[:-64] + b"\0" * 64)  # its footer overwritten: the size is right, the file is not
     with pytest.raises(
         UserError, match=rf"^{shard}: not a readable dataset shard \(.+\); the file is damaged, re-stage"
     ):
-        open_split(ref.url, "train", cache)
+        open_split(Location(ref.url), "train", cache)

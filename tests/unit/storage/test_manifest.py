@@ -11,7 +11,7 @@ import pytest
 from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import Location
+from storage.location import Location
 from storage.manifest import read_manifest, verify_dataset, verify_files
 
 

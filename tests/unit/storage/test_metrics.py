@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from storage.fs import Location
+from storage.location import Location
 from storage.metrics import eval_metric_keys, eval_record_keys, read_metrics
 
 

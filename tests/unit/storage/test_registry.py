@@ -10,14 +10,15 @@ import pytest
 
 from core.errors import UserError
 from core.redact import MASK
-from storage.fs import filesystem, join
+from storage.fs import filesystem
+from storage.location import Location, join
 from storage.registry import champion, read_entry, register_version, resolve, versions
 from tests.racing import race
 from tests.registry_helpers import claim, claim_and_promote, entry, registered
 
 
 def test_resolve_names_versions_and_the_champion(tmp_path) -> None:
-    storage = str(tmp_path)
+    storage = Location(str(tmp_path))
     registered(storage, 2.5, 2.0, 2.2)
     assert [resolve(storage, ref)["version"] for ref in ("m", "m:1", "m:v2", "m:v0003", "m:champion")] == [
         3,
@@ -35,16 +36,16 @@ def test_resolve_names_versions_and_the_champion(tmp_path) -> None:
 def test_an_edited_entry_or_champion_is_refused_naming_the_file(tmp_path) -> None:
     from pathlib import Path
 
-    registered(str(tmp_path), 2.5)
+    registered(Location(str(tmp_path)), 2.5)
     entry_file = Path(tmp_path) / "registry" / "m" / "v0001.json"
     entry_file.write_text(entry_file.read_text().replace('"loss": 2.5', '"loss": 1.5'))  # still valid JSON
     refused = rf"^{entry_file}: sha256 digest mismatch: recorded .* the registry file is corrupt"
     with pytest.raises(UserError, match=refused):
-        read_entry(str(tmp_path), "m", 1)
+        read_entry(Location(str(tmp_path)), "m", 1)
     alias = Path(tmp_path) / "registry" / "m" / "champion.json"
     alias.write_bytes(alias.read_bytes().replace(b'"version": 1', b'"version": 2'))
     with pytest.raises(UserError, match=rf"^{alias}: sha256 digest mismatch"):
-        champion(str(tmp_path), "m")
+        champion(Location(str(tmp_path)), "m")
     assert json.loads(entry_file.read_text())["metrics"]["loss"] == 1.5  # refused, not repaired in place
 
 
@@ -79,9 +80,9 @@ def test_racing_promotions_leave_the_best_version_champion(storage) -> None:
 def test_registry_entries_are_stored_masked_and_still_verify(tmp_path) -> None:
     canary = "canary-7f3a9c2e51d04b68"
     body = {**entry(2.0, "w"), "notes": {"HF_TOKEN": canary}, "run_url": "s3://u:pw@bucket/runs/r"}
-    version, _ = register_version(str(tmp_path), "m", body)
+    version, _ = register_version(Location(str(tmp_path)), "m", body)
     raw = (tmp_path / "registry" / "m" / "v0001.json").read_text()
     assert canary not in raw and ":pw@" not in raw
-    stored = read_entry(str(tmp_path), "m", version)  # the digest covers the masked body
+    stored = read_entry(Location(str(tmp_path)), "m", version)  # the digest covers the masked body
     assert stored["notes"] == {"HF_TOKEN": MASK} and stored["run_url"] == "s3://u:***@bucket/runs/r"
     assert json.loads(raw)["metrics"] == body["metrics"]

@@ -11,7 +11,8 @@ import pytest
 
 from core.errors import UserError
 from storage.conditional import create_exclusive
-from storage.fs import Location, exists, join, read_bytes, remove
+from storage.fs import exists, read_bytes, remove
+from storage.location import Location, join
 from storage.run_lock import RunLock
 from tests.racing import race
 

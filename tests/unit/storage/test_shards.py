@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from storage.digest import digest_bytes
-from storage.fs import Location
+from storage.location import Location
 from storage.shards import IGNORE_INDEX, PAIR, PreferenceWriter, SplitWriter, examples_of, row, split_rows
 from storage.split_reader import Shard
 

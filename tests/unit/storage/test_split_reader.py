@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from storage.fs import Location
+from storage.location import Location
 from storage.node_cache import Lease, unused
 from storage.shards import SplitWriter
 from storage.split_reader import Shard, ShardError, Split

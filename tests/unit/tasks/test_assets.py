@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from storage.fs import Location
+from storage.location import Location
 from tasks.assets import asset_key, dataset_asset, model_asset
 from tasks.register import Registration
 from tests.registry_helpers import entry

@@ -10,7 +10,7 @@ from config.loader import load_config
 from config.sections.run_data import DataConfig
 from pipeline.plan import build_spec
 from storage.checkpoints import read_complete
-from storage.fs import Location
+from storage.location import Location
 from storage.registry import versions
 from storage.spec import publish_spec
 from tasks.register import register_model

@@ -12,7 +12,7 @@ from prefect.states import Completed, Failed
 from core.errors import RetryableError, UserError
 from storage import layout
 from storage.checkpoints import model_manifest
-from storage.fs import Location
+from storage.location import Location
 from tasks.train import progress_reporter, retry_only_retryable, trained_to_the_end
 from tests.checkpoints import save_checkpoint
 from tests.specs import spec_for

@@ -7,7 +7,7 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from core.errors import RetryableError
-from storage.fs import Location
+from storage.location import Location
 from tasks.wait import wait_for_checkpoint
 from tests.checkpoints import save_checkpoint
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from launch.command import free_port
-from storage.fs import Location
+from storage.location import Location
 from storage.registry import promote, read_entry, read_mirror, register_version
 from tests.registry_helpers import entry
 from tracking.mlflow_registry import ALIAS, DONE, PENDING, VERSION_TAG, artifact_name, sync

@@ -8,7 +8,7 @@ import pytest
 
 from core.errors import UserError
 from launch.command import free_port
-from storage.fs import Location
+from storage.location import Location
 from tracking.mlflow_sink import RUN_TAG, MlflowSink, check_server, make_client, run_link
 from tracking.sink import RunInfo
 

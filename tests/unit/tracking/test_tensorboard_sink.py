@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.fs import Location, join, listdir
+from storage.fs import listdir
+from storage.location import Location, join
 from tracking.sink import RunInfo
 from tracking.tensorboard_sink import EVENTS_PREFIX, TensorBoardSink, last_event_step
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from storage.fs import Location
+from storage.location import Location
 from tests.wandb_records import history
 from tracking.sink import RunInfo
 from tracking.wandb_sink import WANDB_DIR, WandbSink, wandb_id

@@ -13,7 +13,7 @@ import torch
 
 from core.errors import UserError
 from storage.checkpoints import model_manifest
-from storage.fs import Location, join
+from storage.location import Location, join
 from tests.checkpoints import save_checkpoint
 from tests.specs import spec_for
 from trainer.checkpointing.deepspeed_io import publish_dir

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from storage.fs import Location
+from storage.location import Location
 from tests.conftest import ROOT
 from trainer import faults
 

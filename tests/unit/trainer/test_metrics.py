@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from storage.fs import Location, join, read_bytes
+from storage.fs import read_bytes
+from storage.location import Location, join
 from trainer.metrics import MetricsWriter, host_memory
 
 STEP = {"max_steps": 4, "loss": 2.0, "lr": 1e-4, "grad_norm": 0.5, "tokens": 100, "padding_fraction": 0.1}

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from config.sections.model_train import TrainConfig
-from storage.fs import Location
+from storage.location import Location
 from storage.shards import IGNORE_INDEX, PAIR, PreferenceWriter, Row
 from storage.split_reader import Shard, Split
 from trainer import tiny

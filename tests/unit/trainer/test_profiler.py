@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
-from storage.fs import Location
+from storage.location import Location
 from trainer.profiler import StepProfiler, device_busy_us, tables
 
 

@@ -34,19 +34,11 @@ import torch
 
 from core.errors import RetryableError, UserError
 from storage.digest import digest_bytes
-from storage.fs import (
-    Location,
-    filesystem,
-    full_storage_is_one_line,
-    get_file,
-    is_local,
-    join,
-    local_path,
-    put_file,
-    removed_on_error,
-    with_retries,
-)
+from storage.fs import filesystem, get_file, put_file
+from storage.full import full_storage_is_one_line, removed_on_error
+from storage.location import Location, is_local, join, local_path
 from storage.node_cache import REFERENCE, cache_root, filling
+from storage.retry import with_retries
 from storage.split_reader import Split
 from trainer.distributed import Dist, barrier, dist_sum, gather_to_main
 from trainer.loss.logps import sequence_logps
@@ -252,7 +244,7 @@ def fetch(url: Location, copy: Path, size: int) -> None:
     """Download a remote table into the node cache under a temporary name, then rename it: a crash never leaves part
     of a table under the name that is mapped."""
     tmp = copy.with_name(f".tmp-{uuid.uuid4().hex}-{copy.name}")
-    with full_storage_is_one_line(str(copy.parent), file=str(copy), needed=size), removed_on_error(str(tmp)):
+    with full_storage_is_one_line(file=str(copy), needed=size), removed_on_error(str(tmp)):
         get_file(url, str(tmp))
         if (got := os.path.getsize(tmp)) != size:
             raise RetryableError(f"{url}: fetched {got} of its {size} bytes into {tmp}; a retry fetches it again")
@@ -269,7 +261,7 @@ def write(run: Location, split: str, rows: int, dist: Dist, cache: Path, fill: C
     url = table_url(run, split)
     folder = Path(local_path(url)).parent if is_local(url) else cache / REFERENCE
     tmp = folder / f".tmp-{uuid.uuid4().hex}-{split}.npy"
-    with full_storage_is_one_line(str(folder), file=str(url), needed=rows * 16), removed_on_error(str(tmp)):
+    with full_storage_is_one_line(Location(str(folder)), file=str(url), needed=rows * 16), removed_on_error(str(tmp)):
         folder.mkdir(parents=True, exist_ok=True)
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float64, shape=(rows, 2))
         with open(tmp, "r+b") as handle:

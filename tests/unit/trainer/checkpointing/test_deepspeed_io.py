@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from storage.checkpoints import model_manifest, read_complete, verified_export_step
-from storage.fs import Location, join
+from storage.location import Location, join
 from tests.checkpoints import save_checkpoint, shard_path
 from trainer.checkpointing.deepspeed_io import deepspeed_layout, publish_dir, rng_state, set_rng_state
 

@@ -12,7 +12,7 @@ import torch
 from core.errors import UserError
 from storage import layout
 from storage.checkpoints import read_complete
-from storage.fs import Location
+from storage.location import Location
 from tests.checkpoints import save_checkpoint, shard_path
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint, verify_shared
 from trainer.distributed import Dist

@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from storage.digest import digest_url
+from storage.location import Location
 from trainer.checkpointing.writer import write_state
 
 
 def test_the_digest_written_is_the_files(tmp_path: Path) -> None:
     path = tmp_path / "state.pt"
     digest, size = write_state({"w": torch.arange(1000.0)}, str(path), "blake3")
-    assert (digest, size) == digest_url(str(path), "blake3")
+    assert (digest, size) == digest_url(Location(str(path)), "blake3")
     assert torch.equal(torch.load(path)["w"], torch.arange(1000.0))
 
 

@@ -19,7 +19,8 @@ import torch.multiprocessing as mp
 
 from core.errors import UserError
 from launch.command import free_port
-from storage.fs import Location, filesystem, write_bytes_atomic
+from storage.fs import filesystem, write_bytes_atomic
+from storage.location import Location
 from storage.node_cache import REFERENCE
 from storage.shards import PAIR, Row
 from trainer import tiny
