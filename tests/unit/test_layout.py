@@ -34,7 +34,7 @@ ALLOWED = {
 # Third-party packages only some of ours may import: Prefect above the libraries (and the prefect launch backend),
 # torch and DeepSpeed on the ranks (and MLflow's model flavour, which loads a model), fsspec below config.
 THIRD_PARTY = {
-    "prefect": {"tasks", "flows", "launch/backends/prefect.py", "launch/backends/prefect_api.py"},
+    "prefect": {"tasks", "flows", "launch/backends/prefect.py", "launch/api_outage.py"},
     "torch": {"trainer", "tracking/mlflow_model.py"},
     "deepspeed": {"trainer"},
     "fsspec": {"storage", "staging", "tracking", "pipeline", "launch", "trainer", "tasks", "flows"},
