@@ -1,7 +1,7 @@
 """The package layout of docs/architecture.md, held against the code: which package may import which (whole
 directories, no special cases), what only some packages may import (Prefect, torch, fsspec), no import cycle anywhere
 in the production code (imports inside functions included), no alias re-exports, no private helper imported from
-another module, and no function over 50 lines."""
+another module, no function over 50 lines, and no module over 400 (but those still to be split)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ THIRD_PARTY = {
     "fsspec": {"storage", "staging", "tracking", "pipeline", "launch", "trainer", "tasks", "flows"},
 }
 MAX_FUNCTION_LINES = 50
+MAX_MODULE_LINES = 400
+# Modules still over MAX_MODULE_LINES, each to be split (issue 48): the list only shrinks (a module that is no longer
+# over the limit must leave it, and no other may join it).
+LONG_MODULES = {"storage/fs.py", "staging/tokenize.py"}
 
 
 def sources() -> Iterator[tuple[str, Path]]:
@@ -225,6 +229,15 @@ def test_functions_are_short() -> None:
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_modules_are_small() -> None:
+    lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for _, path in sources()}
+    long = {name for name, count in lines.items() if count > MAX_MODULE_LINES}
+    assert long <= LONG_MODULES, f"modules over {MAX_MODULE_LINES} lines: split them: {sorted(long - LONG_MODULES)}"
+    assert long == LONG_MODULES, (
+        f"no longer over {MAX_MODULE_LINES} lines, remove from LONG_MODULES: {LONG_MODULES - long}"
+    )
 
 
 def test_the_trainer_and_the_gpu_benchmark_import_without_prefect() -> None:
