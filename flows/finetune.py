@@ -5,6 +5,7 @@
     python -m flows.finetune --set train.max_steps=100 --set launch.nnodes=3
     python -m flows.finetune --set register.gate="{metric: loss, direction: min, threshold: 2.0}"
     python -m flows.finetune --set launch.nnodes=3 --print-config   # the resolved config as YAML, nothing run
+    python -m flows.finetune --set launch.backend=slurm --dry-run   # what each phase would start, nothing run
 
 Without PREFECT_API_URL, Prefect starts a temporary local server for the run.
 """
@@ -193,17 +194,18 @@ def main(argv: list[str] | None = None) -> int:
         help="print the run's memory plan (per GPU, and per node's host) and what it writes, then exit; runs nothing",
     )
     parser.add_argument(
-        "--manifests",
+        "--dry-run",
         action="store_true",
-        help="launch.backend=kubernetes: print every object the run would submit (train, eval), then exit",
+        help="print what the run's launch backend would start for each phase (the torchrun lines, the node flow "
+        "runs, the sbatch script, the ssh commands, the Kubernetes objects), then exit; starts and writes nothing",
     )
     args = parser.parse_args(argv)
 
     def body(cfg: FinetuneConfig) -> int:
-        if args.manifests:
-            from launch.backends.kubernetes_render import manifests_text
+        if args.dry_run:
+            from launch.dry_run import dry_run_text
 
-            print(manifests_text(cfg), end="")
+            print(dry_run_text(cfg), end="")
             return 0
         if args.plan:
             from launch.preflight import visible_gpus

@@ -1,5 +1,6 @@
 """The job and node types every part of launch/ shares: what one phase runs on every node (`PhaseJob`), one node's
-place in it (`NodePlan`), the module and arguments the ranks run, and the signature of a backend.
+place in it (`NodePlan`), and the module and arguments the ranks run. The interface a backend implements is
+launch/backend.py.
 
 The bottom of launch/: it imports no backend and nothing that imports one, so that launch/phase.py may import the
 backends and the backends may import this module without a cycle.
@@ -7,9 +8,9 @@ backends and the backends may import this module without a cycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from storage.location import Location
 from storage.spec import WrittenSpec
@@ -52,11 +53,15 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class PhaseJob:
-    """What every node of one phase runs: the written spec, the phase, and for eval the model to evaluate."""
+    """What every node of one phase runs: the written spec, the phase, for eval the model to evaluate, and what the
+    job adds to the ranks' environment (`env`: the transport's debug levels on a retry, launch/command.py
+    `transport_debug_env`), which each backend hands to its nodes as a value, never through this process's
+    environment."""
 
     written: WrittenSpec
     phase: str  # "train" | "eval" | "probe"
     model_url: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def module(self) -> str:
@@ -72,10 +77,3 @@ class PhaseJob:
     def node_args(self) -> list[str]:
         """The arguments of `python -m flows.node` for this job on any node (srun, ssh, a pod)."""
         return node_args(self.written.url, self.phase, self.model_url, self.written.digest)
-
-
-class Backend(Protocol):
-    """A launch backend: gets the job's module running on every node and returns when all of them finished, or
-    raises naming the first node that failed (UserError: retrying cannot help; RetryableError: it may)."""
-
-    def __call__(self, job: PhaseJob, info: Info, on_progress: OnProgress | None = None, /) -> None: ...

@@ -7,7 +7,6 @@ run directory and a fresh rendezvous port.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,8 @@ from config.loader import load_config
 from config.schema import FinetuneConfig
 from config.sections.launch import LaunchConfig
 from config.sections.run_data import RunConfig
-from launch.backends.local import run_local_job
+from launch.backend import run_job
+from launch.backends.local import LocalBackend
 from launch.job import PhaseJob
 from pipeline.models import resolve_model
 from pipeline.plan import build_spec, record_model
@@ -124,13 +124,8 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
     cfg = config(staged, name, list(overrides))
     digest = record_model(cfg, name, staged.model_path)
     written = publish_spec(build_spec(cfg, name, staged.model_path, staged.dataset, digest))
-    old = dict(os.environ)
-    os.environ.update(env or {})
-    try:
-        run_local_job(PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    # `env` reaches the ranks as the job's own (PhaseJob.env), as a retry's transport debug levels do.
+    run_job(LocalBackend(), PhaseJob(written, "train", env=env or {}), lambda _: None, on_progress=lambda _: None)
     return Run(written.spec, written.url)
 
 
@@ -251,5 +246,5 @@ def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
     # The ranks read the run's spec.json; only the launcher sees this world size (no preflight before eval).
     spec = run.spec.model_copy(update={"config": run.spec.config.model_copy(update={"launch": launch})})
     written = WrittenSpec(spec, run.spec_url, load_spec(run.spec_url)[1])
-    run_local_job(PhaseJob(written, "eval", str(model_url)), lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, "eval", str(model_url)), lambda _: None)
     return json.loads((run.run_dir / "eval.json").read_text())

@@ -24,7 +24,7 @@ from prefect.client.orchestration import get_client
 from config.loader import load_config
 from core.checkout import PROJECT_ROOT
 from core.errors import RetryableError, TooFewNodes, UserError
-from launch.backends import kubernetes as kubernetes_backend
+from launch.backends import kubernetes_api
 from launch.command import free_port
 from launch.phase import run_phase
 from pipeline.plan import build_spec, record_model
@@ -172,7 +172,7 @@ def test_a_failing_rank_is_its_nodes_error_line_with_its_exit_class(
     account = tmp_path / "serviceaccount"
     account.mkdir()
     (account / "namespace").write_text("default\n")
-    monkeypatch.setattr(kubernetes_backend, "SERVICE_ACCOUNT", account)
+    monkeypatch.setattr(kubernetes_api, "SERVICE_ACCOUNT", account)
     monkeypatch.setenv("HOSTNAME", "pipeline-7xk2p")
     owner = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pipeline-7xk2p", "uid": "5f1c-uid"}}
     cluster.objects[("Pod", "default", "pipeline-7xk2p")] = owner

@@ -139,7 +139,7 @@ def test_an_ssh_attempt_runs_on_the_hosts_that_answer(tmp_path) -> None:
     """The ssh backend's slots are launch.hosts: an attempt's section holds the hosts it runs on, node 0 first (the
     rendezvous moves to the first of them), and reloads as a valid config (spec.json is read back on every node)."""
     from config.schema import FinetuneConfig
-    from launch.elastic import attempt_launch
+    from launch.backends.ssh import SshBackend
 
     spec = spec_for(
         tmp_path,
@@ -148,6 +148,6 @@ def test_an_ssh_attempt_runs_on_the_hosts_that_answer(tmp_path) -> None:
     first = next_attempt(spec, [], lambda slot: None)
     lost = next_attempt(spec, [first], lambda slot: "node 0 (n0): ssh: connection refused" if slot == 0 else None)
     assert (lost.nodes, lost.world_size, lost.left_out) == ([1, 2], 2, {"0": "node 0 (n0): ssh: connection refused"})
-    launch = attempt_launch(spec.config.launch, lost)
+    launch = SshBackend().attempt_launch(spec.config.launch, lost)
     assert (launch.hosts, launch.nnodes, launch.rendezvous_addr) == (["n1", "n2"], 2, "n1")
     FinetuneConfig.model_validate(spec.config.model_copy(update={"launch": launch}).model_dump())

@@ -1,28 +1,30 @@
-"""A Prefect API that does not answer while the nodes train (launch/backends/prefect_api.py and prefect.py): the
-pipeline's follow loop reads its node flow runs with the real Prefect client against a port where nothing listens,
-and the nodes' own records are real status.json files. The whole story (the cluster's server stopped and restarted
-under a training run) is tests/cluster/test_api_outage.py."""
+"""The prefect backend (launch/backends/prefect.py): what it describes (each node's flow run of the node deployment:
+its queue, its name and its parameters, which the `node` flow accepts), and its follow loop through an outage of the
+Prefect API: the node flow runs read with the real Prefect client against a port where nothing listens, then on the
+session's real server, and the nodes' own records as real status.json files."""
 
 from __future__ import annotations
 
-import time
+import inspect
+import re
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
+import yaml
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
-from prefect.exceptions import PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Failed, Running
 
-from core.errors import EXIT_RETRYABLE, RetryableError
+from config.loader import load_config
+from flows.node import node
+from launch.api_outage import ApiOutage, fail_fast
 from launch.backends import prefect as prefect_backend
-from launch.backends.prefect import NodeFlowRun
-from launch.backends.prefect_api import ApiOutage, fail_fast, unreachable
+from launch.backends.prefect import NodeFlowRun, PrefectBackend
 from launch.command import free_port
+from launch.dry_run import planned_job
 from launch.node import ERROR_EXIT_CODE, recorded_end, status_url
 from storage.fs import write_json_atomic
 from storage.location import Location
@@ -32,31 +34,24 @@ def record(run: Location, rank: int, **status: object) -> None:
     write_json_atomic(status_url(run, rank), {"node_rank": rank, **status})
 
 
-def test_only_an_api_that_cannot_answer_counts_as_an_outage() -> None:
-    assert unreachable(httpx.ConnectError("refused"))
-    assert unreachable(httpx.ReadTimeout("slow"))
-    assert not unreachable(ValueError("a bug"))
-    request = httpx.Request("GET", "http://127.0.0.1/api/flow_runs/x")
-    for code, verdict in ((503, True), (502, True), (429, True), (404, False), (422, False)):
-        response = httpx.Response(code, request=request)
-        error = PrefectHTTPStatusError.from_httpx_error(httpx.HTTPStatusError("", request=request, response=response))
-        assert unreachable(error) is verdict, code
-
-
-def test_the_outage_is_reported_once_and_fails_only_past_its_limit(caplog: pytest.LogCaptureFixture) -> None:
-    outage = ApiOutage(0.2, "the nodes go on")
-    down = httpx.ConnectError("[Errno 111] Connection refused")
-    outage.failed(down)
-    outage.failed(down)
-    assert len(caplog.records) == 1 and "does not answer" in caplog.records[0].getMessage()  # one line, not one a poll
-    outage.answered()  # back: the count starts again
-    outage.failed(down)
-    time.sleep(0.3)
-    with pytest.raises(RetryableError) as raised:
-        outage.failed(down)
-    assert raised.value.exit_code == EXIT_RETRYABLE
-    line = str(raised.value)
-    assert "\n" not in line and "has not answered for" in line and "launch.api_outage_s" in line, line
+@pytest.mark.parametrize("phase", ["train", "eval"])
+def test_the_description_is_each_nodes_flow_run_with_parameters_the_node_flow_takes(phase: str) -> None:
+    cfg = load_config(
+        None,
+        ["launch.backend=prefect", "launch.nnodes=3", "launch.queue_prefix=gpu-", "run.name=r7", "run.storage=/s"],
+    )
+    text = PrefectBackend().describe(planned_job(cfg, phase))
+    assert text.startswith("# launch.backend=prefect: 3 flow run(s) of deployment node/node")
+    runs = [yaml.safe_load(part) for part in re.split(r"^# node \d+\n", text, flags=re.M)[1:]]
+    assert [(r["work_queue_name"], r["flow_run_name"]) for r in runs] == [
+        (f"gpu-{rank}", f"r7-{phase}-node{rank}") for rank in range(3)
+    ]
+    accepted = set(inspect.signature(node.fn).parameters)
+    for rank, run in enumerate(runs):
+        parameters = run["parameters"]
+        assert set(parameters) <= accepted and parameters["node_rank"] == rank and parameters["master_port"] == 6001
+        assert parameters["spec_url"] == "/s/runs/r7/spec.json" and parameters["phase"] == phase
+        assert parameters["expected_spec_digest"] == ("SPEC-DIGEST" if phase == "train" else None)
 
 
 def test_while_the_api_is_away_the_follow_loop_waits_without_retries(tmp_path: Path) -> None:

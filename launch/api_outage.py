@@ -1,12 +1,13 @@
-"""The Prefect API while a phase runs: an outage of it (its server restarted, upgraded, its database failing over) is
+"""The wait through an outage of the Prefect API (its server restarted, upgraded, its database failing over), which is
 not a failure of the training.
 
 The nodes never need the API to train: they read the spec and data from storage, rendezvous with each other, and
-follow the pipeline's liveness record on storage (launch/liveness.py). Only the pipeline's bookkeeping talks to the
-API while they train: reading the node flow runs' states (launch/backends/prefect.py) and the progress artifact
-(tasks/train.py). Those calls fail fast here (no client retries: Prefect's own back off for about a minute per call,
-and would hold the supervise loop and its stall watch that long), count as "no news", and only an outage longer than
-`launch.api_outage_s` fails the phase, with exit 75 (a retry may help once the API is back).
+follow the pipeline's liveness record on storage (launch/liveness.py). Only bookkeeping talks to the API while they
+train: the `prefect` backend reading its node flow runs' states (launch/backends/prefect.py), the train task's
+progress artifact (tasks/train.py), and `python -m flows.submit --wait` following a run. Those calls fail fast here
+(no client retries: Prefect's own back off for about a minute per call, and would hold the supervise loop and its
+stall watch that long), count as "no news", and only an outage longer than its limit (`launch.api_outage_s`) fails
+what waits, with exit 75 (a retry may help once the API is back).
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
-"""The one supervise loop (launch/supervise.py) and the local backend's node threads (launch/backends/local.py) with
-members and nodes that are stand-ins: which failure is reported, and with which grace the other nodes are stopped."""
+"""The one supervise loop (launch/supervise.py) with members that are stand-ins: which failure is reported. The local
+backend's node threads under it, and the grace they are stopped with, are tests/unit/launch/backends/test_local.py."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
-from config.loader import load_config
 from core.errors import EXIT_RETRYABLE, EXIT_USER_ERROR, RetryableError, UserError
 from launch import supervise as supervise_module
-from launch.agent import FAILED_GRACE_S, KILL_GRACE_S
-from launch.backends import local
-from launch.job import NodePlan, PhaseJob
-from launch.node import NodeStop, NodeStopped
 from launch.supervise import Failure, supervise
-from pipeline.plan import build_spec
-from storage.location import join
-from storage.spec import DatasetRef, WrittenSpec
 
 
 class Member:
@@ -94,67 +85,3 @@ def test_a_poller_stops_the_loop_by_raising() -> None:
 
     with pytest.raises(RetryableError, match="training stalled"):
         supervise([Member(0, 60.0)], [Stall()], poll_s=0.05)
-
-
-def job(tmp_path, nnodes: int, extra: list[str] = ()) -> PhaseJob:
-    cfg = load_config(None, [f"run.storage={tmp_path}", f"launch.nnodes={nnodes}", "train.max_steps=8", *extra])
-    spec = build_spec(
-        cfg,
-        "r",
-        str(tmp_path),
-        DatasetRef(dataset_id="d", url=str(tmp_path), manifest_digest="x", split_records={"train": 100}),
-    )
-    return PhaseJob(WrittenSpec(spec, join(spec.run, "spec.json"), "0" * 64), "eval")
-
-
-class Nodes:
-    """Stand-in for run_node: node `failing` raises `error` at once; the others run until their stop is tripped."""
-
-    def __init__(self, failing: int | None, error: BaseException | None = None) -> None:
-        self.failing, self.error = failing, error
-        self.graces: dict[int, float | None] = {}
-        self.threads: dict[int, threading.Thread] = {}
-
-    def __call__(self, job: PhaseJob, plan: NodePlan, info, *, stop: NodeStop) -> None:
-        self.threads[plan.node_rank] = threading.current_thread()
-        if plan.node_rank == self.failing:
-            raise self.error
-        try:
-            while True:
-                stop.poll()
-                time.sleep(0.01)
-        except NodeStopped:
-            self.graces[plan.node_rank] = stop.grace_s
-            raise
-
-
-def test_the_local_backend_reports_a_nodes_failure_and_stops_the_others_with_the_failure_grace(
-    tmp_path, monkeypatch
-) -> None:
-    error = UserError("train failed on node 1, rank 1: bad data")
-    nodes = Nodes(failing=1, error=error)
-    monkeypatch.setattr(local, "run_node", nodes)
-    with pytest.raises(UserError) as info:
-        local.run_local_job(job(tmp_path, 3), lambda _: None)
-    assert info.value is error
-    assert nodes.graces == {0: FAILED_GRACE_S, 2: FAILED_GRACE_S}
-    assert not any(thread.is_alive() for thread in nodes.threads.values())  # every node stopped before the raise
-    assert threading.main_thread() not in nodes.threads.values()
-
-
-@pytest.mark.parametrize(
-    ("extra", "grace"), [([], KILL_GRACE_S), (["launch.checkpoint_on_cancel=true", "launch.cancel_grace_s=77"], 77)]
-)
-def test_a_cancel_of_the_pipeline_stops_every_node_with_the_cancel_grace(tmp_path, monkeypatch, extra, grace) -> None:
-    nodes = Nodes(failing=None)
-    monkeypatch.setattr(local, "run_node", nodes)
-
-    def cancelled(*_: object) -> None:
-        time.sleep(0.2)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(local, "supervise", cancelled)
-    with pytest.raises(KeyboardInterrupt):
-        local.run_local_job(job(tmp_path, 2, extra), lambda _: None)
-    assert nodes.graces == {0: grace, 1: grace}
-    assert not any(thread.is_alive() for thread in nodes.threads.values())

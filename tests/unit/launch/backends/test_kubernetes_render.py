@@ -1,8 +1,9 @@
 """The kubernetes backend's objects as rendered, against the pinned API schemas: the core objects (Service, Job)
 against Kubernetes 1.33's OpenAPI schemas in strict mode (kubernetes-validate: an unknown or mistyped field fails),
 the TrainJob against the pydantic models of kubeflow-trainer-api 2.3.0 (parsed and dumped back unchanged: a field the
-model does not know would be dropped). Then the pods' contract with flows.node, the config's refusals, and the one
-line a pod's status becomes (status documents as the kubelet writes them; no cluster runs here)."""
+model does not know would be dropped). Then the pods' contract with flows.node and the config's refusals (no cluster
+runs here). What a pod's status becomes is test_kubernetes_status.py; the objects as a dry run prints them,
+test_kubernetes.py."""
 
 from __future__ import annotations
 
@@ -14,19 +15,10 @@ import pytest
 from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
 from config.loader import load_config
-from core.errors import RetryableError, TooFewNodes, UserError
-from flows.node import plan_from_environment
-from launch.backends.kubernetes import completion_index, job_failure, pod_problem, too_few_nodes, unschedulable
-from launch.backends.kubernetes_render import (
-    MAX_NAME,
-    Owner,
-    PodJob,
-    manifests_text,
-    master_host,
-    object_name,
-    planned,
-    render,
-)
+from core.errors import UserError
+from launch.backends.kubernetes import DESCRIBED_SUFFIX, pod_job
+from launch.backends.kubernetes_render import MAX_NAME, Owner, PodJob, master_host, object_name, render
+from launch.dry_run import planned_job
 
 K8S_VERSION = "1.33"
 FULL = [
@@ -54,7 +46,8 @@ FULL = [
 
 
 def job(overrides: list[str], phase: str = "train") -> PodJob:
-    return planned(load_config(None, overrides), phase)
+    """The renderer's view of `phase` of a run of this config, as a dry run describes it."""
+    return pod_job(planned_job(load_config(None, overrides), phase), suffix=DESCRIBED_SUFFIX)
 
 
 @pytest.mark.parametrize("phase", ["train", "eval", "probe"])
@@ -164,12 +157,6 @@ def test_the_schema_check_catches_what_it_is_there_for() -> None:
     assert TrainerV1alpha1TrainJob.from_dict(train_job).to_dict() != train_job
 
 
-def test_no_credential_value_reaches_a_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_TOKEN", "hf_canary_value_123")
-    text = manifests_text(load_config(None, FULL))
-    assert "hf_canary_value_123" not in text and "secretKeyRef" in text
-
-
 def test_a_pod_gets_the_runs_storage_options_in_its_spec_argument_not_its_environment() -> None:
     """run.storage_options (a store's endpoint) travel with the spec's location in the node's --spec, parsed once by
     flows.node; no variable carries them."""
@@ -190,39 +177,6 @@ def test_names_fit_dns_and_the_index_suffix() -> None:
     name = object_name("My_Run.With/Odd chars and a very long name that goes on and on" * 2, "train", "ab12")
     assert len(name) <= MAX_NAME and name.endswith("-train-ab12") and name == name.lower()
     assert object_name("short", "eval", "ab12") == "tandem-short-eval-ab12"
-
-
-@pytest.mark.parametrize(
-    ("environ", "expected"),
-    [
-        (
-            {"JOB_COMPLETION_INDEX": "3", "NNODES": "4", "MASTER_ADDR": "n0.svc", "MASTER_PORT": "6001"},
-            (3, 4, "n0.svc", 6001, 8),
-        ),
-        (
-            {
-                "PET_NODE_RANK": "1",
-                "PET_NNODES": "2",
-                "PET_MASTER_ADDR": "tj-node-0-0.tj",
-                "PET_MASTER_PORT": "29400",
-                "PET_NPROC_PER_NODE": "auto",
-            },
-            (1, 2, "tj-node-0-0.tj", 29400, 8),
-        ),
-        ({"NODE_RANK": "0", "PET_NODE_RANK": "1", "JOB_COMPLETION_INDEX": "2"}, (0, 1, "localhost", 6001, 8)),
-    ],
-)
-def test_the_node_takes_its_place_from_what_the_controller_injects(
-    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], expected: tuple
-) -> None:
-    for name in ("NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT", "GPUS_PER_NODE", "JOB_COMPLETION_INDEX"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(f"PET_{name}", raising=False)
-    monkeypatch.delenv("PET_NPROC_PER_NODE", raising=False)
-    for name, value in environ.items():
-        monkeypatch.setenv(name, value)
-    plan = plan_from_environment(8)
-    assert (plan.node_rank, plan.nnodes, plan.master_addr, plan.master_port, plan.nproc_per_node) == expected
 
 
 @pytest.mark.parametrize(
@@ -250,187 +204,3 @@ def test_a_config_the_pods_cannot_run_is_one_line(overrides: list[str], said: st
     with pytest.raises(UserError) as info:
         load_config(None, overrides)
     assert said in str(info.value)
-
-
-def test_manifests_are_for_the_kubernetes_backend_only() -> None:
-    with pytest.raises(UserError, match=r"add --set launch\.backend=kubernetes"):
-        manifests_text(load_config(None, []))
-
-
-def pod(status: dict, name: str = "tandem-r-train-ab12-1-x") -> dict:
-    return {
-        "metadata": {"name": name, "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
-        "status": status,
-    }
-
-
-@pytest.mark.parametrize(
-    ("status", "kind", "said"),
-    [
-        (
-            {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
-            RetryableError,
-            "was evicted",
-        ),
-        (
-            {
-                "conditions": [
-                    {
-                        "type": "DisruptionTarget",
-                        "status": "True",
-                        "reason": "PreemptionByScheduler",
-                        "message": "preempted by ml/high-priority",
-                    }
-                ]
-            },
-            RetryableError,
-            "was preempted (PreemptionByScheduler",
-        ),
-        (
-            {
-                "containerStatuses": [
-                    {
-                        "name": "node",
-                        "image": "r/t:9",
-                        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
-                    }
-                ]
-            },
-            UserError,
-            "image 'r/t:9' cannot be pulled (ImagePullBackOff",
-        ),
-        (
-            {
-                "containerStatuses": [
-                    {"name": "node", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
-                ]
-            },
-            UserError,
-            "was killed for memory (OOMKilled",
-        ),
-        (
-            {
-                "containerStatuses": [
-                    {
-                        "name": "node",
-                        "state": {
-                            "waiting": {
-                                "reason": "CreateContainerConfigError",
-                                "message": "couldn't find key HF_TOKEN in Secret ml/tandem-creds",
-                            }
-                        },
-                    }
-                ]
-            },
-            UserError,
-            "add it to launch.kubernetes.secret",
-        ),
-    ],
-)
-def test_what_keeps_a_pod_from_running_is_one_line_of_its_class(status: dict, kind: type, said: str) -> None:
-    problem = pod_problem(pod(status))
-    assert isinstance(problem, kind) and said in str(problem) and "\n" not in str(problem)
-
-
-def test_a_pod_that_waits_for_the_scheduler_is_not_a_failure_yet() -> None:
-    waiting = pod(
-        {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
-                }
-            ],
-        }
-    )
-    assert pod_problem(waiting) is None and completion_index(waiting) == 1
-    assert (
-        unschedulable(waiting) == "pod tandem-r-train-ab12-1-x: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
-    )
-    deadline = job_failure("train", {"reason": "DeadlineExceeded", "message": "Job was active longer than specified"})
-    assert isinstance(deadline, UserError) and "launch.kubernetes.active_deadline_s" in str(deadline)
-
-
-def test_the_scheduling_timeout_counts_the_pods_placed_and_a_slow_pull_is_no_shortage() -> None:
-    """Of 3 pods, one the scheduler cannot place: TooFewNodes(2), so an elastic run starts again on 2. Every pod
-    placed, one still pulling its image: a plain retryable line naming that pod, never a 'shortage' of 3 nodes (an
-    elastic run would start again on as many, and wait as long, for ever)."""
-    submission = job(["launch.nnodes=3", "launch.kubernetes.schedule_timeout_s=60"])
-    running = pod({"phase": "Running"}, "p-0")
-    pulling = pod(
-        {
-            "phase": "Pending",
-            "containerStatuses": [{"name": "node", "state": {"waiting": {"reason": "ContainerCreating"}}}],
-        },
-        "p-2",
-    )
-    unplaced = pod(
-        {
-            "phase": "Pending",
-            "conditions": [
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes fit"}
-            ],
-        },
-        "p-1",
-    )
-    short = too_few_nodes(submission, [running, unplaced, pulling], [str(unschedulable(unplaced))])
-    assert isinstance(short, TooFewNodes) and short.nodes == 2 and "(pod p-1: 0/2 nodes fit)" in str(short)
-    slow = too_few_nodes(submission, [running, running, pulling], [])
-    assert type(slow) is RetryableError and str(slow) == (
-        "train: not every pod runs after 60 s (pod p-2: Pending, ContainerCreating); free the nodes or raise "
-        "launch.kubernetes.schedule_timeout_s"
-    )
-
-
-def test_the_dry_run_prints_every_object_of_train_and_eval() -> None:
-    text = manifests_text(load_config(None, FULL))
-    import yaml
-
-    documents = list(yaml.safe_load_all(text))
-    assert [d["kind"] for d in documents] == ["Service", "Job", "Service", "Job"]
-    assert json.dumps(documents).count("RUN-ID") == 0  # run.name is set: the real run id is used
-    assert text.startswith("# The objects of each phase")
-
-
-def test_the_pipelines_role_validates_and_allows_every_call_the_backend_makes() -> None:
-    """deploy/kubernetes/rbac.yaml against the schemas, and each (group, resource, verb) the backend's client calls
-    use (launch/backends/kubernetes.py `Cluster`) in its rules."""
-    import yaml
-
-    from core.checkout import PROJECT_ROOT
-
-    documents = list(yaml.safe_load_all((PROJECT_ROOT / "deploy" / "kubernetes" / "rbac.yaml").read_text()))
-    for document in documents:
-        assert kubernetes_validate.validate(document, K8S_VERSION, strict=True) == K8S_VERSION
-    (role,) = [d for d in documents if d["kind"] == "Role"]
-    allowed = {
-        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
-    }
-    needed = {
-        ("batch", "jobs", "create"), ("batch", "jobs/status", "get"), ("batch", "jobs", "delete"),
-        ("", "services", "create"), ("", "services", "delete"), ("", "pods", "list"), ("", "pods/log", "get"),
-        ("", "pods", "get"),  # the pipeline's own pod, the owner of the phase's objects
-        ("trainer.kubeflow.org", "trainjobs", "create"), ("trainer.kubeflow.org", "trainjobs/status", "get"),
-        ("trainer.kubeflow.org", "trainjobs", "delete"),
-    }  # fmt: skip
-    assert needed <= allowed
-
-
-@pytest.mark.parametrize(
-    ("status", "what", "kind", "said"),
-    [
-        (403, "create Job ml/x", UserError, "deploy/kubernetes/rbac.yaml"),
-        (404, "create TrainJob ml/x", UserError, "install Kubeflow Trainer or leave launch.kubernetes.runtime empty"),
-        (422, "create Job ml/x", UserError, "fix launch.kubernetes"),
-        (409, "create Job ml/x", RetryableError, "(409: "),
-        (503, "list the job's pods", RetryableError, "(503: "),
-    ],
-)
-def test_the_api_servers_refusals_are_one_line_with_their_fix(status: int, what: str, kind: type, said: str) -> None:
-    from launch.backends.kubernetes import api_error
-
-    error = api_error(status, "the server could not find the requested resource", what)
-    assert isinstance(error, kind) and said in str(error) and "\n" not in str(error)
