@@ -110,7 +110,7 @@ def test_resharding_across_stages_and_methods(staged: Staged, tmp_path_factory, 
 def test_another_method_and_stage_are_still_refused(staged: Staged, two_ranks: Run, tmp_path_factory) -> None:
     """A ZeRO-2 LoRA checkpoint asked to resume a ZeRO-3 full fine-tune on 3 ranks: the world size would be
     converted, the stage and the method cannot; the run stops before loading, naming both (the message itself is
-    unit-tested in tests/unit/test_elastic_config.py)."""
+    unit-tested in tests/unit/launch/test_elastic.py)."""
     ds = deepspeed_json(tmp_path_factory, QWEN_ZERO3)
     with pytest.raises(UserError) as info:
         train(

@@ -35,6 +35,10 @@ def test_stopping_an_agent_stops_its_ranks_in_their_own_sessions(tmp_path) -> No
         start_new_session=True,
     )
     rank = int(process.stdout.readline())
+    # The rank's pid is printed once it is forked; while it execs, its /proc environ reads empty for a moment.
+    deadline = time.monotonic() + 10
+    while sorted(tagged_processes(tag)) != sorted([process.pid, rank]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sorted(tagged_processes(tag)) == sorted([process.pid, rank])
     assert tagged_processes("") == [] and tagged_processes(uuid.uuid4().hex) == []
     started = datetime.now(UTC).isoformat()

@@ -11,6 +11,7 @@ import pytest
 
 from config.sections.launch import LaunchConfig
 from launch.command import (
+    MALLOC_MMAP_THRESHOLD,
     TRANSPORT_DEBUG,
     environment_lines,
     node_environment,
@@ -44,3 +45,13 @@ def test_a_description_masks_the_forwarded_names_values() -> None:
     launch = LaunchConfig(forward_env=["HF_TOKEN"])
     lines = environment_lines({"HF_TOKEN": "hf_secret", "B": "two words", "A": "1"}, launch)
     assert lines == ["A=1", "B='two words'", "HF_TOKEN=***"]
+
+
+def test_ranks_get_a_fixed_malloc_threshold_unless_the_node_sets_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """glibc's dynamic threshold kept freed layer-sized blocks in the heap (docs/large-models.md measures it): the
+    ranks get a fixed one, and a node that tunes its allocator keeps its own value."""
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    env = rank_environment(LaunchConfig())
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(MALLOC_MMAP_THRESHOLD) == "1048576"
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert rank_environment(LaunchConfig())["MALLOC_MMAP_THRESHOLD_"] == "131072"

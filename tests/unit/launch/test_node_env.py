@@ -72,9 +72,9 @@ def test_the_nodes_job_is_the_spec_read_back_with_the_digest_the_pipeline_sent(t
     cfg = load_config(None, [f"run.storage={tmp_path}", "train.max_steps=4"])
     dataset = DatasetRef(dataset_id="d", url=str(tmp_path), manifest_digest="x", split_records={"train": 10})
     written = publish_spec(build_spec(cfg, "r", str(tmp_path), dataset))
-    job = node_job(str(written.url), "train", None, None)
+    job = node_job(written.url, "train", None, None)
     assert job.written.spec.model_dump(mode="json") == written.spec.model_dump(mode="json")  # as written
     assert (job.written.digest, str(job.written.url)) == (written.digest, str(written.url))
     assert job.args == ["--spec", str(written.url)] and job.env == {}
-    sent = node_job(str(written.url), "eval", "/m", "0" * 64)  # preflight holds the bytes against the sent digest
+    sent = node_job(written.url, "eval", "/m", "0" * 64)  # preflight holds the bytes against the sent digest
     assert sent.written.digest == "0" * 64 and sent.args == ["--spec", str(written.url), "--model", "/m"]

@@ -50,7 +50,7 @@ def test_the_description_is_each_nodes_flow_run_with_parameters_the_node_flow_ta
     for rank, run in enumerate(runs):
         parameters = run["parameters"]
         assert set(parameters) <= accepted and parameters["node_rank"] == rank and parameters["master_port"] == 6001
-        assert parameters["spec_url"] == "/s/runs/r7/spec.json" and parameters["phase"] == phase
+        assert parameters["spec"] == "/s/runs/r7/spec.json" and parameters["phase"] == phase
         assert parameters["expected_spec_digest"] == ("SPEC-DIGEST" if phase == "train" else None)
 
 

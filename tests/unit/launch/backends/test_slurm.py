@@ -9,8 +9,10 @@ import subprocess
 import pytest
 
 from config.loader import load_config
+from config.sections.launch import LaunchConfig
 from core.errors import UserError
-from launch.backends.slurm import SlurmBackend, render_sbatch, script_paths
+from launch.backends.slurm import SlurmBackend, render_sbatch, sbatch_command, script_paths
+from launch.command import rank_environment
 from launch.dry_run import planned_job
 from launch.job import PhaseJob
 
@@ -49,3 +51,13 @@ def test_a_run_directory_the_nodes_cannot_share_is_one_line() -> None:
     cfg = load_config(None, ["run.storage=s3://bucket/tandem", "launch.backend=slurm"])
     with pytest.raises(UserError, match=r"^launch.backend=slurm needs run.storage on a shared filesystem \(NFS\)"):
         SlurmBackend().describe(planned_job(cfg, "eval"))
+
+
+def test_ranks_get_forwarded_values_and_sbatch_exports_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", CANARY)
+    launch = LaunchConfig(forward_env=["HF_TOKEN"])
+    assert rank_environment(launch)["HF_TOKEN"] == CANARY
+    assert sbatch_command("/s/train.sbatch", launch) == ["sbatch", "--parsable", "--export=ALL", "/s/train.sbatch"]
+    assert sbatch_command("/s/t", LaunchConfig()) == ["sbatch", "--parsable", "/s/t"]
+    own = LaunchConfig(forward_env=["HF_TOKEN"], slurm_args=["--export=NONE"])
+    assert sbatch_command("/s/t", own) == ["sbatch", "--parsable", "/s/t"]  # the user's choice stands

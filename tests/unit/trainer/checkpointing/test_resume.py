@@ -64,3 +64,20 @@ def test_another_zero_stage_or_method_is_refused_with_what_differs(tmp_path) -> 
         check_compatible(ckpt, zero_stage=2, method="full")
     assert "its ZeRO stage 3 (this run: 2) and train.method lora (this run: full) differ" in str(info.value)
     assert "set train.resume=never to start over" in str(info.value)
+
+
+def test_a_checkpoint_of_another_stage_or_method_is_refused_naming_what_differs() -> None:
+    from storage.checkpoints import CompleteCheckpoint
+    from trainer.checkpointing.resume import check_compatible
+
+    ckpt = CompleteCheckpoint(
+        "/runs/r/checkpoints/step-00000008", 8, "d", {"world_size": 2, "zero_stage": 2, "method": "lora"}
+    )
+    check_compatible(ckpt, zero_stage=2, method="lora")  # another world size is converted, not refused
+    with pytest.raises(UserError) as info:
+        check_compatible(ckpt, zero_stage=3, method="full")
+    assert str(info.value) == (
+        "/runs/r/checkpoints/step-00000008 cannot resume this run: its ZeRO stage 2 (this run: 3) and train.method "
+        "lora (this run: full) differ; resume with the same DeepSpeed stage and train.method, or set "
+        "train.resume=never to start over"
+    )

@@ -4,12 +4,13 @@ layer) and the evaluation sums; chunked, no tensor as wide as the vocabulary eve
 positions; and which of the two a micro-batch takes follows the size of its target logits. In process, on the
 built-in tiny model's shape in float32. Its 2,048-token vocabulary takes one pass at the default threshold, so the
 chunked path is forced here (`one_pass_max_bytes=0`). The same comparisons with real ZeRO-2 and ZeRO-3 engines on
-2 ranks whose chunk counts differ are tests/unit/trainer/loss/test_chunked_zero3.py's; the ZeRO-2 and ZeRO-3 runs of
+2 ranks whose chunk counts differ are the last test's (its ranks: chunked_zero3_ranks.py); the ZeRO-2 and ZeRO-3 runs of
 tests/distributed train with it, in one pass (the reference's and the zero3 run's trajectories match the full-logits
 qwen-zero2 run's)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX
+from tests.unit.trainer.loss import chunked_zero3_ranks
 from trainer import tiny
 from trainer.loss.chunked import LOGIT_BYTES, LossHead
 from trainer.model import make_trainable
@@ -184,3 +186,16 @@ def test_chunks_are_chosen_by_the_size_of_a_micro_batchs_target_logits() -> None
     assert targets["large"] > 64 and widest_and_kept(model, 64, large, threshold) == (64 * VOCAB, 0)
     widest, kept = widest_and_kept(model, 64, large, ONE_PASS)
     assert widest == targets["large"] * VOCAB and kept >= targets["large"] * VOCAB
+
+
+def test_chunked_loss_and_gradients_equal_the_full_logits_ones_under_zero2_and_zero3(tmp_path: Path) -> None:
+    """On 2 gloo ranks with real DeepSpeed engines (chunked_zero3_ranks.py: what is compared, and why)."""
+    results = chunked_zero3_ranks.launch(tmp_path)
+    for rank, result in enumerate(results):
+        chunks = result["chunks"]
+        # Each rank's own chunk count differs, so the agreement is what kept the ZeRO-3 cases from hanging.
+        assert chunks[0] != chunks[1], chunks
+        assert result["compared"] == [f"zero{stage}-{method}" for stage, method in chunked_zero3_ranks.CASES] + [
+            "zero3-eval"
+        ], rank
+        assert all(count > 0 for count in result["gradients"].values()), result["gradients"]

@@ -5,7 +5,7 @@ the ranks' backward passes, before the optimizer step) equal the published equat
 1e-5 of its tensor's largest). The global batch of 4 units is dealt 2 micro-batches of 1 per rank on 2 ranks and 2 of 2
 on 1 rank, so the ranks' losses, the accumulation and KTO's all-reduced reference point all take part.
 
-Each launch runs this file as a module, one process per rank, as tests/unit/trainer/loss/test_chunked_zero3.py does."""
+Each launch runs this file as a module, one process per rank, as tests/unit/trainer/loss/chunked_zero3_ranks.py does."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.unit.trainer.loss.test_chunked_zero3 import COLLECTIVE_TIMEOUT_S
+from tests.unit.trainer.loss.chunked_zero3_ranks import COLLECTIVE_TIMEOUT_S
 
-LAUNCHER, THIS = "tests.unit.trainer.loss.test_chunked_zero3", "tests.unit.trainer.objectives.test_step"
+LAUNCHER, THIS = "tests.unit.trainer.loss.chunked_zero3_ranks", "tests.unit.trainer.objectives.test_step"
 CASES = [(stage, objective) for stage in (2, 3) for objective in ("dpo", "ipo", "kto", "orpo")]
 UNITS = 4
 
@@ -29,7 +29,7 @@ UNITS = 4
 def test_preference_loss_and_gradients_equal_the_published_ones_under_zero2_and_zero3(
     tmp_path: Path, world: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tests.unit.trainer.loss.test_chunked_zero3 as launcher
+    import tests.unit.trainer.loss.chunked_zero3_ranks as launcher
 
     monkeypatch.setattr(launcher, "WORLD", world)
     monkeypatch.setattr(sys, "executable", sys.executable)
@@ -40,10 +40,10 @@ def test_preference_loss_and_gradients_equal_the_published_ones_under_zero2_and_
 
 
 def launch(tmp_path: Path, world: int) -> list[dict]:
-    """This module on `world` ranks, through test_chunked_zero3's launcher (its module name swapped)."""
+    """This module on `world` ranks, through chunked_zero3_ranks.py's launcher (its module name swapped)."""
     import subprocess
 
-    import tests.unit.trainer.loss.test_chunked_zero3 as launcher
+    import tests.unit.trainer.loss.chunked_zero3_ranks as launcher
 
     real = subprocess.Popen
 
@@ -147,4 +147,4 @@ if __name__ == "__main__":
     main(Path(sys.argv[1]))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # as tests/unit/trainer/loss/test_chunked_zero3.py: skip a teardown that may abort after the result
+    os._exit(0)  # as tests/unit/trainer/loss/chunked_zero3_ranks.py: skip a teardown that may abort after the result

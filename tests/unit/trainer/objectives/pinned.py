@@ -11,7 +11,9 @@ evaluation were checked against TRL 1.16 and plain transformers), and hold withi
 (integers exactly). A
 change that moves any of them changes what a user's run computes: it needs a reason, not new literals.
 
-Only `measure_*` below reach into the trainer: the values and the tolerance stay as they are whatever the layout.
+The tests are the objectives' own (objectives/test_sft.py, preference/test_pairs.py, preference/test_kto.py); this
+module builds their model and batches. Only `measure_*` below reach into the trainer: the values and the tolerance stay
+as they are whatever the layout.
 """
 
 from __future__ import annotations
@@ -133,93 +135,3 @@ def assert_pinned(got: dict[str, Any], pinned: dict[str, Any]) -> None:
             assert got[key] == pytest.approx(value, rel=RELATIVE, abs=1e-12), key
         else:
             assert got[key] == value, key
-
-
-@pytest.fixture(scope="module")
-def model() -> Any:
-    return build()
-
-
-@pytest.fixture(scope="module")
-def rows(model: Any) -> list[Row]:
-    return supervised_rows(model)
-
-
-def test_sft_training_loss_is_pinned_by_every_loss_path(model: Any, rows: list[Row]) -> None:
-    assert_pinned(
-        measure_sft_losses(model, rows),
-        {"full logits": 576.254638671875, "one pass": 576.2545776367188, "chunked": 576.254638671875},
-    )
-
-
-@pytest.mark.parametrize("chunk_tokens", [0, CHUNK], ids=["full-logits", "hidden-states"])
-def test_sft_evaluation_is_pinned(model: Any, rows: list[Row], chunk_tokens: int) -> None:
-    assert_pinned(
-        measure_sft_eval(model, rows, chunk_tokens),
-        {
-            "loss": 7.387880190824851,
-            "perplexity": 1616.2762816327381,
-            "token_accuracy": 26 / 78,
-            "loss_sum": 576.2546548843384,
-            "target_tokens": 78,
-            "correct_tokens": 26,  # every greedy token, no random one
-            "examples": 5,
-        },
-    )
-
-
-# DPO and IPO share their rewards (beta times the log-ratio to the reference) and differ in the loss; ORPO's rewards
-# are beta times the mean log-probabilities; KTO's units are answers, its kl the reference point (not clamped here).
-PINNED_PREFERENCE: dict[str, dict[str, Any]] = {
-    "dpo": {
-        "loss": 0.6783335208892822,
-        "reward_accuracy": 4 / 6,
-        "reward_margin": 0.04528837651014327,
-        "chosen_reward": -0.045219135781129204,
-        "rejected_reward": -0.09050751229127248,
-        "chosen_logps_per_token": -7.655960407662899,
-        "rejected_logps_per_token": -7.673305829366048,
-        "units": 6,
-        "objective": "dpo",
-    },
-    "ipo": {
-        "loss": 2.763322432835897,
-        "reward_accuracy": 4 / 6,
-        "reward_margin": 0.04528837651014327,
-        "chosen_reward": -0.045219135781129204,
-        "rejected_reward": -0.09050751229127248,
-        "chosen_logps_per_token": -7.655960407662899,
-        "rejected_logps_per_token": -7.673305829366048,
-        "units": 6,
-        "objective": "ipo",
-    },
-    "kto": {
-        "loss": 0.49152108033498126,
-        "reward_accuracy": 4 / 6,
-        "reward_margin": 0.10183486839135487,
-        "chosen_reward": 0.0018592824538548787,
-        "rejected_reward": -0.0999755859375,
-        "chosen_logps_per_token": -7.6702578862508135,
-        "rejected_logps_per_token": -7.639385375976563,
-        "units": 6,
-        "objective": "kto",
-        "kl": 0.021874109903971355,
-    },
-    "orpo": {
-        "loss": 7.86349996110649,
-        "reward_accuracy": 3 / 6,
-        "reward_margin": 0.0011514027913412939,
-        "chosen_reward": -2.299834410349528,
-        "rejected_reward": -2.300985813140869,
-        "chosen_logps_per_token": -7.655960407662899,
-        "rejected_logps_per_token": -7.673305829366048,
-        "units": 6,
-        "objective": "orpo",
-    },
-}
-
-
-@pytest.mark.parametrize("name", ["dpo", "ipo", "kto", "orpo"])
-def test_preference_objectives_are_pinned(model: Any, tmp_path: Path, name: str) -> None:
-    split = preference_split(tmp_path, pairs=name != "kto")
-    assert_pinned(measure_preference(model, split, name), PINNED_PREFERENCE[name])

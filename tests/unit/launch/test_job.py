@@ -1,24 +1,12 @@
-"""The ranks' environment: the defaults Tandem adds, and a node's own settings kept over them; and the one place the
-spec's location reaches a started process, its arguments (launch/job.py)."""
+"""A phase's job (launch/job.py): what a started process is given, its spec's location with its options as one
+argument."""
 
 from __future__ import annotations
 
-import pytest
-
 from config.sections.launch import LaunchConfig
-from launch.command import MALLOC_MMAP_THRESHOLD, rank_environment
+from launch.command import rank_environment
 from launch.job import node_args, trainer_args
 from storage.location import Location
-
-
-def test_ranks_get_a_fixed_malloc_threshold_unless_the_node_sets_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """glibc's dynamic threshold kept freed layer-sized blocks in the heap (docs/large-models.md measures it): the
-    ranks get a fixed one, and a node that tunes its allocator keeps its own value."""
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    env = rank_environment(LaunchConfig())
-    assert env["MALLOC_MMAP_THRESHOLD_"] == str(MALLOC_MMAP_THRESHOLD) == "1048576"
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-    assert rank_environment(LaunchConfig())["MALLOC_MMAP_THRESHOLD_"] == "131072"
 
 
 def test_a_started_process_gets_the_specs_location_with_its_options_as_one_argument() -> None:
