@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from flows.finetune import last_train_loss, print_summary
+from storage.location import Location
 
 SUMMARY = {
     "run_id": "r1",
@@ -22,8 +23,8 @@ SUMMARY = {
 def test_the_last_train_loss_is_the_last_step_lines(tmp_path) -> None:
     records = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}, {"event": "final_eval", "step": 2, "loss": 1.7}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert last_train_loss(str(tmp_path)) == 1.5
-    assert last_train_loss(str(tmp_path / "none")) is None
+    assert last_train_loss(Location(str(tmp_path))) == 1.5
+    assert last_train_loss(Location(str(tmp_path / "none"))) is None
 
 
 def test_the_summary_shows_what_the_evaluation_measured(capsys) -> None:

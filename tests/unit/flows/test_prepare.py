@@ -9,6 +9,7 @@ from config.loader import load_config
 from config.sections.run_data import DataConfig
 from flows.prepare import overrides, summary_rows
 from staging.stage import stage_dataset
+from storage.location import Location
 from tests.datafiles import arithmetic, write_jsonl
 
 
@@ -25,8 +26,8 @@ def test_the_summary_counts_come_from_the_manifest(tmp_path, tiny_model) -> None
     records[3] = {"conversations": [{"from": "user", "value": "no answer"}]}
     source = write_jsonl(tmp_path / "a.jsonl", records)
     data = DataConfig(source=source, eval_ratio=0.25, on_invalid="skip", max_length=64)
-    dataset = stage_dataset(data, str(tmp_path / "storage"), tiny_model, bars=False)
-    rows = dict(summary_rows(dataset))
+    dataset = stage_dataset(data, Location(str(tmp_path / "storage")), tiny_model, bars=False)
+    rows = dict(summary_rows(dataset, Location(str(tmp_path / "storage"))))
     assert rows["dataset"].startswith(dataset.dataset_id)
     train, evals = (int(rows[split].split(" records")[0]) for split in ("train", "eval"))
     assert train + evals == 39 and evals > 0

@@ -24,7 +24,7 @@ def test_loss_curve_plots_train_steps_and_eval_points(tmp_path) -> None:
     assert train == (list(range(1, 11)), [5.0 - s / 10 for s in range(1, 11)])
     assert evals == ([10], [4.25])  # eval.json's value for the step replaces the trainer's in-memory one
     url = write_loss_plot(Location(str(run)), [(10, 4.25)], "test")
-    assert url == str(run / "loss.png")
+    assert str(url) == str(run / "loss.png")
     image = Image.open(io.BytesIO((run / "loss.png").read_bytes()))
     assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 200
     assert write_loss_plot(Location(str(tmp_path / "empty")), [], "none") is None

@@ -10,7 +10,7 @@ from storage.location import Location
 
 def test_the_places_of_a_run_are_the_documented_ones() -> None:
     storage = Location("/mnt/shared/tandem")
-    run = layout.run_dir(storage, "r1")
+    run = layout.run_dir(RunConfig(storage="/mnt/shared/tandem"), "r1")
     assert str(run) == "/mnt/shared/tandem/runs/r1"
     assert str(layout.checkpoint_dir(run, 120)) == "/mnt/shared/tandem/runs/r1/checkpoints/step-00000120"
     assert str(layout.universal_dir(layout.checkpoint_dir(run, 120))).endswith("step-00000120/universal")
@@ -32,7 +32,8 @@ def test_the_registry_of_a_model() -> None:
 
 
 def test_the_run_storage_options_reach_every_place_under_it() -> None:
-    storage = layout.root(RunConfig(storage="s3://bucket/tandem", storage_options={"endpoint_url": "http://h:9000"}))
-    place = layout.checkpoint_dir(layout.run_dir(storage, "r1"), 5)
+    run = RunConfig(storage="s3://bucket/tandem", storage_options={"endpoint_url": "http://h:9000"})
+    assert layout.root(run).options == {"endpoint_url": "http://h:9000"}
+    place = layout.checkpoint_dir(layout.run_dir(run, "r1"), 5)
     assert isinstance(place, Location) and place.options == {"endpoint_url": "http://h:9000"}
     assert str(place) == "s3://bucket/tandem/runs/r1/checkpoints/step-00000005"

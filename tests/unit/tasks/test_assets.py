@@ -17,9 +17,9 @@ def test_keys_name_the_storage_objects() -> None:
 
 def test_the_model_and_its_dataset(tmp_path) -> None:
     registered = Registration(True, "tiny v0002 (champion)", 2, "/s/registry/tiny/v0002.json", True, entry(1.5, "w"))
-    model = model_asset(registered)
+    spec = spec_for(tmp_path, [])
+    model = model_asset(spec, registered)
     assert model.key == "file:///models/w" and model.properties.name == "tiny v0002"
     assert model.properties.description == "lora model, registry entry /s/registry/tiny/v0002.json"
-    spec = spec_for(tmp_path, [])
     dataset = dataset_asset(spec)
     assert dataset.key == f"file://{tmp_path}" and dataset.properties.name == "d"

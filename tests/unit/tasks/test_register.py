@@ -30,7 +30,7 @@ def test_the_gate_decides_and_a_registered_version_carries_its_card(prefect_serv
 
     storage = tmp_path / "s"
     source = write_jsonl(tmp_path / "a.jsonl", arithmetic(30))
-    dataset = stage_dataset(DataConfig(source=source, max_length=64), str(storage), tiny_model, bars=False)
+    dataset = stage_dataset(DataConfig(source=source, max_length=64), Location(str(storage)), tiny_model, bars=False)
     settings = [
         f"run.storage={storage}",
         f"data.source={source}",

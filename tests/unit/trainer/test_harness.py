@@ -17,6 +17,7 @@ RANK = """
 import sys
 import torch.distributed
 from core.errors import UserError
+from storage.location import Location
 from trainer.harness import run_rank
 
 def works(spec, dist):
@@ -29,7 +30,7 @@ def crashes(spec, dist):
     raise ValueError("boom")
 
 for url, body in ((sys.argv[1], works), (sys.argv[1], fails), (sys.argv[1], crashes), (sys.argv[2], works)):
-    code = run_rank(url, body, deepspeed_backend=False)
+    code = run_rank(Location(url), body, deepspeed_backend=False)
     print("exit", code, "group left" if not torch.distributed.is_initialized() else "group held", flush=True)
 """
 

@@ -12,6 +12,7 @@ from config.objectives import DPO, IPO, KTO, ORPO, SFT, Objective
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.stage import stage_dataset
+from storage.location import Location
 from storage.split_reader import Shard, Split
 from tests.datafiles import write_jsonl
 from trainer.objectives.base import check_rows
@@ -30,7 +31,7 @@ def split_of(tmp_path: Path, tokenizer: str, name: str, records: list[dict], pre
     """The train split of `records` staged with data.preference=`preference`."""
     source = write_jsonl(tmp_path / f"{name}.jsonl", records)
     data = DataConfig(source=str(source), preference=preference, eval_ratio=0, max_length=256)
-    ref = stage_dataset(data, str(tmp_path / name), tokenizer, bars=False)
+    ref = stage_dataset(data, Location(str(tmp_path / name)), tokenizer, bars=False)
     return Split([Shard(Path(ref.url) / "train" / "shard-00000.arrow")], len(records))
 
 
