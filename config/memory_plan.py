@@ -2,7 +2,7 @@
 JSON and the model's config.json alone, before anything loads (docs/memory-plan.md).
 
 Every term is counted from first principles, bytes per parameter or per token by dtype, ZeRO stage and offload, not
-fitted to measurements: the measurements check it (tests/unit/test_memory_plan.py). The shapes are those of
+fitted to measurements: the measurements check it (tests/unit/config/test_memory_plan.py). The shapes are those of
 config/footprint.py (a decoder-only transformer with grouped-KV attention and a gated MLP). What the terms assume:
 
 - Training dtype: bf16 on GPUs, fp32 on CPU ranks. DeepSpeed keeps a float32 master copy of the trained parameters
@@ -42,7 +42,7 @@ from config.schema import FinetuneConfig
 GB = 1e9
 PROCESS_BYTES = int(0.31 * GB)  # a rank's own RssAnon before loading (docs/large-models.md, "Measured")
 NF4_BYTES = 0.5 + 0.127 / 8  # 4 bits, plus double quantization's constants (bitsandbytes: 0.127 bits a parameter)
-LOSS_CHUNK_ABOVE = 256 * 2**20  # float32 target logits above which the loss is chunked (trainer/chunked_loss.py)
+LOSS_CHUNK_ABOVE = 256 * 2**20  # float32 target logits above which the loss is chunked (trainer/loss/chunked.py)
 # The relative error the plan states for itself (docs/memory-plan.md): preflight refuses only beyond it.
 PLAN_ERROR = 0.25
 

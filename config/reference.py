@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, WithJsonSchema
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -149,6 +149,15 @@ def type_name(annotation: Any, key: str = "") -> str:
     return f"`{getattr(annotation, '__name__', annotation)}`"
 
 
+def field_type(field: FieldInfo, key: str) -> str:
+    """A field's type as the page writes it: a value the schema gives as a string choice (train.objective, an object
+    in the config and its name in files) as its choices, any other as `type_name` writes its annotation."""
+    for item in field.metadata:
+        if isinstance(item, WithJsonSchema) and item.json_schema and "enum" in item.json_schema:
+            return "one of " + ", ".join(f"`{choice}`" for choice in item.json_schema["enum"])
+    return type_name(field.annotation, key)
+
+
 def _or(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
@@ -206,7 +215,7 @@ def section_markdown(table: Table) -> str:
         key = f"{table.key}.{name}"
         row = (
             f"`{key}`",
-            type_name(field.annotation, key),
+            field_type(field, key),
             default_text(key, field),
             bounds_text(field),
             description(key, field),

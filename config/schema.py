@@ -18,8 +18,8 @@ from config.batch import accumulation_steps, batch_problem
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
 from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
-from config.sections.results import PREFERENCE_METRICS, SFT_METRICS, EvalConfig, RegisterConfig, TrackConfig
-from config.sections.run_data import DataConfig, RunConfig
+from config.sections.results import EvalConfig, RegisterConfig, TrackConfig
+from config.sections.run_data import PAIRS_UNPACKED, DataConfig, RunConfig
 
 # The backends that can start an attempt on fewer (or more) nodes than the last one (launch/elastic.py).
 ELASTIC_BACKENDS = ("local", "ssh", "kubernetes")
@@ -97,30 +97,23 @@ class FinetuneConfig(Section):
 
     @model_validator(mode="after")
     def _objective_data(self) -> FinetuneConfig:
-        objective, preference = self.train.objective, self.data.preference
-        if objective == "sft" and preference == "pairs":
-            raise ValueError(
-                "data.preference=pairs stages preference rows, which train.objective=sft cannot train; set "
-                "train.objective to dpo, ipo, kto or orpo, or data.preference to chosen"
-            )
-        if objective != "sft" and preference != "pairs":
-            raise ValueError(
-                f"train.objective={objective} trains on preference rows; set data.preference=pairs to stage them"
-            )
-        gate = self.register.gate
-        wrong = PREFERENCE_METRICS if objective == "sft" else SFT_METRICS
-        if gate is not None and gate.metric in wrong:
-            raise ValueError(
-                f"register.gate.metric={gate.metric} is not measured for train.objective={objective}; use loss or "
-                f"one of {', '.join(SFT_METRICS if objective == 'sft' else PREFERENCE_METRICS)}"
-            )
-        if objective == "kto" and self.train.method == "full":
-            raise ValueError(
-                "train.objective=kto with train.method=full: KTO's reference point compares each answer with another "
-                "prompt's answer chosen by the batch, which the reference computed once before full fine-tuning "
-                "cannot hold; use train.method lora or qlora (the reference is the model with its adapters disabled), "
-                "or dpo, ipo or orpo on pairs"
-            )
+        """The objective against the rest: the data it trains on (an empty data.preference becomes what it implies),
+        the method, and the gate's metric."""
+        objective, gate = self.train.objective, self.register.gate
+        problems = (
+            objective.data_problem(self.data.preference),
+            objective.method_problem(self.train.method),
+            objective.gate_problem(gate.metric) if gate is not None else None,
+        )
+        if found := next((problem for problem in problems if problem), None):
+            raise ValueError(found)
+        if self.data.preference is None:
+            data = self.data.model_copy(update={"preference": objective.data.preference[0]})
+            if data.preference == "pairs" and data.packing:
+                raise ValueError(PAIRS_UNPACKED)
+            # Sections are frozen: the config being validated takes its data section with the preference filled in,
+            # so that staging, the dataset id, spec.json and --print-config all see the one the run stages with.
+            object.__setattr__(self, "data", data)
         return self
 
     @property

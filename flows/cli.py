@@ -15,7 +15,7 @@ from config.loader import DEFAULT_PRESET, check_paths, load_config
 from config.schema import FinetuneConfig
 from core.errors import TandemError
 from core.redact import install_log_masking, mask_text
-from storage.fs import full_errno, full_storage_is_one_line
+from storage.full import full_errno, full_storage_is_one_line
 
 
 def enter(config: FinetuneConfig) -> FinetuneConfig:

@@ -5,6 +5,7 @@
     python -m flows.finetune --set train.max_steps=100 --set launch.nnodes=3
     python -m flows.finetune --set register.gate="{metric: loss, direction: min, threshold: 2.0}"
     python -m flows.finetune --set launch.nnodes=3 --print-config   # the resolved config as YAML, nothing run
+    python -m flows.finetune --set launch.backend=slurm --dry-run   # what each phase would start, nothing run
 
 Without PREFECT_API_URL, Prefect starts a temporary local server for the run.
 """
@@ -27,7 +28,7 @@ from pipeline.lineage import lineage
 from pipeline.plan import new_run_id
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
-from storage.fs import Location, join
+from storage.location import Location, join
 from storage.metrics import eval_metric_keys, eval_record_keys, read_metrics
 from storage.run_lock import RunLock
 from storage.spec import WrittenSpec
@@ -43,9 +44,9 @@ from tracking import check_tracking, links, resolved_params, run_tags, tracking,
 from tracking.sink import RunInfo, Tracker
 
 
-def last_train_loss(run_url: str) -> float | None:
+def last_train_loss(run: Location) -> float | None:
     """The loss of the last step line of metrics.jsonl (event lines such as final_eval are not steps)."""
-    steps = [record for record in read_metrics(run_url) if "event" not in record]
+    steps = [record for record in read_metrics(run) if "event" not in record]
     return steps[-1]["loss"] if steps else None
 
 
@@ -67,11 +68,11 @@ def finetune(config: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:  # no
     )
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     # Before anything touches the run directory: a second pipeline on the same run.name stops here.
-    run_url = layout.run_dir(layout.root(cfg.run), run_id)
+    run = layout.run_dir(cfg.run, run_id)
     try:
         with (
-            RunLock(run_url, run_id, flow_run_id, logger=logger).hold(take_over=cfg.run.take_over),
-            tracking(cfg, RunInfo(run_id, run_url, flow_run_id, runtime.flow_run.ui_url)) as tracker,
+            RunLock(run, run_id, flow_run_id, logger=logger).hold(take_over=cfg.run.take_over),
+            tracking(cfg, RunInfo(run_id, run, flow_run_id, runtime.flow_run.ui_url)) as tracker,
         ):
             return pipeline(cfg, run_id, tracker)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGHUP/SIGTERM (flows/hangup.py): every node has stopped by now
@@ -93,7 +94,7 @@ def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
         wait_opened(tracker)
         link_tracking(run_id, links(tracker))
     # An elastic run may finish training on other nodes than it started on: the rest follows the last attempt.
-    written = train_with_retries(written.spec)(written)
+    written = train_with_retries(written.spec)(written, tracker)
     spec = written.spec
     tracker.steps(read_metrics(spec.run))  # the steps written after the last progress read, and any retry's
     checkpoint = wait_for_checkpoint(spec.run, spec.total_steps)
@@ -109,7 +110,7 @@ def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
     track_results(tracker, written, checkpoint, metrics, loss_plot, registered)
     summary = {
         "run_id": run_id,
-        "run_url": spec.run_url,
+        "run_url": str(spec.run),
         "dataset_id": dataset.dataset_id,
         "train_loss": last_train_loss(spec.run),
         "eval": {key: metrics[key] for key in eval_record_keys(metrics)},
@@ -193,17 +194,18 @@ def main(argv: list[str] | None = None) -> int:
         help="print the run's memory plan (per GPU, and per node's host) and what it writes, then exit; runs nothing",
     )
     parser.add_argument(
-        "--manifests",
+        "--dry-run",
         action="store_true",
-        help="launch.backend=kubernetes: print every object the run would submit (train, eval), then exit",
+        help="print what the run's launch backend would start for each phase (the torchrun lines, the node flow "
+        "runs, the sbatch script, the ssh commands, the Kubernetes objects), then exit; starts and writes nothing",
     )
     args = parser.parse_args(argv)
 
     def body(cfg: FinetuneConfig) -> int:
-        if args.manifests:
-            from launch.backends.kubernetes_render import manifests_text
+        if args.dry_run:
+            from launch.dry_run import dry_run_text
 
-            print(manifests_text(cfg), end="")
+            print(dry_run_text(cfg), end="")
             return 0
         if args.plan:
             from launch.preflight import visible_gpus

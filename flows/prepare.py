@@ -24,7 +24,7 @@ from flows.cli import add_config_arguments, enter, run_config_cli
 from pipeline.plan import build_spec, new_run_id, record_model
 from staging.formats import FORMATS as SOURCE_FORMATS
 from storage import layout
-from storage.fs import join
+from storage.location import Location, join
 from storage.manifest import read_manifest
 from storage.spec import DatasetRef, write_spec
 from tasks.prepare import prepare_dataset, prepare_model
@@ -49,14 +49,16 @@ def stage_inputs(cfg: FinetuneConfig) -> Prepared:
     """The prepare steps for a config already past the flow boundary (flows/cli.py `enter`)."""
     model_path = prepare_model(cfg)
     dataset = prepare_dataset(cfg, model_path)
-    get_run_logger().info("dataset %s: %s", dataset.dataset_id, join(dataset.url, layout.MANIFEST))
+    manifest = join(dataset.location(layout.root(cfg.run)), layout.MANIFEST)
+    get_run_logger().info("dataset %s: %s", dataset.dataset_id, manifest)
     return Prepared(model_path, dataset)
 
 
-def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
-    """The CLI's summary: id, manifest URL, and the counts from the manifest."""
-    manifest, _ = read_manifest(dataset.url, layout.DATASET_SCHEMA)
-    rows = [("dataset", dataset.dataset_id), ("manifest", join(dataset.url, layout.MANIFEST))]
+def summary_rows(dataset: DatasetRef, storage: Location) -> list[tuple[str, str]]:
+    """The CLI's summary: id, manifest URL, and the counts from the manifest (of a dataset staged under `storage`)."""
+    staged = dataset.location(storage)
+    manifest, _ = read_manifest(staged, layout.DATASET_SCHEMA)
+    rows = [("dataset", dataset.dataset_id), ("manifest", str(join(staged, layout.MANIFEST)))]
     for split in layout.SPLITS:
         counts = manifest["splits"][split]
         rows.append(
@@ -78,7 +80,7 @@ def summary_rows(dataset: DatasetRef) -> list[tuple[str, str]]:
             for s in sources
         ]
     records = manifest["records"]
-    see = f" (see {join(dataset.url, manifest['rejects'])})" if manifest["rejects"] else ""
+    see = f" (see {join(staged, manifest['rejects'])})" if manifest["rejects"] else ""
     rows.append(
         (
             "records",
@@ -134,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(cfg: FinetuneConfig) -> int:
         result: Any = prepare(cfg)
-        rows = summary_rows(result.dataset)
+        rows = summary_rows(result.dataset, layout.root(cfg.run))
         if args.write_spec:  # what the pipeline writes before training, for nodes launched by hand
             run_id = new_run_id(cfg)
             digest = record_model(cfg, run_id, result.model_path)
             spec = build_spec(cfg, run_id, result.model_path, result.dataset, digest)
             write_spec(spec)
-            rows.append(("spec", str(join(spec.run, layout.SPEC))))
+            # what `python -m flows.node --spec` takes: the URL, or with run.storage_options the JSON location
+            rows.append(("spec", join(spec.run, layout.SPEC).argument()))
         print("\n" + "\n".join(f"{name:<10}{value}" for name, value in rows))
         return 0
 

@@ -6,8 +6,9 @@
     python -m flows.registry --storage s3://bucket/tandem list
     python -m flows.registry sync tandem-tiny             # complete the MLflow mirror (MLFLOW_TRACKING_URI)
 
---storage is the run.storage the pipeline registered into (default: the schema's, .tandem/storage).
-For S3-compatible stores set AWS_ENDPOINT_URL (and credentials) in the environment.
+--storage is the run.storage the pipeline registered into (default: the schema's, .tandem/storage). For S3-compatible
+stores set AWS_ENDPOINT_URL (and credentials) in the environment, or give the endpoint with the URL as
+run.storage_options would: --storage '{"url": "s3://bucket/tandem", "options": {"endpoint_url": "http://minio:9000"}}'.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from config.sections.run_data import RunConfig
 from core.errors import RetryableError, UserError
 from flows.cli import run_cli
 from pipeline.model_card import load_snippet
-from storage.fs import Location
+from storage.location import ARGUMENT_FORM, Location, location_argument
 from storage.registry import champion, models, read_entry, resolve, versions
 from tracking.mlflow_sink import check_server
 
@@ -104,7 +105,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m flows.registry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--storage", default=RunConfig().storage, help="run.storage URL (default: %(default)s)")
+    parser.add_argument(
+        "--storage",
+        default=Location(RunConfig().storage),
+        type=location_argument,
+        help=f"run.storage: {ARGUMENT_FORM} (default: %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     listing = sub.add_parser("list", help="versions of one model or of every model")
     listing.add_argument("model", nargs="?", help="model name (register.model_name)")
@@ -119,8 +125,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     args: Any = parse(argv)
-    # Endpoint and credentials of an object store come from the environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...).
-    storage = Location(args.storage if "://" in args.storage else resolve_local(args.storage))
+    # Credentials of an object store come from the environment (AWS_PROFILE, ...), its endpoint from there too or
+    # from the options given with --storage.
+    given: Location = args.storage
+    storage = given if "://" in given.url else given.with_url(resolve_local(given.url))
 
     def body() -> int:
         if args.command == "sync":

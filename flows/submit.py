@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from config.loader import DEFAULT_PRESET, apply_override, preset_path, read_yaml, validate
 from core.errors import UserError
 from flows.cli import add_config_arguments, config_yaml, run_cli
-from launch.backends.prefect_api import ApiOutage, fail_fast, unreachable
+from launch.api_outage import ApiOutage, fail_fast, unreachable
 
 if TYPE_CHECKING:
     from uuid import UUID

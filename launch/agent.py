@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,7 +37,8 @@ from launch.diagnose import error_for, failure_message, failure_summary, read_fr
 from launch.job import NodePlan
 from launch.supervise import Failure, Poller, supervise
 from storage import layout
-from storage.fs import Location, is_local, join, put_file, write_json_atomic
+from storage.fs import put_file, write_json_atomic
+from storage.location import Location, is_local, join
 
 KILL_GRACE_S = 10.0
 FAILED_GRACE_S = 2.0
@@ -146,21 +148,29 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 
 def start_agent(
-    run_url: Location, plan: NodePlan, launch: LaunchConfig, module: str, args: list[str], phase: str
+    run_url: Location,
+    plan: NodePlan,
+    launch: LaunchConfig,
+    module: str,
+    args: list[str],
+    phase: str,
+    env: Mapping[str, str] | None = None,
 ) -> Agent:
-    """Start this node's torchrun agent in its own session, logging to the node's log."""
+    """Start this node's torchrun agent in its own session, logging to the node's log; `env` is added to its ranks'
+    environment (a value: the local backend's nodes are threads of one process, whose environment is shared)."""
     beats = heartbeat_dir(run_url, plan.node_rank, phase)
     shutil.rmtree(beats, ignore_errors=True)
     os.makedirs(beats)
     tag = uuid.uuid4().hex
-    env = {**rank_environment(launch, run_url, plan.master_addr), layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag}
+    ranks = rank_environment(launch, plan.master_addr, env)
+    ranks.update({layout.HEARTBEAT_ENV: beats, AGENT_TAG_ENV: tag})
     log_path = os.path.join(node_scratch(run_url, plan.node_rank), layout.LOG)  # appended to by every phase
     with open(log_path, "ab") as log_file:
         offset = log_file.tell()
         process = subprocess.Popen(
             torchrun_command(plan, launch.rdzv_timeout, module, args),
             cwd=PROJECT_ROOT,
-            env=env,
+            env=ranks,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,

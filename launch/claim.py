@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import EXIT_USER_ERROR, TandemError, UserError
+from core.processes import pid_alive
 from launch.diagnose import LOST_PEER, error_for
 from storage import layout
-from storage.fs import Location, exists, join, read_json, remove, write_json_atomic
+from storage.fs import exists, read_json, remove, write_json_atomic
+from storage.location import Location, join
 
 LEASE_S = 15.0
 RENEW_S = 2.0
@@ -214,12 +216,4 @@ def _stale_here(holder: dict[str, Any], addr: str) -> bool:
     or by this very process (a retry: the attempt before it, in this process, has stopped its nodes)."""
     if holder["host"] != socket.gethostname() or holder["addr"] != addr:
         return False
-    if holder["pid"] == os.getpid():
-        return True
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return holder["pid"] == os.getpid() or not pid_alive(holder["pid"])

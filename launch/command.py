@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Mapping
 
 from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
@@ -15,7 +16,7 @@ from launch.forward import forward_env
 from launch.job import NodePlan
 from launch.network import interface_environment, source_address
 from storage import layout
-from storage.fs import Location, is_local, local_path, options_environment
+from storage.location import Location, is_local, local_path
 
 DEFAULT_MASTER_PORT = 6001  # Qwen's scripts' default; preflight refuses it if it is taken
 AGENT_TAG_ENV = "TANDEM_AGENT_TAG"
@@ -58,36 +59,33 @@ TRANSPORT_DEBUG = {
 FORWARDED = tuple(TRANSPORT_DEBUG)
 
 
-def node_environment(launch: LaunchConfig, run: Location) -> dict[str, str]:
-    """The variables a launcher hands to every node process beyond the node's own environment: the storage options
-    of the run directory (what reaches its spec.json; the rest come from the spec), the FORWARDED names this process
-    has, launch.forward_env's credentials (launch/forward.py) and launch.env. The one place that decides it: the local
-    agents get it on top of this process's environment, the ssh backend sends it over each connection's stdin (never
-    on a command line)."""
+def node_environment(launch: LaunchConfig, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a launcher hands to every node process beyond the node's own environment: the FORWARDED names
+    this process has, the job's own (`extra`: PhaseJob.env), launch.forward_env's credentials (launch/forward.py) and
+    launch.env. The one place that decides it: the local agents get it on top of this process's environment, the ssh
+    backend sends it over each connection's stdin (never on a command line). The storage options of the run are no
+    part of it: they travel in `--spec` (launch/job.py)."""
     forwarded = {name: os.environ[name] for name in FORWARDED if name in os.environ}
-    return {**options_environment(run), **forwarded, **forward_env(launch), **launch.env}
+    return {**forwarded, **(extra or {}), **forward_env(launch), **launch.env}
 
 
-@contextlib.contextmanager
-def transport_debug() -> Iterator[None]:
-    """While launching: ranks log what NCCL and gloo see (a retry after a failure), unless the user set a level."""
-    added = {k: v for k, v in TRANSPORT_DEBUG.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
+def transport_debug_env() -> dict[str, str]:
+    """What a retry after a failure adds to the job's environment (PhaseJob.env): the ranks log what NCCL and gloo
+    see, at the levels of TRANSPORT_DEBUG, unless this process names a level itself (then that one is forwarded)."""
+    return {name: value for name, value in TRANSPORT_DEBUG.items() if name not in os.environ}
 
 
 MALLOC_MMAP_THRESHOLD = 2**20  # bytes; see rank_environment
 
 
-def rank_environment(launch: LaunchConfig, run: Location, master_addr: str | None = None) -> dict[str, str]:
+def rank_environment(
+    launch: LaunchConfig, master_addr: str | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Environment for every rank: this node's own, one thread per rank on CPU, glibc's heap giving large blocks back,
-    a per-checkout extension cache, the node environment (launch.forward_env's credentials among them), and, with
-    `master_addr`, the interface that routes to it (launch/network.py) unless the user named one. A variable the node
-    already sets (OMP_NUM_THREADS, MALLOC_MMAP_THRESHOLD_) is kept."""
+    a per-checkout extension cache, the node environment (launch.forward_env's credentials and the job's `extra`
+    among them), and, with `master_addr`, the interface that routes to it (launch/network.py) unless the user named
+    one. A variable the node already sets (OMP_NUM_THREADS, MALLOC_MMAP_THRESHOLD_) is kept. A value: this process's
+    environment is read, never changed (the local backend's nodes are threads of one process)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # without it tiny CPU steps run ~10x slower
     # glibc raises its mmap threshold up to 32 MiB as large blocks are freed, after which a layer's tensors come from
@@ -97,12 +95,19 @@ def rank_environment(launch: LaunchConfig, run: Location, master_addr: str | Non
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(node_environment(launch, run))
+    env.update(node_environment(launch, extra))
     if master_addr is not None:
         env.update(interface_environment(master_addr, env))
         with contextlib.suppress(OSError):
             env[layout.NODE_ADDR_ENV] = source_address(master_addr)
     return env
+
+
+def environment_lines(env: Mapping[str, str], launch: LaunchConfig) -> list[str]:
+    """`NAME=value` lines of an environment for a description (a dry run), sorted, with the values of
+    launch.forward_env's names masked: a credential is never printed."""
+    hidden = set(launch.forward_env)
+    return [f"{name}={'***' if name in hidden else shlex.quote(value)}" for name, value in sorted(env.items())]
 
 
 def node_scratch(run_url: Location, node_rank: int) -> str:

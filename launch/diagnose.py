@@ -9,7 +9,8 @@ import signal
 from core.errors import EXIT_USER_ERROR, RetryableError, UserError
 from core.rank_log import CRASH, rank_errors
 from storage import layout
-from storage.fs import Location, exists, join, read_bytes
+from storage.fs import exists, read_bytes
+from storage.location import Location, join
 
 TAIL_LINES = 15
 # How a rank says that a peer went away under it (gloo's and NCCL's words): its failure is an echo of another's.

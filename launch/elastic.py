@@ -4,12 +4,14 @@ launch.max_nnodes (it may grow the job when hosts are free); with train.global_b
 same on any of those world sizes, and the trainer resumes a checkpoint of another world size
 (trainer/checkpointing/reshard.py).
 
-The local backend's nodes are slots 0..max_nnodes-1 on this machine, probed by preflight's node-local checks; the
-ssh backend's are the hosts of launch.hosts, probed over ssh (reachable with the key, the checkout and its Python),
-and an attempt runs on the hosts that answer, node 0 first. The kubernetes backend's slots are pods, which no probe
-can place ahead: each attempt asks for its nodes, and when the cluster starts fewer within
-launch.kubernetes.schedule_timeout_s (launch/backends/kubernetes.py raises TooFewNodes), the next attempt starts
-at once on that many (`cap`), not as a retry. The other backends keep today's behaviour (every node must come back).
+How a slot is probed and what an attempt's launch section is are the backend's (launch/backend.py `Backend.probe`,
+`attempt_launch`): the local backend's nodes are slots 0..max_nnodes-1 on this machine, probed by preflight's
+node-local checks; the ssh backend's are the hosts of launch.hosts, probed over ssh (reachable with the key, the
+checkout and its Python), and an attempt runs on the hosts that answer, node 0 first. The kubernetes backend's slots
+are pods, which no probe can place ahead: each attempt asks for its nodes, and when the cluster starts fewer within
+launch.kubernetes.schedule_timeout_s (launch/backends/kubernetes_status.py raises TooFewNodes), the next attempt
+starts at once on that many (`cap`), not as a retry. The other backends keep today's behaviour (every node must come
+back).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from config.schema import FinetuneConfig
 from config.sections.launch import LaunchConfig
 from core.errors import RetryableError, TooFewNodes
+from launch.backend import Backend
 from storage.checkpoints import latest_complete
 from storage.spec import Attempt, Spec
 
@@ -63,27 +66,15 @@ def next_attempt(
     )
 
 
-def probe_for(spec: Spec) -> Callable[[int], str | None]:
-    """How the slots of `spec`'s backend are probed: over ssh for the ssh backend's hosts, not at all for pods (the
-    scheduler decides), else preflight's node-local
-    checks on this machine."""
-    if spec.config.launch.backend == "ssh":
-        from launch.backends.ssh import probe_host
-
-        return lambda slot: probe_host(spec.config.launch, slot)
-    if spec.config.launch.backend == "kubernetes":
-        return lambda slot: None  # the cluster's scheduler places the pods; each pod preflights its own node
-    from launch.preflight import probe_node
-
-    return lambda slot: probe_node(spec, slot)
+def attempt_on(
+    backend: Backend, spec: Spec, previous: list[Attempt], cap: TooFewNodes | None = None
+) -> tuple[Attempt, LaunchConfig]:
+    """The next attempt of an elastic run on `backend`, its slots probed by the backend, and its launch section."""
+    attempt = next_attempt(spec, previous, lambda slot: backend.probe(spec, slot), cap)
+    return attempt, backend.attempt_launch(spec.config.launch, attempt)
 
 
-def attempt_launch(launch: LaunchConfig, attempt: Attempt) -> LaunchConfig:
-    """The launch section of an attempt: its node count, and for the ssh backend its hosts (node 0 first), which also
-    moves the rendezvous to the first of them when launch.master_addr is unset."""
-    update: dict[str, object] = {"nnodes": len(attempt.nodes)}
-    if launch.backend == "ssh":
-        # The hosts decide an ssh section's node count (config/sections/launch.py), so the attempt's section holds
-        # its own hosts, and no max_nnodes above them; the next attempt starts again from the whole list.
-        update.update(hosts=[launch.hosts[slot] for slot in attempt.nodes], max_nnodes=None)
-    return launch.model_copy(update=update)
+def resized(launch: LaunchConfig, attempt: Attempt) -> LaunchConfig:
+    """The launch section of an attempt on as many nodes as it has (what a backend's `attempt_launch` changes unless
+    the attempt's slots name hosts)."""
+    return launch.model_copy(update={"nnodes": len(attempt.nodes)})

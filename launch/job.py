@@ -1,5 +1,6 @@
 """The job and node types every part of launch/ shares: what one phase runs on every node (`PhaseJob`), one node's
-place in it (`NodePlan`), the module and arguments the ranks run, and the signature of a backend.
+place in it (`NodePlan`), and the module and arguments the ranks run. The interface a backend implements is
+launch/backend.py.
 
 The bottom of launch/: it imports no backend and nothing that imports one, so that launch/phase.py may import the
 backends and the backends may import this module without a cycle.
@@ -7,10 +8,11 @@ backends and the backends may import this module without a cycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from storage.location import Location
 from storage.spec import WrittenSpec
 
 # phase -> the module torchrun runs on every rank ("probe": only the network probe, e.g. to test a cluster's links)
@@ -20,15 +22,17 @@ Info = Callable[[str], None]
 OnProgress = Callable[[dict[str, Any]], None]
 
 
-def trainer_args(spec_url: str, phase: str, model_url: str | None = None) -> list[str]:
-    """The arguments of `python -m trainer` / `python -m trainer.evaluate` for a phase."""
-    return ["--spec", spec_url] + (["--model", model_url] if phase == "eval" and model_url else [])
+def trainer_args(spec: Location, phase: str, model_url: str | None = None) -> list[str]:
+    """The arguments of `python -m trainer` / `python -m trainer.evaluate` for a phase. `--spec` is the spec.json's
+    location in its command-line form (the URL, with its storage options when it has any: storage/location.py), so the
+    rank reads it with the options that reach it."""
+    return ["--spec", spec.argument()] + (["--model", model_url] if phase == "eval" and model_url else [])
 
 
-def node_args(spec_url: str, phase: str, model_url: str | None, spec_digest: str) -> list[str]:
-    """The arguments of `python -m flows.node`: with the digest the pipeline recorded for spec.json where the node
-    preflights (train, probe), which checks it."""
-    args = ["--spec", spec_url, "--phase", phase]
+def node_args(spec: Location, phase: str, model_url: str | None, spec_digest: str) -> list[str]:
+    """The arguments of `python -m flows.node` (`--spec` as for trainer_args): with the digest the pipeline recorded
+    for spec.json where the node preflights (train, probe), which checks it."""
+    args = ["--spec", spec.argument(), "--phase", phase]
     if model_url:
         args += ["--model", model_url]
     if phase in ("train", "probe"):
@@ -49,11 +53,15 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class PhaseJob:
-    """What every node of one phase runs: the written spec, the phase, and for eval the model to evaluate."""
+    """What every node of one phase runs: the written spec, the phase, for eval the model to evaluate, and what the
+    job adds to the ranks' environment (`env`: the transport's debug levels on a retry, launch/command.py
+    `transport_debug_env`), which each backend hands to its nodes as a value, never through this process's
+    environment."""
 
     written: WrittenSpec
     phase: str  # "train" | "eval" | "probe"
     model_url: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def module(self) -> str:
@@ -63,16 +71,9 @@ class PhaseJob:
     @property
     def args(self) -> list[str]:
         """The arguments of that module."""
-        return trainer_args(str(self.written.url), self.phase, self.model_url)
+        return trainer_args(self.written.url, self.phase, self.model_url)
 
     @property
     def node_args(self) -> list[str]:
         """The arguments of `python -m flows.node` for this job on any node (srun, ssh, a pod)."""
-        return node_args(str(self.written.url), self.phase, self.model_url, self.written.digest)
-
-
-class Backend(Protocol):
-    """A launch backend: gets the job's module running on every node and returns when all of them finished, or
-    raises naming the first node that failed (UserError: retrying cannot help; RetryableError: it may)."""
-
-    def __call__(self, job: PhaseJob, info: Info, on_progress: OnProgress | None = None, /) -> None: ...
+        return node_args(self.written.url, self.phase, self.model_url, self.written.digest)

@@ -32,7 +32,8 @@ from typing import Any
 
 from core.errors import RetryableError
 from storage import layout
-from storage.fs import Location, exists, join, read_bytes, remove, write_json_atomic
+from storage.fs import exists, read_bytes, remove, write_json_atomic
+from storage.location import Location, join
 
 log = logging.getLogger(__name__)
 PIPELINE = "pipeline.json"

@@ -5,20 +5,25 @@ fails records why in its status.json and leaves the note that stops the other no
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from config.sections.launch import LaunchConfig
+from core.checkout import PROJECT_ROOT
 from core.errors import EXIT_USER_ERROR, TandemError
 from launch.agent import Agent, grace_for, kill, start_agent, supervise_agent
 from launch.claim import NodeClaim
+from launch.command import environment_lines, rank_environment, torchrun_command
 from launch.job import Info, NodePlan, PhaseJob
 from launch.liveness import PipelineWatch
 from launch.network import source_address
 from launch.preflight import run_preflight
 from launch.supervise import Poller, poll_each
 from storage import layout
-from storage.fs import Location, exists, join, read_json, write_json_atomic
+from storage.fs import exists, read_json, write_json_atomic
+from storage.location import Location, join
 
 log = logging.getLogger(__name__)
 # status.json's record of why a node failed: the exit code of its error (2: retrying cannot help).
@@ -58,11 +63,34 @@ def start_node(
     args: list[str],
     phase: str,
     preflight: Callable[[NodePlan], object] | None,
+    env: Mapping[str, str] | None = None,
 ) -> Agent:
-    """Preflight this node (when given a preflight), then start its torchrun agent."""
+    """Preflight this node (when given a preflight), then start its torchrun agent, `env` added to its ranks'
+    environment."""
     if preflight is not None:
         preflight(plan)
-    return start_agent(run_url, plan, launch, module, args, phase)
+    return start_agent(run_url, plan, launch, module, args, phase, env)
+
+
+def describe_node(job: PhaseJob, plan: NodePlan) -> str:
+    """What `run_node` runs on this machine for `job` at `plan`'s place, for a dry run: the steps before its agent,
+    the variables the agent's ranks get beyond this process's environment (launch/command.py `rank_environment`), and
+    the agent's torchrun line (launch/agent.py `start_agent`)."""
+    spec = job.written.spec
+    launch = spec.config.launch
+    env = rank_environment(launch, plan.master_addr, job.env)
+    added = {name: value for name, value in env.items() if os.environ.get(name) != value}
+    steps = "claims its rank, preflight, then starts" if job.phase in ("train", "probe") else "claims its rank, starts"
+    command = torchrun_command(plan, launch.rdzv_timeout, job.module, job.args)
+    return "\n".join(
+        [
+            f"# node {plan.node_rank} of {plan.nnodes}: {steps} one torchrun agent of {plan.nproc_per_node} rank(s), "
+            f"rendezvous {plan.master_addr}:{plan.master_port}",
+            f"cd {shlex.quote(str(PROJECT_ROOT))} && env \\",
+            *(f"  {line} \\" for line in environment_lines(added, launch)),
+            f"  {shlex.join(command)}",
+        ]
+    )
 
 
 def job_preflight(
@@ -98,6 +126,7 @@ def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None, *, stop: N
             job.args,
             job.phase,
             job_preflight(job, info, lambda: poll_each(pollers)),
+            job.env,
         )
         info(
             f"node {plan.node_rank}/{plan.nnodes}: {job.phase} started, {plan.nproc_per_node} rank(s), "

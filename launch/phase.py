@@ -1,44 +1,58 @@
-"""One phase (train, eval or probe) on every node, through the configured launch backend.
+"""One phase (train, eval or probe) on every node, through the configured launch backend; and the registry of
+backends, the one place that maps `launch.backend` names to objects.
 
-A backend (launch/job.py `Backend`) is one function `run(job, info, on_progress)` in launch/backends/ that gets
-`python -m trainer` (or `trainer.evaluate`, `trainer.probe`) running on every node, each node through
-launch/node.py `run_node`, and returns when all of them finished, or raises naming the first node that failed
-(UserError: retrying cannot help; RetryableError: it may). Adding a backend is one module and one entry in `backends`;
-nothing above this module changes, and no backend imports this one.
+A backend (launch/backend.py `Backend`) is one object in launch/backends/ that describes, submits and cancels a phase
+whose every node runs launch/node.py `run_node`, and whose submission follows it to the end, raising naming the first
+node that failed (UserError: retrying cannot help; RetryableError: it may). Adding a backend is one module and one
+entry in `backends`; nothing above this module changes, and no backend imports this one.
 """
 
 from __future__ import annotations
 
+from launch.backend import Backend, run_job
 from launch.claim import LEASE_S, wait_for_claims
-from launch.job import Backend, Info, OnProgress, PhaseJob
+from launch.job import Info, OnProgress, PhaseJob
 from launch.liveness import RENEW_S, STALE_S, PipelineBeat
 from storage.spec import WrittenSpec
 
 
 def backends() -> dict[str, Backend]:
-    """launch.backend -> its run function (imported here so that a backend's dependencies load only when used)."""
-    from launch.backends.kubernetes import run_kubernetes_nodes
-    from launch.backends.local import run_local_job
-    from launch.backends.prefect import run_prefect_nodes
-    from launch.backends.slurm import run_slurm_nodes
-    from launch.backends.ssh import run_ssh_nodes
+    """launch.backend -> its backend (imported here so that a backend's dependencies load only when used)."""
+    from launch.backends.kubernetes import KubernetesBackend
+    from launch.backends.local import LocalBackend
+    from launch.backends.prefect import PrefectBackend
+    from launch.backends.slurm import SlurmBackend
+    from launch.backends.ssh import SshBackend
 
     return {
-        "local": run_local_job,
-        "prefect": run_prefect_nodes,
-        "slurm": run_slurm_nodes,
-        "ssh": run_ssh_nodes,
-        "kubernetes": run_kubernetes_nodes,
+        "local": LocalBackend(),
+        "prefect": PrefectBackend(),
+        "slurm": SlurmBackend(),
+        "ssh": SshBackend(),
+        "kubernetes": KubernetesBackend(),
     }
 
 
+def backend_for(name: str) -> Backend:
+    """The backend `launch.backend` names (the config allows only the names of `backends`)."""
+    return backends()[name]
+
+
 def run_phase(
-    written: WrittenSpec, phase: str, info: Info, *, model_url: str | None = None, on_progress: OnProgress | None = None
+    written: WrittenSpec,
+    phase: str,
+    info: Info,
+    *,
+    model_url: str | None = None,
+    on_progress: OnProgress | None = None,
+    env: dict[str, str] | None = None,
 ) -> None:
-    """Run `phase` on every node and return when all finished; preflight precedes training on each node."""
+    """Run `phase` on every node and return when all finished; preflight precedes training on each node; `env` is
+    added to the ranks' environment (PhaseJob.env)."""
     launch = written.spec.config.launch
     # A rerun after this run's pipeline died: its nodes stop within the liveness bound, then their claims lapse.
     wait_for_claims(written.spec.run, launch.nnodes, info, STALE_S + RENEW_S + launch.cancel_grace_s + LEASE_S)
     # Renewed while the phase runs: the nodes stop on their own once it is not (launch/liveness.py, no orphans).
     with PipelineBeat(written.spec.run).hold():
-        backends()[written.spec.config.launch.backend](PhaseJob(written, phase, model_url), info, on_progress)
+        job = PhaseJob(written, phase, model_url, env or {})
+        run_job(backend_for(launch.backend), job, info, on_progress)

@@ -36,8 +36,9 @@ from launch.space import check_space
 from storage import layout
 from storage.base_model import read_base_model, verify_local_model
 from storage.digest import digest_bytes
-from storage.fs import Location, join, read_bytes, remove, write_bytes_atomic, write_json_atomic
+from storage.fs import read_bytes, remove, write_bytes_atomic, write_json_atomic
 from storage.local_dataset import prepare_dataset
+from storage.location import Location, join
 from storage.node_cache import cache_root, node_cache
 from storage.spec import Spec
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from config.footprint import MODEL_CONFIG, Footprint, estimate, read_model_json, staged_on_node
 from launch.job import NodePlan
-from storage.fs import StorageFull, free_bytes, human_bytes, is_local, join, read_json, storage_root
+from storage.fs import read_json
+from storage.full import StorageFull, free_bytes, human_bytes, storage_root
+from storage.location import Location, is_local, join
 from storage.node_cache import cache_root
 from storage.spec import Spec
 
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 class Need:
     """Bytes the run will write in one place, and what they are."""
 
-    place: str  # a local directory, or the run's storage URL
+    place: Location  # a local directory, or the run's directory
     bytes: int
     what: str
 
@@ -42,7 +44,7 @@ def needs(spec: Spec, plan: NodePlan, footprint: Footprint) -> list[Need]:
     """What this node's part of the run writes, by place."""
     out = [
         Need(
-            str(spec.run),
+            spec.run,
             footprint.storage,
             f"{footprint.checkpoints_kept} checkpoint(s) of {human_bytes(footprint.checkpoint)}"
             f" + export {human_bytes(footprint.export)}"
@@ -51,10 +53,16 @@ def needs(spec: Spec, plan: NodePlan, footprint: Footprint) -> list[Need]:
     ]
     if not is_local(spec.run):
         staged = staged_on_node(footprint, plan.nproc_per_node, spec.world_size, node0=plan.node_rank == 0)
-        out.append(Need(tempfile.gettempdir(), staged, "this node's ranks' checkpoint shards staged before upload"))
+        out.append(
+            Need(Location(tempfile.gettempdir()), staged, "this node's ranks' checkpoint shards staged before upload")
+        )
     if not is_local(spec.dataset_dir):
         out.append(
-            Need(str(cache_root(spec.config.launch.node_cache_dir)), dataset_bytes(spec), "the dataset's node copy")
+            Need(
+                Location(str(cache_root(spec.config.launch.node_cache_dir))),
+                dataset_bytes(spec),
+                "the dataset's node copy",
+            )
         )
     return out
 
@@ -68,7 +76,7 @@ def dataset_bytes(spec: Spec) -> int:
     return int(sum(entry["size"] for entry in manifest.get("files", [])))
 
 
-def device_of(place: str) -> str:
+def device_of(place: Location) -> str:
     """A key per filesystem: the mount point of a local place, the store of a remote one."""
     return storage_root(place)
 

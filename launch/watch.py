@@ -18,7 +18,8 @@ from config.sections.launch import LaunchConfig
 from core.errors import RetryableError
 from launch.command import heartbeat_dir
 from storage import layout
-from storage.fs import Location, exists, join, read_bytes
+from storage.fs import exists, read_bytes
+from storage.location import Location, join
 
 READ_EVERY_S = 2.0
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.sections.results import CHAMPION_METRIC, METRIC_DIRECTION, GateConfig
-from storage.fs import Where
+from storage.location import Location
 from storage.registry import better, champion, read_entry
 
 
@@ -35,7 +35,7 @@ def ranking(gate: GateConfig | None) -> tuple[str, str]:
     return CHAMPION_METRIC, METRIC_DIRECTION[CHAMPION_METRIC]
 
 
-def check_gate(gate: GateConfig | None, metrics: dict[str, Any], storage: Where, model: str) -> GateResult:
+def check_gate(gate: GateConfig | None, metrics: dict[str, Any], storage: Location, model: str) -> GateResult:
     """Apply the gate to eval metrics (reading the champion from the registry when the gate needs it)."""
     if gate is None:
         return GateResult(True, "no gate configured")

@@ -7,7 +7,7 @@ from typing import Any
 
 from core.checkout import code_version
 from storage.checkpoints import CompleteCheckpoint
-from storage.fs import Where, is_local, local_path
+from storage.location import Location, is_local, local_path
 from storage.metrics import eval_record_keys
 from storage.spec import Spec
 
@@ -30,7 +30,7 @@ def lineage(
     }
 
 
-def browser_link(url: Where) -> str:
+def browser_link(url: Location) -> str:
     """A URL a browser or the Prefect UI can show: file:// for local paths, the URL itself otherwise."""
     return f"file://{local_path(url)}" if is_local(url) else str(url)
 
@@ -39,7 +39,7 @@ def registry_entry(
     spec: Spec,
     spec_digest: str,
     checkpoint: CompleteCheckpoint,
-    model_url: Where,
+    model_url: Location,
     metrics: dict[str, Any],
     flow_run_id: str | None = None,
 ) -> dict[str, Any]:
@@ -51,6 +51,6 @@ def registry_entry(
         "evaluated_url": metrics["model_url"],
         "base_model": spec.model_path,
         "method": spec.config.train.method,
-        "run_url": spec.run_url,
+        "run_url": str(spec.run),
         "lineage": lineage(spec, spec_digest, checkpoint, flow_run_id),
     }

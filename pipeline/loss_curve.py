@@ -6,7 +6,8 @@ import io
 from typing import Any
 
 from storage import layout
-from storage.fs import W, join, write_bytes_atomic
+from storage.fs import write_bytes_atomic
+from storage.location import Location, join
 from storage.metrics import read_metrics
 
 Series = tuple[list[int], list[float]]
@@ -43,7 +44,7 @@ def render_png(train: Series, evals: Series, title: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_loss_plot(run_url: W, eval_points: list[tuple[int, float]], title: str) -> W | None:
+def write_loss_plot(run_url: Location, eval_points: list[tuple[int, float]], title: str) -> Location | None:
     """Write {run}/loss.png; returns its URL, or None when there are no train losses to plot."""
     train, evals = loss_series(read_metrics(run_url), eval_points)
     if not train[0]:

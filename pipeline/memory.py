@@ -11,7 +11,9 @@ from config.memory_plan import PLAN_ERROR, plan, table
 from config.schema import FinetuneConfig
 from core.errors import UserError
 from pipeline.models import resolve_model
-from storage.fs import human_bytes, is_local
+from storage import layout
+from storage.full import human_bytes
+from storage.location import is_local
 from storage.node_cache import cache_root
 
 
@@ -57,7 +59,7 @@ def node_disk(cfg: FinetuneConfig, footprint: Footprint) -> str:
     where = (
         f"each node's disk: in {tempfile.gettempdir()}, its ranks' checkpoint shards staged before upload "
         f"({human_bytes(staged[0])} on node 0 with the export, {human_bytes(staged[1])} on the others)"
-        if not is_local(cfg.run.storage)
+        if not is_local(layout.root(cfg.run))
         else "each node's disk: nothing staged (run.storage is a local or shared filesystem, written in place)"
     )
     cache = cache_root(cfg.launch.node_cache_dir)

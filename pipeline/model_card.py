@@ -12,7 +12,7 @@ from config.chat_template import template_digest
 from config.deepspeed import zero_stage
 from core.redact import mask_text
 from storage import layout
-from storage.fs import Where
+from storage.location import Location
 from storage.spec import Spec
 
 METRIC_ROWS = (
@@ -106,24 +106,9 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
 
 
 def objective_row(spec: Spec) -> str:
-    """The training objective, its settings and its reference model."""
+    """The training objective, its settings and its reference model, as the objective describes itself."""
     train = spec.config.train
-    p = train.preference
-    if train.objective == "sft":
-        return "sft (supervised: cross-entropy of the answers)"
-    if train.objective == "orpo":
-        return f"orpo (lambda {p.beta:g}); no reference model"
-    settings = {
-        "dpo": f"beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
-        "ipo": f"tau {p.beta:g}",
-        "kto": f"beta {p.beta:g}, desirable weight {p.desirable_weight:g}, undesirable weight {p.undesirable_weight:g}",
-    }[train.objective]
-    if train.method == "full":
-        return (
-            f"{train.objective} ({settings}); reference: the base model `{spec.model_path}`'s log-probabilities of "
-            "every pair, computed before training (the run's reference/)"
-        )
-    return f"{train.objective} ({settings}); reference: the base model `{spec.model_path}` (the adapters disabled)"
+    return train.objective.card(train.preference, train.method, spec.model_path)
 
 
 def split_row(split: dict[str, Any]) -> tuple[str, str]:
@@ -140,7 +125,7 @@ def split_row(split: dict[str, Any]) -> tuple[str, str]:
     )
 
 
-def model_card(spec: Spec, entry: dict[str, Any], manifest: dict[str, Any], loss_plot: Where | None) -> str:
+def model_card(spec: Spec, entry: dict[str, Any], manifest: dict[str, Any], loss_plot: Location | None) -> str:
     """The whole card for a registered version (`manifest`: the staged dataset's)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"

@@ -13,7 +13,8 @@ from core.checkout import PROJECT_ROOT
 from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import Location, exists, is_local, join, local_path
+from storage.fs import exists
+from storage.location import Location, is_local, join, local_path
 
 TINY_CORPUS = PROJECT_ROOT / "data" / "sample" / "conversations.json"
 

@@ -42,8 +42,8 @@ def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
 def record_model(cfg: FinetuneConfig, run_id: str, model_path: str) -> str:
     """Write the run's base_model.json (the model's files, sizes and digests, from this machine's copy) for every
     node's preflight to check its copy against; returns its digest, which the spec and the lineage carry."""
-    run_url = layout.run_dir(layout.root(cfg.run), run_id)
-    return record_base_model(run_url, model_path, cfg.data.digest_algorithm, cache_root(cfg.launch.node_cache_dir))
+    run = layout.run_dir(cfg.run, run_id)
+    return record_base_model(run, model_path, cfg.data.digest_algorithm, cache_root(cfg.launch.node_cache_dir))
 
 
 def model_shape(model_path: str) -> ModelShape | None:
@@ -61,18 +61,20 @@ def build_spec(
     dataset: DatasetRef,
     model_manifest_digest: str | None = None,
 ) -> Spec:
-    """Resolve the config once: world size, DeepSpeed "auto" values, total steps, absolute locations; with the digest
-    of the run's base_model.json (record_model) when it was recorded."""
+    """Resolve the config once: world size, DeepSpeed "auto" values, total steps, the run's location (run.storage with
+    its options: every node and rank reaches the run through it); with the digest of the run's base_model.json
+    (record_model) when it was recorded."""
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     if (shape := model_shape(model_path)) is not None:
         ds = resolve_from_model(ds, shape)
     train_records = dataset.records("train")
     if train_records is None:  # a reference read back from spec.json carries no counts
-        train_records = split_rows(read_manifest(dataset.url, layout.DATASET_SCHEMA)[0]["splits"]["train"])
+        staged = dataset.location(layout.root(cfg.run))
+        train_records = split_rows(read_manifest(staged, layout.DATASET_SCHEMA)[0]["splits"]["train"])
     steps = total_steps(cfg.train, train_records, cfg.world_size)
     return Spec(
         run_id=run_id,
-        run_url=layout.run_dir(cfg.run.storage, run_id),
+        run=layout.run_dir(cfg.run, run_id),
         config=cfg,
         deepspeed=ds,
         world_size=cfg.world_size,

@@ -17,7 +17,8 @@ import orjson
 
 from config.sections.run_data import CATALOG_ENTRY, COLUMN_NAMES, TAG_NAMES, check_mapping
 from core.errors import UserError
-from storage.fs import Location, Options, read_bytes
+from storage.fs import read_bytes
+from storage.location import Location, Options
 
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
 FORMATTINGS = ("alpaca", "sharegpt", "openai")

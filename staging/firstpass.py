@@ -24,7 +24,8 @@ from staging.records import DataFile, Reading, Record, Reject, to_item
 from staging.sources import ByteCounter, compression, file_kind, parse_line
 from staging.spool import spool_line
 from staging.workers import in_order
-from storage.fs import Where, read_range
+from storage.fs import read_range
+from storage.location import Location
 
 BLOCK_BYTES = 1024 * 1024  # a worker's unit of work
 READ_BYTES = 8 * 1024 * 1024  # one ranged read
@@ -82,7 +83,7 @@ class Block:
     """Whole lines of a JSON Lines file, the first of them line `first_line`, read as the file is (its format, the
     source's mapping, data.preference)."""
 
-    url: Where
+    url: Location
     reading: Reading
     data: bytes
     first_line: int
@@ -119,7 +120,7 @@ def scan_block(block: Block) -> Digested:
     return digest_items(to_item(location, value, block.reading) for location, value in filter(None, parsed))
 
 
-def blocks(url: Where, reading: Reading, on_bytes: ByteCounter) -> Iterator[Block]:
+def blocks(url: Location, reading: Reading, on_bytes: ByteCounter) -> Iterator[Block]:
     """A JSON Lines file as blocks of whole lines, in order, each with the number of its first line."""
     rest, offset, line = b"", 0, 1
     while data := read_range(url, offset, offset + READ_BYTES):
@@ -137,10 +138,10 @@ def blocks(url: Where, reading: Reading, on_bytes: ByteCounter) -> Iterator[Bloc
         yield Block(url, reading, rest, line)
 
 
-def splittable(url: Where) -> bool:
+def splittable(url: Location) -> bool:
     """Whether a file is read in blocks by the workers: uncompressed JSON Lines (a record per line). A compressed
     file's bytes cannot be cut at line ends without decompressing it, so it is read as one stream here."""
-    return file_kind(url) == "jsonl" and compression(url) is None
+    return file_kind(url) == "jsonl" and compression(url.url) is None
 
 
 def digest_file(

@@ -23,7 +23,8 @@ from staging.sources import expand
 from staging.streams import Stream, resolve
 from storage import layout
 from storage.digest import digest_bytes, hasher
-from storage.fs import Location, read_range, size
+from storage.fs import read_range, size
+from storage.location import Location
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
 PIPELINE_VERSION = 6
@@ -99,7 +100,7 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
         "streams": [stream.describe() for stream in streams],
         "mix": data.mix,
         "on_invalid": data.on_invalid,
-        "preference": data.preference,
+        "preference": data.preference_mode,
         "packing": data.packing,
         "shaping": shaping(data),
         "tokenizer": fingerprint,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from config.objectives import FEEDBACK_DATA, PAIR_DATA, either, trained_on
 from staging.formats import (
     NORMALIZERS,
     QWEN_ROLES,
@@ -133,14 +134,14 @@ def refusal(form: Form, columns: list[str]) -> str:
         return (
             f"{found}, which supervised fine-tuning would mistrain: it has no place for the rejected answers; set "
             "data.preference=chosen to train on the prompts and chosen answers only (rejected answers are never "
-            "targets), or train it with a preference objective (data.preference=pairs, train.objective=dpo, ipo or "
-            "orpo)"
+            f"targets), or train it with a preference objective (train.objective={either(trained_on(PAIR_DATA))}, "
+            "which stages its pairs)"
         )
     return (
         f"{found}, which supervised fine-tuning would mistrain: it would imitate the answers labelled false; set "
         "data.preference=chosen to train on the records labelled true only (those labelled false are left out and "
-        "listed in rejects.jsonl), or train it with a preference objective (data.preference=pairs, "
-        "train.objective=kto)"
+        f"listed in rejects.jsonl), or train it with a preference objective (train.objective="
+        f"{either(trained_on(FEEDBACK_DATA))}, which stages its labelled answers)"
     )
 
 

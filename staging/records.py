@@ -29,7 +29,7 @@ from staging.preference import (
     undesirable_reason,
 )
 from staging.sources import ByteCounter, Unparsable, is_text_file, read_file
-from storage.fs import Where
+from storage.location import Location
 
 
 class RecordError(UserError):
@@ -77,7 +77,7 @@ class Reading:
 class DataFile:
     """A data file with how its records are read, and why in that format."""
 
-    url: Where
+    url: Location
     reading: Reading
     reason: str
     items: Iterator[Record | Reject]
@@ -88,7 +88,7 @@ class DataFile:
         return self.reading.format
 
 
-def open_file(url: Where, mapping: Mapping, preference: str, on_bytes: ByteCounter) -> DataFile:
+def open_file(url: Location, mapping: Mapping, preference: str, on_bytes: ByteCounter) -> DataFile:
     """A data file's records, renamed by the mapping's columns and tags, then normalized; with format `auto`,
     the format is decided from its first records, and so is whether it is preference data (`preference`:
     data.preference)."""
@@ -109,7 +109,7 @@ def open_file(url: Where, mapping: Mapping, preference: str, on_bytes: ByteCount
     return DataFile(url, reading, reason, items)
 
 
-def file_format(url: Where, fmt: str, samples: list[object], form: Form | None) -> tuple[str, str]:
+def file_format(url: Location, fmt: str, samples: list[object], form: Form | None) -> tuple[str, str]:
     """(format, why) of a file: a text file is plain text, a given format is taken, `auto` is decided from the
     first records (a preference form names its own)."""
     if is_text_file(url):

@@ -130,7 +130,7 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         reporter.phase("reading", sum(f.size for f in files), "B") as phase,
         pool_of(processes) if processes > 1 else contextlib.nullcontext() as pool,
     ):
-        reader = Reader(inputs, data.mix, data.preference, phase.update, pool, processes)
+        reader = Reader(inputs, data.mix, data.preference_mode, phase.update, pool, processes)
         for index, item in reader.mixed():
             sink.take(index, files[index].key, item)
     sources = source_rows(inputs, reader.opened, sink.counts)

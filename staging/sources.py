@@ -26,7 +26,9 @@ import orjson
 from fsspec.utils import infer_compression
 
 from core.errors import TandemError, UserError
-from storage.fs import Location, Where, at, filesystem, is_local, read_bytes, read_range, with_retries
+from storage.fs import filesystem, read_bytes, read_range
+from storage.location import Location, is_local
+from storage.retry import with_retries
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
 TEXT_SUFFIX = ".txt"
@@ -46,9 +48,9 @@ class Unparsable:
     reason: str
 
 
-def has_glob(url: Where) -> bool:
+def has_glob(url: str) -> bool:
     """Whether a URL is a glob pattern."""
-    return any(char in str(url) for char in GLOB_CHARS)
+    return any(char in url for char in GLOB_CHARS)
 
 
 def _is_data_file(path: str, suffixes: tuple[str, ...] = DATA_SUFFIXES) -> bool:
@@ -56,20 +58,20 @@ def _is_data_file(path: str, suffixes: tuple[str, ...] = DATA_SUFFIXES) -> bool:
     return not name.startswith((".", "_")) and content_name(name).lower().endswith(suffixes)
 
 
-def is_text_file(url: Where) -> bool:
+def is_text_file(url: Location) -> bool:
     """Whether a file is plain text (`.txt`, compressed or not): one example a line."""
-    return content_name(url).lower().endswith(TEXT_SUFFIX)
+    return content_name(url.url).lower().endswith(TEXT_SUFFIX)
 
 
-def compression(url: Where) -> str | None:
-    """The stream compression of a file, from its extension (gzip, bz2, xz, zstd), or None."""
-    name = infer_compression(str(url)) if str(url).lower().endswith(COMPRESSED_SUFFIXES) else None
-    return None if name in (None, "zip") else name
+def compression(name: str) -> str | None:
+    """The stream compression of a file, from its name's extension (gzip, bz2, xz, zstd), or None."""
+    found = infer_compression(name) if name.lower().endswith(COMPRESSED_SUFFIXES) else None
+    return None if found in (None, "zip") else found
 
 
-def content_name(url: Where) -> str:
+def content_name(name: str) -> str:
     """A file's name without its compression extension: what its content is (`a.jsonl.gz` -> `a.jsonl`)."""
-    return str(url).rsplit(".", 1)[0] if compression(url) else str(url)
+    return name.rsplit(".", 1)[0] if compression(name) else name
 
 
 def _decompressing(name: str, raw: IO[bytes]) -> IO[bytes]:
@@ -86,7 +88,7 @@ def _decompressing(name: str, raw: IO[bytes]) -> IO[bytes]:
 class _StoredBytes(io.RawIOBase):
     """A stored file read forward, each block one ranged read retried on its own; counts the bytes read."""
 
-    def __init__(self, url: Where, on_bytes: ByteCounter) -> None:
+    def __init__(self, url: Location, on_bytes: ByteCounter) -> None:
         self.url, self.on_bytes, self.offset = url, on_bytes, 0
 
     def readable(self) -> bool:
@@ -100,11 +102,11 @@ class _StoredBytes(io.RawIOBase):
         return len(block)
 
 
-def _blocks(url: Where, on_bytes: ByteCounter, size: int | None = None) -> Iterator[bytes]:
+def _blocks(url: Location, on_bytes: ByteCounter, size: int | None = None) -> Iterator[bytes]:
     """A file's content in blocks of `size` (default BLOCK; decompressed when it is compressed); `on_bytes` counts
     the bytes read from storage."""
     size = size or BLOCK
-    name = compression(url)
+    name = compression(url.url)
     if name is None:
         offset = 0
         while block := read_range(url, offset, offset + size):
@@ -125,21 +127,20 @@ def _blocks(url: Where, on_bytes: ByteCounter, size: int | None = None) -> Itera
             yield block
 
 
-def content(url: Where, on_bytes: ByteCounter = lambda _: None) -> bytes:
+def content(url: Location, on_bytes: ByteCounter = lambda _: None) -> bytes:
     """A file's whole content, decompressed when it is compressed."""
-    if compression(url) is None:
+    if compression(url.url) is None:
         body = read_bytes(url)
         on_bytes(len(body))
         return body
     return b"".join(_blocks(url, on_bytes))
 
 
-def expand(where: Where, key: str) -> list[Location]:
+def expand(source: Location, key: str) -> list[Location]:
     """The data files of a source, sorted, each reached with the source's options; a UserError naming `key` when
     there are none."""
-    source = at(where)
     fs, path = filesystem(source)
-    kind, files = with_retries("list", source, lambda: _listing(fs, path, has_glob(source)))
+    kind, files = with_retries("list", source, lambda: _listing(fs, path, has_glob(source.url)))
     if kind == "glob" and not files:
         raise UserError(f"{key}: {source} matches no file; check the pattern")
     if kind == "dir" and not files:
@@ -164,9 +165,9 @@ def _listing(fs: object, path: str, glob: bool) -> tuple[str, list[str]]:
     return "missing", []
 
 
-def file_kind(url: Where) -> str:
+def file_kind(url: Location) -> str:
     """jsonl, json (an array), parquet or text: from the suffix (of the content), else from the first bytes."""
-    lower = content_name(url).lower()
+    lower = content_name(url.url).lower()
     if lower.endswith(TEXT_SUFFIX):
         return "text"
     if lower.endswith((".parquet", ".pq")):
@@ -179,10 +180,10 @@ def file_kind(url: Where) -> str:
     return "json" if head.removeprefix(BOM).lstrip()[:1] == b"[" else "jsonl"
 
 
-def read_file(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+def read_file(url: Location, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
     """(location, parsed record or Unparsable) for every record of a data file, in file order."""
     kind = file_kind(url)
-    if kind == "parquet" and compression(url):
+    if kind == "parquet" and compression(url.url):
         raise UserError(
             f"{url}: a compressed Parquet file; Parquet compresses its own columns, so store it "
             "uncompressed (or give JSON Lines)"
@@ -196,7 +197,7 @@ def read_file(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]
     return _read_jsonl(url, on_bytes)
 
 
-def _lines(url: Where, on_bytes: ByteCounter) -> Iterator[bytes]:
+def _lines(url: Location, on_bytes: ByteCounter) -> Iterator[bytes]:
     """The lines of a file (without the newline), read in large blocks: fast on local disks and object stores.
     Each block is one ranged read, retried on its own after a transient storage fault."""
     rest = b""
@@ -208,7 +209,7 @@ def _lines(url: Where, on_bytes: ByteCounter) -> Iterator[bytes]:
         yield rest
 
 
-def parse_line(url: Where, lineno: int, line: bytes) -> tuple[str, object] | None:
+def parse_line(url: Location, lineno: int, line: bytes) -> tuple[str, object] | None:
     """(location, parsed record or Unparsable) of one line of a JSON Lines file; None for a blank line."""
     if lineno == 1:
         line = line.removeprefix(BOM)
@@ -220,7 +221,7 @@ def parse_line(url: Where, lineno: int, line: bytes) -> tuple[str, object] | Non
         return f"{url}:{lineno}", Unparsable(f"malformed JSON ({exc.msg}, column {exc.colno})")
 
 
-def _read_jsonl(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+def _read_jsonl(url: Location, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
     parsed_any = False
     for lineno, line in enumerate(_lines(url, on_bytes), start=1):
         item = parse_line(url, lineno, line)
@@ -232,7 +233,7 @@ def _read_jsonl(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object
         yield item
 
 
-def _read_text(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+def _read_text(url: Location, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
     """Each non-blank line of a text file as `{"text": line}`, without its line end (LF or CRLF)."""
     for lineno, line in enumerate(_lines(url, on_bytes), start=1):
         if lineno == 1:
@@ -245,7 +246,7 @@ def _read_text(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]
             yield f"{url}:{lineno}", Unparsable(f"not UTF-8 text (byte {exc.start + 1} of the line)")
 
 
-def _refuse_single_document(url: Where) -> None:
+def _refuse_single_document(url: Location) -> None:
     """A file that is one JSON document over several lines is not JSON Lines: say so, not 'malformed line 1'."""
     try:
         doc = orjson.loads(content(url).removeprefix(BOM))
@@ -256,7 +257,7 @@ def _refuse_single_document(url: Where) -> None:
     )
 
 
-def _read_json_array(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+def _read_json_array(url: Location, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
     """The records of a JSON array, parsed one at a time as the file streams in, so that the file is never in memory
     whole (LLaMA-Factory's sets are JSON arrays of up to millions of records)."""
     stream = _ArrayText(url, on_bytes)
@@ -279,7 +280,7 @@ class _ArrayText:
     """The decoded text of a JSON array file, read block by block, and a cursor over its elements; every error names
     the line (and column) in the file."""
 
-    def __init__(self, url: Where, on_bytes: ByteCounter) -> None:
+    def __init__(self, url: Location, on_bytes: ByteCounter) -> None:
         self.url = url
         self._blocks = _blocks(url, on_bytes)
         self._decode = codecs.getincrementaldecoder("utf-8")()
@@ -358,7 +359,7 @@ class _ArrayText:
         return element
 
 
-def _read_parquet(url: Where, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
+def _read_parquet(url: Location, on_bytes: ByteCounter) -> Iterator[tuple[str, object]]:
     import pyarrow.parquet as pq
 
     fs, path = filesystem(url)

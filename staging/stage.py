@@ -30,23 +30,22 @@ from staging.progress import Reporter
 from staging.records import RecordError, Reject
 from staging.scan import EVAL, Scan, scan_sources
 from staging.streams import label
-from staging.tokenize import EncoderSettings, tokenizer_fingerprint
+from staging.tokenize import EncoderSettings
+from staging.tokenizer import tokenizer_fingerprint
 from staging.workers import ChunkResult, encode_chunks, worker_count
 from storage import layout
 from storage.digest import digest_bytes
 from storage.fs import (
-    Where,
     exists,
     filesystem,
     find_sizes,
-    is_local,
-    join,
     read_bytes,
     read_json,
     remove,
     write_bytes_atomic,
     write_json_atomic,
 )
+from storage.location import Location, is_local, join
 from storage.manifest import read_manifest, verify_files
 from storage.shards import FileEntry, PreferenceWriter, SplitWriter, split_rows
 from storage.spec import DatasetRef
@@ -56,7 +55,7 @@ log = logging.getLogger(__name__)
 
 def stage_dataset(
     data: DataConfig,
-    storage: Where,
+    storage: Location,
     model_path: str,
     progress: Callable[[str], None] = log.info,
     bars: bool | None = None,
@@ -99,7 +98,7 @@ def stage_dataset(
     return ref
 
 
-def find_staged(storage: Where, source_key: str, reporter: Reporter) -> DatasetRef | None:
+def find_staged(storage: Location, source_key: str, reporter: Reporter) -> DatasetRef | None:
     """The complete dataset that these very inputs were staged to, if any."""
     index = layout.dataset_index(storage, source_key)
     if not exists(index):
@@ -110,7 +109,7 @@ def find_staged(storage: Where, source_key: str, reporter: Reporter) -> DatasetR
     return reuse(layout.dataset_dir(storage, doc["dataset_id"]), doc["dataset_id"], reporter)
 
 
-def reuse(base: Where, name: str, reporter: Reporter) -> DatasetRef | None:
+def reuse(base: Location, name: str, reporter: Reporter) -> DatasetRef | None:
     """A reference to a complete staged copy (manifest there, every file present with its size), or None."""
     if not exists(join(base, layout.MANIFEST)):
         return None
@@ -129,7 +128,7 @@ def reuse(base: Where, name: str, reporter: Reporter) -> DatasetRef | None:
     )
 
 
-def clear(base: Where) -> None:
+def clear(base: Location) -> None:
     """Remove a dataset directory, its manifest first, so that a half-removed one is never complete."""
     if not exists(base):
         return
@@ -162,7 +161,7 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
 
 
 def write_dataset(
-    base: Where,
+    base: Location,
     name: str,
     scan: Scan,
     inputs: Inputs,
@@ -201,7 +200,7 @@ def write_dataset(
 
 
 def write_shards(
-    base: Where,
+    base: Location,
     scan: Scan,
     data: DataConfig,
     settings: EncoderSettings,
@@ -257,11 +256,11 @@ def keep_rejects(
 
 
 def split_writer(
-    base: Where, split: str, data: DataConfig, on_write: Callable[[FileEntry], None], packed: bool, workdir: Path
+    base: Location, split: str, data: DataConfig, on_write: Callable[[FileEntry], None], packed: bool, workdir: Path
 ) -> SplitWriter | PackingWriter:
     """The writer of one split's shards: examples row by row, spooled and packed into rows of max_length, or
     preference rows (data.preference=pairs)."""
-    if data.preference == "pairs":
+    if data.preference_mode == "pairs":
         return PreferenceWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
     writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed)
     return PackingWriter(writer, data.max_length, workdir) if packed else writer
@@ -340,7 +339,7 @@ def split_doc(data: DataConfig, scan: Scan) -> dict[str, Any]:
     return {"eval_ratio": data.eval_ratio, "eval_max_records": data.eval_max_records, "eval_capped": scan.eval_capped}
 
 
-def staged_state(data: DataConfig, storage: Where, model_path: str, chat_template: str | None = None) -> str | None:
+def staged_state(data: DataConfig, storage: Location, model_path: str, chat_template: str | None = None) -> str | None:
     """A digest of the inputs and of the staged dataset they map to (its manifest and the files present);
     None when nothing complete is staged for them. Prefect's task cache is keyed on it."""
     inputs = survey(data, tokenizer_fingerprint(model_path, chat_template), Reporter(log.debug, bars=False))

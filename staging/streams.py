@@ -18,7 +18,7 @@ from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.catalog import is_reference, read_entry
 from staging.mapping import Mapping
-from storage.fs import Location, Options
+from storage.location import Location, Options
 
 T = TypeVar("T")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,22 +28,8 @@ from staging import spans as locate
 from staging.formats import Conversation, InvalidRecord, Message
 from staging.offsets import ByteOffsets, first_tokens_at
 from staging.ranked_bpe import RankedBPE
-from storage.digest import digest_bytes
+from staging.tokenizer import document_end, load_tokenizer, no_template_error
 from storage.shards import IGNORE_INDEX
-
-DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "vocab.txt",
-)
 
 
 @dataclass
@@ -85,25 +70,6 @@ class EncoderSettings:
         )
 
 
-def load_tokenizer(model_path: str, chat_template: str | None = None, *, require_template: bool = True) -> Any:
-    """The model's tokenizer (a fast one: offsets are needed to place the labels), with `chat_template` if given.
-    Without `require_template` a tokenizer without a chat template is returned as it is (a base model's, for
-    plain-text data); ChatEncoder then refuses chat records with `no_template_error`'s message."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if not getattr(tokenizer, "is_fast", False):
-        raise UserError(
-            f"model.name_or_path {model_path}: the tokenizer is not a fast (tokenizers) one; "
-            "add its tokenizer.json (Tandem needs token offsets to place the labels)"
-        )
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    if tokenizer.chat_template is None and require_template:
-        raise no_template_error(model_path)
-    return tokenizer
-
-
 def reasoning_error(location: str) -> UserError:
     """A record with reasoning for a chat template that does not render it: the run's data and template disagree."""
     return UserError(
@@ -111,15 +77,6 @@ def reasoning_error(location: str) -> UserError:
         "does not render an assistant's reasoning_content, so it would be dropped; set model.chat_template to a "
         "template that renders it (Qwen3's does), set data.enable_thinking=false to train without the reasoning, or "
         "remove the reasoning parts"
-    )
-
-
-def no_template_error(model_path: str) -> UserError:
-    """Chat data for a tokenizer without a chat template (plain-text data needs none)."""
-    return UserError(
-        f"model.name_or_path {model_path}: the tokenizer has no chat template, which chat data is "
-        "rendered with; add chat_template.jinja to the model directory or set model.chat_template "
-        "(plain-text data, data.format text, needs none)"
     )
 
 
@@ -364,18 +321,6 @@ class _Collector:
         )
 
 
-def document_end(tokenizer: Any) -> str | None:
-    """The token that ends a plain-text document: `<|endoftext|>` (Qwen, GPT-2) or `<|end_of_text|>` (Llama 3)
-    when the vocabulary has one, since a chat model's eos_token ends a chat turn (`<|im_end|>`); else eos_token."""
-    backend = tokenizer.backend_tokenizer
-    for token in DOCUMENT_ENDS:
-        if backend.token_to_id(token) is not None:
-            return token
-    if tokenizer.eos_token is None:  # only plain text needs one: staging chat data goes on
-        return None
-    return str(tokenizer.eos_token)
-
-
 def _labels(ids: np.ndarray, lengths: list[int], targets: list[list[tuple[int, int]]]) -> np.ndarray:
     """-100 everywhere but the target ranges (within each example), which copy the ids."""
     labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
@@ -408,21 +353,3 @@ def _first_token_at(encoding: Any, text_length: int, position: int) -> int:
 def _begin(encoding: Any, token: int) -> int:
     """Start offset of one token (`encoding.offsets` would build the whole list)."""
     return encoding.token_to_chars(token)[0]
-
-
-def tokenizer_fingerprint(model_path: str, chat_template: str | None = None) -> dict[str, Any]:
-    """What identifies a tokenizer's behaviour: digests of its files (the chat template among them), and of
-    model.chat_template's text when it replaces the tokenizer's."""
-    files = {}
-    for name in TOKENIZER_FILES:
-        path = Path(model_path) / name
-        if path.exists():
-            files[name] = digest_bytes(path.read_bytes(), "blake3")
-    if not files:
-        raise UserError(
-            f"model.name_or_path {model_path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, "
-            "...); give a Hugging Face model directory"
-        )
-    if chat_template is not None:
-        return {"files": files, "chat_template": digest_bytes(chat_template.encode("utf-8"), "blake3")}
-    return {"files": files}

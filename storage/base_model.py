@@ -18,7 +18,8 @@ from typing import Any
 from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import Location, exists, join, read_bytes, write_json_atomic
+from storage.fs import exists, read_bytes, write_json_atomic
+from storage.location import Location, join
 from storage.node_cache import file_digest
 
 

@@ -15,19 +15,8 @@ from typing import Any
 from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import (
-    Location,
-    W,
-    Where,
-    at,
-    exists,
-    join,
-    listdir,
-    read_bytes,
-    remove,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from storage.fs import exists, listdir, read_bytes, remove, write_bytes_atomic, write_json_atomic
+from storage.location import Location, join
 from storage.manifest import read_manifest, verify_files
 
 log = logging.getLogger(__name__)
@@ -51,7 +40,7 @@ def step_of(name: str) -> int | None:
     return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
 
 
-def inspect(url: Where, schema: str = layout.CHECKPOINT_SCHEMA) -> CompleteCheckpoint | str:
+def inspect(url: Location, schema: str = layout.CHECKPOINT_SCHEMA) -> CompleteCheckpoint | str:
     """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size; otherwise
     why not, in one line naming the file. `schema`: the manifest's (a universal form's has its own)."""
     complete, manifest_url = join(url, layout.COMPLETE), join(url, layout.MANIFEST)
@@ -66,32 +55,32 @@ def inspect(url: Where, schema: str = layout.CHECKPOINT_SCHEMA) -> CompleteCheck
                 "manifest or its marker changed after the save"
             )
         verify_files(url, manifest, mode="size")
-        return CompleteCheckpoint(at(url), int(manifest["step"]), digest, manifest)
+        return CompleteCheckpoint(url, int(manifest["step"]), digest, manifest)
     except UserError as exc:
         return str(exc)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # bytes that are not our JSON any more
         return f"{manifest_url}: unreadable ({type(exc).__name__}: {exc})"
 
 
-def read_complete(url: Where) -> CompleteCheckpoint | None:
+def read_complete(url: Location) -> CompleteCheckpoint | None:
     """The checkpoint at `url` if its COMPLETE matches its manifest and every file has its size."""
     found = inspect(url)
     return found if isinstance(found, CompleteCheckpoint) else None
 
 
-def step_dirs(run_url: W) -> list[tuple[int, W]]:
+def step_dirs(run_url: Location) -> list[tuple[int, Location]]:
     """(step, URL) of every step directory of a run, complete or not, newest first."""
     root = layout.checkpoints_dir(run_url)
     found = [(step, join(root, name)) for name in listdir(root) if (step := step_of(name)) is not None]
     return sorted(found, reverse=True)
 
 
-def complete_checkpoints(run_url: Where) -> list[CompleteCheckpoint]:
+def complete_checkpoints(run_url: Location) -> list[CompleteCheckpoint]:
     """Every complete checkpoint of a run, newest first."""
     return [ckpt for _, url in step_dirs(run_url) if (ckpt := read_complete(url)) is not None]
 
 
-def latest_complete(run_url: Where) -> CompleteCheckpoint | None:
+def latest_complete(run_url: Location) -> CompleteCheckpoint | None:
     """The newest complete checkpoint of a run, or None."""
     for _, url in step_dirs(run_url):
         ckpt = read_complete(url)
@@ -101,7 +90,7 @@ def latest_complete(run_url: Where) -> CompleteCheckpoint | None:
 
 
 def commit(
-    url: Where, manifest: dict[str, Any], *, verify: bool = False, before_seal: Callable[[], None] | None = None
+    url: Location, manifest: dict[str, Any], *, verify: bool = False, before_seal: Callable[[], None] | None = None
 ) -> str:
     """Write manifest.json, then (optionally after checking every listed file's size) COMPLETE with the
     manifest's digest in the manifest's own digest algorithm: the commit of a checkpoint or export directory.
@@ -114,7 +103,7 @@ def commit(
     return seal(url, raw, manifest["digest_algorithm"])
 
 
-def seal(url: Where, manifest_bytes: bytes, algorithm: str) -> str:
+def seal(url: Location, manifest_bytes: bytes, algorithm: str) -> str:
     """Write COMPLETE holding the digest of the manifest's bytes; returns it."""
     digest = digest_bytes(manifest_bytes, algorithm)
     write_bytes_atomic(join(url, layout.COMPLETE), (digest + "\n").encode())
@@ -169,7 +158,7 @@ def read_universal(source: CompleteCheckpoint) -> CompleteCheckpoint | None:
     return found
 
 
-def verified_export_step(url: Where) -> int | None:
+def verified_export_step(url: Location) -> int | None:
     """The step of the exported model at `url` (a run's final/) if its COMPLETE matches its manifest and every file
     its digest (a full read), else None."""
     if not exists(join(url, layout.COMPLETE)):
@@ -184,7 +173,7 @@ def verified_export_step(url: Where) -> int | None:
     return int(manifest["step"])
 
 
-def remove_dir(url: Where) -> None:
+def remove_dir(url: Location) -> None:
     """Delete a checkpoint or export directory, COMPLETE first, so a crash half way leaves an incomplete one."""
     if not exists(url):
         return
@@ -192,7 +181,7 @@ def remove_dir(url: Where) -> None:
     remove(url, recursive=True)
 
 
-def retention_doomed(run_url: Where, keep_latest_k: int | None) -> list[int]:
+def retention_doomed(run_url: Location, keep_latest_k: int | None) -> list[int]:
     """The steps retention deletes: complete checkpoints beyond the newest k, and incomplete ones older than the
     newest complete; never the newest complete one."""
     complete = complete_checkpoints(run_url)
@@ -205,7 +194,7 @@ def retention_doomed(run_url: Where, keep_latest_k: int | None) -> list[int]:
     return sorted(doomed)
 
 
-def apply_retention(run_url: Where, keep_latest_k: int | None) -> list[int]:
+def apply_retention(run_url: Location, keep_latest_k: int | None) -> list[int]:
     """Delete what retention_doomed names; returns the deleted steps."""
     doomed = retention_doomed(run_url, keep_latest_k)
     for step in doomed:

@@ -13,19 +13,13 @@ from collections.abc import Iterator
 import fsspec
 
 from core.errors import UserError
-from storage.fs import (
-    Where,
-    filesystem,
-    full_storage_is_one_line,
-    is_local,
-    removed_on_error,
-    s3_error_code,
-    with_retries,
-    write_bytes_atomic,
-)
+from storage.fs import filesystem, write_bytes_atomic
+from storage.full import full_storage_is_one_line, removed_on_error
+from storage.location import Location, is_local
+from storage.retry import s3_error_code, with_retries
 
 
-def create_exclusive(url: Where, data: bytes) -> bool:
+def create_exclusive(url: Location, data: bytes) -> bool:
     """Create the object only if nothing is there yet; False when it already exists.
 
     Local/NFS: link() of a finished temporary file, which fails if the name exists. S3: a conditional
@@ -65,7 +59,7 @@ def _holds(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> bool:
 
 def _create_local(path: str, data: bytes) -> bool:
     tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}")
-    with full_storage_is_one_line(path, file=path, needed=len(data)), removed_on_error(tmp):
+    with full_storage_is_one_line(file=path, needed=len(data)), removed_on_error(tmp):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "wb") as handle:
             handle.write(data)
@@ -84,7 +78,7 @@ def _create_local(path: str, data: bytes) -> bool:
 _LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
 
 
-def _require_s3(url: Where) -> None:
+def _require_s3(url: Location) -> None:
     if not str(url).startswith(("s3://", "s3a://")):
         raise UserError(
             f"{url}: atomic create and compare-and-swap (registry versions, the champion alias) need "
@@ -92,7 +86,7 @@ def _require_s3(url: Where) -> None:
         )
 
 
-def read_versioned(url: Where) -> tuple[bytes | None, str | None]:
+def read_versioned(url: Location) -> tuple[bytes | None, str | None]:
     """(bytes, token) of an object, or (None, None) when absent; pass the token to replace_if_unchanged."""
     fs, path = filesystem(url)
     if is_local(url):
@@ -116,7 +110,7 @@ def read_versioned(url: Where) -> tuple[bytes | None, str | None]:
     return with_retries("read", url, read)
 
 
-def replace_if_unchanged(url: Where, data: bytes, token: str | None) -> bool:
+def replace_if_unchanged(url: Location, data: bytes, token: str | None) -> bool:
     """Write `data` only if the object still has `token` (None: only if it is still absent).
 
     Like create_exclusive, a write that finds the object changed checks whether the change was our own

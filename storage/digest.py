@@ -7,7 +7,9 @@ from typing import Any
 
 import blake3
 
-from storage.fs import Where, filesystem, with_retries
+from storage.fs import filesystem
+from storage.location import Location
+from storage.retry import with_retries
 
 CHUNK = 8 * 1024 * 1024
 ALGORITHMS = ("blake3", "sha256")
@@ -30,7 +32,7 @@ def digest_bytes(data: bytes, algorithm: str) -> str:
     return h.hexdigest()
 
 
-def digest_url(url: Where, algorithm: str) -> tuple[str, int]:
+def digest_url(url: Location, algorithm: str) -> tuple[str, int]:
     """(hex digest, size in bytes) of a file at any fsspec URL, read in chunks (from the start again after a
     transient storage fault)."""
     fs, path = filesystem(url)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from config.sections.run_data import RunConfig
-from storage.fs import Location, W, join
+from storage.location import Location, join
 
 DATASET_SCHEMA = "tandem.dataset/1"
 CHECKPOINT_SCHEMA = "tandem.checkpoint/1"
@@ -46,12 +46,18 @@ def root(run: RunConfig) -> Location:
     return Location(run.storage, run.storage_options)
 
 
-def dataset_dir(storage: W, dataset_id: str) -> W:
+def run_dir(run: RunConfig, run_id: str) -> Location:
+    """{run.storage}/runs/{run_id}, reached with run.storage_options: the one definition of a run's directory. The
+    plan puts it in spec.json (`Spec.run`), where every node and rank finds it."""
+    return join(root(run), "runs", run_id)
+
+
+def dataset_dir(storage: Location, dataset_id: str) -> Location:
     """{storage}/datasets/{dataset_id}"""
     return join(storage, "datasets", dataset_id)
 
 
-def dataset_index(storage: W, source_key: str) -> W:
+def dataset_index(storage: Location, source_key: str) -> Location:
     """{storage}/datasets/by-source/{key}.json: which dataset id unchanged sources and settings staged to."""
     return join(storage, "datasets", "by-source", f"{source_key}.json")
 
@@ -61,32 +67,27 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}/shard-{index:05d}{SHARD_SUFFIX}"
 
 
-def model_dir(storage: W, name: str) -> W:
+def model_dir(storage: Location, name: str) -> Location:
     """{storage}/models/{name}: base models materialized by Tandem (the built-in tiny model)."""
     return join(storage, "models", name)
 
 
-def run_dir(storage: W, run_id: str) -> W:
-    """{storage}/runs/{run_id}"""
-    return join(storage, "runs", run_id)
-
-
-def run_lock_url(run: W) -> W:
+def run_lock_url(run: Location) -> Location:
     """{run}/LOCK: the lease of the one pipeline running this run (see storage/run_lock.py)."""
     return join(run, LOCK)
 
 
-def node_dir(run: W, node_rank: int) -> W:
+def node_dir(run: Location, node_rank: int) -> Location:
     """{run}/nodes/{node_rank}"""
     return join(run, NODES, str(node_rank))
 
 
-def checkpoints_dir(run: W) -> W:
+def checkpoints_dir(run: Location) -> Location:
     """{run}/checkpoints"""
     return join(run, "checkpoints")
 
 
-def checkpoint_dir(run: W, step: int) -> W:
+def checkpoint_dir(run: Location, step: int) -> Location:
     """{run}/checkpoints/step-{step:08d}"""
     return join(run, "checkpoints", f"step-{step:08d}")
 
@@ -96,23 +97,23 @@ def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-def universal_dir(checkpoint: W) -> W:
+def universal_dir(checkpoint: Location) -> Location:
     """{checkpoint}/universal: the checkpoint converted to DeepSpeed's universal (world-size free) form, with its
     own manifest and COMPLETE; deleted with its checkpoint."""
     return join(checkpoint, "universal")
 
 
-def final_dir(run: W) -> W:
+def final_dir(run: Location) -> Location:
     """{run}/final: the exported model."""
     return join(run, "final")
 
 
-def registry_dir(storage: W, model: str) -> W:
+def registry_dir(storage: Location, model: str) -> Location:
     """{storage}/registry/{model}"""
     return join(registry_root(storage), model)
 
 
-def registry_root(storage: W) -> W:
+def registry_root(storage: Location) -> Location:
     """{storage}/registry"""
     return join(storage, "registry")
 
@@ -122,12 +123,12 @@ def registry_entry_name(version: int) -> str:
     return f"v{version:04d}.json"
 
 
-def mirror_url(storage: W, model: str, version: int) -> W:
+def mirror_url(storage: Location, model: str, version: int) -> Location:
     """{storage}/registry/{model}/mlflow/v{n:04d}.json: how version n is mirrored in MLflow's model registry."""
     return join(registry_dir(storage, model), "mlflow", registry_entry_name(version))
 
 
-def champion_url(storage: W, model: str) -> W:
+def champion_url(storage: Location, model: str) -> Location:
     """{storage}/registry/{model}/champion.json: the alias naming the best version."""
     return join(registry_dir(storage, model), CHAMPION)
 

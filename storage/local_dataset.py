@@ -28,7 +28,9 @@ import pyarrow.parquet as pq
 from core.errors import RetryableError, UserError
 from storage import layout
 from storage.digest import digest_bytes, hasher
-from storage.fs import Where, full_storage_is_one_line, is_local, join, local_path, read_range
+from storage.fs import read_range
+from storage.full import full_storage_is_one_line
+from storage.location import Location, is_local, join, local_path
 from storage.manifest import read_manifest, verify_files
 from storage.node_cache import (
     CONTENTS,
@@ -69,7 +71,7 @@ def is_parquet(manifest: dict[str, Any]) -> bool:
     return any(e["path"].endswith(layout.PARQUET_SHARD_SUFFIX) for e in shard_entries(manifest))
 
 
-def in_place(dataset: Where, manifest: dict[str, Any]) -> bool:
+def in_place(dataset: Location, manifest: dict[str, Any]) -> bool:
     """Whether ranks map the dataset's shards where they are stored (Arrow shards on a local or NFS path)."""
     return is_local(dataset) and not is_parquet(manifest)
 
@@ -81,7 +83,7 @@ def local_name(path: str) -> str:
     return path
 
 
-def prepare_dataset(dataset: Where, manifest_digest: str, cache: NodeCache) -> str:
+def prepare_dataset(dataset: Location, manifest_digest: str, cache: NodeCache) -> str:
     """Preflight's dataset check: the manifest is the one spec.json names, and every file the ranks read matches it
     (in place, or this node's cache copy, fetched or fetched again where it differs); returns the report line."""
     manifest, _ = read_manifest_checked(dataset, manifest_digest)
@@ -98,7 +100,7 @@ def prepare_dataset(dataset: Where, manifest_digest: str, cache: NodeCache) -> s
     return f"{name}: node cache copy, {filled.kept} files verified{fetched}{evicted}"
 
 
-def read_manifest_checked(dataset: Where, manifest_digest: str | None) -> tuple[dict[str, Any], str]:
+def read_manifest_checked(dataset: Location, manifest_digest: str | None) -> tuple[dict[str, Any], str]:
     """(manifest, its digest), refusing one that is not the manifest spec.json names."""
     manifest, digest = read_manifest(dataset, layout.DATASET_SCHEMA)
     if manifest_digest is not None and digest != manifest_digest:
@@ -109,7 +111,7 @@ def read_manifest_checked(dataset: Where, manifest_digest: str | None) -> tuple[
     return manifest, digest
 
 
-def verify_in_place(dataset: Where, manifest: dict[str, Any], root: Path) -> None:
+def verify_in_place(dataset: Location, manifest: dict[str, Any], root: Path) -> None:
     """Every file of a local dataset present, of its size and digest (digests from the node cache when unchanged)."""
     verify_files(dataset, manifest, mode="size")
     algorithm = manifest["digest_algorithm"]
@@ -123,7 +125,7 @@ def verify_in_place(dataset: Where, manifest: dict[str, Any], root: Path) -> Non
             )
 
 
-def open_split(dataset: Where, split: str, cache: NodeCache, manifest_digest: str | None = None) -> Split:
+def open_split(dataset: Location, split: str, cache: NodeCache, manifest_digest: str | None = None) -> Split:
     """A split as a rank reads it: mapped in place, or from the node cache's copy (filled now when no preflight filled
     it); the copy is held (shared lock) while the split lives, so it is not removed under the rank."""
     manifest, digest = read_manifest_checked(dataset, manifest_digest)
@@ -148,7 +150,7 @@ def open_split(dataset: Where, split: str, cache: NodeCache, manifest_digest: st
 
 
 def ensure_copy(
-    dataset: Where, manifest: dict[str, Any], manifest_digest: str, cache: NodeCache, verify: bool
+    dataset: Location, manifest: dict[str, Any], manifest_digest: str, cache: NodeCache, verify: bool
 ) -> tuple[Lease, Filled]:
     """This node's copy of a dataset, whole (by size; with `verify`, by digest too), filled where it is not; returns
     the shared hold on it and what filling did. The hold is never given up to fill: filling takes a lock of its own
@@ -226,7 +228,7 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def fill(dataset: Where, manifest: dict[str, Any], entry: Path, cache: NodeCache, verify: bool) -> Filled:
+def fill(dataset: Location, manifest: dict[str, Any], entry: Path, cache: NodeCache, verify: bool) -> Filled:
     """Make the copy whole (the caller holds its fill lock, node_cache.filling): keep each file that matches what
     contents.json lists (by size, and with `verify` by digest), fetch (or convert) the others, then write contents.json
     last."""
@@ -275,14 +277,14 @@ def copy_bytes(manifest: dict[str, Any], entry: dict[str, Any]) -> int:
     return int(manifest["splits"][split]["tokens"] * ARROW_BYTES_PER_TOKEN * entry["size"] / stored)
 
 
-def fetch_shard(dataset: Where, entry: dict[str, Any], copy: Path, algorithm: str, root: Path) -> dict[str, Any]:
+def fetch_shard(dataset: Location, entry: dict[str, Any], copy: Path, algorithm: str, root: Path) -> dict[str, Any]:
     """Copy one shard into the node cache, held against its manifest digest as it arrives (a Parquet shard is then
     converted to the Arrow form); returns its contents.json entry. A full node disk is one line (StorageFull)."""
-    with full_storage_is_one_line(str(copy), file=str(copy / local_name(entry["path"])), needed=int(entry["size"])):
+    with full_storage_is_one_line(file=str(copy / local_name(entry["path"])), needed=int(entry["size"])):
         return _fetch_shard(dataset, entry, copy, algorithm, root)
 
 
-def _fetch_shard(dataset: Where, entry: dict[str, Any], copy: Path, algorithm: str, root: Path) -> dict[str, Any]:
+def _fetch_shard(dataset: Location, entry: dict[str, Any], copy: Path, algorithm: str, root: Path) -> dict[str, Any]:
     url, name = join(dataset, entry["path"]), local_name(entry["path"])
     target = copy / name
     fetched = target.with_name(f".tmp-{uuid.uuid4().hex}-{Path(entry['path']).name}")
@@ -305,7 +307,7 @@ def _fetch_shard(dataset: Where, entry: dict[str, Any], copy: Path, algorithm: s
     return {"path": name, "size": size, "digest": digest}
 
 
-def download(url: Where, target: Path, algorithm: str) -> tuple[str, int]:
+def download(url: Location, target: Path, algorithm: str) -> tuple[str, int]:
     """Copy a stored file to a local one in ranged reads (each retried on its own), digesting the bytes as they
     arrive; returns (digest, size)."""
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -12,12 +12,13 @@ from typing import Any, Literal
 from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes, digest_url
-from storage.fs import Where, filesystem, find_sizes, join, read_bytes
+from storage.fs import filesystem, find_sizes, read_bytes
+from storage.location import Location, join
 
 VerifyMode = Literal["full", "size"]
 
 
-def read_manifest(base: Where, schema: str) -> tuple[dict[str, Any], str]:
+def read_manifest(base: Location, schema: str) -> tuple[dict[str, Any], str]:
     """(manifest, digest of its bytes) of the directory `base`; refuses an unknown schema."""
     url = join(base, layout.MANIFEST)
     try:
@@ -30,7 +31,7 @@ def read_manifest(base: Where, schema: str) -> tuple[dict[str, Any], str]:
     return doc, digest_bytes(raw, doc["digest_algorithm"])
 
 
-def verify_files(base: Where, manifest: dict[str, Any], mode: VerifyMode = "full") -> None:
+def verify_files(base: Location, manifest: dict[str, Any], mode: VerifyMode = "full") -> None:
     """Check every file of `manifest` under `base`: present, same size, and (full) same digest.
 
     `size` is the quick check (a listing); `full` re-reads every byte. Each failure is a UserError that
@@ -58,7 +59,7 @@ def verify_files(base: Where, manifest: dict[str, Any], mode: VerifyMode = "full
                 )
 
 
-def verify_dataset(url: Where, mode: VerifyMode = "full", manifest_digest: str | None = None) -> dict[str, Any]:
+def verify_dataset(url: Location, mode: VerifyMode = "full", manifest_digest: str | None = None) -> dict[str, Any]:
     """The check every node runs before its ranks read a byte of a staged dataset; returns its manifest.
 
     With `manifest_digest` (from spec.json), the manifest itself must be the one the run was planned with.

@@ -8,7 +8,8 @@ from typing import Any
 
 from config.sections.results import PREFERENCE_METRICS, SFT_METRICS
 from storage import layout
-from storage.fs import Where, exists, join, read_bytes
+from storage.fs import exists, read_bytes
+from storage.location import Location, join
 
 # eval.json's counts beside its metrics: supervised (tokens) and preference (units: pairs or KTO answers) evaluation.
 SFT_COUNTS = ("loss_sum", "target_tokens", "correct_tokens", "examples")
@@ -17,7 +18,7 @@ PREFERENCE_COUNTS = ("units",)
 
 def eval_metric_keys(result: dict[str, Any]) -> tuple[str, ...]:
     """The headline metrics of an eval.json (or a registry entry's metrics): a preference objective's when it has
-    them (trainer/preference_train.py), else supervised evaluation's."""
+    them (trainer/objectives/preference/), else supervised evaluation's."""
     return ("loss", *(PREFERENCE_METRICS if "reward_accuracy" in result else SFT_METRICS))
 
 
@@ -26,7 +27,7 @@ def eval_record_keys(result: dict[str, Any]) -> tuple[str, ...]:
     return (*eval_metric_keys(result), *(PREFERENCE_COUNTS if "reward_accuracy" in result else SFT_COUNTS))
 
 
-def read_metrics(run_url: Where) -> list[dict[str, Any]]:
+def read_metrics(run_url: Location) -> list[dict[str, Any]]:
     """Every record of {run}/metrics.jsonl (steps and events), in file order."""
     url = join(run_url, layout.METRICS)
     if not exists(url):

@@ -12,9 +12,10 @@ redo work the node already did.
   Each copy has a lock file beside it (`{name}.lock`): every rank reading a copy holds it shared for as long as it
   runs, and eviction takes it exclusively without waiting, so a copy in use is never removed. Whoever fills a copy
   holds a second lock (`{name}.fill`) exclusively, keeping its shared hold: readers never block a filler.
-- `reference/`: copies of full fine-tuning's reference tables kept on an object store (trainer/reference_table.py),
-  one file per table URL and version, fetched once per node (under the same `{name}.fill` lock) and renamed into place,
-  for the node's ranks to memory-map; 16 bytes a pair, not counted in `launch.node_cache_max_gb`.
+- `reference/`: copies of full fine-tuning's reference tables kept on an object store
+  (trainer/objectives/preference/reference_table.py), one file per table URL and version, fetched once per node (under
+  the same `{name}.fill` lock) and renamed into place, for the node's ranks to memory-map; 16 bytes a pair, not counted
+  in `launch.node_cache_max_gb`.
 
 The cache lives in `launch.node_cache_dir` (default `~/.cache/tandem`, or `TANDEM_NODE_CACHE` when set). Deleting the
 directory is always safe while no job runs on the node: it costs the next launch a hash or a download.
@@ -193,19 +194,30 @@ def evict(root: Path, keep: Path, need: int, cap: int) -> list[str]:
     return removed
 
 
-def remove_unused(entry: Path) -> bool:
-    """Remove a copy unless a reader or a filler holds its lock; contents.json first, so that a copy being removed is
-    never complete."""
+@contextlib.contextmanager
+def unused(entry: Path) -> Iterator[bool]:
+    """The copy's lock held exclusively for the block if no reader or filler holds it; yields whether it was free
+    (without waiting: a copy in use is simply not free)."""
     fd = os.open(lock_path(entry), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def remove_unused(entry: Path) -> bool:
+    """Remove a copy unless a reader or a filler holds its lock; contents.json first, so that a copy being removed is
+    never complete."""
+    with unused(entry) as free:
+        if not free:
             return False
         with contextlib.suppress(FileNotFoundError):
             (entry / CONTENTS).unlink()
         shutil.rmtree(entry, ignore_errors=True)
         log.info("node cache: removed %s (least recently used, over launch.node_cache_max_gb)", entry)
         return True
-    finally:
-        os.close(fd)

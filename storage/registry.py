@@ -23,7 +23,8 @@ from core.redact import redact
 from storage import layout
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
 from storage.digest import digest_bytes
-from storage.fs import W, Where, exists, join, listdir, read_bytes, write_bytes_atomic
+from storage.fs import exists, listdir, read_bytes, write_bytes_atomic
+from storage.location import Location, join
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -46,7 +47,7 @@ def sealed(doc: dict[str, Any]) -> bytes:
     return dumps({**body, DIGEST_KEY: digest_bytes(dumps(body), DIGEST_ALGORITHM)})
 
 
-def unseal(url: Where, raw: bytes) -> dict[str, Any]:
+def unseal(url: Location, raw: bytes) -> dict[str, Any]:
     """The document stored at `url` as `raw`, refused unless it is exactly what `sealed` wrote."""
     fix = "the registry file is corrupt or was edited by hand; restore it from a backup (versions are never rewritten)"
     try:
@@ -64,25 +65,25 @@ def unseal(url: Where, raw: bytes) -> dict[str, Any]:
     return doc
 
 
-def models(storage: Where) -> list[str]:
+def models(storage: Location) -> list[str]:
     """Names of the models that have at least one version."""
     return [
         name for name in listdir(layout.registry_root(storage)) if MODEL_NAME.match(name) and versions(storage, name)
     ]
 
 
-def versions(storage: Where, model: str) -> list[int]:
+def versions(storage: Location, model: str) -> list[int]:
     """Registered version numbers of a model, ascending."""
     found = (VERSION_FILE.match(name) for name in listdir(layout.registry_dir(storage, model)))
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def entry_url(storage: W, model: str, version: int) -> W:
+def entry_url(storage: Location, model: str, version: int) -> Location:
     """URL of one version's document."""
     return join(layout.registry_dir(storage, model), layout.registry_entry_name(version))
 
 
-def read_entry(storage: Where, model: str, version: int) -> dict[str, Any]:
+def read_entry(storage: Location, model: str, version: int) -> dict[str, Any]:
     """One registered version, checked for its schema."""
     url = entry_url(storage, model, version)
     try:
@@ -96,7 +97,7 @@ def read_entry(storage: Where, model: str, version: int) -> dict[str, Any]:
     return doc
 
 
-def register_version(storage: W, model: str, entry: dict[str, Any]) -> tuple[int, W]:
+def register_version(storage: Location, model: str, entry: dict[str, Any]) -> tuple[int, Location]:
     """Write `entry` as the next free version (secret-looking values masked: a registry entry is kept forever and
     read by everyone who can read the registry); returns (version, URL)."""
     entry = redact(entry)
@@ -116,7 +117,7 @@ def register_version(storage: W, model: str, entry: dict[str, Any]) -> tuple[int
     raise RuntimeError(f"could not claim a version of {model} after {MAX_CLAIM_ATTEMPTS} attempts")
 
 
-def champion(storage: Where, model: str) -> dict[str, Any] | None:
+def champion(storage: Location, model: str) -> dict[str, Any] | None:
     """The champion alias ({"version", "metric", "direction", "value", ...}), or None."""
     url = layout.champion_url(storage, model)
     data, _ = read_versioned(url)
@@ -128,7 +129,7 @@ def better(value: float, than: float, direction: str) -> bool:
     return value < than if direction == "min" else value > than
 
 
-def promote(storage: Where, model: str, version: int, metrics: dict[str, Any], metric: str, direction: str) -> bool:
+def promote(storage: Location, model: str, version: int, metrics: dict[str, Any], metric: str, direction: str) -> bool:
     """Make `version` the champion if it beats the current one on `metric`; True when it did.
 
     Compare-and-swap: re-read and retry when another registration changed the alias in between.
@@ -159,7 +160,7 @@ def promote(storage: Where, model: str, version: int, metrics: dict[str, Any], m
     raise RuntimeError(f"could not update {url} after {MAX_SWAP_ATTEMPTS} attempts")
 
 
-def resolve(storage: Where, ref: str) -> dict[str, Any]:
+def resolve(storage: Location, ref: str) -> dict[str, Any]:
     """The entry named by `MODEL`, `MODEL:VERSION` (3, v3, v0003) or `MODEL:champion`; MODEL alone: newest."""
     model, _, which = ref.partition(":")
     if not MODEL_NAME.match(model):
@@ -180,14 +181,14 @@ def resolve(storage: Where, ref: str) -> dict[str, Any]:
     return read_entry(storage, model, int(digits))
 
 
-def read_mirror(storage: Where, model: str, version: int) -> dict[str, Any] | None:
+def read_mirror(storage: Location, model: str, version: int) -> dict[str, Any] | None:
     """How a version is mirrored in MLflow ({"status": "pending"|"done", "tracking_uri", "mlflow_version", ...}), or
     None when it never was. The entry itself is never rewritten; this record beside it changes as the mirror does."""
     url = layout.mirror_url(storage, model, version)
     return unseal(url, read_bytes(url)) if exists(url) else None
 
 
-def write_mirror(storage: Where, model: str, version: int, status: str, tracking_uri: str, **details: Any) -> None:
+def write_mirror(storage: Location, model: str, version: int, status: str, tracking_uri: str, **details: Any) -> None:
     """Record the state of a version's MLflow mirror (replaced whole: a later sync completes a pending one)."""
     doc = {
         "schema": layout.MIRROR_SCHEMA,

@@ -29,9 +29,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.errors import UserError
+from core.processes import pid_alive
 from storage import layout
 from storage.conditional import create_exclusive, read_versioned, replace_if_unchanged
-from storage.fs import Where, remove
+from storage.fs import remove
+from storage.location import Location
 
 log = logging.getLogger(__name__)
 LEASE_ENV = "TANDEM_RUN_LOCK_LEASE_S"
@@ -60,7 +62,7 @@ class RunLock:
 
     def __init__(
         self,
-        run_url: Where,
+        run_url: Location,
         run_id: str,
         flow_run_id: str | None,
         lease_s: float | None = None,
@@ -128,7 +130,7 @@ class RunLock:
         """Whether the holder is not provably alive and gone by what can be seen: its process is dead on this host, or
         (on another host) it missed two renewals (it renews every quarter of the lease)."""
         if holder.get("host") == socket.gethostname():
-            return not _pid_alive(holder.get("pid"))
+            return not pid_alive(holder.get("pid"))
         return time.time() - float(holder.get("renewed_at", 0)) > self.lease_s / 2
 
     def _wait_for_expiry(self, holder: dict[str, Any]) -> None:
@@ -189,19 +191,6 @@ class RunLock:
             self._stop.set()
             self._thread.join(timeout=5)
             self.release()
-
-
-def _pid_alive(pid: object) -> bool:
-    """Whether a process of this host has this pid (one owned by another user counts as alive)."""
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _parse(data: bytes) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import Where, join, write_bytes_atomic
+from storage.fs import write_bytes_atomic
+from storage.location import Location, join
 
 IGNORE_INDEX = -100  # a label that is not a target (Hugging Face's convention)
 SHARD_SCHEMA = pa.schema(
@@ -61,7 +62,7 @@ class SplitWriter:
 
     def __init__(
         self,
-        base: Where,
+        base: Location,
         split: str,
         shard_rows: int,
         algorithm: str,
@@ -171,7 +172,7 @@ class PreferenceWriter(SplitWriter):
     answers."""
 
     def __init__(
-        self, base: Where, split: str, shard_rows: int, algorithm: str, on_write: Callable[[FileEntry], None]
+        self, base: Location, split: str, shard_rows: int, algorithm: str, on_write: Callable[[FileEntry], None]
     ) -> None:
         super().__init__(base, split, shard_rows, algorithm, on_write, packed=True)
         self.preference = True

@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from config.schema import FinetuneConfig
 from config.sections.base import Section
 from core.errors import UserError
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import Location, Where, join, read_bytes, write_json_atomic
+from storage.fs import read_bytes, write_json_atomic
+from storage.location import Location, join
 
 
 class DatasetRef(Section):
@@ -30,6 +31,11 @@ class DatasetRef(Section):
     def records(self, split: str) -> int | None:
         """Rows of a split when this reference carries the counts, else None."""
         return self.split_records.get(split)
+
+    def location(self, storage: Location) -> Location:
+        """The staged dataset's directory, reached with the options of the storage it was staged under (run.storage:
+        the run directory's options)."""
+        return storage.with_url(self.url)
 
 
 class Attempt(Section):
@@ -56,7 +62,10 @@ class Spec(Section):
 
     schema_name: str = Field(layout.SPEC_SCHEMA, alias="schema")
     run_id: str
-    run_url: str
+    run: Location = Field(
+        description="The run directory and the options that reach it (run.storage_options): {url, options}. Specs "
+        "written before it existed have `run_url` and the options in their config (read by `_older_run_url`)."
+    )
     config: FinetuneConfig
     deepspeed: dict[str, Any]
     world_size: int = Field(gt=0)
@@ -80,15 +89,22 @@ class Spec(Section):
         "max_nnodes); empty for a run that is not elastic (absent from specs written before it existed).",
     )
 
-    @property
-    def run(self) -> Location:
-        """The run directory, reached with run.storage_options."""
-        return Location(self.run_url, self.config.run.storage_options)
+    @model_validator(mode="before")
+    @classmethod
+    def _older_run_url(cls, data: Any) -> Any:
+        """A spec.json written before `run` (tests/fixtures/compat-run): its `run_url`, reached with its config's
+        run.storage_options."""
+        if isinstance(data, dict) and "run_url" in data and "run" not in data:
+            data = dict(data)
+            config = data.get("config")
+            options = config.get("run", {}).get("storage_options", {}) if isinstance(config, dict) else {}
+            data["run"] = {"url": data.pop("run_url"), "options": options}
+        return data
 
     @property
     def dataset_dir(self) -> Location:
-        """The staged dataset (under run.storage, so reached with the same options)."""
-        return Location(self.dataset.url, self.config.run.storage_options)
+        """The staged dataset (under run.storage, so reached with the run's options)."""
+        return self.dataset.location(self.run)
 
 
 def write_spec(spec: Spec) -> str:
@@ -97,7 +113,7 @@ def write_spec(spec: Spec) -> str:
     return digest_bytes(data, "sha256")
 
 
-def load_spec(url: Where) -> tuple[Spec, str]:
+def load_spec(url: Location) -> tuple[Spec, str]:
     """(spec, sha256 of its bytes) from a spec.json URL, validated again."""
     try:
         raw = read_bytes(url)

@@ -13,7 +13,7 @@ from prefect.assets import Asset, AssetProperties, add_asset_metadata, materiali
 
 from core.redact import redact
 from pipeline.lineage import browser_link
-from storage.fs import Where
+from storage.location import Location
 from storage.spec import Spec
 from tasks.register import Registration
 
@@ -21,16 +21,16 @@ from tasks.register import Registration
 _RESTRICTED = re.compile(r"[\s#?&%\"'<>\[\]{}|\\^`\x00]")
 
 
-def asset_key(url: Where) -> str:
+def asset_key(url: Location) -> str:
     """A Prefect asset key for a storage URL."""
     return _RESTRICTED.sub("_", browser_link(url))
 
 
-def model_asset(registered: Registration) -> Asset:
-    """The registered model (its exported directory), named by registry version."""
+def model_asset(spec: Spec, registered: Registration) -> Asset:
+    """The registered model (its exported directory, under the run), named by registry version."""
     name = registered.message.removesuffix(" (champion)")
     return Asset(
-        key=asset_key(registered.entry["model_url"]),
+        key=asset_key(spec.run.with_url(registered.entry["model_url"])),
         properties=AssetProperties(
             name=name, description=f"{registered.entry['method']} model, registry entry {registered.url}"
         ),
@@ -47,7 +47,7 @@ def dataset_asset(spec: Spec) -> Asset:
 
 def record_model_asset(spec: Spec, registered: Registration) -> str:
     """Run a materializing task for the model (upstream: the dataset); returns the model's asset key."""
-    model, dataset = model_asset(registered), dataset_asset(spec)
+    model, dataset = model_asset(spec, registered), dataset_asset(spec)
 
     @materialize(model, asset_deps=[dataset], name="materialize-model", by="tandem")
     def materialize_model() -> str:

@@ -8,7 +8,8 @@ from prefect import get_run_logger, task
 
 from launch.phase import run_phase
 from storage import layout
-from storage.fs import Location, join, read_json
+from storage.fs import read_json
+from storage.location import Location, join
 from storage.metrics import eval_metric_keys
 from storage.spec import WrittenSpec
 

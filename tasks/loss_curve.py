@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from pipeline.loss_curve import write_loss_plot
-from storage.fs import Location
+from storage.location import Location
 
 
 @task(name="plot-loss")

@@ -11,14 +11,15 @@ from config.chat_template import resolve_chat_template
 from config.schema import FinetuneConfig
 from pipeline.models import resolve_model
 from staging.stage import stage_dataset, staged_state
-from storage.fs import full_storage_is_one_line
+from storage import layout
+from storage.full import full_storage_is_one_line
 from storage.spec import DatasetRef
 
 
 @task(name="prepare-model")
 def prepare_model(cfg: FinetuneConfig) -> str:
     """Resolve the base model to a local directory."""
-    with full_storage_is_one_line(fallback=cfg.run.storage):
+    with full_storage_is_one_line(fallback=layout.root(cfg.run)):
         path = resolve_model(cfg)
     get_run_logger().info("base model: %s", path)
     return path
@@ -31,7 +32,7 @@ def dataset_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> st
     cfg: FinetuneConfig = parameters["cfg"]
     try:
         return staged_state(
-            cfg.data, cfg.run.storage, parameters["model_path"], resolve_chat_template(cfg.model.chat_template)
+            cfg.data, layout.root(cfg.run), parameters["model_path"], resolve_chat_template(cfg.model.chat_template)
         )
     except Exception:  # noqa: BLE001 - the task itself runs next and reports the problem with its message
         return None
@@ -42,10 +43,12 @@ def prepare_dataset(cfg: FinetuneConfig, model_path: str) -> DatasetRef:
     """Validate, tokenize and stage data.source with a manifest (or find it already staged)."""
     logger = get_run_logger()
     # Staging writes through pyarrow and its own spool files as well as storage/fs.py: a full disk anywhere is one line.
-    with full_storage_is_one_line(fallback=cfg.run.storage):
+    # The storage is the Location of run.storage with run.storage_options: a bare URL would lose the options.
+    storage = layout.root(cfg.run)
+    with full_storage_is_one_line(fallback=storage):
         return stage_dataset(
             cfg.data,
-            cfg.run.storage,
+            storage,
             model_path,
             progress=logger.info,
             chat_template=resolve_chat_template(cfg.model.chat_template),

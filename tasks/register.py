@@ -15,7 +15,8 @@ from pipeline.lineage import browser_link, registry_entry
 from pipeline.model_card import model_card
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
-from storage.fs import Location, join, write_bytes_atomic
+from storage.fs import write_bytes_atomic
+from storage.location import Location, join
 from storage.manifest import read_manifest
 from storage.metrics import eval_record_keys
 from storage.registry import promote, read_entry, register_version

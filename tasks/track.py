@@ -7,7 +7,7 @@ import re
 from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact
 
-from storage.fs import Location
+from storage.location import Location
 
 
 @task(name="link-tracking")

@@ -9,35 +9,38 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from prefect.states import State
 
 from core.errors import RetryableError, TooFewNodes
-from launch.backends.prefect_api import fail_fast, unreachable
-from launch.command import transport_debug
-from launch.elastic import attempt_launch, is_elastic, next_attempt, probe_for
-from launch.phase import run_phase
+from launch.api_outage import fail_fast, unreachable
+from launch.command import transport_debug_env
+from launch.elastic import attempt_on, is_elastic
+from launch.phase import backend_for, run_phase
 from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete, verified_export_step
 from storage.spec import Spec, WrittenSpec, load_spec, publish_spec
-from tracking.sink import Tracker, active
+from tracking.sink import Tracker
 
 
-@task(name="train")
-def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
+# Never a cached result: training must run (a run already trained says so itself), and the tracker (threads) has no
+# hash to key a cache by.
+@task(name="train", cache_policy=NO_CACHE)
+def train_on_nodes(written: WrittenSpec, tracker: Tracker | None = None) -> WrittenSpec:
     """Preflight every node, launch `python -m trainer` on each; returns when all ranks finished, with the spec the
-    job finished under (an elastic run's attempt may have other nodes than the first). A run already trained to its
-    last step launches nothing."""
+    job finished under (an elastic run's attempt may have other nodes than the first). `tracker`: the run's, which
+    the flow hands in, fed each new step. A run already trained to its last step launches nothing."""
     logger = get_run_logger()
     spec = written.spec
     if trained_to_the_end(spec):
         logger.info(
-            f"train: {spec.run_url} is already trained to step {spec.total_steps} (its checkpoint and final/ "
+            f"train: {spec.run} is already trained to step {spec.total_steps} (its checkpoint and final/ "
             "are complete); no node is started. train.resume=never or a new run.name trains again"
         )
         return written
-    on_progress = progress_reporter(spec.total_steps, logger.info, active(spec.run_id))
+    on_progress = progress_reporter(spec.total_steps, logger.info, tracker)
     context = TaskRunContext.get()
     if context is None or context.task_run.run_count <= 1:
         return train_attempts(written, logger.info, on_progress)
@@ -45,22 +48,24 @@ def train_on_nodes(written: WrittenSpec) -> WrittenSpec:
         "train: a retry after a failure: the ranks log their transport (NCCL_DEBUG=INFO, "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO) to the nodes' logs"
     )
-    with transport_debug():
-        return train_attempts(written, logger.info, on_progress)
+    return train_attempts(written, logger.info, on_progress, env=transport_debug_env())
 
 
 def train_attempts(
-    written: WrittenSpec, info: Callable[[str], None], on_progress: Callable[[dict[str, Any]], None] | None = None
+    written: WrittenSpec,
+    info: Callable[[str], None],
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> WrittenSpec:
-    """Run the train phase; an elastic run first picks its nodes, and when the cluster starts fewer of them than asked
-    (TooFewNodes: pods its scheduler could not place in time) it starts again at once on as many, down to
-    launch.min_nnodes. Returns the spec the phase finished under."""
+    """Run the train phase (`env` added to the ranks' environment); an elastic run first picks its nodes, and when the
+    cluster starts fewer of them than asked (TooFewNodes: pods its scheduler could not place in time) it starts again
+    at once on as many, down to launch.min_nnodes. Returns the spec the phase finished under."""
     elastic = is_elastic(written.spec.config)
     if elastic:
         written = start_attempt(written, info)
     while True:
         try:
-            run_phase(written, "train", info, on_progress=on_progress)
+            run_phase(written, "train", info, on_progress=on_progress, env=env)
             return written
         except TooFewNodes as short:
             # fewer than the attempt had, and no fewer than the least the run may use; so every turn shrinks
@@ -76,8 +81,7 @@ def start_attempt(written: WrittenSpec, info: Callable[[str], None], cap: TooFew
     returns it."""
     base = written.spec
     previous = load_spec(written.url)[0].attempts  # what earlier attempts of this pipeline run recorded
-    attempt = next_attempt(base, previous, probe_for(base), cap)
-    launch = attempt_launch(base.config.launch, attempt)
+    attempt, launch = attempt_on(backend_for(base.config.launch.backend), base, previous, cap)
     cfg = base.config.model_copy(update={"launch": launch})
     spec = build_spec(cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest).model_copy(
         update={"attempts": [*previous, attempt]}
@@ -141,7 +145,7 @@ def progress_reporter(
             f"{record['tokens_per_s']:.0f} ETA {eta:.0f} s"
         )
         try:
-            with fail_fast():  # the API away (launch/backends/prefect_api.py): this step is not shown, the next one is
+            with fail_fast():  # the API away (launch/api_outage.py): this step is not shown, the next one is
                 update_progress_artifact(artifact_id=artifact, progress=100.0 * step / total)
         except Exception as exc:
             if not unreachable(exc):

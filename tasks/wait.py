@@ -7,7 +7,7 @@ from prefect import get_run_logger, task
 from core.errors import RetryableError
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint, latest_complete
-from storage.fs import Location
+from storage.location import Location
 
 
 @task(name="wait-for-complete")

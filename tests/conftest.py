@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.fs import Location
+from launch.command import free_port
+from storage.location import Location
 from tests.servers import MlflowServer, PrefectServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,13 +65,6 @@ def session_node_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         yield folder
 
 
-def free_port() -> int:
-    """A TCP port that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """A real S3 HTTP endpoint (moto's server) on 127.0.0.1 for the whole session; yields its URL.
@@ -115,7 +108,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 def s3_bucket(s3_endpoint: str) -> Location:
     """A new empty bucket on the session's S3 endpoint: the location `s3://name` with the endpoint as its fsspec
     option (what a config's run.storage_options would give)."""
-    from storage.fs import Location, filesystem
+    from storage.fs import filesystem
+    from storage.location import Location
 
     bucket = Location(f"s3://tandem-test-{uuid.uuid4().hex[:12]}", {"endpoint_url": s3_endpoint})
     fs, path = filesystem(bucket)
@@ -205,7 +199,8 @@ def staged(tmp_path_factory, tiny_model):
 def s3_stoppable(s3_endpoint: str) -> Iterator:
     """An S3 endpoint of its own (moto's server) that a test may stop and start again on the same port, with a
     new bucket on it: yields (StoppableEndpoint, the bucket's location). Objects survive a stop."""
-    from storage.fs import Location, filesystem
+    from storage.fs import filesystem
+    from storage.location import Location
     from tests.s3_faults import StoppableEndpoint
 
     endpoint = StoppableEndpoint(free_port())

@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+# The sample conversations the demo stages (data/sample/).
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample" / "conversations.json"
+
 
 def write_jsonl(path: Path, records: list[Any]) -> str:
     """JSON Lines, one record per line."""
@@ -54,9 +57,10 @@ def read_records(source: str, fmt: str, mapping: Any = None, preference: str = "
     from staging.mapping import Mapping
     from staging.records import Reject, Undesirable, open_file
     from staging.sources import expand
+    from storage.location import Location
 
     records = []
-    for url in expand(source, "data.source"):
+    for url in expand(Location(source), "data.source"):
         for item in open_file(url, mapping or Mapping(fmt), preference, lambda _: None).items:
             if isinstance(item, Undesirable):
                 continue

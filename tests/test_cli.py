@@ -1,5 +1,5 @@
-"""The CLI as users run it: `--help` (ending with where the configuration reference is), `--print-config`, and bad
-input giving one line, a non-zero exit, and nothing written."""
+"""The CLI as users run it: `--help` (ending with where the configuration reference is), `--print-config`,
+`--dry-run`, and bad input giving one line, a non-zero exit, and nothing written."""
 
 from __future__ import annotations
 
@@ -36,6 +36,19 @@ def test_print_config_prints_the_resolved_config_and_runs_nothing(tmp_path) -> N
     # What it prints is a config: read back with --config it is the same config.
     (tmp_path / "printed.yaml").write_text(result.stdout)
     assert load_config(str(tmp_path / "printed.yaml")) == load_config(None, overrides)
+
+
+def test_dry_run_prints_what_the_backend_would_start_and_writes_nothing(tmp_path) -> None:
+    """Any backend: here SLURM's job scripts, which a run writes under its directory and a dry run only prints."""
+    storage = tmp_path / "storage"
+    settings = [f"run.storage={storage}", "run.name=r1", "launch.backend=slurm", "launch.nnodes=3"]
+    result = run_cli("flows.finetune", *(f"--set={s}" for s in settings), "--dry-run", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("# Dry run of launch.backend=slurm: nothing was started or written.")
+    for phase in ("train", "eval"):
+        assert f"# launch.backend=slurm: sbatch --parsable {storage}/runs/r1/slurm/{phase}.sbatch" in result.stdout
+    assert result.stdout.count("#SBATCH --nodes=3") == 2 and "--spec-digest SPEC-DIGEST" in result.stdout
+    assert not storage.exists()
 
 
 def test_print_config_with_a_bad_value_is_one_line_and_exit_2() -> None:

@@ -1,6 +1,7 @@
 """The "by hand" path of docs/launching.md, command for command: `python -m flows.prepare --write-spec` writes the run's
-spec.json, then `python -m flows.node --spec SPEC` on each node with Qwen's NNODES/NODE_RANK/MASTER_ADDR/
-MASTER_PORT variables trains the run to a complete final checkpoint.
+spec.json, `python -m flows.node --spec SPEC --dry-run` shows what a node would run, then `python -m flows.node
+--spec SPEC` on each node with Qwen's NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT variables trains the run to a complete
+final checkpoint.
 
 The prepare step runs as on a machine with no Prefect server (Prefect's temporary server: the one test of that
 path); the nodes report to the session's server, as on a cluster that has one."""
@@ -12,8 +13,10 @@ import re
 import subprocess
 import sys
 
+from launch.command import free_port
 from storage.checkpoints import latest_complete
-from tests.conftest import ROOT, free_port, run_cli
+from storage.location import Location
+from tests.conftest import ROOT, run_cli
 
 
 def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_server) -> None:
@@ -48,6 +51,20 @@ def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_s
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }
+    # What node 1 would run, as its environment places it; it starts nothing (no claim taken).
+    shown = subprocess.run(
+        [sys.executable, "-m", "flows.node", "--spec", spec_url, "--dry-run"],
+        cwd=ROOT,
+        env={**common, "NODE_RANK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("# node 1 of 2: claims its rank, preflight, then starts one torchrun agent")
+    assert f"--node-rank=1 --master-addr=127.0.0.1 --master-port={common['MASTER_PORT']}" in shown.stdout
+    assert f"-m trainer --spec {spec_url}" in shown.stdout
+    assert not (storage / "runs" / "r1" / "nodes").exists()
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "flows.node", "--spec", spec_url],
@@ -66,4 +83,4 @@ def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_s
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "node 0 preflight ok" in outputs[0] and "node 1 preflight ok" in outputs[1]
-    assert latest_complete(str(storage / "runs" / "r1")).step == 2
+    assert latest_complete(Location(str(storage / "runs" / "r1"))).step == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import yaml
 
@@ -94,3 +95,32 @@ def test_bad_data_is_one_line_exit_2_and_stages_nothing(tmp_path, tiny_model, pr
     ]
     assert "Traceback" not in result.stderr + result.stdout
     assert not list(storage.glob("datasets/ds-*"))
+
+
+def test_prepare_reaches_s3_through_the_storage_options_alone(
+    tmp_path, s3_endpoint, s3_bucket, tiny_model, prefect_server
+) -> None:
+    """docs/data.md's MinIO recipe "per URL, without the endpoint variable": the endpoint only in run.storage_options
+    (the storage) and data.storage_options (a source directory on the store), no AWS_ENDPOINT_URL anywhere; staging,
+    the manifest and the summary reach the store through the options alone."""
+    from storage.fs import read_json, write_bytes_atomic
+    from storage.location import join
+
+    chats = join(s3_bucket, "raw/chats")
+    source = write_jsonl(tmp_path / "d.jsonl", arithmetic(40))
+    write_bytes_atomic(join(chats, "part-0.jsonl"), Path(source).read_bytes())
+    options = f"{{endpoint_url: {s3_endpoint}}}"  # as docs/data.md writes it
+    result = run_cli(
+        "flows.prepare",
+        *("--data", f"{chats}/", "--storage", f"{s3_bucket}/tandem", "--format", "qwen"),
+        *("--set", f"run.storage_options={options}", "--set", f"data.storage_options={options}"),
+        *("--set", f"model.name_or_path={tiny_model}"),
+        # no endpoint in the environment; a store reached without the options fails in seconds, not after 60 s
+        env={"AWS_ENDPOINT_URL": None, "AWS_ENDPOINT_URL_S3": None, "TANDEM_STORAGE_RETRY_S": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = dict(re.findall(r"^(\w+) +(.+)$", result.stdout, flags=re.MULTILINE))
+    assert rows["manifest"].startswith(f"{s3_bucket}/tandem/datasets/")
+    manifest = read_json(s3_bucket.with_url(rows["manifest"]))
+    assert [source["url"] for source in manifest["sources"]] == [f"{chats}/part-0.jsonl"]
+    assert manifest["records"]["staged"] == 40 and rows["dataset"] == manifest["dataset_id"]

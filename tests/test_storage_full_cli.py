@@ -8,6 +8,7 @@ import re
 
 from storage.checkpoints import latest_complete, read_complete
 from storage.layout import checkpoint_dir
+from storage.location import Location
 from tests.conftest import run_cli
 from tests.tmpfs import NEEDS_ROOT, mounted
 
@@ -48,7 +49,7 @@ def test_a_save_that_finds_storage_full_is_one_line(tmp_path, tiny_model, prefec
         ), line
         assert f"needed) while writing {store}/runs/r/" in line
         assert "lower train.keep_latest_k" in line
-        run = str(store / "runs" / "r")
+        run = Location(str(store / "runs" / "r"))
         newest = latest_complete(run)
         assert newest is not None and newest.step == 15  # nothing complete was lost
         assert read_complete(checkpoint_dir(run, 30)) is None  # the save that did not fit is not a checkpoint

@@ -4,7 +4,7 @@ method, ZeRO stage and node count, on nodes of 8 GPUs of 80 GB, and Qwen's "Q-Lo
 
     .venv/bin/python tools/memory_table.py          # prints the Markdown of both tables, as the page holds them
 
-tests/unit/test_memory_plan.py checks that the page holds what this prints.
+tests/unit/config/test_memory_plan.py checks that the page holds what this prints.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 
 from config.schema import FinetuneConfig
 from storage.spec import Spec
-from tracking.sink import RunInfo, Sink, Tracker, activate, deactivate, flatten
+from tracking.sink import RunInfo, Sink, Tracker, flatten
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +64,15 @@ def build_sinks(cfg: FinetuneConfig) -> list[Sink]:
 
 @contextmanager
 def tracking(cfg: FinetuneConfig, run: RunInfo) -> Iterator[Tracker]:
-    """The run's tracker while the pipeline runs: active for the train task, every record ended when the block
-    ends (FAILED when it raises), and what could not be delivered reported as a warning."""
+    """The run's tracker while the pipeline runs (the flow hands it to what feeds it: the train task's progress), every
+    record ended when the block ends (FAILED when it raises), and what could not be delivered reported as a
+    warning."""
     tracker = Tracker(build_sinks(cfg), run)
-    activate(tracker)
     status = "FAILED"
     try:
         yield tracker
         status = "FINISHED"
     finally:
-        deactivate(run.run_id)
         for line in tracker.close(status, CLOSE_TIMEOUT_S):
             log.warning(line)
 

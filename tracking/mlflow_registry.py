@@ -18,7 +18,8 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from storage import layout
-from storage.fs import Location, Where, at, filesystem, is_local, join, local_path
+from storage.fs import filesystem
+from storage.location import Location, is_local, join, local_path
 from storage.metrics import eval_metric_keys
 from storage.registry import champion, read_entry, read_mirror, versions, write_mirror
 from storage.spec import load_spec
@@ -127,10 +128,10 @@ def sync_alias(client: Any, storage: Location, model: str) -> str:
     return f"{ALIAS} alias removed (Tandem's champion is not mirrored yet)"
 
 
-def sync(registry_storage: Where, model: str, uri: str, info: Callable[[str], None]) -> bool:
+def sync(storage: Location, model: str, uri: str, info: Callable[[str], None]) -> bool:
     """Mirror every version of `model` MLflow does not hold yet, then the alias. When MLflow fails (down, refusing),
-    that version and the later ones are recorded `pending` for a later sync. Returns whether all is mirrored."""
-    storage = at(registry_storage)  # the entries' URLs are reached with its options
+    that version and the later ones are recorded `pending` for a later sync (the entries' URLs are reached with the
+    storage's options). Returns whether all is mirrored."""
     client = make_client(uri)
     failure: str | None = None
     for version in versions(storage, model):

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError
-from storage.fs import Where, read_bytes
+from storage.fs import read_bytes
+from storage.location import Location
 from tracking.sink import RunInfo, require, step_metrics
 
 RUN_TAG = "tandem.run_id"
@@ -176,7 +177,7 @@ class MlflowSink:
             synchronous=True,
         )
 
-    def log_file(self, url: Where, name: str) -> None:
+    def log_file(self, url: Location, name: str) -> None:
         """A storage file as the run's artifact `name`."""
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from core.errors import UserError
 from core.redact import redact
-from storage.fs import Location, Where
+from storage.location import Location
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Sink(Protocol):
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Record tags (lineage digests, attempts, the Prefect flow run)."""
 
-    def log_file(self, url: Where, name: str) -> None:
+    def log_file(self, url: Location, name: str) -> None:
         """Attach a file of storage (the loss curve, the model card) as `name`."""
 
     def close(self, status: str) -> None:
@@ -234,21 +234,3 @@ class Tracker:
                     f"{self.run.run_id} is incomplete, Tandem's files are not"
                 )
         return incomplete
-
-
-_ACTIVE: dict[str, Tracker] = {}  # run_id -> the tracker of the pipeline running it in this process
-
-
-def activate(tracker: Tracker) -> None:
-    """Make `tracker` the one the train task feeds progress to for its run."""
-    _ACTIVE[tracker.run.run_id] = tracker
-
-
-def deactivate(run_id: str) -> None:
-    """Forget the tracker of `run_id`."""
-    _ACTIVE.pop(run_id, None)
-
-
-def active(run_id: str) -> Tracker | None:
-    """The tracker of a run this process is running, or None when nothing is tracked."""
-    return _ACTIVE.get(run_id)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from storage import layout
-from storage.fs import Location, Where, get_file, is_local, join, listdir, local_path, put_file
+from storage.fs import get_file, listdir, put_file
+from storage.location import Location, is_local, join, local_path
 from tracking.sink import RunInfo, require, step_metrics
 
 EVENTS_PREFIX = "events.out.tfevents."
@@ -107,7 +108,7 @@ class TensorBoardSink:
         """Tags as text (lineage)."""
         self._text("tags", "\n".join(f"- {key}: {value}" for key, value in sorted(tags.items())))
 
-    def log_file(self, url: Where, name: str) -> None:
+    def log_file(self, url: Location, name: str) -> None:
         """Files are not TensorBoard's business (they are beside it in the run directory)."""
 
     def close(self, status: str) -> None:

@@ -12,7 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from storage.fs import Where, is_local, join, local_path, makedirs
+from storage.fs import makedirs
+from storage.location import Location, is_local, join, local_path
 from tracking.sink import RunInfo, require, step_metrics
 
 WANDB_DIR = "wandb"
@@ -83,7 +84,7 @@ class WandbSink:
         for key, value in tags.items():
             self.run.summary[key] = value
 
-    def log_file(self, url: Where, name: str) -> None:
+    def log_file(self, url: Location, name: str) -> None:
         """Files stay in Tandem's run directory (W&B shows metrics and config)."""
 
     def close(self, status: str) -> None:

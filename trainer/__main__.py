@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from storage.location import ARGUMENT_FORM, location_argument
+
 if TYPE_CHECKING:
     from storage.spec import Spec
     from trainer.distributed import Dist
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
+    parser.add_argument("--spec", required=True, type=location_argument, help=f"the run's spec.json: {ARGUMENT_FORM}")
     args = parser.parse_args(argv)
     from trainer.harness import run_rank
     from trainer.loop import train

@@ -22,7 +22,8 @@ from core.checkout import PACKAGES, PROJECT_ROOT
 from core.errors import EXIT_RETRYABLE, EXIT_USER_ERROR
 from core.rank_log import crash_message
 from storage import layout
-from storage.fs import StorageFull, free_bytes, is_local, local_path, storage_full, storage_full_message
+from storage.full import StorageFull, free_bytes, storage_full, storage_full_message
+from storage.location import is_local, local_path
 from storage.spec import Spec
 
 MAX_MESSAGE = 300

@@ -31,8 +31,16 @@ from typing import Any
 
 import torch
 
+from storage.local_dataset import open_split
+from storage.node_cache import node_cache
 from storage.shards import IGNORE_INDEX, Row
+from storage.spec import Spec
 from storage.split_reader import Split
+
+
+def split_of(spec: Spec, split: str) -> Split:
+    """A split of the spec's dataset as this rank reads it (in place, or the node cache's copy)."""
+    return open_split(spec.dataset_dir, split, node_cache(spec.config.launch), spec.dataset.manifest_digest)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import torch
 from core.errors import UserError
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint, read_complete
-from storage.fs import Where, exists, filesystem, find_sizes, get_file, is_local, join, local_path, read_json
+from storage.fs import exists, filesystem, find_sizes, get_file, read_json
+from storage.location import Location, is_local, join, local_path
 from storage.spec import Spec
 from trainer.checkpointing.deepspeed_io import deepspeed_layout
 from trainer.checkpointing.resume import verify_shared
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 DS_TAG = "merged"
 
 
-def load_for_eval(model_url: Where, spec: Spec, device: torch.device, dist: Dist | None = None) -> Any:
+def load_for_eval(model_url: Location, spec: Spec, device: torch.device, dist: Dist | None = None) -> Any:
     """The model at `model_url` (a checkpoints/step-N directory or an export with COMPLETE), in eval mode."""
     if is_checkpoint(model_url):
         ckpt = read_complete(model_url)
@@ -47,7 +48,7 @@ def load_for_eval(model_url: Where, spec: Spec, device: torch.device, dist: Dist
     return load_export(model_url, spec, device)
 
 
-def is_checkpoint(model_url: Where) -> bool:
+def is_checkpoint(model_url: Location) -> bool:
     """True when `model_url` holds a sharded checkpoint (its manifest says so), not an export."""
     try:
         return read_json(join(model_url, layout.MANIFEST)).get("schema") == layout.CHECKPOINT_SCHEMA
@@ -60,7 +61,7 @@ def eval_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_export(model_url: Where, spec: Spec, device: torch.device) -> Any:
+def load_export(model_url: Location, spec: Spec, device: torch.device) -> Any:
     """A PEFT adapter on the spec's base, or full weights, through `from_pretrained`."""
     if is_local(model_url):
         return _from_pretrained(local_path(model_url), spec, device)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from storage.fs import Location
+    from storage.location import Location
 
 SAVE_POINTS = ("mid_upload", "after_shard", "before_complete")
 
@@ -87,7 +87,8 @@ def maybe_record_env_digest(run_url: Location, node_rank: int, rank: int) -> Non
         return
     from storage import layout
     from storage.digest import digest_bytes
-    from storage.fs import join, write_bytes_atomic
+    from storage.fs import write_bytes_atomic
+    from storage.location import join
 
     value = os.environ.get(name)
     digest = digest_bytes(value.encode(), "sha256") if value else "missing"

@@ -1,6 +1,6 @@
-"""The life of one rank, the same for `python -m trainer` and `python -m trainer.evaluate`: the storage options the
-launcher handed down, spec.json read and validated, the process group, the log format, the body, a user's
-error as one line (and its exit code), and the shutdown whatever happened."""
+"""The life of one rank, the same for `python -m trainer` and `python -m trainer.evaluate`: spec.json read (where its
+--spec says, with the storage options given there) and validated, the process group, the log format, the body, a
+user's error as one line (and its exit code), and the shutdown whatever happened."""
 
 from __future__ import annotations
 
@@ -12,21 +12,22 @@ from collections.abc import Callable
 from core.errors import TandemError
 from core.rank_log import ERROR_LOGGER
 from core.redact import install_log_masking
-from storage.fs import environment_location
+from storage.location import Location
 from storage.spec import Spec, load_spec
 from trainer.crash import crash_exit_code, crash_line, storage_full_on_rank
 from trainer.distributed import Dist
 
 
-def run_rank(spec_url: str, body: Callable[[Spec, Dist], object], *, deepspeed_backend: bool) -> int:
-    """Run `body(spec, dist)` on this rank; returns the process exit code (0, or the error's)."""
+def run_rank(spec_url: Location, body: Callable[[Spec, Dist], object], *, deepspeed_backend: bool) -> int:
+    """Run `body(spec, dist)` on this rank, for the spec.json at `spec_url` (its --spec: reached with the options its
+    launcher gave with it); returns the process exit code (0, or the error's)."""
     from trainer import distributed, faults
     from trainer.lean_imports import skip_unused_libraries
     from trainer.logging_setup import configure
 
     spec: Spec | None = None
     try:
-        spec, _ = load_spec(environment_location(spec_url))
+        spec, _ = load_spec(spec_url)
         skip_unused_libraries(spec.config.train.method)
         launch = spec.config.launch
         dist = distributed.init(

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage import layout
-from storage.fs import Location, exists, is_local, join, local_path, makedirs, read_bytes, write_bytes_atomic
+from storage.fs import exists, makedirs, read_bytes, write_bytes_atomic
+from storage.location import Location, is_local, join, local_path
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class MetricsWriter:
     def _append(self, line: str) -> None:
         if is_local(self.url):
             path = local_path(self.url)
-            makedirs(path.rsplit("/", 1)[0])
+            makedirs(self.url.with_url(path.rsplit("/", 1)[0]))
             with open(path, "a", encoding="utf-8") as handle:
                 handle.write(line + "\n")
         else:

@@ -20,7 +20,8 @@ import torch
 
 from core.errors import UserError
 from storage import layout
-from storage.fs import Location, exists, join, read_json, write_json_atomic
+from storage.fs import exists, read_json, write_json_atomic
+from storage.location import ARGUMENT_FORM, Location, join, location_argument
 from storage.spec import Spec
 from trainer.distributed import Dist, gather_objects, timed_all_reduce, timed_exchange
 
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.probe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--spec", required=True, help="URL of the run's spec.json")
+    parser.add_argument("--spec", required=True, type=location_argument, help=f"the run's spec.json: {ARGUMENT_FORM}")
     args = parser.parse_args(argv)
     from trainer.harness import run_rank
 

@@ -17,7 +17,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from storage.fs import Location, join, write_bytes_atomic
+from storage.fs import write_bytes_atomic
+from storage.location import Location, join
 
 log = logging.getLogger(__name__)
 

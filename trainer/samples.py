@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from storage import layout
-from storage.fs import join, write_bytes_atomic
+from storage.fs import write_bytes_atomic
+from storage.location import join
 from storage.shards import IGNORE_INDEX, Row
 from storage.spec import Spec
 from trainer.distributed import Dist, gather_objects

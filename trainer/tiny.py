@@ -21,7 +21,7 @@ from typing import Any
 from config.chat_template import builtin_template
 from config.sections.model_train import BUILTIN_MODELS
 from core.errors import UserError
-from storage.fs import full_storage_is_one_line
+from storage.full import full_storage_is_one_line
 from trainer.tiny_qwen import QWEN25_ADDED_TOKENS, QWEN25_VOCAB_SIZE, build_qwen25_tokenizer, qwen25_fast
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        with full_storage_is_one_line(str(args.out)):
+        with full_storage_is_one_line(file=str(args.out)):
             materialize(args.out, args.corpus, args.model)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

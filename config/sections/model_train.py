@@ -10,7 +10,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from config.objectives import ObjectiveField
 from config.sections.base import Section
+from config.sections.preference import PreferenceConfig
 
 # Models Tandem builds itself (random weights, for tests and trying the pipeline): `tiny` has a small BPE trained
 # on the sample data, `tiny-qwen2.5` Qwen's own BPE and vocabulary; both carry Qwen2.5's chat template.
@@ -55,30 +57,6 @@ def size_in_bytes(size: str) -> int:
     """`50GB`, `500MB`, `2GiB` as bytes (decimal units as Hugging Face reads them, binary ones with an i)."""
     number = size.rstrip("BKMGi ").strip()
     return int(float(number) * SIZE_UNITS[size[len(number) :].strip()])
-
-
-OBJECTIVES = ("sft", "dpo", "ipo", "kto", "orpo")
-REFERENCE_OBJECTIVES = ("dpo", "ipo", "kto")  # those that compare the policy with a reference model
-
-
-class PreferenceConfig(Section):
-    """The preference objectives' settings (train.objective dpo, ipo, kto, orpo; docs/preference-tuning.md)."""
-
-    beta: float = Field(
-        0.1,
-        gt=0.0,
-        le=100.0,
-        description="dpo, ipo, kto: the strength of the pull towards the reference model (DPO's beta; IPO's tau). "
-        "orpo: the weight of the odds-ratio term beside the chosen answers' cross-entropy (ORPO's lambda).",
-    )
-    label_smoothing: float = Field(
-        0.0,
-        ge=0.0,
-        lt=0.5,
-        description="dpo: the assumed share of pairs whose preference is flipped (conservative DPO); 0: plain DPO.",
-    )
-    desirable_weight: float = Field(1.0, gt=0.0, description="kto: the weight of the answers labelled desirable.")
-    undesirable_weight: float = Field(1.0, gt=0.0, description="kto: the weight of the answers labelled undesirable.")
 
 
 class TrainConfig(Section):
@@ -170,18 +148,20 @@ class TrainConfig(Section):
         1024,
         ge=0,
         description="The loss (training and evaluation) takes the logits of target tokens only, from "
-        "the last hidden states (trainer/chunked_loss.py). A micro-batch whose target logits in float32 (target "
+        "the last hidden states (trainer/loss/chunked.py). A micro-batch whose target logits in float32 (target "
         "tokens x vocabulary x 4 bytes) would exceed 256 MiB is chunked: the output layer is applied to this many "
         "target tokens at a time and recomputed in backward, so its full-vocabulary logits never exist at once; a "
         "smaller one (any micro-batch of a small vocabulary) takes them in one pass, without recomputation. 0: the "
         "model's own full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only (others use full logits); "
         "under ZeRO-2 and ZeRO-3 alike.",
     )
-    objective: Literal["sft", "dpo", "ipo", "kto", "orpo"] = Field(
+    objective: ObjectiveField = Field(
         "sft",
-        description="sft: supervised fine-tuning (cross-entropy of the answers). Preference tuning, on data staged "
-        "with data.preference=pairs: dpo (sigmoid loss on pairs), ipo (DPO's squared variant), kto (answers labelled "
-        "desirable or not), orpo (pairs, no reference model). With lora and qlora, dpo, ipo and kto take the "
+        validate_default=True,
+        description="sft: supervised fine-tuning (cross-entropy of the answers). Preference tuning, on preference "
+        "rows (data.preference=pairs, which these imply): dpo (sigmoid loss on pairs), ipo (DPO's squared variant), "
+        "kto (answers labelled desirable or not), orpo (pairs, no reference model). With lora and qlora, dpo, ipo and "
+        "kto take the "
         "reference from the same model with its adapters disabled; with full, dpo and ipo take the base model's "
         "log-probabilities of every pair, computed once before the first step into {run}/reference/ (kto needs "
         "lora or qlora).",

@@ -60,8 +60,13 @@ METRIC_DIRECTION: dict[str, str] = {
     "rejected_logps_per_token": "min",
 }
 # The metrics of supervised evaluation alone, and of preference evaluation alone (train.objective); loss is both's.
-SFT_METRICS = ("perplexity", "token_accuracy")
-PREFERENCE_METRICS = ("reward_accuracy", "reward_margin", "chosen_logps_per_token", "rejected_logps_per_token")
+SFT_METRICS: tuple[Metric, ...] = ("perplexity", "token_accuracy")
+PREFERENCE_METRICS: tuple[Metric, ...] = (
+    "reward_accuracy",
+    "reward_margin",
+    "chosen_logps_per_token",
+    "rejected_logps_per_token",
+)
 # How the champion is chosen when register.gate is not set.
 CHAMPION_METRIC: Metric = "loss"
 

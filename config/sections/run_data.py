@@ -14,6 +14,13 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 
 from config.sections.base import STORAGE_FIX, Section, refuse_secrets, refuse_url_password
 
+# data.preference: what staging does with preference data (staging/preference.py).
+PreferenceMode = Literal["refuse", "chosen", "pairs"]
+# data.preference where it is empty and no objective implies one (a data section on its own, as staging's tests make):
+# supervised data, preference data refused. A run's config fills an empty one in from train.objective instead.
+SUPERVISED_PREFERENCE: PreferenceMode = "refuse"
+PAIRS_UNPACKED = "data.packing: preference data is not packed (a pair is one row); leave data.packing empty or false"
+
 
 class RunConfig(Section):
     """Where the run lives and what it is called."""
@@ -168,8 +175,8 @@ class DataConfig(Section):
         "template places it and trains it, and an empty reasoning block is a target; false drops reasoning_content "
         "and masks the empty block (the non-thinking mode's prompt). Passed to the template as enable_thinking.",
     )
-    preference: Literal["refuse", "chosen", "pairs"] = Field(
-        "refuse",
+    preference: PreferenceMode | None = Field(
+        None,
         description="Preference data, detected in every source: pairs (a 'chosen' and a 'rejected' answer, or "
         "'chosen_messages'/'rejected_messages') and KTO feedback (a boolean 'label' or 'kto_tag'). refuse: staging "
         "stops with a line naming the file, its columns and the form found. chosen: supervised training on the "
@@ -177,7 +184,8 @@ class DataConfig(Section):
         "records labelled true; records labelled false are not staged, but listed in rejects.jsonl and counted as "
         "undesirable in the manifest. pairs: staged as preference rows for a preference train.objective (a pair: "
         "its prompt once, the chosen and the rejected answer; KTO feedback: its prompt, its answer and the label); "
-        "a record that is not preference data is rejected.",
+        "a record that is not preference data is rejected. Empty: what train.objective trains on (refuse for sft, "
+        "pairs for dpo, ipo, kto and orpo); a setting that contradicts train.objective is refused.",
     )
     mask_history: bool = Field(
         False, description="Train only the last assistant turn of each conversation; earlier turns are context."
@@ -252,10 +260,14 @@ class DataConfig(Section):
     @model_validator(mode="after")
     def _pairs_unpacked(self) -> DataConfig:
         if self.preference == "pairs" and self.packing:
-            raise ValueError(
-                "data.packing: preference data is not packed (a pair is one row); leave data.packing empty or false"
-            )
+            raise ValueError(PAIRS_UNPACKED)
         return self
+
+    @property
+    def preference_mode(self) -> PreferenceMode:
+        """data.preference as staging applies it: as set, or as train.objective implies it (a run's config fills an
+        empty one in: config/schema.py); a data section on its own, with no objective, refuses preference data."""
+        return self.preference or SUPERVISED_PREFERENCE
 
     @model_validator(mode="after")
     def _shard_fits(self) -> DataConfig:

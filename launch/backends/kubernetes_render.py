@@ -4,26 +4,21 @@ completion index is the node rank) with a headless Service whose name gives node
 
 One pod per node runs `python -m flows.node`, as srun and ssh do, which reads its place from the environment: Qwen's
 NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT / GPUS_PER_NODE here, the PET_* variables Kubeflow Trainer's torch
-plugin injects into a TrainJob's pods (flows/node.py `ALTERNATIVES`). Credentials are references to the Secret
+plugin injects into a TrainJob's pods (launch/node_env.py `ALTERNATIVES`). Credentials are references to the Secret
 `launch.kubernetes.secret` (secretKeyRef), never values: the manifests hold no secret. Pure: nothing here talks to a
-cluster, so the same functions serve the submission and `python -m flows.finetune --manifests`.
+cluster, so the same functions serve the submission and its description (`python -m flows.finetune --dry-run`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from config.schema import FinetuneConfig
-from core.errors import UserError
 from launch.command import DEFAULT_MASTER_PORT
-from launch.job import node_args
-from storage import layout
-from storage.fs import Location, join, options_environment
+from storage.location import Location
 from storage.node_cache import CACHE_ENV
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
@@ -71,6 +66,7 @@ class PodJob:
     node_args: list[str]
     suffix: str  # distinguishes the submissions of one run's phase (retries): 4 hex
     owner: Owner | None = None  # None: the pipeline runs outside the objects' namespace (or outside the cluster)
+    env: dict[str, str] = field(default_factory=dict)  # what the job adds to the ranks' environment (PhaseJob.env)
 
 
 def object_name(run_id: str, phase: str, suffix: str) -> str:
@@ -145,14 +141,14 @@ def master_host(job: PodJob) -> str:
 
 
 def environment(job: PodJob) -> list[dict[str, Any]]:
-    """The container's variables other than the node's place: the run directory's storage options (what reaches
-    spec.json), launch.env and launch.kubernetes.env, Tandem's checkout on the import path, and each
-    launch.forward_env name from the Secret."""
+    """The container's variables other than the node's place: the job's own (PodJob.env), launch.env and
+    launch.kubernetes.env, Tandem's checkout on the import path, and each launch.forward_env name from the Secret (the
+    run's storage options are in the node's `--spec`: launch/job.py)."""
     launch = job.config.launch
     kube = launch.kubernetes
     # PYTHONPATH: a TrainJob's container has no working directory of ours (the image's WORKDIR applies).
     values = {
-        **options_environment(job.run),
+        **job.env,
         **launch.env,
         **kube.env,
         "PYTHONPATH": kube.checkout,
@@ -323,36 +319,3 @@ def train_job(job: PodJob) -> dict[str, Any]:
     if kube.priority_class:
         extra[WORKLOAD_PRIORITY_LABEL] = kube.priority_class
     return {"apiVersion": TRAINER_API, "kind": "TrainJob", "metadata": metadata(job, name, extra), "spec": spec}
-
-
-# What a dry run prints where the submission has values only the run knows.
-PLANNED_RUN = "RUN-ID"
-PLANNED_DIGEST = "SPEC-DIGEST"
-PLANNED_SUFFIX = "xxxx"
-
-
-def planned(cfg: FinetuneConfig, phase: str) -> PodJob:
-    """A phase as the pipeline would submit it, before the run exists: run.name (else RUN-ID) and placeholders for
-    the spec's digest and the submission's suffix."""
-    run_id = cfg.run.name or PLANNED_RUN
-    run = layout.run_dir(layout.root(cfg.run), run_id)
-    model = str(join(run, "MODEL")) if phase == "eval" else None
-    return PodJob(
-        cfg, run_id, run, phase, node_args(str(join(run, layout.SPEC)), phase, model, PLANNED_DIGEST), PLANNED_SUFFIX
-    )
-
-
-def manifests_text(cfg: FinetuneConfig) -> str:
-    """Every object a run would submit, train then eval, as YAML documents (`python -m flows.finetune --manifests`)."""
-    if cfg.launch.backend != "kubernetes":
-        raise UserError(
-            f"--manifests shows launch.backend=kubernetes's objects; this config's backend is {cfg.launch.backend}: "
-            "add --set launch.backend=kubernetes --set launch.kubernetes.image=IMAGE"
-        )
-    head = (
-        f"# The objects of each phase, as submitted in namespace {cfg.launch.kubernetes.namespace}. At submission "
-        f"{PLANNED_RUN} is the run id (run.name when set), {PLANNED_DIGEST} spec.json's sha256, {PLANNED_SUFFIX} a "
-        "fresh suffix per attempt, MODEL the checkpoint evaluated.\n"
-    )
-    documents = [obj for phase in ("train", "eval") for obj in render(planned(cfg, phase))]
-    return head + yaml.safe_dump_all(documents, sort_keys=False)

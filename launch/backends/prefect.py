@@ -4,11 +4,11 @@ queue (`{launch.queue_prefix}{rank}`), where a process worker on the node runs i
 The pipeline follows the children in the one supervise loop (launch/supervise.py): a child that fails, crashes or is
 cancelled stops the others and fails the step naming its node, with the tail of that node's log from shared storage;
 the node's exit code, recorded in its status.json, says whether a retry may help (and a node's exit 2 wins over the
-others' failures within the loop's settle time). Whatever way this function exits (success, failure, the parent
-being cancelled), no child is left running: unfinished children are cancelled and waited for, so a retry never
-starts beside the attempt before it.
+others' failures within the loop's settle time). Whatever way the phase ends (success, failure, the parent being
+cancelled), no child is left running: unfinished children are cancelled and waited for (`NodeFlowRuns.cancel`), so a
+retry never starts beside the attempt before it.
 
-An outage of the Prefect API while the nodes train is not their failure (prefect_api.py): the loop waits for the
+An outage of the Prefect API while the nodes train is not their failure (launch/api_outage.py): the loop waits for the
 API up to launch.api_outage_s while the nodes train on, and once it is back a node's own record on storage
 (status.json, written when its agent exits) says how it ended where its flow run cannot: a node that finished while
 the API was away ends Failed on the server (its engine could not report the end), or stays Running (its engine gave
@@ -20,25 +20,32 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 from uuid import UUID
 
+import yaml
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling, Completed
 
+from config.sections.launch import LaunchConfig
 from core.errors import RetryableError
-from launch.backends.prefect_api import ApiOutage, fail_fast, reason, unreachable
+from launch.api_outage import ApiOutage, fail_fast, reason, unreachable
+from launch.backend import started
 from launch.command import DEFAULT_MASTER_PORT
 from launch.diagnose import error_for, is_one_line, log_tail
+from launch.elastic import resized
 from launch.job import Info, OnProgress, PhaseJob
 from launch.liveness import STALE_S
 from launch.node import failure_exit_code, recorded_end, status_url
+from launch.preflight import probe_node
 from launch.supervise import Failure, supervise
 from launch.watch import Watch, phase_watch
-from storage.fs import Location, remove
+from storage.fs import remove
+from storage.location import Location
+from storage.spec import Attempt, Spec
 
 POLL_S = 1.0
 CANCEL_WAIT_S = 60.0
@@ -54,7 +61,7 @@ def node_parameters(job: PhaseJob, node_rank: int, port: int) -> dict[str, Any]:
     """The node flow's parameters for one node."""
     launch = job.written.spec.config.launch
     return {
-        "spec_url": str(job.written.url),
+        "spec": job.written.url.argument(),
         "node_rank": node_rank,
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.nproc_per_node,
@@ -66,31 +73,81 @@ def node_parameters(job: PhaseJob, node_rank: int, port: int) -> dict[str, Any]:
     }
 
 
-def run_prefect_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
-    """Start the node flow on every node's queue and wait for all of them; raise naming the first failure."""
-    spec, phase = job.written.spec, job.phase
-    launch = spec.config.launch
-    port = launch.master_port or DEFAULT_MASTER_PORT
-    children: dict[int, UUID] = {}
-    watch = phase_watch(spec.run, launch, phase, on_progress)
-    try:
+class PrefectBackend:
+    """`launch.backend: prefect`: a flow run of the node deployment per node, on that node's work queue."""
+
+    def describe(self, job: PhaseJob) -> str:
+        """The node deployment, and each node's work queue, flow run name and parameters."""
+        launch = job.written.spec.config.launch
+        port = launch.master_port or DEFAULT_MASTER_PORT
+        lines = [
+            f"# launch.backend=prefect: {launch.nnodes} flow run(s) of deployment {launch.node_deployment} "
+            "(flows/node.py `node`), one on each node's work queue, run there by a process worker"
+        ]
         for rank in range(launch.nnodes):
-            # The record of this node's last attempt would read as this one's end while the API is away.
-            remove(status_url(spec.run, rank))
-            children[rank] = _start_child(job, rank, port)
-        info(
-            f"{phase}: {launch.nnodes} node flow runs sent to queues {launch.queue_prefix}0.."
-            f"{launch.queue_prefix}{launch.nnodes - 1} ({launch.node_deployment}), rendezvous "
-            f"{launch.rendezvous_addr}:{port}"
-        )
-        _follow(children, spec.run, phase, watch, launch.api_outage_s)
-    finally:
-        _cancel_unfinished(children)
+            run = {
+                "deployment": launch.node_deployment,
+                "work_queue_name": f"{launch.queue_prefix}{rank}",
+                "flow_run_name": flow_run_name(job, rank),
+                "parameters": node_parameters(job, rank, port),
+            }
+            lines.append(f"# node {rank}\n" + yaml.safe_dump(run, sort_keys=False).rstrip())
+        return "\n".join(lines) + "\n"
+
+    def submit(self, job: PhaseJob, info: Info) -> NodeFlowRuns:
+        """Create every node's flow run on its queue."""
+        spec, launch = job.written.spec, job.written.spec.config.launch
+        port = launch.master_port or DEFAULT_MASTER_PORT
+        runs = NodeFlowRuns(job)
+
+        def start() -> None:
+            for rank in range(launch.nnodes):
+                # The record of this node's last attempt would read as this one's end while the API is away.
+                remove(status_url(spec.run, rank))
+                runs.children[rank] = _start_child(job, rank, port)
+            info(
+                f"{job.phase}: {launch.nnodes} node flow runs sent to queues {launch.queue_prefix}0.."
+                f"{launch.queue_prefix}{launch.nnodes - 1} ({launch.node_deployment}), rendezvous "
+                f"{launch.rendezvous_addr}:{port}"
+            )
+
+        return started(runs, start)
+
+    def probe(self, spec: Spec, slot: int) -> str | None:
+        """Preflight's node-local checks for a slot, on this machine (each node's own preflight follows)."""
+        return probe_node(spec, slot)
+
+    def attempt_launch(self, launch: LaunchConfig, attempt: Attempt) -> LaunchConfig:
+        """As many nodes (queues 0..n-1) as the attempt has."""
+        return resized(launch, attempt)
+
+
+@dataclass
+class NodeFlowRuns:
+    """The node flow runs of a phase, by node rank."""
+
+    job: PhaseJob
+    children: dict[int, UUID] = field(default_factory=dict)
+
+    def follow(self, on_progress: OnProgress | None) -> None:
+        """Poll the children's states until all completed; raise for the failure that caused the others."""
+        spec, phase = self.job.written.spec, self.job.phase
+        watch = phase_watch(spec.run, spec.config.launch, phase, on_progress)
+        _follow(self.children, spec.run, phase, watch, spec.config.launch.api_outage_s)
+
+    def cancel(self, *, failed: bool) -> None:
+        """Cancel every child that is not final and wait for it (whatever `failed`: its worker gives the grace)."""
+        _cancel_unfinished(self.children)
+
+
+def flow_run_name(job: PhaseJob, rank: int) -> str:
+    """Node `rank`'s flow run: {run}-{phase}-node{rank}."""
+    return f"{job.written.spec.run_id}-{job.phase}-node{rank}"
 
 
 def _start_child(job: PhaseJob, rank: int, port: int) -> UUID:
     """Create node `rank`'s flow run on its queue; an API that does not answer is a failure a retry may mend."""
-    spec, launch = job.written.spec, job.written.spec.config.launch
+    launch = job.written.spec.config.launch
     try:
         # Called from synchronous code, run_deployment returns the flow run (its type also admits a coroutine).
         run = cast(
@@ -100,7 +157,7 @@ def _start_child(job: PhaseJob, rank: int, port: int) -> UUID:
                 timeout=0,
                 work_queue_name=f"{launch.queue_prefix}{rank}",
                 parameters=node_parameters(job, rank, port),
-                flow_run_name=f"{spec.run_id}-{job.phase}-node{rank}",
+                flow_run_name=flow_run_name(job, rank),
             ),
         )
     except Exception as exc:

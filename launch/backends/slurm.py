@@ -1,11 +1,11 @@
 """`launch.backend: slurm`: one sbatch job, one task per node; `srun` starts `python -m flows.node` on
 every node with Qwen's variables (MASTER_ADDR = the allocation's first host, NODE_RANK = SLURM_NODEID).
 
-The job is submitted with `sbatch --parsable`, followed with `squeue` (running) and `sacct`, falling
-back to `scontrol show job` where accounting is off, and cancelled with `scancel` whatever way this
-function exits. `srun --kill-on-bad-exit=1` ends every node when one fails. The job is one member with nothing to
-settle between nodes, and its stall watch starts only once it leaves the queue, so it keeps a follow loop of its own
-rather than launch/supervise.py's.
+The job is submitted with `sbatch --parsable`, followed with `squeue` (running) and `sacct`, falling back to
+`scontrol show job` where accounting is off, and cancelled with `scancel` whatever way the phase ends short of its
+completion. `srun --kill-on-bad-exit=1` ends every node when one fails. The job is one member with nothing to settle
+between nodes, and its stall watch starts only once it leaves the queue, so it keeps a follow loop of its own rather
+than launch/supervise.py's.
 """
 
 from __future__ import annotations
@@ -15,17 +15,23 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
 from core.errors import RetryableError, UserError
 from launch.command import DEFAULT_MASTER_PORT
 from launch.diagnose import error_for, is_one_line, tail, without_torchrun_report
+from launch.elastic import resized
 from launch.job import Info, OnProgress, PhaseJob
+from launch.preflight import probe_node
 from launch.watch import phase_watch
-from storage.fs import is_local, join, local_path, makedirs
+from storage.fs import makedirs
+from storage.location import is_local, join, local_path
+from storage.spec import Attempt, Spec
 
 POLL_S = 2.0
+SCRIPTS = "slurm"  # the job scripts and their output, under the run directory
 FINAL_OK = {"COMPLETED"}
 FINAL_BAD = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -35,7 +41,7 @@ def render_sbatch(job: PhaseJob, *, output: str) -> str:
     spec, phase = job.written.spec, job.phase
     launch = spec.config.launch
     node_command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "flows.node", *job.node_args])
-    env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))
+    env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted({**job.env, **launch.env}.items()))
     extra = "".join(f"#SBATCH {arg}\n" for arg in launch.slurm_args)
     return f"""#!/bin/bash
 #SBATCH --job-name=tandem-{spec.run_id}-{phase}
@@ -103,25 +109,62 @@ def _squeue_knows(job_id: str) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
-def run_slurm_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
-    """Submit the phase as one job over launch.nnodes nodes and wait; raise naming the failure."""
-    spec, phase = job.written.spec, job.phase
+class SlurmBackend:
+    """`launch.backend: slurm`: one sbatch job over launch.nnodes nodes, its script in {run}/slurm/."""
+
+    def describe(self, job: PhaseJob) -> str:
+        """The sbatch line and the job script."""
+        script, output = script_paths(job)
+        command = shlex.join(sbatch_command(script, job.written.spec.config.launch))
+        return f"# launch.backend=slurm: {command}\n# {script}:\n{render_sbatch(job, output=output)}"
+
+    def submit(self, job: PhaseJob, info: Info) -> SlurmJob:
+        """Write the job script next to the run and submit it."""
+        spec = job.written.spec
+        script, output = script_paths(job)
+        makedirs(join(spec.run, SCRIPTS))
+        with open(script, "w") as handle:
+            handle.write(render_sbatch(job, output=output))
+        job_id = submit(script, spec.config.launch)
+        info(f"{job.phase}: SLURM job {job_id} submitted ({spec.config.launch.nnodes} nodes, script {script})")
+        return SlurmJob(job, job_id, output.replace("%j", job_id))
+
+    def probe(self, spec: Spec, slot: int) -> str | None:
+        """Preflight's node-local checks for a slot, on this machine (each node's own preflight follows)."""
+        return probe_node(spec, slot)
+
+    def attempt_launch(self, launch: LaunchConfig, attempt: Attempt) -> LaunchConfig:
+        """As many nodes as the attempt has (SLURM picks them)."""
+        return resized(launch, attempt)
+
+
+def script_paths(job: PhaseJob) -> tuple[str, str]:
+    """The job script and its output pattern, under {run}/slurm/: the run directory must be on a shared filesystem,
+    the one place every node and the login node read."""
+    spec = job.written.spec
     if not is_local(spec.run):
         raise UserError("launch.backend=slurm needs run.storage on a shared filesystem (NFS) for the job script")
-    jobs_dir = join(spec.run, "slurm")
-    makedirs(jobs_dir)
-    script = local_path(join(jobs_dir, f"{phase}.sbatch"))
-    output = local_path(join(jobs_dir, f"{phase}-%j.out"))
-    with open(script, "w") as handle:
-        handle.write(render_sbatch(job, output=output))
-    job_id = submit(script, spec.config.launch)
-    info(f"{phase}: SLURM job {job_id} submitted ({spec.config.launch.nnodes} nodes, script {script})")
-    finished = False
-    try:
-        finished = _follow(job, job_id, output.replace("%j", job_id), on_progress)
-    finally:
-        if not finished:
-            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+    jobs_dir = join(spec.run, SCRIPTS)
+    return local_path(join(jobs_dir, f"{job.phase}.sbatch")), local_path(join(jobs_dir, f"{job.phase}-%j.out"))
+
+
+@dataclass
+class SlurmJob:
+    """A submitted phase: the one job, followed with squeue/sacct and cancelled with scancel unless it completed."""
+
+    job: PhaseJob
+    job_id: str
+    output: str
+    finished: bool = False
+
+    def follow(self, on_progress: OnProgress | None) -> None:
+        """Until the job completed; raise naming the failure when it ended otherwise."""
+        self.finished = _follow(self.job, self.job_id, self.output, on_progress)
+
+    def cancel(self, *, failed: bool) -> None:
+        """scancel the job unless it completed (SLURM gives its nodes KillWait; `failed` changes nothing)."""
+        if not self.finished:
+            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60)
 
 
 def _follow(job: PhaseJob, job_id: str, output: str, on_progress: OnProgress | None) -> bool:

@@ -10,7 +10,8 @@ sends a heartbeat line every HEARTBEAT_S): a host cut off the network, whose con
 stops its own ranks instead of leaving them blocked in a collective. The nodes' ssh processes are followed by the
 one supervise loop (launch/supervise.py): the first node whose ssh exits non-zero stops the job, named with its
 host; the other nodes are told the phase failed, so they get the short grace of a failure (`grace_for`); whatever
-way this function exits, each host's leftovers are killed by the node's tag.
+way the phase ends short of every node finishing, each host's leftovers are killed by the node's tag
+(`SshPhase.cancel`). The hosts' ssh command lines and checks are launch/backends/ssh_hosts.py.
 """
 
 from __future__ import annotations
@@ -18,36 +19,36 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-import shutil
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from config.hosts import Host, parse_host
 from config.sections.launch import LaunchConfig
-from core.checkout import PROJECT_ROOT
-from core.errors import RetryableError, TandemError, UserError
+from core.errors import RetryableError
 from launch.agent import grace_for
+from launch.backend import started
 from launch.backends.ssh_errors import ssh_failure
+from launch.backends.ssh_hosts import SERVER_ALIVE_COUNT, SERVER_ALIVE_S, Ssh, check_command, check_hosts, probe_host
 from launch.command import DEFAULT_MASTER_PORT, node_environment
 from launch.diagnose import error_for, is_one_line, log_tail
+from launch.elastic import resized
 from launch.job import Info, NodePlan, OnProgress, PhaseJob
 from launch.preflight import plan_environment
 from launch.supervise import Failure, supervise
 from launch.watch import phase_watch
+from storage.spec import Attempt, Spec
 
-SERVER_ALIVE_S, SERVER_ALIVE_COUNT = 5, 3  # ssh gives up on a silent host after 15 s
 HEARTBEAT_S = 2.0
 # A node that hears nothing for this long stops itself: by then this side's ssh has given up on it as well.
 LINK_LOST_S = SERVER_ALIVE_S * SERVER_ALIVE_COUNT + 5
-CHECK_TIMEOUT_S = 60
-_PICK_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+# What a description shows for the private directory of the shared connections, made at submission.
+DESCRIBED_CONTROL_DIR = "/tmp/tandem-ssh-XXXXXXXX"
 
 
 @dataclass
@@ -144,159 +145,100 @@ class Heartbeats:
         self._thread.join()
 
 
-class Ssh:
-    """ssh command lines for one launch: shared connections under a private control directory."""
+class SshBackend:
+    """`launch.backend: ssh`: `python -m flows.node` on every host of launch.hosts, over OpenSSH."""
 
-    def __init__(self, launch: LaunchConfig) -> None:
-        self.launch = launch
-        self.control_dir = tempfile.mkdtemp(prefix="tandem-ssh-")
-        self.root = launch.remote_root or str(PROJECT_ROOT)
-        self.python = launch.remote_python or sys.executable
-
-    def command(self, host: Host, remote: str) -> list[str]:
-        """ssh HOST REMOTE with batch mode (never a password prompt), a connect timeout, keep-alives that notice a
-        dead host within seconds, and one shared connection per host."""
-        port = ["-p", str(host.port)] if host.port else []
-        return [
-            "ssh",
-            "-T",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"ConnectTimeout={self.launch.ssh_connect_timeout}",
-            "-o",
-            f"ServerAliveInterval={SERVER_ALIVE_S}",
-            "-o",
-            f"ServerAliveCountMax={SERVER_ALIVE_COUNT}",
-            "-o",
-            "ControlMaster=auto",
-            "-o",
-            f"ControlPath={self.control_dir}/%C",
-            "-o",
-            "ControlPersist=120",
-            *port,
-            *self.launch.ssh_options,
-            host.target,
-            remote,
+    def describe(self, job: PhaseJob) -> str:
+        """Each host's check and start commands, and the JSON line the start sends over the connection's stdin
+        (launch.forward_env's values masked)."""
+        launch = job.written.spec.config.launch
+        ssh = Ssh(launch, control_dir=DESCRIBED_CONTROL_DIR)
+        lines = [
+            f"# launch.backend=ssh: {launch.nnodes} host(s), each checked over one shared connection (under a "
+            "private control directory made at submission), then its node started under "
+            "launch.backends.ssh_bootstrap, which reads the JSON line that follows from stdin"
+            + ("; PORT: a free port node 0 picks at its check" if launch.master_port is None else "")
         ]
+        for rank, host in enumerate(hosts_of(launch)):
+            plan = NodePlan(rank, launch.nnodes, launch.nproc_per_node, launch.rendezvous_addr, 0)
+            sent = request(job, plan, f"LAUNCH-ID-{rank}")
+            sent["env"] = {k: "***" if k in launch.forward_env else v for k, v in sent["env"].items()}
+            sent["env"]["MASTER_PORT"] = str(launch.master_port or "PORT")
+            lines += [
+                f"# node {rank} ({host})",
+                shlex.join(ssh.command(host, check_command(ssh, rank == 0 and launch.master_port is None))),
+                shlex.join(ssh.command(host, start_command(ssh))),
+                json.dumps(sent),
+            ]
+        return "\n".join(lines) + "\n"
 
-    def in_root(self, remote: str) -> str:
-        """A remote command run in the checkout."""
-        return f"cd {shlex.quote(self.root)} && {remote}"
+    def submit(self, job: PhaseJob, info: Info) -> SshPhase:
+        """Check every host, then start its node."""
+        launch = job.written.spec.config.launch
+        phase = SshPhase(job, hosts_of(launch), Ssh(launch))
+        return started(phase, lambda: phase.start(info))
 
-    def close(self, hosts: list[Host]) -> None:
-        """End the shared connections (their master processes would otherwise linger for ControlPersist)."""
-        for host in hosts:
-            subprocess.run([*self.command(host, "")[:-2], "-O", "exit", host.target], capture_output=True, timeout=30)
-        # `-O exit` returns before the master removes its socket: remove the directory with whatever is left in it.
-        shutil.rmtree(self.control_dir, ignore_errors=True)
+    def probe(self, spec: Spec, slot: int) -> str | None:
+        """The host in `slot` of launch.hosts, over ssh (reachable with the key, the checkout and its Python)."""
+        return probe_host(spec.config.launch, slot)
+
+    def attempt_launch(self, launch: LaunchConfig, attempt: Attempt) -> LaunchConfig:
+        """The attempt's hosts, node 0 first, which also moves the rendezvous to the first of them when
+        launch.master_addr is unset."""
+        # The hosts decide an ssh section's node count (config/sections/launch.py), so the attempt's section holds
+        # its own hosts, and no max_nnodes above them; the next attempt starts again from the whole list.
+        hosts = [launch.hosts[slot] for slot in attempt.nodes]
+        return resized(launch, attempt).model_copy(update={"hosts": hosts, "max_nnodes": None})
 
 
-def run_ssh_nodes(job: PhaseJob, info: Info, on_progress: OnProgress | None = None) -> None:
-    """Start the node on every host and wait for all; raise naming the first node (and host) that failed."""
-    spec, phase = job.written.spec, job.phase
-    launch = spec.config.launch
-    hosts = [parse_host(h, f"launch.hosts[{i}]") for i, h in enumerate(launch.hosts)]
-    ssh = Ssh(launch)
-    nodes: list[SshNode] = []
-    heartbeats = Heartbeats(nodes)
-    clean = failed = False
-    try:
-        port = (
-            check_hosts(ssh, hosts, pick_port=launch.master_port is None) or launch.master_port or DEFAULT_MASTER_PORT
-        )
-        watch = phase_watch(spec.run, launch, phase, on_progress)
+def hosts_of(launch: LaunchConfig) -> list[Host]:
+    """launch.hosts, parsed."""
+    return [parse_host(h, f"launch.hosts[{i}]") for i, h in enumerate(launch.hosts)]
+
+
+class SshPhase:
+    """A phase's nodes over ssh: their heartbeats, the one supervise loop, and their stop."""
+
+    def __init__(self, job: PhaseJob, hosts: list[Host], ssh: Ssh) -> None:
+        self.job, self.hosts, self.ssh = job, hosts, ssh
+        self.nodes: list[SshNode] = []
+        self.heartbeats = Heartbeats(self.nodes)
+        self.done = False
+
+    def start(self, info: Info) -> None:
+        """Check every host (node 0 picks the port), then start each node."""
+        launch = self.job.written.spec.config.launch
+        pick = launch.master_port is None
+        port = check_hosts(self.ssh, self.hosts, pick_port=pick) or launch.master_port or DEFAULT_MASTER_PORT
         launch_id = uuid.uuid4().hex[:12]
-        for rank, host in enumerate(hosts):
+        for rank, host in enumerate(self.hosts):
             plan = NodePlan(rank, launch.nnodes, launch.nproc_per_node, launch.rendezvous_addr, port)
-            nodes.append(start(ssh, job, plan, host, f"{launch_id}-{rank}", info))
+            self.nodes.append(start(self.ssh, self.job, plan, host, f"{launch_id}-{rank}", info))
         info(
-            f"{phase}: started {launch.nnodes} node(s) over ssh ({', '.join(map(str, hosts))}) x "
+            f"{self.job.phase}: started {launch.nnodes} node(s) over ssh ({', '.join(map(str, self.hosts))}) x "
             f"{launch.nproc_per_node} rank(s), rendezvous {launch.rendezvous_addr}:{port}"
         )
-        supervise(nodes, [watch] if watch is not None else [])
-        clean = True
-    except TandemError:
-        failed = True  # not a cancel: the survivors get a failure's short grace (grace_for)
-        raise
-    finally:
-        heartbeats.close()
-        if not clean:
-            stop(ssh, nodes, grace_for(launch, failed=failed), failed=failed)
-        ssh.close(hosts)
 
+    def follow(self, on_progress: OnProgress | None) -> None:
+        """Until every node's ssh exited 0; raise naming the first node (and host) that failed."""
+        spec = self.job.written.spec
+        watch = phase_watch(spec.run, spec.config.launch, self.job.phase, on_progress)
+        supervise(self.nodes, [watch] if watch is not None else [])
+        self.done = True
 
-def check_hosts(ssh: Ssh, hosts: list[Host], *, pick_port: bool) -> int | None:
-    """Every host, in parallel: reachable with the key, the checkout and its Python there; on node 0 with
-    `pick_port`, a free port for the rendezvous. Raises one line naming the host and the fix."""
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        answers = [pool.submit(check_host, ssh, rank, host, pick_port and rank == 0) for rank, host in enumerate(hosts)]
-        results = [answer.result() for answer in answers]  # the first failure in node order raises
-    return int(results[0]) if pick_port and results[0].isdigit() else None
-
-
-def check_host(ssh: Ssh, rank: int, host: Host, pick_port: bool = False) -> str:
-    """One host reachable with the key, with the checkout and its Python; with `pick_port`, a free port there
-    (printed). Raises one line naming the host and the fix."""
-    remote = f"test -d {shlex.quote(ssh.root)} || exit 91; test -x {shlex.quote(ssh.python)} || exit 92; " + (
-        f"{shlex.quote(ssh.python)} -c {shlex.quote(_PICK_PORT)}" if pick_port else "true"
-    )
-    try:
-        done = subprocess.run(
-            ssh.command(host, remote),
-            capture_output=True,
-            text=True,
-            timeout=CHECK_TIMEOUT_S + ssh.launch.ssh_connect_timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        raise RetryableError(
-            f"node {rank} ({host}): ssh did not answer within {CHECK_TIMEOUT_S} s; is the host up and sshd running?"
-        ) from None
-    if done.returncode == 91:
-        raise UserError(
-            f"node {rank} ({host}): no Tandem checkout at {ssh.root}; install it there or set "
-            "launch.remote_root to its path on the hosts"
-        )
-    if done.returncode == 92:
-        raise UserError(
-            f"node {rank} ({host}): no Python at {ssh.python}; create the same virtual environment "
-            "there or set launch.remote_python"
-        )
-    if done.returncode != 0:
-        raise ssh_failure(f"node {rank} ({host})", done.returncode, done.stderr)
-    return done.stdout.strip()
-
-
-def probe_host(launch: LaunchConfig, slot: int) -> str | None:
-    """An elastic run's probe of the host in `slot` of launch.hosts (launch/elastic.py): check_host's problem in one
-    line, or None. The node's own preflight follows when it starts."""
-    host = parse_host(launch.hosts[slot], f"launch.hosts[{slot}]")
-    ssh = Ssh(launch)
-    try:
-        check_host(ssh, slot, host)
-    except (UserError, RetryableError) as exc:
-        return str(exc)
-    finally:
-        ssh.close([host])
-    return None
+    def cancel(self, *, failed: bool) -> None:
+        """Stop the heartbeats; unless every node finished, stop the nodes (told the phase failed, with `failed`) and
+        kill what is left on each host by its tag; end the shared connections."""
+        self.heartbeats.close()
+        if not self.done:
+            stop(self.ssh, self.nodes, grace_for(self.job.written.spec.config.launch, failed=failed), failed=failed)
+        self.ssh.close(self.hosts)
 
 
 def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: Info) -> SshNode:
     """Start `flows.node` on one host: the environment and the plan go over stdin; its output is relayed."""
-    args = job.node_args
-    launch = job.written.spec.config.launch
-    request = {
-        "env": {**node_environment(launch, job.written.spec.run), **plan_environment(plan)},
-        "argv": args,
-        "tag": tag,
-        "grace_s": grace_for(launch),
-        "failed_grace_s": grace_for(launch, failed=True),
-        "lost_s": LINK_LOST_S,
-    }
-    remote = ssh.in_root(f"exec {shlex.quote(ssh.python)} -m launch.backends.ssh_bootstrap")
     process = subprocess.Popen(
-        ssh.command(host, remote),
+        ssh.command(host, start_command(ssh)),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -304,12 +246,32 @@ def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: I
         bufsize=1,
     )
     assert process.stdin is not None
-    process.stdin.write(json.dumps(request) + "\n")
+    process.stdin.write(json.dumps(request(job, plan, tag)) + "\n")
     process.stdin.flush()
     node = SshNode(plan.node_rank, host, process, tag, job)
     node.relay = threading.Thread(target=_relay, args=(node, info), daemon=True)
     node.relay.start()
     return node
+
+
+def request(job: PhaseJob, plan: NodePlan, tag: str) -> dict[str, Any]:
+    """What the bootstrap reads first (its contract: docs/architecture.md, Launching): the node's environment (the
+    run's, the job's and its place), `flows.node`'s arguments, its tag, and the graces of a cancel, of a failure and of
+    a lost link."""
+    launch = job.written.spec.config.launch
+    return {
+        "env": {**node_environment(launch, job.env), **plan_environment(plan)},
+        "argv": job.node_args,
+        "tag": tag,
+        "grace_s": grace_for(launch),
+        "failed_grace_s": grace_for(launch, failed=True),
+        "lost_s": LINK_LOST_S,
+    }
+
+
+def start_command(ssh: Ssh) -> str:
+    """The remote command that starts a node: the bootstrap, in the checkout."""
+    return ssh.in_root(f"exec {shlex.quote(ssh.python)} -m launch.backends.ssh_bootstrap")
 
 
 def _relay(node: SshNode, info: Info) -> None:

@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -207,7 +206,8 @@ class Sampler:
 def metrics_events(run: Any) -> Callable[[], dict[str, float]]:
     """When spec.json and metrics.jsonl's first step, last step and final_eval line are first seen (a run directory
     on any storage)."""
-    from storage.fs import exists, join, read_bytes
+    from storage.fs import exists, read_bytes
+    from storage.location import join
 
     def events() -> dict[str, float]:
         now, out = time.time(), {}
@@ -303,7 +303,6 @@ def rss_anon_gb() -> float:
 def act_train(spec: dict[str, Any]) -> dict[str, Any]:
     """Write a spec for the staged dataset and train it on the local backend (the code of the tree on sys.path)."""
     from config.loader import load_config
-    from launch.backends.local import run_local_job
     from launch.job import PhaseJob
     from pipeline.plan import build_spec, record_model
     from storage.spec import DatasetRef, publish_spec
@@ -312,7 +311,15 @@ def act_train(spec: dict[str, Any]) -> dict[str, Any]:
     ref = DatasetRef(**spec["dataset"])
     digest = record_model(cfg, spec["name"], spec["model"])
     written = publish_spec(build_spec(cfg, spec["name"], spec["model"], ref, digest))
-    run_local_job(PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
+    try:
+        from launch.backend import run_job
+        from launch.backends.local import LocalBackend
+    except ImportError:  # the baseline's tree, from before the launch interface: its local backend was a function
+        from launch.backends.local import run_local_job
+
+        run_local_job(PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
+    else:
+        run_job(LocalBackend(), PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
     return {"spec_url": str(written.url)}
 
 
@@ -321,10 +328,11 @@ def act_data(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         from storage.local_dataset import open_split
+        from storage.location import Location
         from storage.node_cache import NodeCache
         from trainer.data import GlobalOrder, rank_micro_batches
 
-        rows: Any = open_split(spec["url"], "train", NodeCache(Path(spec["cache"]), 10**12))
+        rows: Any = open_split(Location(spec["url"]), "train", NodeCache(Path(spec["cache"]), 10**12))
         order = GlobalOrder(len(rows), 42)
         order.epoch(0)  # as the trainer does before its first step
 
@@ -375,12 +383,14 @@ def sets(settings: list[str]) -> list[str]:
 
 def pipeline(way: Way, size: Size) -> dict[str, float]:
     """(1) The whole pipeline on a fresh storage, staging included."""
+    from storage.location import Location
+
     storage = size.work / f"{way.name}-storage"
     run = storage / "runs" / "pipe"
     settings = [f"run.storage={storage}", "run.name=pipe", f"data.source={size.source}", *SETTINGS, *PIPELINE_STEPS]
 
     def sampler(pid: int) -> Sampler:
-        return Sampler(pid, staging=lambda: not (run / "spec.json").exists(), events=metrics_events(str(run)))
+        return Sampler(pid, staging=lambda: not (run / "spec.json").exists(), events=metrics_events(Location(str(run))))
 
     seconds, watch, _ = run_child(
         way, ["-m", "flows.finetune", *sets(settings)], size.env(way, f"{way.name}-cache"), size.work / "log", sampler
@@ -412,7 +422,7 @@ def staged(storage: Path) -> tuple[dict[str, Any], str, int]:
 
 def launch(way: Way, size: Size, root: str, options: dict[str, str], name: str, cache: str, steps: int) -> Any:
     """(2) A training launch of `steps` steps on the staged dataset (at `root`, reached with `options`)."""
-    from storage.fs import Location
+    from storage.location import Location
 
     ref, model, _ = staged(size.work / f"{way.name}-storage")
     if root != str(size.work / f"{way.name}-storage"):
@@ -433,7 +443,8 @@ def launch(way: Way, size: Size, root: str, options: dict[str, str], name: str, 
 
 def step_data_ms(run: Any) -> float | None:
     """The median data_time_s of a run's steps (None: the old way does not log it)."""
-    from storage.fs import join, read_bytes
+    from storage.fs import read_bytes
+    from storage.location import join
 
     lines = [json.loads(line) for line in read_bytes(join(run, "metrics.jsonl")).splitlines() if line.strip()]
     times = [r["data_time_s"] for r in lines if "data_time_s" in r]
@@ -601,9 +612,9 @@ def s3_endpoint(enabled: bool) -> Iterator[str | None]:
     if not enabled:
         yield None
         return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from launch.command import free_port
+
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

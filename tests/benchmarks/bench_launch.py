@@ -30,7 +30,7 @@ from launch.command import free_port, rank_environment, torchrun_command
 from launch.job import NodePlan
 from pipeline.plan import build_spec
 from storage import layout
-from storage.fs import join
+from storage.location import join
 from storage.spec import WrittenSpec, write_spec
 from tests.distributed.harness import Staged, config, stage
 
@@ -42,14 +42,14 @@ def bare_torchrun(staged: Staged, name: str) -> float:
     cfg = config(staged, name, SETTINGS)
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
     write_spec(spec)
-    url = join(spec.run_url, layout.SPEC)
+    url = join(spec.run, layout.SPEC)
     port = free_port()
     started = time.perf_counter()
     procs = [
         subprocess.Popen(
             torchrun_command(NodePlan(n, 2, 1, "127.0.0.1", port), 60, "trainer", ["--spec", url]),
             cwd=ROOT,
-            env=rank_environment(cfg.launch, layout.root(cfg.run)),
+            env=rank_environment(cfg.launch),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -69,7 +69,7 @@ def pipeline_stage(staged: Staged, name: str, env: dict[str, str] | None = None)
     cfg = config(staged, name, SETTINGS)
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
     digest = write_spec(spec)
-    url = join(spec.run_url, layout.SPEC)
+    url = join(spec.run, layout.SPEC)
     timing: dict[str, float] = {}
 
     @flow(name="bench-train-stage")

@@ -4,7 +4,7 @@
     python tests/benchmarks/bench_loss_memory.py --rows 2 --seq 2048 --chunks 0,4096,1024,256
 
 One forward and backward of a one-layer Qwen2 (hidden 256) with a 151,936-row output layer, every position but the
-first a target, through trainer/chunked_loss.py's LossHead, each variant in a fresh process (a variant with chunks
+first a target, through trainer/loss/chunked.py's LossHead, each variant in a fresh process (a variant with chunks
 takes them only where the target logits exceed the one-pass threshold, 256 MiB: from 442 target tokens at this
 vocabulary; each line says which it took). Reported: the peak
 memory the step added, on a GPU torch.cuda.max_memory_allocated above what was allocated before the forward, on a
@@ -39,7 +39,7 @@ def one(chunk: int, rows: int, seq: int) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainer.chunked_loss import LossHead
+    from trainer.loss.chunked import LossHead
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

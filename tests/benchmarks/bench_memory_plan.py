@@ -29,7 +29,7 @@ from tests.distributed.harness import config, stage, train
 STAGE = ["data.max_length=256", "data.packing=true", "data.eval_ratio=0.05"]
 RUN = ["launch.nnodes=1", "launch.nproc_per_node=2", "train.max_steps=2", "train.save_steps=2"]
 RUN += ["train.gradient_accumulation_steps=1", *STAGE]
-# None of these was used while the plan was written (its checks: tests/unit/test_memory_plan.py).
+# None of these was used while the plan was written (its checks: tests/unit/config/test_memory_plan.py).
 CONFIGURATIONS = {
     "full, ZeRO-3, 2 x 256 tokens, gradient checkpointing": [
         "train.method=full",

@@ -1,18 +1,19 @@
 """What the reference model of DPO costs: a LoRA step with the reference pass (the same model, adapters disabled, no
 gradients) against the same step without it (ORPO's, which has no reference), in time and peak memory; with
 `--method full`, full fine-tuning's DPO step, which looks its reference up in the table the base computed before
-training (trainer/reference_table.py), against ORPO's, and the time that table took per pair.
+training (trainer/objectives/preference/reference_table.py), against ORPO's, and the time that table took per pair.
 
     python tests/benchmarks/bench_preference_reference.py                      # 4 pairs x 512 tokens, 4 layers
     python tests/benchmarks/bench_preference_reference.py --pairs 8 --seq 1024 --layers 8 --hidden 1024
     python tests/benchmarks/bench_preference_reference.py --method full
 
-One micro-batch of pairs (chosen and rejected in one forward pass) through trainer/preference_step.py's
-`micro_batch` and a backward pass, on a random Qwen2-shaped model with LoRA (trainer/model.py `make_trainable`),
-float32 on a CPU, bfloat16 on a GPU. Each objective runs in a fresh process: `--repeats` timed steps after one warm-up
-step (the median is reported), then the peak memory the step added (GPU: torch.cuda.max_memory_allocated above what
-was allocated before; CPU: the peak resident memory above the resident memory before, a lower bound). The figure
-that matters is the ratio, dpo over orpo, measured in the same run. Nothing here asserts: it prints.
+One micro-batch of pairs (chosen and rejected in one forward pass) through the objective's `micro_batch`
+(trainer/objectives/preference/) and a backward pass, on a random Qwen2-shaped model with LoRA (trainer/model.py
+`make_trainable`), float32 on a CPU, bfloat16 on a GPU. Each objective runs in a fresh process: `--repeats` timed steps
+after one warm-up step (the median is reported), then the peak memory the step added (GPU:
+torch.cuda.max_memory_allocated above what was allocated before; CPU: the peak resident memory above the resident memory
+before, a lower bound). The figure that matters is the ratio, dpo over orpo, measured in the same run. Nothing here
+asserts: it prints.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def resident_gb() -> float:
 
 
 class Rows(list):
-    """The benchmark's pairs as trainer/reference_table.py reads a split: rows by index, each one's feedback."""
+    """The benchmark's pairs as the reference table reads a split: rows by index, each one's feedback."""
 
     def feedback(self, index: int) -> int:
         return -1  # a pair
@@ -50,7 +51,7 @@ def reference_table(model, rows: Rows, device) -> tuple[object, float]:
     import numpy as np
 
     from trainer.distributed import Dist
-    from trainer.reference_table import ReferenceTable, compute
+    from trainer.objectives.preference.reference_table import ReferenceTable, compute
 
     dist = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="bench", device=device)
     started = time.perf_counter()
@@ -66,9 +67,10 @@ def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats:
 
     from config.sections.model_train import TrainConfig
     from storage.shards import IGNORE_INDEX, Row
+    from trainer.distributed import Dist
     from trainer.model import make_trainable
-    from trainer.preference_data import collate_preference
-    from trainer.preference_step import Objective, micro_batch
+    from trainer.objectives.preference.batching import collate_preference
+    from trainer.objectives.registry import build
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -82,23 +84,26 @@ def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats:
         num_key_value_heads=max(hidden // 128, 1),
     )
     base = Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16 if cuda else torch.float32)
-    model = make_trainable(base, TrainConfig.model_validate({"method": method, "lora": {"dropout": 0.0}}))
+    train = TrainConfig.model_validate({"method": method, "objective": objective, "lora": {"dropout": 0.0}})
+    model = make_trainable(base, train)
     prompt, answer = seq // 2, seq // 2
     rows = Rows()
     for _ in range(pairs):
         ids = torch.randint(2, VOCAB, (prompt + 2 * answer,)).tolist()
         rows.append(Row(ids, [IGNORE_INDEX] * prompt + ids[prompt:], [prompt, answer, answer]))
     batch = collate_preference(rows, [-1] * pairs, 0, indices=range(pairs))
-    chosen = Objective(objective, 0.1)
+    chosen = build(train)
     table, table_s = None, 0.0
-    if method == "full" and objective == "dpo":
+    if method == "full" and chosen.objective.reference:
         table, table_s = reference_table(model.eval(), rows, device)
+        chosen.tables = {"train": table}  # type: ignore[attr-defined]  # as PreferenceObjective.start reads it
         model.train()
+    dist = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="bench", device=device)
+    scope = chosen.begin_step(model, [batch], dist)
 
     def step() -> float:
         started = time.perf_counter()
-        losses, nll, _ = micro_batch(model, batch, chosen, device, table=table)
-        (losses.sum() + nll).backward()
+        chosen.micro_batch(model, batch, scope).backward.backward()
         model.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize()

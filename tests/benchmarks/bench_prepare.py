@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from config.sections.run_data import DataConfig
 from staging.stage import stage_dataset
+from storage.location import Location
 
 SAMPLE = ROOT / "data" / "sample" / "conversations.json"
 
@@ -98,7 +99,7 @@ def replaced_workflow(source: Path, target: Path, model: str, num_proc: int) -> 
     (token ids) in num_proc processes and writes Parquet."""
     from datasets import Dataset, disable_progress_bars
 
-    from staging.tokenize import load_tokenizer
+    from staging.tokenizer import load_tokenizer
 
     disable_progress_bars()
     tokenizer = load_tokenizer(model)
@@ -165,17 +166,21 @@ def bench_staging(
         first.append(
             timed(
                 lambda storage=storage, messages=messages: stage_dataset(
-                    data, str(storage), model, progress=messages.append, bars=False
+                    data, Location(str(storage)), model, progress=messages.append, bars=False
                 )
             )
         )
         phases.append(phase_seconds(messages))
     again, no_index = [], []
     for _ in range(repeats):
-        again.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
+        again.append(
+            timed(lambda: stage_dataset(data, Location(str(storage)), model, progress=lambda _: None, bars=False))
+        )
     for _ in range(repeats):
         shutil.rmtree(storage / "datasets" / "by-source")
-        no_index.append(timed(lambda: stage_dataset(data, str(storage), model, progress=lambda _: None, bars=False)))
+        no_index.append(
+            timed(lambda: stage_dataset(data, Location(str(storage)), model, progress=lambda _: None, bars=False))
+        )
     shutil.rmtree(storage)
     writing = median([p["writing"] for p in phases])
     return {
@@ -205,7 +210,8 @@ def bench_tokenize(
     from staging.progress import Reporter
     from staging.scan import scan_sources
     from staging.spool import read_chunk
-    from staging.tokenize import EncoderSettings, load_tokenizer
+    from staging.tokenize import EncoderSettings
+    from staging.tokenizer import load_tokenizer
     from staging.workers import encode_chunks, worker_count
 
     subset = work / "subset.jsonl"

@@ -28,7 +28,7 @@ from config.sections.launch import LaunchConfig
 from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
-from storage.fs import join
+from storage.location import join
 from storage.spec import WrittenSpec, write_spec
 from tests.distributed.harness import Staged, config, stage
 
@@ -39,7 +39,7 @@ def launch(staged: Staged, name: str, probe_mb: float) -> tuple[float, float | N
     """(wall seconds of one training launch, the probe's own seconds from preflight.json or None)."""
     cfg = config(staged, name, [*SETTINGS, f"launch.probe_mb={probe_mb}"])
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    written = WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
+    written = WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))
     started = time.perf_counter()
     run_phase(written, "train", lambda _: None)
     wall = time.perf_counter() - started

@@ -1,6 +1,6 @@
-"""What full fine-tuning's reference table (trainer/reference_table.py) costs each rank in memory: gathering every
-rank's rows, writing {run}/reference/{split}.npy and loading it, the way the trainer does it now against the way it
-did before, on real ranks (one process each, a gloo process group), at two table sizes.
+"""What full fine-tuning's reference table (trainer/objectives/preference/reference_table.py) costs each rank in memory:
+gathering every rank's rows, writing {run}/reference/{split}.npy and loading it, the way the trainer does it now against
+the way it did before, on real ranks (one process each, a gloo process group), at two table sizes.
 
     python tests/benchmarks/bench_reference_table_memory.py                    # 250,000 and 1,000,000 pairs, 2 ranks
     python tests/benchmarks/bench_reference_table_memory.py --rows 1000000 --ranks 4 --repeats 5
@@ -10,7 +10,7 @@ did before, on real ranks (one process each, a gloo process group), at two table
   maps the written table read-only (reference_table.write, then written_table, as load_or_compute does);
 - `old`: each rank's rows as a dict of Python floats, gathered on every rank with gather_objects, a numpy table built
   from them on every rank, rank 0 writing it through an in-memory .npy, and a resume's load (the whole file read, then
-  parsed), as trainer/reference_table.py did before.
+  parsed), as trainer/objectives/preference/reference_table.py did before.
 
 The values stand in for the base model's log-probabilities (a forward pass over a million pairs is too slow for a
 benchmark of memory): every rank runs its passes of `--micro` rows, row i on rank i % ranks, as the trainer does.
@@ -28,7 +28,6 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from launch.command import free_port
 
 WAYS = ("old", "new")
 
@@ -80,7 +81,7 @@ def new_way(run: Any, split: str, rows: int, micro: int, dist: Any, cache: Path)
     import numpy as np
 
     from trainer.distributed import barrier
-    from trainer.reference_table import collect, pass_count, write, written_table
+    from trainer.objectives.preference.reference_table import collect, pass_count, write, written_table
 
     def parts() -> Iterator[tuple[range, Any]]:
         mine = range(dist.rank, rows, dist.world_size)
@@ -94,13 +95,13 @@ def new_way(run: Any, split: str, rows: int, micro: int, dist: Any, cache: Path)
 
 
 def old_way(run: Any, split: str, rows: int, micro: int, dist: Any, cache: Path) -> Any:
-    """trainer/reference_table.py before: Python floats gathered on every rank, the table on every rank, written
-    through an in-memory .npy, and loaded as a resume loaded it."""
+    """trainer/objectives/preference/reference_table.py before: Python floats gathered on every rank, the table on every
+    rank, written through an in-memory .npy, and loaded as a resume loaded it."""
     import numpy as np
 
     from storage.fs import read_bytes, write_bytes_atomic
     from trainer.distributed import barrier, gather_objects
-    from trainer.reference_table import ReferenceTable, table_url
+    from trainer.objectives.preference.reference_table import ReferenceTable, table_url
 
     mine = list(range(dist.rank, rows, dist.world_size))
     found: dict[int, tuple[float, float]] = {}
@@ -126,7 +127,7 @@ def rank(way: str, rows: int, micro: int, folder: str) -> dict:
     """One rank of one variant, in this process (torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     import numpy as np
 
-    from storage.fs import Location
+    from storage.location import Location
     from trainer.distributed import barrier, init, shutdown
 
     dist = init(deepspeed_backend=False)
@@ -156,12 +157,6 @@ def rank(way: str, rows: int, micro: int, folder: str) -> dict:
         "shared_table_mib": (after["RssFile"] - before["RssFile"]) / mib,
         "checksum": checksum,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(way: str, rows: int, micro: int, ranks: int) -> list[dict]:

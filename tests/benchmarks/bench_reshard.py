@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from storage import layout
 from storage.checkpoints import read_complete
+from storage.location import Location
 from tests.distributed.harness import stage, train
 from trainer.checkpointing.reshard import convert
 
@@ -85,14 +86,14 @@ def run(repeats: int, hidden: int, layers: int) -> dict[str, float]:
                 "data.max_length=64",
             ],
         )
-        ckpt = read_complete(str(done.checkpoint(1)))
+        ckpt = read_complete(Location(str(done.checkpoint(1))))
         size = sum(entry["size"] for entry in ckpt.manifest["files"])
         baseline, converted = [], []
         for _ in range(repeats):
             started = time.perf_counter()
             read_all(done.checkpoint(1))
             baseline.append(time.perf_counter() - started)
-            shutil.rmtree(layout.universal_dir(ckpt.url), ignore_errors=True)
+            shutil.rmtree(str(layout.universal_dir(ckpt.url)), ignore_errors=True)
             written, seconds = convert(ckpt, "blake3")
             converted.append(seconds)
         b, c = statistics.median(baseline), statistics.median(converted)

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from config.loader import load_config
-from launch.backends.local import run_local_job
+from launch.backend import run_job
+from launch.backends.local import LocalBackend
 from launch.command import free_port, rank_environment, torchrun_command
 from launch.job import NodePlan, PhaseJob
 from pipeline.plan import build_spec
@@ -193,8 +194,8 @@ def ours_steps(
 ) -> list[dict]:
     """Train with Tandem's trainer on every node of `base`; its metrics.jsonl step rows after the warm-up."""
     _, written = spec_for(model, dataset, base, name, [f"train.max_steps={steps}", f"train.save_steps={steps}", *extra])
-    run_local_job(PhaseJob(written, "train"), lambda _: None)
-    rows = [json.loads(line) for line in (Path(written.spec.run_url) / layout.METRICS).read_text().splitlines()]
+    run_job(LocalBackend(), PhaseJob(written, "train"), lambda _: None)
+    rows = [json.loads(line) for line in (Path(written.spec.run.url) / layout.METRICS).read_text().splitlines()]
     return [r for r in rows if "event" not in r and r["step"] > WARMUP_STEPS]
 
 
@@ -213,7 +214,7 @@ def huggingface_result(model: str, dataset: object, base: list[str], name: str, 
     """hf_trainer_baseline.py's measurement on the same spec: tokens and seconds after the warm-up (and on a GPU
     the peak memory)."""
     cfg, written = spec_for(model, dataset, base, name, [f"train.max_steps={steps}"])
-    url = str(written.url)
+    url = written.url.argument()
     out = work / f"{name}.json"
     port = free_port()
     script = str(ROOT / "tests" / "benchmarks" / "hf_trainer_baseline.py")
@@ -235,7 +236,7 @@ def huggingface_result(model: str, dataset: object, base: list[str], name: str, 
             subprocess.Popen(
                 command,
                 cwd=ROOT,
-                env=rank_environment(cfg.launch, layout.root(cfg.run)),
+                env=rank_environment(cfg.launch),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -258,8 +259,8 @@ def checkpoint_seconds_per_gb(model: str, dataset: object, base: list[str]) -> t
         "ckpt-full",
         ["train.method=full", "train.max_steps=6", "train.save_steps=2", "train.learning_rate=1e-4"],
     )
-    run_local_job(PhaseJob(written, "train"), lambda _: None)
-    rows = [json.loads(line) for line in (Path(written.spec.run_url) / layout.METRICS).read_text().splitlines()]
+    run_job(LocalBackend(), PhaseJob(written, "train"), lambda _: None)
+    rows = [json.loads(line) for line in (Path(written.spec.run.url) / layout.METRICS).read_text().splitlines()]
     saves = [r for r in rows if r.get("event") == "checkpoint"]
     return statistics.median(r["seconds"] / (r["bytes"] / 1e9) for r in saves), saves[0]["bytes"]
 

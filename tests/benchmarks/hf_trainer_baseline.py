@@ -29,6 +29,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
 from storage.local_dataset import open_split
+from storage.location import location_argument
 from storage.node_cache import node_cache
 from storage.shards import Row
 from storage.spec import load_spec
@@ -60,7 +61,7 @@ COUNTER = {"tokens": 0, "positions": 0}  # non-pad tokens and all positions (pad
 def main() -> None:
     """Train with the HF Trainer and write the throughput measurement."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", required=True)
+    parser.add_argument("--spec", required=True, type=location_argument)
     parser.add_argument("--out", required=True)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()

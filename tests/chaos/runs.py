@@ -4,7 +4,6 @@ storage holds nothing half-written under a final name."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from core.errors import UserError
 from storage import layout
 from storage.checkpoints import read_complete, step_of
+from storage.location import Location
 from storage.manifest import verify_files
 
 
@@ -85,7 +85,7 @@ def half_written(storage: Path) -> list[str]:
         problems += _verify(manifest.parent)
     for run in (storage / "runs").glob("*"):
         for ckpt in (run / "checkpoints").glob("*"):
-            if step_of(ckpt.name) is not None and read_complete(str(ckpt)) is not None:
+            if step_of(ckpt.name) is not None and read_complete(Location(str(ckpt))) is not None:
                 problems += _verify(ckpt)
         if (run / "final" / layout.COMPLETE).exists():
             problems += _verify(run / "final")
@@ -102,21 +102,7 @@ def _parses(raw: bytes) -> bool:
 
 def _verify(directory: Path) -> list[str]:
     try:
-        verify_files(str(directory), json.loads((directory / layout.MANIFEST).read_bytes()), mode="full")
+        verify_files(Location(str(directory)), json.loads((directory / layout.MANIFEST).read_bytes()), mode="full")
     except (UserError, ValueError, KeyError) as exc:
         return [f"{directory}: {exc}"]
     return []
-
-
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Pids of this user's processes whose environment has name=value (every descendant inherits it)."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found

@@ -16,10 +16,11 @@ import uuid
 from pathlib import Path
 
 from config.loader import load_config
+from launch.agent import tagged_processes
 from launch.command import free_port
 from storage import layout
 from storage.checkpoints import step_of
-from tests.chaos.runs import half_written, processes_with_env, run_processes, steps_logged, wait_for
+from tests.chaos.runs import half_written, run_processes, steps_logged, wait_for
 from tests.flows.conftest import node_workers, pipeline_worker  # noqa: F401 - fixtures, a real cluster
 
 # Each moment: what shows it has begun, and how long after that to wait at most before cancelling.
@@ -61,7 +62,7 @@ def worker_descendants(api_url: str) -> list[str]:
     """Command lines of the processes the workers started (flow runs and all below them), not the workers nor the
     session's Prefect server (whose environment names its own URL too)."""
     found = []
-    for pid in processes_with_env("PREFECT_API_URL", api_url):
+    for pid in tagged_processes(api_url, "PREFECT_API_URL"):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")

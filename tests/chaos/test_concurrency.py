@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from storage.fs import join
+from storage.location import join
 from storage.registry import read_entry, versions
 from tests.conftest import ROOT
 from tests.racing import race

@@ -15,6 +15,7 @@ from torch.testing import assert_close
 
 from core.errors import UserError
 from storage import layout
+from storage.location import Location
 from storage.registry import entry_url, read_entry, register_version, resolve
 from storage.spec import DatasetRef
 from tests.chaos.runs import flip_byte, run_processes
@@ -76,7 +77,7 @@ def test_a_flipped_bit_in_a_checkpoint_shard(
 
 
 def test_a_flipped_bit_in_a_registry_entry(chaos_run: int, chaos_rng, chaos_record, tmp_path) -> None:
-    storage, model = str(tmp_path), "chaos-model"
+    storage, model = Location(str(tmp_path)), "chaos-model"
     version, url = register_version(storage, model, entry(2.5, f"writer-{chaos_run}"))
     offset, damaged = flip_byte(Path(url), chaos_rng)
     with pytest.raises(UserError) as by_version:

@@ -21,6 +21,7 @@ from config.loader import load_config
 from config.sections.run_data import DataConfig
 from core.errors import EXIT_USER_ERROR, TandemError, UserError
 from staging.stage import stage_dataset
+from storage.location import Location
 from tests.chaos.fuzz_cases import DataCase, config_overrides, data_cases
 from tests.conftest import run_cli
 
@@ -69,7 +70,7 @@ def test_fuzz_malformed_records_in_process(chaos_run, chaos_rng, chaos_record, t
         storage = work / "storage"
         data = DataConfig(source=path, format=case.read_as, max_length=64)
         with pytest.raises(UserError) as info:
-            stage_dataset(data, str(storage), tiny_model, progress=lambda _: None, bars=False)
+            stage_dataset(data, Location(str(storage)), tiny_model, progress=lambda _: None, bars=False)
         partial = files_under(storage)
         lost.extend(partial)
         assert not partial, f"files left under the storage after a refused input: {partial}"

@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 from core.errors import RetryableError
 from storage.checkpoints import latest_complete
+from storage.location import Location
 from tests.chaos.runs import run_processes, steps_logged, wait_for
 from tests.distributed.harness import Run, Staged, train
 
@@ -38,7 +39,7 @@ def resume_and_compare(staged: Staged, name: str, reference: Run) -> tuple[int, 
     """After the failure: the newest complete checkpoint is the newest one saved (nothing lost), and a
     retry resumes from it and reproduces the reference trajectory. Returns (resumed step, data lost)."""
     run_dir = Path(staged.storage) / "runs" / name
-    newest = latest_complete(str(run_dir))
+    newest = latest_complete(Location(str(run_dir)))
     announced = checkpoints_announced(run_dir)
     data_lost = bool(announced) and (newest is None or newest.step < max(announced))
     resumed = train(staged, name, ["launch.nnodes=2"])

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from storage.checkpoints import latest_complete
+from storage.location import Location
 from tests.chaos.runs import half_written
 from tests.conftest import run_cli
 from tests.flows.conftest import node_workers  # noqa: F401 - fixture: the prefect backend's node workers
@@ -36,7 +37,7 @@ def test_the_pipeline_killed_at_a_random_step(
     process.kill()
     process.wait()
     stopped_s = wait_gone(run)
-    newest = latest_complete(str(run))
+    newest = latest_complete(Location(str(run)))
     lost = newest is None or newest.step < step or bool(half_written(run.parent.parent))
     chaos_record(f"orchestrator killed (kill -9): {backend} backend", detect_s=stopped_s, data_lost=lost, step=step)
     if backend == "prefect":
@@ -65,7 +66,7 @@ def test_storage_fills_up_during_a_save(tmp_path, tiny_model, prefect_server, ch
         result = run_cli("flows.finetune", *(a for s in sets for a in ("--set", s)), timeout=300)
         seconds = time.monotonic() - started
         errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
-        newest = latest_complete(str(store / "runs" / "r"))
+        newest = latest_complete(Location(str(store / "runs" / "r")))
         lost = newest is None or newest.step != save_steps or bool(half_written(store))
         chaos_record("storage full mid-save (2 MB tmpfs)", detect_s=seconds, data_lost=lost, save_steps=save_steps)
         assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr

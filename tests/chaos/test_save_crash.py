@@ -17,7 +17,8 @@ from torch.testing import assert_close
 from core.errors import RetryableError
 from storage import layout
 from storage.checkpoints import complete_checkpoints, read_complete
-from storage.fs import exists, join
+from storage.fs import exists
+from storage.location import Location, join
 from tests.chaos.runs import run_processes
 from tests.distributed.harness import Run, Staged, stage, train
 
@@ -44,11 +45,11 @@ def test_a_crash_mid_save(
     assert not run_processes(name)
 
     run_dir = Path(staged.storage) / "runs" / name
-    half = Path(layout.checkpoint_dir(str(run_dir), step))
+    half = Path(str(layout.checkpoint_dir(Location(str(run_dir)), step)))
     assert (half / layout.rank_dir_name(rank)).is_dir()  # the crash really came mid-save
     assert (half / layout.MANIFEST).exists() == (point == "before_complete")
-    assert not (half / layout.COMPLETE).exists() and read_complete(str(half)) is None
-    survivors = [c.step for c in complete_checkpoints(str(run_dir))]
+    assert not (half / layout.COMPLETE).exists() and read_complete(Location(str(half))) is None
+    survivors = [c.step for c in complete_checkpoints(Location(str(run_dir)))]
     data_lost = survivors != ([step - 4] if step > 4 else [])  # keep_latest_k=1: exactly the previous one
 
     resumed = train(staged, name, OVERRIDES)
@@ -57,7 +58,7 @@ def test_a_crash_mid_save(
     if step > 4:
         assert f"resumed from step {step - 4} " in log
     assert_close(resumed.losses(), chaos_reference.losses(), rtol=1e-9, atol=1e-9)
-    assert [c.step for c in complete_checkpoints(str(run_dir))] == [12]
+    assert [c.step for c in complete_checkpoints(Location(str(run_dir)))] == [12]
     chaos_record(
         "kill during checkpoint save",
         detect_s=detect_s,
@@ -89,7 +90,7 @@ def test_a_crash_mid_background_save_on_s3(
     assert f"train failed on node {rank}, " in str(info.value)
     assert not run_processes(name)
 
-    run_url = layout.run_dir(staged.root, name)
+    run_url = staged.run(name)
     half = layout.checkpoint_dir(run_url, step)
     assert exists(join(half, layout.rank_dir_name(rank)))  # some of its files reached S3: the crash came mid-save
     assert exists(join(half, layout.MANIFEST)) == (point == "before_complete")

@@ -19,9 +19,11 @@ import pytest
 from core.errors import TandemError
 from storage import layout
 from storage.digest import digest_bytes
-from storage.fs import RETRY_ENV, Location, filesystem, join, read_bytes
+from storage.fs import filesystem, read_bytes
+from storage.location import Location, join
 from storage.manifest import verify_files
 from storage.registry import read_entry, register_version, versions
+from storage.retry import RETRY_ENV
 from tests.distributed.harness import stage, train
 from tests.registry_helpers import entry
 
@@ -102,7 +104,7 @@ def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_st
     name = f"outage-{chaos_run}"
     metrics = join(storage, f"runs/{name}/{layout.METRICS}")
     outage = endpoint.outage(0.0, length, when=lambda: _reached(metrics, at_step, after))
-    with caplog.at_level(logging.WARNING, logger="storage.fs"):
+    with caplog.at_level(logging.WARNING, logger="storage.retry"):
         run = train(staged, name, ["launch.nnodes=2"])
     ended = time.monotonic()
     outage.join()
@@ -117,7 +119,7 @@ def test_s3_down_a_few_seconds_mid_run(chaos_run, chaos_rng, chaos_record, s3_st
     found = audit(storage)
     steps = [r["step"] for r in run.metrics() if "event" not in r]
     lost = bool(found["broken"]) or steps != list(range(1, STEPS + 1))
-    url = run.spec.run_url
+    url = run.spec.run.url
     by_ranks = set().union(
         *(retried(read_bytes(join(run.spec.run, f"nodes/{n}/log.txt")).decode(errors="replace"), url) for n in range(2))
     )

@@ -17,8 +17,10 @@ from typing import Any
 
 import boto3
 
-from tests.cluster.test_cluster import alive, cluster, pids
-from tests.conftest import ROOT, free_port
+from core.processes import pid_alive
+from launch.command import free_port
+from tests.cluster.test_cluster import cluster, pids
+from tests.conftest import ROOT
 
 # Whether this machine can run the stack (its PostgreSQL).
 HAS_POSTGRES = shutil.which("initdb") is not None or bool(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
@@ -70,7 +72,7 @@ class Stack:
         """Stop the Prefect server (SIGTERM to its process group, as `down` does); everything else runs on."""
         server = pids(self.state)["server"]
         os.killpg(server, signal.SIGTERM)
-        wait_until(lambda: not alive(server), 60, "the Prefect server stopped")
+        wait_until(lambda: not pid_alive(server), 60, "the Prefect server stopped")
 
     def submit(self, run: str, *sets: str) -> subprocess.Popen:
         """`flows.submit finetune/manual --wait` of run `run` on the prefect backend, storing on S3, with `sets`."""

@@ -16,7 +16,9 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from core.processes import pid_alive
+from launch.command import free_port
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.cluster
 
@@ -29,14 +31,6 @@ def cluster(command: str, env: dict[str, str], timeout: int = 600) -> subprocess
 
 def pids(state) -> dict[str, int]:
     return {path.stem: int(path.read_text()) for path in state.glob("*.pid")}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def off_loopback_address() -> str | None:
@@ -196,5 +190,5 @@ def test_cluster_up_runs_a_deployment_on_s3_and_down_stops_everything(where: str
         down = cluster("down", env)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not pids(state)
-    assert not [name for name, pid in started.items() if alive(pid)]
+    assert not [name for name, pid in started.items() if pid_alive(pid)]
     assert "postgres: stopped" in cluster("status", env).stdout

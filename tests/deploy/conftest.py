@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from launch.command import free_port
+from tests.conftest import ROOT
 from tests.servers import PrefectServer, spawn, start_prefect_server, stop
 
 

@@ -7,7 +7,6 @@ run directory and a fresh rendezvous port.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +14,16 @@ from pathlib import Path
 from config.loader import load_config
 from config.schema import FinetuneConfig
 from config.sections.launch import LaunchConfig
-from launch.backends.local import run_local_job
+from config.sections.run_data import RunConfig
+from launch.backend import run_job
+from launch.backends.local import LocalBackend
 from launch.job import PhaseJob
 from pipeline.models import resolve_model
 from pipeline.plan import build_spec, record_model
 from staging.stage import stage_dataset
 from storage import layout
-from storage.fs import Location, join, read_bytes
+from storage.fs import read_bytes
+from storage.location import Location, join
 from storage.spec import DatasetRef, Spec, WrittenSpec, load_spec, publish_spec
 
 # Small and fast: 12 steps of 2 micro-batches x 2 examples per rank, a checkpoint every 4 steps.
@@ -64,17 +66,21 @@ class Staged:
         """The storage with its options, as the pipeline reaches it."""
         return Location(str(self.storage), self.options)
 
+    def run(self, name: str) -> Location:
+        """The directory of run `name` under this storage (storage/layout.py's one definition)."""
+        return layout.run_dir(RunConfig(storage=str(self.storage), storage_options=self.options), name)
+
 
 @dataclass(frozen=True)
 class Run:
     """One finished (or failed) training run."""
 
     spec: Spec
-    spec_url: str
+    spec_url: Location
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.spec.run_url)
+        return Path(self.spec.run.url)
 
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.metrics() if "event" not in r]
@@ -84,7 +90,7 @@ class Run:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def checkpoint(self, step: int) -> Path:
-        return Path(layout.checkpoint_dir(self.spec.run_url, step))
+        return Path(str(layout.checkpoint_dir(self.spec.run, step)))
 
 
 def storage_settings(storage: Path | str, options: dict[str, str]) -> list[str]:
@@ -118,13 +124,8 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
     cfg = config(staged, name, list(overrides))
     digest = record_model(cfg, name, staged.model_path)
     written = publish_spec(build_spec(cfg, name, staged.model_path, staged.dataset, digest))
-    old = dict(os.environ)
-    os.environ.update(env or {})
-    try:
-        run_local_job(PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    # `env` reaches the ranks as the job's own (PhaseJob.env), as a retry's transport debug levels do.
+    run_job(LocalBackend(), PhaseJob(written, "train", env=env or {}), lambda _: None, on_progress=lambda _: None)
     return Run(written.spec, written.url)
 
 
@@ -138,8 +139,9 @@ def eval_exported(run: Run) -> float:
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
     from trainer.eval_model import load_for_eval
-    from trainer.evaluate import local_sums, sample_rows
+    from trainer.evaluate import sample_rows
     from trainer.model import ensure_pad_token_id
+    from trainer.objectives.sft import local_sums
 
     model = load_for_eval(layout.final_dir(run.spec.run), run.spec, torch.device("cpu"))
     split = open_split(run.spec.dataset_dir, "eval", node_cache(run.spec.config.launch))
@@ -244,5 +246,5 @@ def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
     # The ranks read the run's spec.json; only the launcher sees this world size (no preflight before eval).
     spec = run.spec.model_copy(update={"config": run.spec.config.model_copy(update={"launch": launch})})
     written = WrittenSpec(spec, run.spec_url, load_spec(run.spec_url)[1])
-    run_local_job(PhaseJob(written, "eval", str(model_url)), lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, "eval", str(model_url)), lambda _: None)
     return json.loads((run.run_dir / "eval.json").read_text())

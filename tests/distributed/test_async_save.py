@@ -18,6 +18,7 @@ from torch.testing import assert_close
 from core.errors import TandemError
 from storage import layout
 from storage.checkpoints import complete_checkpoints
+from storage.location import Location
 from storage.manifest import verify_files
 from tests.distributed.harness import Run, Staged, train
 
@@ -57,7 +58,7 @@ def test_training_goes_on_while_a_save_is_written(staged: Staged, reference: Run
     try:
         assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9)), rows
         assert not [r for r in rows if r.get("event") == "checkpoint"]  # step 4's save is still being written
-        assert not (Path(layout.checkpoint_dir(str(run_dir), 4)) / layout.COMPLETE).exists()
+        assert not (Path(str(layout.checkpoint_dir(Location(str(run_dir)), 4))) / layout.COMPLETE).exists()
     finally:
         release.touch()
         thread.join(600)
@@ -66,7 +67,7 @@ def test_training_goes_on_while_a_save_is_written(staged: Staged, reference: Run
     saved = [r for r in metrics(run_dir) if r.get("event") == "checkpoint"]
     assert [r["step"] for r in saved] == [4, 8, 12]
     assert all(0 < r["blocked_s"] < r["seconds"] and r["bytes"] > 0 for r in saved)
-    kept = complete_checkpoints(str(run_dir))
+    kept = complete_checkpoints(Location(str(run_dir)))
     assert [c.step for c in kept] == [12, 8]  # keep_latest_k=2, applied after each COMPLETE
     for ckpt in kept:
         verify_files(ckpt.url, ckpt.manifest, mode="full")  # the digests written while writing are the files'
@@ -98,7 +99,7 @@ def test_a_writer_error_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(
         line = str(info.value)
         assert "\n" not in line and re.match(r"train failed on node \d, rank \d: ", line), line
         assert f"storage full: {checkpoints} (" in line and "/step-00000008/" in line, line  # issue 33's line
-        assert [c.step for c in complete_checkpoints(str(run_dir))] == [4]
-        assert not (Path(layout.checkpoint_dir(str(run_dir), 8)) / layout.COMPLETE).exists()
+        assert [c.step for c in complete_checkpoints(Location(str(run_dir)))] == [4]
+        assert not (Path(str(layout.checkpoint_dir(Location(str(run_dir)), 8))) / layout.COMPLETE).exists()
     finally:
         subprocess.run(["umount", "-l", str(checkpoints)], check=False)

@@ -15,7 +15,8 @@ from pipeline.lineage import registry_entry
 from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete
-from storage.fs import join, read_json
+from storage.fs import read_json
+from storage.location import Location, join
 from storage.manifest import read_manifest
 from storage.registry import read_entry, register_version
 from storage.spec import DatasetRef, WrittenSpec, load_spec, write_spec
@@ -32,10 +33,11 @@ def materialize(storage: Path) -> None:
 def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     materialize(storage)
-    run_url = layout.run_dir(str(storage), RUN)
+    run_url = Location(str(storage / "runs" / RUN))  # the fixture's place, read through its spec.json
     old_eval = json.loads((storage / "runs" / RUN / layout.EVAL).read_text())
     spec, spec_digest = load_spec(join(run_url, layout.SPEC))
-    manifest, manifest_digest = read_manifest(spec.dataset.url, layout.DATASET_SCHEMA)
+    assert spec.run == run_url  # its run_url, read as the run's location
+    manifest, manifest_digest = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMA)
     dataset = DatasetRef(dataset_id=manifest["dataset_id"], url=spec.dataset.url, manifest_digest=manifest_digest)
     spec = spec.model_copy(update={"dataset": dataset})
     spec_digest = write_spec(spec)
@@ -53,8 +55,8 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
 
     # Register it: the registry entry names the old checkpoint's manifest digest.
     entry = registry_entry(spec, spec_digest, checkpoint, layout.final_dir(run_url), metrics)
-    version, _ = register_version(str(storage), spec.config.register.model_name, entry)
-    doc = read_entry(str(storage), spec.config.register.model_name, version)
+    version, _ = register_version(Location(str(storage)), spec.config.register.model_name, entry)
+    doc = read_entry(Location(str(storage)), spec.config.register.model_name, version)
     assert doc["lineage"]["checkpoint_manifest_digest"] == checkpoint.manifest_digest
     assert doc["lineage"]["dataset_manifest_digest"] == manifest_digest
 

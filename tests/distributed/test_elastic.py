@@ -21,6 +21,7 @@ from torch.testing import assert_close
 
 from core.errors import RetryableError, UserError
 from storage.checkpoints import latest_complete, read_complete, read_universal
+from storage.location import Location
 from storage.metrics import read_metrics
 from tests.chaos.runs import run_processes, steps_logged, wait_for
 from tests.distributed.harness import ELASTIC, Run, Staged, lost_node_pipeline, train
@@ -74,7 +75,7 @@ def test_two_ranks_resume_on_three_and_three_on_two(staged: Staged, two_ranks: R
     log = (up.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert "converted checkpoint step 8 from 2 ranks to the universal form" in log
     assert "resumed from step 8 written by 2 ranks, now on 3" in log
-    source = read_complete(str(up.checkpoint(8)))
+    source = read_complete(Location(str(up.checkpoint(8))))
     universal = read_universal(source)
     assert universal is not None and universal.manifest["source_world_size"] == 2
     assert json.loads((up.checkpoint(16) / "manifest.json").read_text())["world_size"] == 3
@@ -109,7 +110,7 @@ def test_resharding_across_stages_and_methods(staged: Staged, tmp_path_factory, 
 def test_another_method_and_stage_are_still_refused(staged: Staged, two_ranks: Run, tmp_path_factory) -> None:
     """A ZeRO-2 LoRA checkpoint asked to resume a ZeRO-3 full fine-tune on 3 ranks: the world size would be
     converted, the stage and the method cannot; the run stops before loading, naming both (the message itself is
-    unit-tested in tests/unit/test_elastic_config.py)."""
+    unit-tested in tests/unit/launch/test_elastic.py)."""
     ds = deepspeed_json(tmp_path_factory, QWEN_ZERO3)
     with pytest.raises(UserError) as info:
         train(
@@ -136,7 +137,7 @@ def test_a_node_lost_for_good_the_run_completes_on_the_survivors(
     died_at = random.Random().randint(2, 15)
     summary, run_dir, resume_s = lost_node_pipeline(staged, "elastic-lost-node", died_at, tmp_path)
     print(f"node 2 lost at step {died_at}: training resumed on the survivors {resume_s:.1f} s later")
-    losses = [r["loss"] for r in read_metrics(str(run_dir)) if "event" not in r]
+    losses = [r["loss"] for r in read_metrics(Location(str(run_dir))) if "event" not in r]
     assert_close(losses, two_ranks.losses(), rtol=RTOL, atol=0)
 
     spec = json.loads((run_dir / "spec.json").read_text())
@@ -178,7 +179,7 @@ def test_a_sigterm_to_one_nodes_agent_saves_an_emergency_checkpoint_and_the_retr
     assert failure and isinstance(failure[0], RetryableError), failure
 
     stopped = max(steps_logged(run_dir))
-    assert stopped < 16 and latest_complete(str(run_dir)).step == stopped
+    assert stopped < 16 and latest_complete(Location(str(run_dir))).step == stopped
     saved = {r["step"]: r for r in json_lines(run_dir / "metrics.jsonl") if r.get("event") == "checkpoint"}
     assert stopped in saved  # the emergency save ("reason": "sigterm"), or the clock's when it had just saved
     clock = [step for step, r in saved.items() if step % 8 and "reason" not in r]

@@ -89,15 +89,16 @@ def test_checkpoint_eval_equals_final_eval_zero3(zero3: Run) -> None:
 
 
 def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
+    from storage.location import Location
     from trainer.eval_model import load_for_eval
 
     partial = tmp_path / "step-00000012"
     shutil.copytree(lora.checkpoint(12), partial, symlinks=True)
     (partial / "COMPLETE").unlink()
     with pytest.raises(UserError, match=r"the checkpoint is not complete \(no COMPLETE matching its manifest.json\)"):
-        load_for_eval(str(partial), lora.spec, torch.device("cpu"))
+        load_for_eval(Location(str(partial)), lora.spec, torch.device("cpu"))
     with pytest.raises(UserError, match=r"only complete checkpoints .* and exports .* can be evaluated"):
-        load_for_eval(str(tmp_path), lora.spec, torch.device("cpu"))
+        load_for_eval(Location(str(tmp_path)), lora.spec, torch.device("cpu"))
     full_spec = lora.spec.model_copy(
         update={
             "config": lora.spec.config.model_copy(
@@ -106,4 +107,4 @@ def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
         }
     )
     with pytest.raises(UserError, match="a lora checkpoint, but the spec trains full"):
-        load_for_eval(str(lora.checkpoint(12)), full_spec, torch.device("cpu"))
+        load_for_eval(Location(str(lora.checkpoint(12))), full_spec, torch.device("cpu"))

@@ -11,7 +11,7 @@ import sys
 from launch.command import free_port
 from pipeline.plan import build_spec
 from storage import layout
-from storage.fs import join
+from storage.location import join
 from storage.spec import write_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config
@@ -34,7 +34,7 @@ def test_a_wrong_node_count_is_refused_before_training(staged: Staged) -> None:
     spec = build_spec(cfg, "by-hand-mismatch", staged.model_path, staged.dataset)
     write_spec(spec)
     node = launch(
-        join(spec.run_url, layout.SPEC),
+        join(spec.run, layout.SPEC).argument(),
         NNODES="3",
         NODE_RANK="0",
         MASTER_ADDR="127.0.0.1",

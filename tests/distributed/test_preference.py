@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 from config.loader import load_config
 from core.errors import UserError
+from storage.location import Location
 from tests.distributed.harness import Run, Staged, evaluate, stage, train
 
 pytestmark = pytest.mark.multirun
@@ -27,8 +28,8 @@ PAIRS = str(ROOT / "data" / "sample" / "preferences.jsonl")
 RTOL = 1e-5
 # A global batch of 12 pairs: micro-batches of 2 on 1, 2 and 3 ranks (accumulation 6, 3, 2); 8 steps, a checkpoint
 # at 4 and 8; LoRA dropout 0, so the trajectory is a function of the seed, the step and the global batch alone.
+# data.preference is left to the objective, which stages the pairs (and KTO's labelled answers).
 SETTINGS = [
-    "data.preference=pairs",
     "train.max_steps=8",
     "train.save_steps=4",
     "train.global_batch_size=12",
@@ -119,9 +120,9 @@ def test_full_fine_tuning_takes_the_base_models_log_probabilities_as_its_referen
 
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
+    from trainer.loss.logps import sequence_logps
     from trainer.model import ensure_pad_token_id, load_base
-    from trainer.preference_data import collate_preference
-    from trainer.preference_loss import sequence_logps
+    from trainer.objectives.preference.batching import collate_preference
 
     spec = full_dpo.spec
     rows = open_split(spec.dataset_dir, "train", node_cache(spec.config.launch))
@@ -191,7 +192,7 @@ def test_the_cpu_demo_preset_learns_the_preference_in_each_seed(prefect_server, 
 
     cfg = load_config("tiny-cpu-dpo", [f"run.storage={tmp_path}", f"run.name=demo-{seed}", f"train.seed={seed}"])
     summary = finetune(cfg)
-    steps = [r for r in read_metrics(summary["run_url"]) if "event" not in r]
+    steps = [r for r in read_metrics(Location(summary["run_url"])) if "event" not in r]
     assert len(steps) == cfg.train.max_steps
     assert max(r["reward_accuracy"] for r in steps) >= 0.8, [r["reward_accuracy"] for r in steps]
     assert summary["eval"]["reward_accuracy"] >= 0.6 and summary["registered"], summary

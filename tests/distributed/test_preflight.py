@@ -16,7 +16,7 @@ from launch.job import NodePlan
 from launch.preflight import check_port_free, run_preflight
 from pipeline.plan import build_spec, record_model
 from storage import layout
-from storage.fs import join
+from storage.location import join
 from storage.spec import write_spec
 from tests.distributed.harness import Staged, config, stage
 
@@ -29,7 +29,7 @@ def prepared(staged: Staged):
         cfg, "preflight", staged.model_path, staged.dataset, record_model(cfg, "preflight", staged.model_path)
     )
     digest = write_spec(spec)
-    return spec, join(spec.run_url, layout.SPEC), digest
+    return spec, join(spec.run, layout.SPEC), digest
 
 
 def check(prepared, plan: NodePlan, digest: str | None = None) -> dict:
@@ -61,10 +61,10 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
     assert report["checks"]["interface"] == "lo (routes to 127.0.0.1; set as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)"
     assert not report["checks"]["hostname"].startswith("warning:")  # every node on this machine: nothing to warn
     spec = prepared[0]
-    saved = json.loads(Path(layout.node_dir(spec.run_url, 0), "preflight.json").read_text())
+    saved = json.loads(Path(str(layout.node_dir(spec.run, 0)), "preflight.json").read_text())
     assert saved["checks"]["dataset"].startswith(spec.dataset.dataset_id)
     assert " free, " in saved["checks"]["space"] and " needed" in saved["checks"]["space"]  # run.storage, local
-    files = len(json.loads(Path(spec.run_url, layout.BASE_MODEL).read_text())["files"])
+    files = len(json.loads(Path(spec.run.url, layout.BASE_MODEL).read_text())["files"])
     # The pipeline's record hashed the model on this machine: the node's check found every digest in the node cache.
     assert (
         saved["checks"]["base model"].startswith(f"{files} files (")
@@ -155,7 +155,7 @@ def test_corrupted_dataset_file(tmp_path, tiny_model) -> None:
     with pytest.raises(UserError, match=rf"node 0: {shard}: blake3 digest mismatch: expected [0-9a-f]+, got [0-9a-f]+"):
         run_preflight(
             spec,
-            join(spec.run_url, layout.SPEC),
+            join(spec.run, layout.SPEC),
             NodePlan(0, 2, 1, "127.0.0.1", free_port()),
             expected_spec_digest=digest,
             info=lambda _: None,
@@ -192,7 +192,7 @@ def test_a_node_whose_copy_of_the_model_differs_is_refused_naming_the_file(
     with pytest.raises(UserError, match=rf"^node 1: base model: {expected}") as info:
         run_preflight(
             spec,
-            join(spec.run_url, layout.SPEC),
+            join(spec.run, layout.SPEC),
             NodePlan(1, 2, 1, "127.0.0.1", free_port()),
             expected_spec_digest=spec_digest,
             info=lambda _: None,

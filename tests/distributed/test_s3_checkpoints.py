@@ -1,39 +1,67 @@
-"""Checkpoints on an object store: the trainer writes, verifies, retains, resumes and exports through s3fs
-against a real S3 HTTP endpoint (moto's server) on 127.0.0.1, with real torchrun ranks."""
+"""A whole pipeline on an object store: `flows.finetune` with run.storage on a real S3 HTTP endpoint (moto's server)
+on 127.0.0.1, the endpoint given in run.storage_options only (no AWS_ENDPOINT_URL anywhere), as docs/data.md's MinIO
+recipe does. Staging, spec.json, the nodes and ranks (which get the run's location with its options in their --spec),
+the checkpoints written, verified, retained and resumed after a lost rank, the export, the evaluation and the
+registration all reach the store through the options the run carries. Real torchrun ranks, real Prefect server."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import pytest
 from torch.testing import assert_close
 
-from core.errors import RetryableError
+from config.loader import load_config
 from storage import layout
 from storage.checkpoints import complete_checkpoints
 from storage.digest import digest_bytes
-from storage.fs import exists, join, listdir, read_bytes
+from storage.fs import exists, listdir, read_bytes, read_json
+from storage.location import Location, join
 from storage.manifest import verify_files
-from tests.distributed.harness import Run, Staged, eval_exported, stage, train
+from storage.registry import read_entry
+from storage.spec import load_spec
+from tests.distributed.harness import BASE_OVERRIDES, Run, eval_exported, storage_settings
 
 SETTINGS = ["launch.nnodes=2", "train.keep_latest_k=1"]  # the reference's 12 steps, a checkpoint every 4
 
 
-@pytest.fixture(scope="module")
-def s3_staged(s3_endpoint) -> Staged:
+@pytest.mark.multirun
+def test_a_pipeline_on_s3_with_the_endpoint_in_the_storage_options_only(
+    s3_endpoint, prefect_server, tiny_model, reference: Run, tmp_path, monkeypatch
+) -> None:
+    """The same run as the local reference (tests/distributed/conftest.py), through the pipeline on S3, with rank 1
+    dying once at step 6: the train task's retry resumes from step 4 and ends on the reference's trajectory."""
     import s3fs
 
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}).mkdir("tandem-ckpt")
-    return stage("s3://tandem-ckpt/store", options={"endpoint_url": s3_endpoint})
+    from flows.finetune import finetune
 
+    assert not {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"} & set(os.environ)  # the options are the only way there
+    options = {"endpoint_url": s3_endpoint}
+    s3fs.S3FileSystem(client_kwargs=options).mkdir("tandem-ckpt")
+    root = Location("s3://tandem-ckpt/store", options)
+    monkeypatch.setenv("TANDEM_TEST_EXIT_AT_STEP", "1:6")
+    monkeypatch.setenv("TANDEM_TEST_EXIT_ONCE", str(tmp_path / "exited-once"))
+    cfg = load_config(
+        None,
+        [
+            *storage_settings(root.url, options),
+            "run.name=s3-run",
+            f"model.name_or_path={tiny_model}",
+            *BASE_OVERRIDES,
+            *SETTINGS,
+            "launch.retries=1",
+            "launch.retry_delay_s=0",
+        ],
+    )
+    summary = finetune(cfg)
 
-@pytest.mark.multirun
-def test_checkpoints_on_s3_are_whole_resumable_and_retained(s3_staged: Staged, reference: Run) -> None:
-    """The same run as the local reference (tests/distributed/conftest.py), on S3, with rank 1 dying at step 6."""
-    with pytest.raises(RetryableError, match="rank 1 exited with code 137"):
-        train(s3_staged, "s3-run", SETTINGS, env={"TANDEM_TEST_EXIT_AT_STEP": "1:6"})
-    run_url = layout.run_dir(s3_staged.root, "s3-run")
-    assert [c.step for c in complete_checkpoints(run_url)] == [4]
-
-    resumed = train(s3_staged, "s3-run", SETTINGS)
+    run_url = layout.run_dir(cfg.run, "s3-run")
+    assert summary["run_url"] == "s3://tandem-ckpt/store/runs/s3-run" and run_url.options == options
+    spec, _ = load_spec(join(run_url, layout.SPEC))
+    assert json.loads(read_bytes(join(run_url, layout.SPEC)))["run"] == {"url": summary["run_url"], "options": options}
+    assert spec.dataset_dir.url.startswith("s3://tandem-ckpt/store/datasets/")  # staged there, through the options
+    resumed = Run(spec, join(run_url, layout.SPEC))
     assert_close(resumed.losses(), reference.losses(), rtol=1e-9, atol=1e-9)
     assert "resumed from step 4" in read_bytes(join(layout.node_dir(run_url, 0), layout.LOG)).decode()
 
@@ -49,3 +77,8 @@ def test_checkpoints_on_s3_are_whole_resumable_and_retained(s3_staged: Staged, r
     # the export on S3 evaluates (copied next to the rank) to the loss the trainer measured in memory
     final_eval = next(r for r in resumed.metrics() if r.get("event") == "final_eval")
     assert_close(eval_exported(resumed), final_eval["loss"], rtol=1e-5, atol=1e-5)
+    # the evaluation phase and the registration wrote there too
+    assert read_json(join(run_url, layout.EVAL))["loss"] == summary["eval"]["loss"]
+    assert summary["registered"]
+    entry = read_entry(root, cfg.register.model_name, 1)
+    assert entry["run_url"] == summary["run_url"] and entry["lineage"]["dataset_id"] == summary["dataset_id"]

@@ -17,6 +17,7 @@ from torch.testing import assert_close
 from config.sections.model_train import TrainConfig
 from core.errors import RetryableError, UserError
 from launch.node import failure_exit_code
+from storage.location import Location
 from tests.distributed.harness import TOOL_CALL_DATA, Run, Staged, eval_exported, train
 from tests.qwen_configs import QWEN_ZERO2
 
@@ -116,7 +117,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
     assert "resumed from step 8 written by 2 ranks, now on 1" in log
     assert [r["step"] for r in resumed.metrics() if "event" not in r] == [9, 10, 11, 12]
     assert json.loads((resumed.checkpoint(12) / "manifest.json").read_text())["world_size"] == 1
-    universal = read_universal(read_complete(str(target)))
+    universal = read_universal(read_complete(Location(str(target))))
     assert universal is not None and universal.manifest["source_world_size"] == 2
     module = torch.load(target / "rank-00000" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
     lora = {name: tensor for name, tensor in module.items() if "lora_" in name}
@@ -131,7 +132,8 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(staged: Staged, reference: Run
 def test_lora_zero3_matches_zero2_and_exports_a_real_adapter(zero3: Run, reference: Run) -> None:
     # Both train with the loss from the last hidden states, in one pass at the tiny vocabulary (ZeRO-3's through its
     # partitioned path, the choice agreed across ranks), so the same trajectory is also that loss under ZeRO-3
-    # training as under ZeRO-2 (and as the full logits, qwen_zero2_slow_rank). Chunks: tests/unit/test_chunked_loss*.
+    # training as under ZeRO-2 (and as the full logits, qwen_zero2_slow_rank).
+    # Chunks: tests/unit/trainer/loss/test_chunked*.
     chunk = TrainConfig.model_fields["loss_chunk_tokens"].default
     logged = (
         f"in chunks of {chunk} target tokens (train.loss_chunk_tokens), the choice and the chunk count agreed "
@@ -334,11 +336,11 @@ def test_a_failure_a_retry_would_repeat_stops_unretried_naming_the_rank(
     if fault == "TANDEM_TEST_OOM_AT_STEP":
         assert "at step 3: CUDA out of memory. Tried to allocate 2.00 GiB" in first_line
         assert "lower train.micro_batch_size" in first_line
-    run_url = str(Path(staged.storage) / "runs" / name)
+    run_url = staged.run(name)
     assert latest_complete(run_url).step == 2
     # Every local node ran the node lifecycle: the failed node left the note that stops its peers and recorded its
     # error's exit code in status.json, and no node still claims its rank.
-    note = json.loads((Path(run_url) / "nodes" / "stop.json").read_text())
+    note = json.loads((Path(run_url.url) / "nodes" / "stop.json").read_text())
     reported = int(re.match(r"train failed on node (\d+)", first_line)[1])
     assert note["exit_code"] == 2 and failure_exit_code(run_url, reported) == 2
-    assert not list(Path(run_url).glob("nodes/*/claim.json"))
+    assert not list(Path(run_url.url).glob("nodes/*/claim.json"))

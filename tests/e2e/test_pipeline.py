@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from storage.digest import digest_bytes, digest_url
+from storage.location import Location
 
 pytestmark = pytest.mark.e2e
 
@@ -22,9 +23,9 @@ def test_dataset_manifest_digests_match_the_files(pipeline) -> None:
     assert manifest["schema"] == "tandem.dataset/1" and manifest["digest_algorithm"] == "blake3"
     assert {f["path"] for f in manifest["files"]} == {"train/shard-00000.arrow", "eval/shard-00000.arrow"}
     for entry in manifest["files"]:
-        digest, size = digest_url(str(base / entry["path"]), "blake3")
+        digest, size = digest_url(Location(str(base / entry["path"])), "blake3")
         assert (digest, size) == (entry["digest"], entry["size"])
-    assert manifest["sources"][0]["digest"] == digest_url(manifest["sources"][0]["url"], "blake3")[0]
+    assert manifest["sources"][0]["digest"] == digest_url(Location(manifest["sources"][0]["url"]), "blake3")[0]
 
 
 def test_checkpoint_is_complete_and_consistent(pipeline) -> None:
@@ -38,7 +39,7 @@ def test_checkpoint_is_complete_and_consistent(pipeline) -> None:
     assert {f["rank"] for f in manifest["files"]} == {0, 1}
     for entry in manifest["files"]:
         assert entry["path"].startswith(("rank-00000/", "rank-00001/")) or entry["rank"] == 0
-        digest, size = digest_url(str(ckpt / entry["path"]), "blake3")
+        digest, size = digest_url(Location(str(ckpt / entry["path"])), "blake3")
         assert (digest, size) == (entry["digest"], entry["size"])
     assert (ckpt.parent / "step-00000015" / "COMPLETE").exists()  # save_steps=15: an intermediate one too
     final = Path(summary["model_url"])

@@ -12,6 +12,7 @@ import pytest
 from torch.testing import assert_close
 
 from config.loader import load_config
+from storage.location import Location
 
 pytestmark = pytest.mark.e2e
 
@@ -123,10 +124,10 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
     from storage.spec import load_spec
-    from trainer.evaluate import local_sums
     from trainer.model import ensure_pad_token_id
+    from trainer.objectives.sft import local_sums
 
-    spec, _ = load_spec(str(Path(run_url) / "spec.json"))
+    spec, _ = load_spec(Location(str(Path(run_url) / "spec.json")))
     split = open_split(spec.dataset_dir, "eval", node_cache(spec.config.launch))
     loss_sum, targets, _, examples = local_sums(
         model,

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, run_cli
+from launch.command import free_port
+from storage.location import Location
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -132,7 +134,7 @@ def test_a_mirror_mlflow_cannot_take_stays_pending_until_sync_completes_it(pipel
     storage, _ = pipeline
     first = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
     body = {k: v for k, v in first.items() if k not in ("schema", "model", "version", "created_at", "digest")}
-    tandem, client, down = str(tmp_path), MlflowClient(mlflow_server.uri), f"http://127.0.0.1:{free_port()}"
+    tandem, client, down = Location(str(tmp_path)), MlflowClient(mlflow_server.uri), f"http://127.0.0.1:{free_port()}"
     mirror = tmp_path / "registry" / "mirror-test" / "mlflow"
 
     register_version(tandem, "mirror-test", body)
@@ -142,7 +144,7 @@ def test_a_mirror_mlflow_cannot_take_stays_pending_until_sync_completes_it(pipel
     assert (record["status"], record["tracking_uri"]) == ("pending", down)
     assert client.search_registered_models("name = 'mirror-test'") == []
 
-    done = run_cli("flows.registry", "--storage", tandem, "sync", "mirror-test", "--mlflow-uri", mlflow_server.uri)
+    done = run_cli("flows.registry", "--storage", tandem.url, "sync", "mirror-test", "--mlflow-uri", mlflow_server.uri)
     assert done.returncode == 0, done.stderr
     assert "MLflow: mirror-test v0001 registered as MLflow version 1" in done.stdout
     assert json.loads((mirror / "v0001.json").read_text())["status"] == "done"
@@ -193,7 +195,7 @@ def test_files_reach_an_experiment_whose_artifacts_live_on_s3(
     sink's files land in the bucket and read back through MLflow's client."""
     from mlflow import MlflowClient
 
-    from storage.fs import Location, filesystem
+    from storage.fs import filesystem
     from tracking.mlflow_sink import MlflowSink
     from tracking.sink import RunInfo, Tracker
 
@@ -203,13 +205,13 @@ def test_files_reach_an_experiment_whose_artifacts_live_on_s3(
     client.create_experiment("on-s3", artifact_location=f"{s3_bucket}/mlflow")
     sink = MlflowSink(mlflow_server.uri, "on-s3")
     tracker = Tracker([sink], RunInfo("on-s3", Location(summary["run_url"]), None, None))
-    plot = str(Path(summary["run_url"]) / "loss.png")
+    plot = Location(str(Path(summary["run_url"]) / "loss.png"))
     tracker.call(lambda s: s.log_file(plot, "loss.png"))
     assert tracker.close("FINISHED", timeout_s=60) == []
     fs, bucket = filesystem(s3_bucket)
     [stored] = [p for p in fs.find(bucket) if p.endswith("/artifacts/loss.png")]
-    assert fs.cat_file(stored) == Path(plot).read_bytes()
-    assert Path(client.download_artifacts(sink.mlflow_run_id, "loss.png")).read_bytes() == Path(plot).read_bytes()
+    assert fs.cat_file(stored) == Path(plot.url).read_bytes()
+    assert Path(client.download_artifacts(sink.mlflow_run_id, "loss.png")).read_bytes() == Path(plot.url).read_bytes()
 
 
 def test_an_unreachable_mlflow_server_stops_the_run_before_anything_is_written(prefect_server, tmp_path) -> None:
@@ -278,7 +280,7 @@ def test_a_tracking_outage_is_retried_in_the_background_and_every_step_lands_onc
     from tracking.sink import RunInfo, Tracker
 
     path = Forwarder(int(mlflow_server.uri.rsplit(":", 1)[1]))
-    run = RunInfo("outage", "/nowhere/runs/outage", None, None)
+    run = RunInfo("outage", Location("/nowhere/runs/outage"), None, None)
     tracker = Tracker([MlflowSink(f"http://127.0.0.1:{path.port}", "outage")], run)
     tracker.steps(steps(1, 5, 10.0))
     tracker.call(lambda sink: sink.set_tags({"tandem.code_version": "abc"}))

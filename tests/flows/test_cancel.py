@@ -13,6 +13,7 @@ import pytest
 from config.loader import load_config
 from launch.command import free_port
 from storage.checkpoints import latest_complete
+from storage.location import Location
 
 # Two pipeline runs (about a minute of a worker): a suite of its own, after the default run (make test-suites).
 pytestmark = [pytest.mark.e2e, pytest.mark.cancel]
@@ -76,7 +77,7 @@ def test_cancel_while_training_leaves_no_process(
     wait_for(lambda: not processes(f"torch.distributed.run.*{name}"), 30, "every torchrun agent to stop")
     wait_for(lambda: state_name(run.id) == "Cancelled", 60, "the flow run to be Cancelled")
     assert gone_after < 30
-    saved = latest_complete(str(Path(tmp_path) / "runs" / name))
+    saved = latest_complete(Location(str(Path(tmp_path) / "runs" / name)))
     if save:  # stopped at a step boundary every rank agreed on, with a whole checkpoint
         assert saved is not None and saved.step > 0
     else:

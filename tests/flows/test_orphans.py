@@ -18,6 +18,7 @@ import pytest
 
 from launch.command import free_port
 from storage.checkpoints import latest_complete, read_complete
+from storage.location import Location
 from tests.conftest import ROOT
 from tests.flows.test_prefect_backend import node_runs
 
@@ -65,10 +66,11 @@ def start(
 PHASE_PIPELINE = """
 import sys
 from launch.phase import run_phase
-from storage.fs import environment_location
+from storage.location import Location
 from storage.spec import WrittenSpec, load_spec
-spec, digest = load_spec(environment_location(sys.argv[1]))
-run_phase(WrittenSpec(spec, spec.run.with_url(sys.argv[1]), digest), "train", print, on_progress=lambda _: None)
+spec_url = Location.parse(sys.argv[1])
+spec, digest = load_spec(spec_url)
+run_phase(WrittenSpec(spec, spec_url, digest), "train", print, on_progress=lambda _: None)
 """
 
 
@@ -113,11 +115,11 @@ def wait_gone(run: Path) -> float:
 
 def saved_whole(run: Path, step: int = 3) -> None:
     """The checkpoint saved on the way out is complete; any other step directory is simply not a checkpoint."""
-    newest = latest_complete(str(run))
+    newest = latest_complete(Location(str(run)))
     assert newest is not None and newest.step >= step
     for step_dir in (run / "checkpoints").iterdir():
         if (step_dir / "COMPLETE").exists():
-            assert read_complete(str(step_dir)) is not None
+            assert read_complete(Location(str(step_dir))) is not None
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
@@ -141,7 +143,7 @@ def test_kill_9_of_the_pipeline_leaves_no_rank_on_the_local_backend(tmp_path, ti
     process.wait()
     print(f"local backend: no process of the run left {wait_gone(run):.1f} s after kill -9")
     saved_whole(run)
-    newest = latest_complete(str(run))
+    newest = latest_complete(Location(str(run)))
     assert newest is not None
     settings = [*shared_settings(tmp_path, tiny_model, "k"), f"train.max_steps={newest.step + 2}", "run.take_over=true"]
     again = subprocess.run(
@@ -151,7 +153,7 @@ def test_kill_9_of_the_pipeline_leaves_no_rank_on_the_local_backend(tmp_path, ti
     )  # fmt: skip
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert f"resumed from step {newest.step}" in (run / "nodes" / "0" / "log.txt").read_text()
-    finished = latest_complete(str(run))
+    finished = latest_complete(Location(str(run)))
     assert finished is not None and finished.step == newest.step + 2
 
 

@@ -16,6 +16,7 @@ from config.loader import load_config
 from core.errors import RetryableError
 from launch.command import free_port
 from storage.checkpoints import latest_complete
+from storage.location import Location
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +78,7 @@ def test_the_pipeline_trains_through_node_flows_and_a_lost_rank_is_retried(node_
     )
     assert marker.exists()  # rank 1 really died once
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v0001")
-    assert latest_complete(summary["run_url"]).step == 6
+    assert latest_complete(Location(summary["run_url"])).step == 6
     run_dir = tmp_path / "runs" / "via-workers"
     assert "resumed from step 2" in (run_dir / "nodes" / "0" / "log.txt").read_text()
     steps = [

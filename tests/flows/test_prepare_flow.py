@@ -11,6 +11,7 @@ from prefect import flow
 
 from config.loader import load_config
 from core.errors import UserError
+from storage.location import Location
 from storage.manifest import verify_dataset
 from tasks.prepare import prepare_dataset
 from tests.datafiles import arithmetic, qwen, write_jsonl
@@ -56,7 +57,7 @@ def test_task_cache_hits_for_unchanged_input_and_misses_when_files_are_gone(resu
     shutil.rmtree(storage / "datasets" / first.dataset_id / "train")
     name, restaged = stage_once(cfg, tiny_model)
     assert name == "Completed" and restaged.dataset_id == first.dataset_id
-    verify_dataset(restaged.url, "full", restaged.manifest_digest)
+    verify_dataset(Location(restaged.url), "full", restaged.manifest_digest)
 
 
 def test_prepare_flow_returns_the_model_and_the_staged_dataset(results, tmp_path, tiny_model) -> None:
@@ -65,7 +66,7 @@ def test_prepare_flow_returns_the_model_and_the_staged_dataset(results, tmp_path
     cfg = load_config(None, [f"run.storage={tmp_path / 'storage'}", f"model.name_or_path={tiny_model}"])
     model_path, dataset = prepare(cfg)
     assert model_path == tiny_model
-    assert verify_dataset(dataset.url, "full", dataset.manifest_digest)["records"]["staged"] == 240
+    assert verify_dataset(Location(dataset.url), "full", dataset.manifest_digest)["records"]["staged"] == 240
 
 
 def test_bad_data_fails_the_flow_with_the_location(results, tmp_path, tiny_model) -> None:

@@ -24,13 +24,13 @@ from prefect.client.orchestration import get_client
 from config.loader import load_config
 from core.checkout import PROJECT_ROOT
 from core.errors import RetryableError, TooFewNodes, UserError
-from launch.backends import kubernetes as kubernetes_backend
+from launch.backends import kubernetes_api
 from launch.command import free_port
 from launch.phase import run_phase
 from pipeline.plan import build_spec, record_model
 from storage import layout
 from storage.checkpoints import latest_complete
-from storage.fs import join
+from storage.location import Location, join
 from storage.spec import WrittenSpec, write_spec
 from tasks.train import train_attempts
 from tests.distributed.harness import Staged, config
@@ -76,7 +76,7 @@ def written(staged: Staged, name: str, overrides: list[str]) -> WrittenSpec:
     cfg = config(staged, name, [*pod_settings(staged.storage), *overrides])
     digest = record_model(cfg, name, staged.model_path)
     spec = build_spec(cfg, name, staged.model_path, staged.dataset, digest)
-    return WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
+    return WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))
 
 
 def test_a_prefect_kubernetes_worker_runs_the_pipeline_in_a_pod_and_its_nodes_as_pods_of_their_own(
@@ -138,7 +138,7 @@ def test_a_prefect_kubernetes_worker_runs_the_pipeline_in_a_pod_and_its_nodes_as
     owner = [{"apiVersion": "v1", "kind": "Pod", "name": pipeline.name, "uid": pipeline.uid}]
     assert all(body["metadata"]["ownerReferences"] == owner for body in nodes)  # found from inside its pod
     assert CANARY not in json.dumps(nodes)  # the nodes read it from the Secret; no object of theirs holds it
-    assert latest_complete(storage / "runs" / "via-kubernetes").step == 4
+    assert latest_complete(Location(str(storage / "runs" / "via-kubernetes"))).step == 4
     assert pipeline.process is not None and pipeline.process.wait(timeout=60) == 0  # the engine's exit ends its pod
     assert cluster.alive() == []
     assert [key[0] for key in cluster.objects] == ["Job"]  # the pipeline's own, kept for finished_job_ttl
@@ -172,7 +172,7 @@ def test_a_failing_rank_is_its_nodes_error_line_with_its_exit_class(
     account = tmp_path / "serviceaccount"
     account.mkdir()
     (account / "namespace").write_text("default\n")
-    monkeypatch.setattr(kubernetes_backend, "SERVICE_ACCOUNT", account)
+    monkeypatch.setattr(kubernetes_api, "SERVICE_ACCOUNT", account)
     monkeypatch.setenv("HOSTNAME", "pipeline-7xk2p")
     owner = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pipeline-7xk2p", "uid": "5f1c-uid"}}
     cluster.objects[("Pod", "default", "pipeline-7xk2p")] = owner
@@ -261,7 +261,7 @@ def test_kill_9_of_the_pipeline_stops_every_pod(cluster: FakeCluster, staged: St
     own."""
     settings = ["train.max_steps=400", "train.save_steps=1000", "launch.checkpoint_on_cancel=true"]
     job = written(staged, "k8s-orphan", settings)
-    run = Path(str(job.spec.run_url))
+    run = Path(job.spec.run.url)
     pipeline = start_phase(str(job.url), run)
     assert cluster.alive(), "no pod runs"
     pipeline.kill()

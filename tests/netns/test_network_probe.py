@@ -12,7 +12,7 @@ from core.errors import UserError
 from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
-from storage.fs import join
+from storage.location import join
 from storage.spec import WrittenSpec, write_spec
 from tests.distributed.harness import Staged, config
 from tests.netns.hosts import Machines, shape, unshape
@@ -35,7 +35,7 @@ def probe(staged: Staged, machines: Machines, name: str, overrides: list[str]) -
         ],
     )
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    written = WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
+    written = WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))
     lines: list[str] = []
     try:
         run_phase(written, "probe", lines.append)

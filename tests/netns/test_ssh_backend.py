@@ -22,7 +22,7 @@ from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete, read_complete
-from storage.fs import join
+from storage.location import Location, join
 from storage.spec import WrittenSpec, write_spec
 from tests.conftest import ROOT
 from tests.distributed.harness import Staged, config
@@ -92,7 +92,7 @@ def test_the_pipeline_runs_over_ssh_across_namespaces(
     with CommandLines(machines) as lines:
         summary = finetune(cfg)
     print(f"pipeline over ssh: {time.monotonic() - started:.1f} s")
-    assert latest_complete(summary["run_url"]).step == 4
+    assert latest_complete(Location(summary["run_url"])).step == 4
     assert summary["registered"]
     # Rank 1 died once at step 3: the retry resumed over ssh, with the transport's own logging on.
     assert (tmp_path / "died-once").exists()
@@ -163,7 +163,7 @@ class ElasticPipeline:
 
     def wait_for_a_checkpoint(self) -> None:
         deadline = time.monotonic() + 180
-        while latest_complete(str(self.run_dir)) is None or not latest_complete(str(self.run_dir)).step >= 2:
+        while (newest := latest_complete(Location(str(self.run_dir)))) is None or newest.step < 2:
             assert time.monotonic() < deadline and self.thread.is_alive(), self.outcome
             time.sleep(0.3)
 
@@ -172,7 +172,7 @@ class ElasticPipeline:
         self.thread.join(timeout=300)
         assert not self.thread.is_alive() and "error" not in self.outcome, self.outcome
         summary = self.outcome["summary"]
-        assert latest_complete(summary["run_url"]).step == 8 and summary["registered"]
+        assert latest_complete(Location(summary["run_url"])).step == 8 and summary["registered"]
         first, second = self.attempts()
         assert (first["nodes"], first["world_size"]) == ([0, 1, 2], 3)
         assert (second["nodes"], second["world_size"]) == ([0, 1], 2) and second["from_step"] >= 2
@@ -241,7 +241,7 @@ def ssh_spec(staged: Staged, machines: Machines, name: str, hosts: list[str], ov
         ],
     )
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
-    return WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
+    return WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))
 
 
 def test_a_killed_node_fails_the_job_within_seconds_naming_its_host(staged: Staged, machines: Machines) -> None:
@@ -301,7 +301,7 @@ def test_duplicate_node_ranks_by_hand_stop_every_node_within_seconds(staged: Sta
     cfg = config(staged, "by-hand-dup", ["launch.nnodes=3"])
     spec = build_spec(cfg, "by-hand-dup", staged.model_path, staged.dataset)
     write_spec(spec)
-    spec_url = join(spec.run_url, layout.SPEC)
+    spec_url = join(spec.run, layout.SPEC)
     first = machines.machines[0].addr
     nodes = []
     started = time.monotonic()
@@ -384,7 +384,7 @@ def test_kill_9_of_the_pipeline_leaves_nothing_on_any_host(staged: Staged, machi
         assert time.monotonic() - killed < 90, machines.strays()
         time.sleep(0.25)
     print(f"ssh backend: every host clean {time.monotonic() - killed:.1f} s after kill -9 of the pipeline")
-    newest = latest_complete(str(run))
+    newest = latest_complete(Location(str(run)))
     assert newest is not None and newest.step >= 3, newest  # the ranks saved on the way out
     for step_dir in (run / "checkpoints").iterdir():
-        assert not (step_dir / "COMPLETE").exists() or read_complete(str(step_dir)) is not None
+        assert not (step_dir / "COMPLETE").exists() or read_complete(Location(str(step_dir))) is not None

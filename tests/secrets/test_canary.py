@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from launch.command import free_port
+from storage.location import Location
+from tests.conftest import ROOT
 from tests.flows.conftest import deploy, start_workers
 from tests.servers import PrefectServer, start_prefect_server, stop
 
@@ -142,7 +144,7 @@ def run_everything(world: World, tiny_model: str) -> None:
         "launch.kubernetes.secret=tandem-creds",
         "launch.kubernetes.pvc=shared",
         f"launch.kubernetes.pvc_path={world.storage}",
-        extra=["--manifests"],
+        extra=["--dry-run"],
     )
     world.outputs["refused"] = finetune(  # one CLI start for both: the loader reports every refused key at once
         with_canary,
@@ -195,7 +197,7 @@ def test_a_credential_in_the_config_is_refused_without_echoing_it(world: World) 
 
 
 def test_the_kubernetes_objects_name_the_secret_never_the_value(world: World) -> None:
-    """The rendered objects (printed by --manifests, what the backend submits) take the forwarded name from the
+    """The rendered objects (printed by --dry-run, what the backend submits) take the forwarded name from the
     Secret; test_no_canary_anywhere checks that output with the others."""
     done = world.outputs["manifests"]
     assert done.returncode == 0, done.stderr
@@ -247,7 +249,7 @@ def rendered_sbatch(world: World) -> str:
     from launch.job import PhaseJob
     from storage.spec import WrittenSpec, load_spec
 
-    url = str(world.storage / "runs" / "canary-local" / "spec.json")
+    url = Location(str(world.storage / "runs" / "canary-local" / "spec.json"))
     spec, digest = load_spec(url)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(NAME, world.canary)

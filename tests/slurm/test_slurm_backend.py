@@ -20,7 +20,7 @@ from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
 from storage.checkpoints import latest_complete
-from storage.fs import join
+from storage.location import Location, join
 from storage.spec import WrittenSpec, write_spec
 from tests.distributed.harness import Staged, config
 from tests.flows.test_orphans import GONE_WAIT_S, saved_whole, start_phase, wait_gone
@@ -41,7 +41,8 @@ def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
     )
     spec = build_spec(cfg, "render", staged.model_path, staged.dataset)
     script = render_sbatch(
-        PhaseJob(WrittenSpec(spec, "/shared/runs/render/spec.json", "ab" * 32), "train"), output="/shared/out-%j.txt"
+        PhaseJob(WrittenSpec(spec, Location("/shared/runs/render/spec.json"), "ab" * 32), "train"),
+        output="/shared/out-%j.txt",
     )
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
@@ -84,7 +85,7 @@ def test_the_pipeline_runs_through_sbatch(slurm_cluster, prefect_server, tmp_pat
             ],
         )
     )
-    assert latest_complete(summary["run_url"]).step == 4
+    assert latest_complete(Location(summary["run_url"])).step == 4
     assert summary["registered"] and summary["registration"].startswith("tandem-tiny v")
     jobs = sorted(p.name for p in (tmp_path / "runs" / "via-slurm" / "slurm").iterdir())
     assert "train.sbatch" in jobs and "eval.sbatch" in jobs and any(j.startswith("train-") for j in jobs)
@@ -106,7 +107,7 @@ def test_a_failing_rank_fails_the_job_with_its_output(slurm_cluster, staged: Sta
     spec = build_spec(cfg, "slurm-fail", staged.model_path, staged.dataset)
     digest = write_spec(spec)
     with pytest.raises(RetryableError) as info:
-        run_phase(WrittenSpec(spec, join(spec.run_url, layout.SPEC), digest), "train", lambda _: None)
+        run_phase(WrittenSpec(spec, join(spec.run, layout.SPEC), digest), "train", lambda _: None)
     message = str(info.value)
     assert (
         message.startswith("train: SLURM job ")
@@ -135,8 +136,8 @@ def test_kill_9_of_the_pipeline_ends_the_slurm_job_and_leaves_no_rank(slurm_clus
         ],
     )
     spec = build_spec(cfg, "slurm-orphan", staged.model_path, staged.dataset)
-    written = WrittenSpec(spec, join(spec.run_url, layout.SPEC), write_spec(spec))
-    run = Path(str(spec.run_url))
+    written = WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))
+    run = Path(spec.run.url)
     pipeline = start_phase(str(written.url), run)
     pipeline.kill()
     pipeline.wait()

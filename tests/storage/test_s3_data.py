@@ -11,7 +11,8 @@ import pytest
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.stage import stage_dataset
-from storage.fs import Location, filesystem, join, read_bytes, write_bytes_atomic
+from storage.fs import filesystem, read_bytes, write_bytes_atomic
+from storage.location import Location, join
 from storage.manifest import verify_dataset
 from tests.datafiles import arithmetic, qwen, write_jsonl, write_parquet
 
@@ -71,7 +72,11 @@ def test_a_compressed_object_is_read_as_its_content(s3_bucket, tiny_model, tmp_p
 
     records = write_jsonl(tmp_path / "d.jsonl", arithmetic(40))
     plain = stage_dataset(
-        DataConfig(source=records, max_length=64), str(tmp_path / "s"), tiny_model, progress=lambda _: None, bars=False
+        DataConfig(source=records, max_length=64),
+        Location(str(tmp_path / "s")),
+        tiny_model,
+        progress=lambda _: None,
+        bars=False,
     )
     stored = zstandard.ZstdCompressor().compress(Path(records).read_bytes())
     write_bytes_atomic(join(s3_bucket, "raw/d.jsonl.zst"), stored)

@@ -1,7 +1,7 @@
 """The package layout of docs/architecture.md, held against the code: which package may import which (whole
 directories, no special cases), what only some packages may import (Prefect, torch, fsspec), no import cycle anywhere
 in the production code (imports inside functions included), no alias re-exports, no private helper imported from
-another module, and no function over 50 lines."""
+another module, no function over 50 lines, and no module over 400 (but those still to be split)."""
 
 from __future__ import annotations
 
@@ -34,12 +34,13 @@ ALLOWED = {
 # Third-party packages only some of ours may import: Prefect above the libraries (and the prefect launch backend),
 # torch and DeepSpeed on the ranks (and MLflow's model flavour, which loads a model), fsspec below config.
 THIRD_PARTY = {
-    "prefect": {"tasks", "flows", "launch/backends/prefect.py", "launch/backends/prefect_api.py"},
+    "prefect": {"tasks", "flows", "launch/backends/prefect.py", "launch/api_outage.py"},
     "torch": {"trainer", "tracking/mlflow_model.py"},
     "deepspeed": {"trainer"},
     "fsspec": {"storage", "staging", "tracking", "pipeline", "launch", "trainer", "tasks", "flows"},
 }
 MAX_FUNCTION_LINES = 50
+MAX_MODULE_LINES = 400
 
 
 def sources() -> Iterator[tuple[str, Path]]:
@@ -227,6 +228,12 @@ def test_functions_are_short() -> None:
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+def test_modules_are_small() -> None:
+    lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for _, path in sources()}
+    long = sorted(f"{name} ({count})" for name, count in lines.items() if count > MAX_MODULE_LINES)
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: split them: {long}"
+
+
 def test_the_trainer_and_the_gpu_benchmark_import_without_prefect() -> None:
     """A GPU machine without Prefect runs the trainer and tests/benchmarks/bench_gpu.py from a checkout
     (tests/benchmarks/GPU.md): their modules import with Prefect made unimportable, in a fresh interpreter."""
@@ -244,3 +251,76 @@ for module in ("trainer.__main__", "trainer.loop", "trainer.evaluate", "trainer.
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# Modules without logic of their own to test: declarations, or a thin wiring of functions tested in their own modules.
+NO_LOGIC = {
+    "core/errors.py": "error types and their exit codes, declared (every test of an exit code uses them)",
+    "trainer/__main__.py": "the rank's entry point: parses --spec and hands trainer.loop to trainer/harness.py",
+    "trainer/logging_setup.py": "one logging.basicConfig with core/rank_log.py's format",
+    "tasks/evaluate.py": "a Prefect task: launch/phase.py's eval phase, then eval.json read back and logged",
+    "tasks/loss_curve.py": "a Prefect task: pipeline/loss_curve.py's plot, logged",
+}
+
+
+def unit_test_of(path: Path) -> Path:
+    """Where a production module's unit tests live: tests/unit/<its folder>/test_<its name>.py (a package's
+    __init__.py: test_init.py)."""
+    relative = path.relative_to(ROOT)
+    name = "init" if relative.stem == "__init__" else relative.stem
+    return ROOT / "tests" / "unit" / relative.parent / f"test_{name}.py"
+
+
+def needs_a_test(path: Path) -> bool:
+    """Every module but a package's __init__.py that defines nothing (a docstring, a constant or two)."""
+    tree = ast.parse(path.read_text())
+    return path.name != "__init__.py" or any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for node in tree.body
+    )
+
+
+def test_every_module_with_logic_has_a_test_module_of_its_name() -> None:
+    """STYLE.md's convention 13: the test for a file is found by its name."""
+    missing = [
+        f"{path.relative_to(ROOT)}: {unit_test_of(path).relative_to(ROOT)}"
+        for _, path in sources()
+        if needs_a_test(path) and not unit_test_of(path).exists() and str(path.relative_to(ROOT)) not in NO_LOGIC
+    ]
+    assert not missing, f"modules without their test module: {missing}"
+
+
+def test_the_list_of_modules_without_logic_is_current() -> None:
+    """Each entry names a module that exists and has no test module of its name: a module that gains one leaves the
+    list."""
+    modules = {str(path.relative_to(ROOT)): path for _, path in sources()}
+    for name in NO_LOGIC:
+        assert name in modules, f"{name} is no module any more: remove it from the list"
+        test = unit_test_of(modules[name])
+        assert not test.exists(), f"{name} has {test.relative_to(ROOT)}: remove it from the list"
+
+
+def test_every_unit_test_module_is_named_after_a_module() -> None:
+    """Under tests/unit/<package>/, test_<name>.py tests <package>/.../<name>.py (a renamed or removed module takes its
+    test module with it); tests/unit/ itself holds the checks of the whole repository (docs, layout, docker)."""
+    expected = {unit_test_of(path) for _, path in sources()}
+    stray = [
+        str(path.relative_to(ROOT))
+        for package in ALLOWED
+        for path in sorted((ROOT / "tests" / "unit" / package).rglob("test_*.py"))
+        if path not in expected
+    ]
+    assert not stray, f"test modules named after no module: {stray}"
+
+
+def test_every_test_folder_is_a_package() -> None:
+    """Test modules of one name in two folders (tests/unit/storage/test_registry.py, tests/unit/flows/test_registry.py)
+    import as two modules only when every folder on their way is a package."""
+    folders = {path.parent for path in (ROOT / "tests").rglob("test_*.py")} - {ROOT / "tests" / "fixtures"}
+    lacking = sorted(
+        str(folder.relative_to(ROOT))
+        for folder in folders
+        if "fixtures" not in folder.relative_to(ROOT).parts
+        for parent in [folder, *folder.relative_to(ROOT).parents][:-1]
+        if not (ROOT / parent / "__init__.py").exists()
+    )
+    assert not lacking, f"folders without __init__.py: {lacking}"

@@ -35,16 +35,9 @@ from storage.checkpoints import (
     remove_dir,
 )
 from storage.digest import digest_url
-from storage.fs import (
-    Location,
-    filesystem,
-    get_file,
-    is_local,
-    join,
-    local_path,
-    read_bytes,
-    with_retries,
-)
+from storage.fs import filesystem, get_file, read_bytes
+from storage.location import Location, is_local, join, local_path
+from storage.retry import with_retries
 from trainer.checkpointing.snapshot import Pending, Snapshot, SnapshotEngine
 from trainer.checkpointing.writer import SaveJob
 from trainer.distributed import Dist, barrier
@@ -140,7 +133,7 @@ def publish_dir(
     for dirpath, _, names in os.walk(staging):
         for name in names:
             rel = os.path.relpath(os.path.join(dirpath, name), staging)
-            digest, size = digest_url(os.path.join(dirpath, name), algorithm)
+            digest, size = digest_url(Location(os.path.join(dirpath, name)), algorithm)
             files.append({"path": rel, "size": size, "digest": digest})
     remove_dir(url)  # an older export (COMPLETE removed first) or an interrupted one
     if is_local(url):

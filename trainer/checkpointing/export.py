@@ -15,7 +15,8 @@ import torch
 
 from storage import layout
 from storage.checkpoints import model_manifest
-from storage.fs import Location, exists, join, read_json
+from storage.fs import exists, read_json
+from storage.location import Location, join
 from trainer import faults
 from trainer.checkpointing.deepspeed_io import publish_dir
 from trainer.checkpointing.streamed_export import merge_streamed, write_partitioned

@@ -20,7 +20,8 @@ from core.errors import UserError
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
 from storage.digest import digest_url
-from storage.fs import Location, exists, filesystem, join
+from storage.fs import exists, filesystem
+from storage.location import Location, join
 from trainer.distributed import Dist, barrier, gather_objects
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,9 @@ import torch
 
 from storage.checkpoints import checkpoint_manifest, commit
 from storage.digest import CHUNK, hasher
-from storage.fs import Location, full_storage_is_one_line, join, put_file, removed_on_error, size
+from storage.fs import put_file, size
+from storage.full import full_storage_is_one_line, removed_on_error
+from storage.location import Location, join
 from trainer import faults
 from trainer.checkpointing.snapshot import Snapshot
 from trainer.distributed import Dist, gather_objects

@@ -1,0 +1,55 @@
+"""The results sections (eval, register and its gate, track): their checks, each a one-line error naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from config.loader import load_config
+from core.errors import UserError
+
+
+@pytest.mark.parametrize(
+    ("setting", "environ", "expected"),
+    [
+        (None, {}, None),  # unset, no variable: MLflow is off
+        (None, {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://mlflow:5000"),
+        ("http://other:5000", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, "http://other:5000"),
+        ("off", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}, None),  # off even when the variable is set
+    ],
+)
+def test_track_mlflow_uri_falls_back_to_the_environment_unless_off(setting, environ, expected) -> None:
+    cfg = load_config(None, [f"track.mlflow_uri={setting}"] if setting else [])
+    assert cfg.track.mlflow_tracking_uri(environ) == expected
+
+
+def test_track_mlflow_uri_refuses_a_password() -> None:
+    with pytest.raises(UserError) as info:
+        load_config(None, ["track.mlflow_uri=https://me:hunter2hunter2@mlflow.example.com"])
+    assert "hunter2" not in str(info.value)
+    assert "track.mlflow_uri has a password in its URL: remove it and set MLFLOW_TRACKING_USERNAME" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "register.gate={threshold: 2.0, better_than: champion}",
+            "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than",
+        ),
+        (
+            "register.gate={metric: loss}",
+            "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than",
+        ),
+        (
+            "register.gate={metric: token_accuracy, threshold: 0.5}",
+            "register.gate.direction must be max for token_accuracy, got min",
+        ),
+        ("register.gate={better_than: best}", "register.gate.better_than: Input should be 'champion'"),
+        ("eval.generate_samples=-1", "eval.generate_samples: Input should be greater than or equal to 0"),
+        ("eval.model=latest", "eval.model: Input should be 'final' or 'checkpoint'"),
+    ],
+)
+def test_bad_gate_and_eval_config_is_one_line_naming_the_key(override: str, expected: str) -> None:
+    with pytest.raises(UserError) as info:
+        load_config(None, [override])
+    assert expected in str(info.value) and "\n" not in str(info.value)

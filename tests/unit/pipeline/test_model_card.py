@@ -1,0 +1,127 @@
+"""The model card (pipeline/model_card.py) as a reader sees it, for a registered entry built as the register task builds
+it (pipeline/lineage.py): for an SFT LoRA run and a DPO full fine-tune, what it says the data and its held-out split,
+the method and objective (with the reference model), the batch arithmetic, the chat template, the metrics the objective
+measures (and none it does not), an elastic run's attempts and the lineage are, and how to load the model (PEFT only for
+an adapter; a copy first from an object store). A password in any URL it shows is masked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from config.chat_template import builtin_template, template_digest
+from core.checkout import code_version
+from pipeline.lineage import registry_entry
+from pipeline.model_card import load_snippet, model_card, split_row
+from storage.checkpoints import CompleteCheckpoint
+from storage.location import Location
+from storage.spec import Attempt, Spec
+from tests.specs import spec_for
+
+SFT_METRICS = {"loss": 2.0, "perplexity": 7.389, "token_accuracy": 0.5, "loss_sum": 200.0, "target_tokens": 100}
+SFT_METRICS |= {"correct_tokens": 50, "examples": 10}
+DPO_METRICS = {"loss": 0.6, "reward_accuracy": 0.75, "reward_margin": 0.5, "chosen_logps_per_token": -1.2}
+DPO_METRICS |= {"rejected_logps_per_token": -1.5, "units": 8}
+MANIFEST = {
+    "splits": {"train": {"records": 90, "target_tokens": 900}, "eval": {"records": 10, "target_tokens": 100}},
+    "split": {"eval_ratio": 0.1, "eval_max_records": 5, "eval_capped": 3},
+}
+
+
+def entry(spec: Spec, metrics: dict[str, Any]) -> dict[str, Any]:
+    """A registry entry as register_version writes it (with the url the card reads back)."""
+    checkpoint = CompleteCheckpoint(Location(f"{spec.run}/checkpoints/step-00000008"), 8, "ckpt-digest", {})
+    measured = metrics | {"world_size": 2, "model_url": f"{spec.run}/final"}
+    body = registry_entry(spec, "spec-digest", checkpoint, Location(f"{spec.run}/final"), measured, "flow-1")
+    return body | {"model": "tandem-tiny", "version": 3, "created_at": "2025-01-02T03:04:05Z", "url": "/reg/v3.json"}
+
+
+def table(card: str, section: str) -> dict[str, str]:
+    """The rows of a section's two-column table."""
+    body = card.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("| ").split(" | ", 1) for line in body.splitlines() if line.startswith("| ") and line != "| | |"]
+    return dict(rows)
+
+
+def test_an_sft_card_names_its_objective_batch_metrics_and_lineage(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, [])
+    doc = entry(spec, SFT_METRICS)
+    card = model_card(spec, doc, MANIFEST, None)
+    assert card.startswith(f"# tandem-tiny v0003\n\nlora fine-tune of `{tmp_path}`, run `r`, registered 2025-01-02")
+    assert table(card, "Data") == {
+        "dataset": "`d`",
+        "source": f"`{spec.config.data.source}`",
+        "train split": "90 records, 900 target tokens",
+        "eval split": "10 records, 100 target tokens",
+        "held out": "`data.eval_ratio` 0.1, at most `data.eval_max_records` 5 (3 more records train)",
+    }
+    method = table(card, "Method and configuration")
+    assert list(method)[:3] == ["method", "LoRA", "objective"]
+    assert method["objective"] == "sft (supervised: cross-entropy of the answers)"
+    assert method["LoRA"] == "r 16, alpha 32, dropout 0"
+    assert method["global batch"] == "12 rows = 2 x 3 accumulation x 2 ranks"  # spec_for: 12 in 2s on 2 ranks
+    assert (method["optimizer steps"], method["DeepSpeed"], method["nodes x ranks"]) == ("8", "ZeRO-2", "2 x 1")
+    assert method["chat template"] == "the base model's own" and "attempts" not in method
+    assert "All-reduced over 2 eval ranks" in card
+    assert table(card, "Metrics") == {
+        "eval loss (nats per target token)": "2.0000",
+        "perplexity": "7.39",
+        "token accuracy": "0.5000",
+        "target tokens": "100",
+        "correct tokens": "50",
+        "eval examples": "10",
+    }  # loss_sum is in the entry, not on the card
+    assert table(card, "Lineage") == {key: f"`{value}`" for key, value in doc["lineage"].items()}
+    assert table(card, "Lineage")["code_version"] == f"`{code_version()}`"
+    assert "## Loss curve" not in card
+    assert f'PeftModel.from_pretrained(base, "{spec.run}/final")' in card
+    assert table(card, "Where")["checkpoint"] == f"`{spec.run}/checkpoints/step-00000008`"
+
+
+def test_a_dpo_card_names_its_reference_template_attempts_and_preference_metrics(tmp_path: Path) -> None:
+    spec = spec_for(
+        tmp_path,
+        ["train.objective=dpo", "train.method=full", "model.chat_template=qwen2.5", "launch.min_nnodes=1"],
+    )
+    spec = spec.model_copy(update={"attempts": [Attempt(number=1, nodes=[0], world_size=1, from_step=0)]})
+    doc = entry(spec, DPO_METRICS)
+    card = model_card(spec, doc, MANIFEST, Location(f"{spec.run}/loss.png"))
+    assert "\n\nfull fine-tune of " in card
+    method = table(card, "Method and configuration")
+    assert "LoRA" not in method
+    assert method["objective"] == (
+        f"dpo (beta 0.1, label smoothing 0); reference: the base model `{tmp_path}`'s log-probabilities of every pair, "
+        "computed before training (the run's reference/)"
+    )
+    digest = template_digest(builtin_template("qwen2.5"))[:16]
+    assert method["chat template"] == f"`qwen2.5` (sha256 `{digest}`)"
+    assert method["attempts"] == "attempt 1: nodes 0 (1 ranks) from step 0"
+    assert table(card, "Metrics") == {
+        "eval loss (nats per target token)": "0.6000",
+        "reward accuracy (share of units the reward ranks right)": "0.7500",
+        "reward margin (chosen minus rejected reward, mean)": "0.5000",
+        "chosen log-probability per token": "-1.2000",
+        "rejected log-probability per token": "-1.5000",
+        "eval pairs (or KTO answers)": "8",
+    }
+    lineage = table(card, "Lineage")
+    assert "attempts" in doc["lineage"] and "attempts" not in lineage  # shown once, in the configuration
+    assert f"![loss curve](loss.png)\n\n`{spec.run}/loss.png`" in card
+    assert "PeftModel" not in card and f'from_pretrained("{spec.run}/final", dtype=dtype)' in card
+
+
+def test_the_split_row_the_snippet_from_an_object_store_and_masked_urls(tmp_path: Path) -> None:
+    assert split_row({"eval_source": "/d/eval.jsonl"}) == ("held out", "`data.eval_source` /d/eval.jsonl, whole")
+    assert split_row({"eval_ratio": 0.05}) == ("held out", "`data.eval_ratio` 0.05, no cap")
+    assert split_row({"eval_ratio": 0.1, "eval_max_records": 50, "eval_capped": 0}) == (
+        "held out",
+        "`data.eval_ratio` 0.1, at most `data.eval_max_records` 50",
+    )
+    snippet = load_snippet({"model_url": "s3://b/runs/r/final", "method": "full"})
+    assert snippet.splitlines()[0] == "# from_pretrained needs a local directory: copy s3://b/runs/r/final first " + (
+        "(e.g. aws s3 sync)"
+    )
+    spec = spec_for(tmp_path, [])
+    doc = entry(spec, SFT_METRICS) | {"url": "https://reader:hunter2@registry.example/v3.json"}
+    card = model_card(spec, doc, MANIFEST, None)
+    assert "hunter2" not in card and "https://reader:***@registry.example/v3.json" in card

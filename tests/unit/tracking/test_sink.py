@@ -1,0 +1,10 @@
+"""The sinks' common part (tracking/sink.py): what a metrics.jsonl line and the config become in every sink."""
+
+from __future__ import annotations
+
+from tracking.sink import step_metrics
+
+
+def test_a_step_line_gives_its_train_metrics_and_skips_what_is_missing() -> None:
+    line = {"step": 3, "max_steps": 8, "loss": 2.5, "lr": 0.001, "grad_norm": None, "tokens_per_s": 100}
+    assert step_metrics(line) == {"train/loss": 2.5, "train/lr": 0.001, "train/tokens_per_s": 100.0}
