@@ -25,6 +25,7 @@ from flows.cli import add_config_arguments, enter, run_config_cli
 from flows.hangup import Hangup, cancel_on_hangup, from_the_command_line, received
 from flows.prepare import stage_inputs
 from pipeline.lineage import lineage
+from pipeline.models import registry_name
 from pipeline.plan import new_run_id
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
@@ -101,12 +102,12 @@ def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
     model_url = layout.final_dir(spec.run)
     evaluated = checkpoint.url if cfg.eval.model == "checkpoint" else model_url
     metrics = evaluate_on_nodes(written, evaluated)
-    loss_plot = plot_loss(spec.run, checkpoint.step, metrics["loss"], f"{cfg.register.model_name}, run {run_id}")
+    loss_plot = plot_loss(spec.run, checkpoint.step, metrics["loss"], f"{registry_name(cfg)}, run {run_id}")
     registered = register_model(written, checkpoint, model_url, metrics, loss_plot)
     if registered.registered:
         record_model_asset(spec, registered)
     if (mlflow_uri := cfg.track.mlflow_tracking_uri()) is not None:  # a rejected gate mirrors nothing new
-        mirror_registry(layout.root(cfg.run), cfg.register.model_name, mlflow_uri)
+        mirror_registry(layout.root(cfg.run), registry_name(cfg), mlflow_uri)
     track_results(tracker, written, checkpoint, metrics, loss_plot, registered)
     summary = {
         "run_id": run_id,

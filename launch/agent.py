@@ -35,10 +35,13 @@ from core.checkout import PROJECT_ROOT
 from launch.command import AGENT_TAG_ENV, heartbeat_dir, node_scratch, rank_environment, torchrun_command
 from launch.diagnose import error_for, failure_message, failure_summary, read_from
 from launch.job import NodePlan
+from launch.preflight import gpus
+from launch.signals import death_of
 from launch.supervise import Failure, Poller, supervise
 from storage import layout
 from storage.fs import put_file, write_json_atomic
 from storage.location import Location, is_local, join
+from storage.spec import Spec
 
 KILL_GRACE_S = 10.0
 FAILED_GRACE_S = 2.0
@@ -184,8 +187,8 @@ class AgentMember:
     """A node's agent as a member of the supervise loop: its node files published once it exited, its failure read
     from its part of the log."""
 
-    def __init__(self, agent: Agent, run_url: Location, phase: str) -> None:
-        self.agent, self.run_url, self.phase = agent, run_url, phase
+    def __init__(self, agent: Agent, spec: Spec, phase: str) -> None:
+        self.agent, self.spec, self.run_url, self.phase = agent, spec, spec.run, phase
         self.ended_at: float | None = None
 
     def returncode(self) -> int | None:
@@ -202,10 +205,12 @@ class AgentMember:
         text = read_from(agent.log_path, agent.log_offset)
         _, rank_code = failure_summary(text)
         log_url = join(layout.node_dir(self.run_url, agent.node_rank), layout.LOG)
-        error = error_for(rank_code, failure_message(self.phase, agent.node_rank, text, log_url))
+        # A rank killed by a signal left no line: the step and the memory plan say what the signal likely meant.
+        death = death_of(self.spec, on_gpu=gpus() is not None) if rank_code is not None and rank_code < 0 else None
+        error = error_for(rank_code, failure_message(self.phase, agent.node_rank, text, log_url, death))
         return Failure(error, rank_code, self.ended_at or time.monotonic())
 
 
-def supervise_agent(agent: Agent, run_url: Location, phase: str, pollers: list[Poller]) -> None:
+def supervise_agent(agent: Agent, spec: Spec, phase: str, pollers: list[Poller]) -> None:
     """Follow the agent until it exited 0; raise its failure, or what a poller raises (a stall, the node's claim)."""
-    supervise([AgentMember(agent, run_url, phase)], pollers)
+    supervise([AgentMember(agent, spec, phase)], pollers)

@@ -8,6 +8,7 @@ import signal
 
 from core.errors import EXIT_USER_ERROR, RetryableError, UserError
 from core.rank_log import CRASH, rank_errors
+from launch.signals import Death, killed_by
 from storage import layout
 from storage.fs import exists, read_bytes
 from storage.location import Location, join
@@ -98,7 +99,7 @@ def failure_summary(text: str) -> tuple[str, int | None]:
     return summary, code
 
 
-def culprit(text: str) -> tuple[str, int | None, str | None]:
+def culprit(text: str, death: Death | None = None) -> tuple[str, int | None, str | None]:
     """failure_summary's (summary, exit code), and the failed rank's own error line when it wrote one.
 
     Which rank failed first cannot be read from the times: torchrun finds its ranks' exits at its next check, and
@@ -120,6 +121,9 @@ def culprit(text: str) -> tuple[str, int | None, str | None]:
         return f"rank {rank}: {message}", codes.get(rank, failures[0][1] if failures else None), own
     if killed or failures:
         rank, code = (killed or failures)[0]
+        # A signal leaves no line of the rank's own: say which, and what it likely meant.
+        if code != -signal.SIGTERM and (signalled := killed_by(code, death or Death())):
+            return f"rank {rank} {signalled}", code, None
         diagnosis = connect_diagnosis(text)
         return f"rank {rank} exited with code {code}" + (f": {diagnosis}" if diagnosis else ""), code, None
     return "see the log", None, None
@@ -134,13 +138,16 @@ def ranks_failed(text: str) -> list[tuple[int, int]]:
     return list(seen.items())
 
 
-def failure_message(phase: str, node_rank: int, text: str, log_url: Location) -> str:
+def failure_message(phase: str, node_rank: int, text: str, log_url: Location, death: Death | None = None) -> str:
     """The error of a failed node from its log text: one line when a rank said why it failed (where its log, and a
-    crash's traceback, are), else that line and the log's last lines without torchrun's report of the failure."""
-    summary, _, own = culprit(text)
+    crash's traceback, are) or died by a signal (which, and the likely cause), else that line and the log's last
+    lines without torchrun's report of the failure."""
+    summary, code, own = culprit(text, death)
     headline = f"{phase} failed on node {node_rank}, {summary}"
     if own is not None:
         return f"{headline} ({'traceback' if CRASH.match(own) else 'log'}: {log_url})"
+    if code is not None and code < 0 and code != -signal.SIGTERM:
+        return f"{headline} (log: {log_url})"
     return f"{headline}\nlast lines of {log_url}:\n{tail(without_torchrun_report(text))}"
 
 

@@ -133,7 +133,7 @@ def run_node(job: PhaseJob, plan: NodePlan, info: Info | None = None, *, stop: N
             f"rendezvous {plan.master_addr}:{plan.master_port}"
         )
         try:
-            supervise_agent(agent, spec.run, job.phase, pollers)
+            supervise_agent(agent, spec, job.phase, pollers)
         finally:
             kill([agent], kill_grace(spec.config.launch, claim, stop))
     except TandemError as exc:

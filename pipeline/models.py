@@ -3,10 +3,14 @@ once in a subprocess (torch stays out of the pipeline's process) and kept under 
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from config.chat_template import TEMPLATE_DIR
+from config.loader import DEFAULT_PRESET, preset_path, read_yaml
 from config.schema import FinetuneConfig
 from config.sections.model_train import BUILTIN_MODELS
 from core.checkout import PROJECT_ROOT
@@ -17,6 +21,53 @@ from storage.fs import exists
 from storage.location import Location, is_local, join, local_path
 
 TINY_CORPUS = PROJECT_ROOT / "data" / "sample" / "conversations.json"
+BUILTIN_PREFIX = "tandem-"  # a built-in model's registry name: tandem-tiny, tandem-tiny-qwen2.5
+# A Hugging Face cache snapshot (.../models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/<commit>) is named by its repository.
+HUB_SNAPSHOT = re.compile(r"models--[^/]+--([^/]+)/snapshots/[^/]+$")
+
+
+def registry_name(cfg: FinetuneConfig) -> str:
+    """The name the trained model registers under (the registry's, MLflow's and the model card's):
+    register.model_name, else the model's own (`model_name_of`)."""
+    return cfg.register.model_name or model_name_of(cfg.model.name_or_path)
+
+
+def model_name_of(name_or_path: str) -> str:
+    """A model's directory or hub repository name, lowercased (Qwen/Qwen2.5-0.5B-Instruct: qwen2.5-0.5b-instruct);
+    tandem-<name> for a built-in model, by its name or a directory trainer.tiny built."""
+    if name_or_path in BUILTIN_MODELS:
+        return BUILTIN_PREFIX + name_or_path
+    if built := builtin_in(Path(name_or_path)):
+        return BUILTIN_PREFIX + built
+    path = name_or_path.rstrip("/")
+    snapshot = HUB_SNAPSHOT.search(path)
+    base = snapshot.group(1) if snapshot else path.rsplit("/", 1)[-1]
+    # register.model_name's pattern: letters, digits, '.', '_' and '-', a letter or digit first.
+    name = re.sub(r"[^a-z0-9._-]+", "-", base.lower()).strip("._-")[:100]
+    return name or "model"
+
+
+def toy_length_note(cfg: FinetuneConfig) -> str | None:
+    """Why data.max_length may be too small: a real model trained with the default preset's length, which is sized for
+    the built-in tiny model (None for a built-in model, or another length)."""
+    toy = read_yaml(preset_path(DEFAULT_PRESET))["data"]["max_length"]
+    name = cfg.model.name_or_path
+    if name in BUILTIN_MODELS or builtin_in(Path(name)) or cfg.data.max_length != toy:
+        return None
+    return (
+        f"data.max_length={toy} is the {DEFAULT_PRESET} preset's, sized for its built-in tiny model; {name} is a real "
+        "model: set data.max_length to what it and your records need (e.g. 2048)"
+    )
+
+
+def builtin_in(directory: Path) -> str | None:
+    """Which built-in model a directory holds, from the COMPLETE marker trainer.tiny writes last (None: another)."""
+    try:
+        marker = json.loads((directory / layout.COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    built = marker.get("model") if isinstance(marker, dict) else None
+    return built if built in BUILTIN_MODELS else None
 
 
 def tiny_model_url(storage: Location, model: str = "tiny") -> Location:

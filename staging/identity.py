@@ -27,7 +27,7 @@ from storage.fs import read_range, size
 from storage.location import Location
 
 # Bump when normalization or tokenization changes what is staged for the same input and settings.
-PIPELINE_VERSION = 6
+PIPELINE_VERSION = 7
 READ_BLOCK = 8 * 1024 * 1024
 
 

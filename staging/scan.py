@@ -13,6 +13,7 @@ import array
 import collections
 import contextlib
 import itertools
+import math
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ class Spooler:
     # The records data.eval_ratio held out: their place in `splits` and their eval_key (data.eval_max_records).
     held_at: array.array[int] = field(default_factory=lambda: array.array("q"))
     held_keys: array.array[int] = field(default_factory=lambda: array.array("Q"))
+    splittable: int = 0  # records of the training sources, the ones data.eval_ratio splits
+    nearest: tuple[int, int] | None = None  # (eval_key, place) of the training record nearest to eval
 
     def take(self, index: int, key: str, item: Digested | Reject) -> None:
         """One run of records (or a reject) of file `index`, from the stream `key`."""
@@ -96,23 +99,49 @@ class Spooler:
     def hold_out(self, digests: list[bytes]) -> None:
         """Each training source record's split by its digest (data.eval_ratio); the held out ones are remembered
         for data.eval_max_records."""
+        if self.data.eval_source:
+            self.splits += bytes([TRAIN]) * len(digests)
+            return
         for digest in digests:
-            held = not self.data.eval_source and in_eval(digest, self.data.eval_ratio)
+            key, place = eval_key(digest), len(self.splits)
+            self.splittable += 1
+            held = in_eval(digest, self.data.eval_ratio)
             if held:
-                self.held_at.append(len(self.splits))
-                self.held_keys.append(eval_key(digest))
+                self.held_at.append(place)
+                self.held_keys.append(key)
+            elif self.nearest is None or key < self.nearest[0]:
+                self.nearest = (key, place)
             self.splits.append(EVAL if held else TRAIN)
 
+    def fill_eval(self) -> bool:
+        """A small dataset whose digests put no record into eval holds out the one nearest to it (the lowest key),
+        so a ratio > 0 of at least 2 records always gives an eval split; returns whether it did."""
+        if self.held_at or self.nearest is None or self.splittable < 2 or self.data.eval_ratio <= 0:
+            return False
+        key, place = self.nearest
+        self.held_at.append(place)
+        self.held_keys.append(key)
+        self.splits[place] = EVAL
+        return True
+
     def cap_eval(self) -> int:
-        """Keep the data.eval_max_records held out records with the lowest keys (ties: the earlier record) in eval,
-        and train on the others; returns how many moved to train."""
-        cap = self.data.eval_max_records
+        """Keep at most eval_limit(...) held out records, those with the lowest keys (ties: the earlier record), in
+        eval, and train on the others; returns how many moved to train."""
+        cap = eval_limit(self.data, self.splittable)
         if cap is None or len(self.held_at) <= cap:
             return 0
         at, keys = np.frombuffer(self.held_at, dtype=np.int64), np.frombuffer(self.held_keys, dtype=np.uint64)
         moved = at[np.lexsort((at, keys))[cap:]]
         np.frombuffer(self.splits, dtype=np.uint8)[moved] = TRAIN
         return len(moved)
+
+
+def eval_limit(data: DataConfig, records: int) -> int | None:
+    """The most records data.eval_ratio holds out of `records`: the ratio rounded up (as a newcomer's
+    train_test_split counts it), and no more than data.eval_max_records."""
+    # round() first: 0.1 x 30 is 3.0000000000000004 in floating point, which must not round up to 4.
+    by_ratio = math.ceil(round(data.eval_ratio * records, 9))
+    return by_ratio if data.eval_max_records is None else min(by_ratio, data.eval_max_records)
 
 
 def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Reporter) -> Scan:
@@ -135,12 +164,7 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
             sink.take(index, files[index].key, item)
     sources = source_rows(inputs, reader.opened, sink.counts)
     report(sources, reader.opened, inputs.streams, data, reporter)
-    capped = sink.cap_eval()
-    if capped:
-        reporter.info(
-            f"eval split capped at data.eval_max_records={data.eval_max_records}: {capped} more records of the "
-            f"{len(sink.held_at)} data.eval_ratio={data.eval_ratio} held out train"
-        )
+    capped = settle_eval(sink, data, reporter)
     scan = Scan(
         sink.writer.close(),
         sink.splits,
@@ -152,6 +176,30 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
     )
     check_splits(scan, data)
     return scan
+
+
+def settle_eval(sink: Spooler, data: DataConfig, reporter: Reporter) -> int:
+    """Bring the eval split that the digests gave to at least one record and at most the ratio rounded up (and
+    data.eval_max_records), saying what moved; returns how many records data.eval_max_records moved to train."""
+    if sink.fill_eval():
+        reporter.info(
+            f"no record's digest fell into eval with data.eval_ratio={data.eval_ratio} ({sink.splittable} records): "
+            "the one nearest to it is held out"
+        )
+    moved = sink.cap_eval()
+    if not moved:
+        return 0
+    if data.eval_max_records is not None and eval_limit(data, sink.splittable) == data.eval_max_records:
+        reporter.info(
+            f"eval split capped at data.eval_max_records={data.eval_max_records}: {moved} more records of the "
+            f"{len(sink.held_at)} data.eval_ratio={data.eval_ratio} held out train"
+        )
+        return moved
+    reporter.info(
+        f"eval split held to data.eval_ratio={data.eval_ratio} of {sink.splittable} records rounded up "
+        f"({eval_limit(data, sink.splittable)}): {moved} more records whose digests fell into eval train"
+    )
+    return 0
 
 
 @dataclass

@@ -51,6 +51,8 @@ from storage.shards import FileEntry, PreferenceWriter, SplitWriter, split_rows
 from storage.spec import DatasetRef
 
 log = logging.getLogger(__name__)
+# More than this share of records cut by data.max_length is said in a warning line (a count in the manifest is missed).
+TRUNCATION_WARN_SHARE = 0.05
 
 
 def stage_dataset(
@@ -60,9 +62,11 @@ def stage_dataset(
     progress: Callable[[str], None] = log.info,
     bars: bool | None = None,
     chat_template: str | None = None,
+    length_note: str | None = None,
 ) -> DatasetRef:
     """Stage data.source under {storage}/datasets/{id}; reuse a complete copy if there is one. `chat_template`
-    (model.chat_template's text) replaces the tokenizer's template."""
+    (model.chat_template's text) replaces the tokenizer's template; `length_note` ends the warning of many records
+    cut by data.max_length (why the setting may be too small)."""
     reporter = Reporter(progress, bars)
     fingerprint = tokenizer_fingerprint(model_path, chat_template)
     inputs = survey(data, fingerprint, reporter)
@@ -88,7 +92,7 @@ def stage_dataset(
                     data.mask_history,
                     data.excess_length,
                 )
-                ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter, packed)
+                ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter, packed, length_note)
             except Exception:
                 clear(base)  # it failed on its own data: no later run completes this directory
                 raise
@@ -170,11 +174,14 @@ def write_dataset(
     spool: Path,
     reporter: Reporter,
     packed: bool,
+    length_note: str | None = None,
 ) -> DatasetRef:
     """Tokenize the spool into shards (packed into rows when `packed`), then write rejects.jsonl and, last, the
     manifest."""
-    files, counts, rejects = write_shards(base, scan, data, settings, spool, reporter, packed)
+    files, counts, rejects, longest = write_shards(base, scan, data, settings, spool, reporter, packed)
     check_counts(counts, data)
+    if warning := length_warning(counts, longest, data, length_note):
+        reporter.info(warning)
     if rejects:
         body = rejects_jsonl(rejects)
         write_bytes_atomic(join(base, layout.REJECTS), body)
@@ -207,9 +214,9 @@ def write_shards(
     spool: Path,
     reporter: Reporter,
     packed: bool,
-) -> tuple[list[FileEntry], dict[str, dict[str, int]], list[Reject]]:
+) -> tuple[list[FileEntry], dict[str, dict[str, int]], list[Reject], int]:
     """Tokenize the spool in data.num_proc processes into each split's shards: (the shards, each split's counts, the
-    rejects of both passes)."""
+    rejects of both passes, the longest record's tokens before any cut)."""
     verb = "written" if is_local(base) else "uploaded"
     written: list[FileEntry] = []
     rejects = list(scan.rejects)
@@ -228,13 +235,30 @@ def write_shards(
 
         writers = {split: split_writer(base, split, data, on_write, packed, spool.parent) for split in layout.SPLITS}
         dropped = dict.fromkeys(layout.SPLITS, 0)
+        longest = 0
         for result in results:
+            longest = max(longest, result.batch.longest)
             keep_rejects(result, splits, data, rejects, dropped)
             route(result, splits, writers)
             phase.update(result.chunk.count)
         files = [entry for split in layout.SPLITS for entry in writers[split].close()]
     counts = {split: {**writer.counts, "dropped": dropped[split]} for split, writer in writers.items()}
-    return files, counts, rejects
+    return files, counts, rejects, longest
+
+
+def length_warning(counts: dict[str, dict[str, int]], longest: int, data: DataConfig, note: str | None) -> str | None:
+    """One warning line when more than TRUNCATION_WARN_SHARE of the records were cut (or dropped) by data.max_length:
+    how many, the longest, and the setting to raise; `note` says why the setting may be too small."""
+    cut = sum(c["truncated"] + c["dropped"] for c in counts.values())
+    records = sum(c["records"] + c["dropped"] for c in counts.values())
+    if not records or cut / records <= TRUNCATION_WARN_SHARE:
+        return None
+    how = "truncated" if data.excess_length == "truncate" else "dropped"
+    return (
+        f"warning: {cut} of {records} records ({cut / records:.0%}) are longer than data.max_length={data.max_length} "
+        f"tokens and were {how} (the longest: {longest} tokens); raise data.max_length (to {longest} to keep every "
+        "record whole)" + (f"; {note}" if note else "")
+    )
 
 
 def keep_rejects(

@@ -45,6 +45,7 @@ class EncodedBatch:
     dropped: list[tuple[int, str]] = field(default_factory=list)  # over-long, by data.excess_length: drop or fail
     segments: np.ndarray | None = None  # preference rows (staging/pairs.py): each row's 3 segment lengths
     feedback: np.ndarray | None = None  # and its label (storage/shards.py PAIR, 1, 0)
+    longest: int = 0  # tokens of the batch's longest conversation before data.max_length cut or dropped it
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ class ChatEncoder:
             turns = list(zip(bounds[0::2], bounds[1::2], strict=True))
             targets = [turn for turn, flag in zip(turns, flags, strict=True) if flag and turn[0] < turn[1]]
             n_tokens = len(ids)
+            out.longest = max(out.longest, n_tokens)
             if not targets:
                 rejects.append(
                     (index, "the chat template left no assistant tokens; check the tokenizer's chat template")
@@ -298,6 +300,7 @@ class _Collector:
         self.truncated: list[bool] = []
         self.kept: list[int] = []
         self.dropped: list[tuple[int, str]] = []
+        self.longest = 0
 
     def add(self, index: int, ids: np.ndarray, targets: list[tuple[int, int]], truncated: bool) -> None:
         """One kept example: its ids and its target ranges within them."""
@@ -318,6 +321,7 @@ class _Collector:
             np.array(self.kept, dtype=np.int32),
             rejects,
             self.dropped,
+            longest=self.longest,
         )
 
 

@@ -5,7 +5,8 @@ a rank starts, so a missing, short or different file (an interrupted copy to a n
 stops the job in one line naming the node and the file, instead of a rank's crash or, worse, a silent mix of two
 models. Digests of local files come from the node cache (storage/node_cache.py): a model is hashed once per machine,
 not at every launch or retry. Symlinks are followed (a Hugging Face cache's snapshot points into its blobs); hidden
-files and directories (`.cache`, `.git`, lock files) are not part of the model.
+files and directories (`.cache`, `.git`, lock files) are not part of the model. Before the pipeline's copy is
+digested, its weights files are read by their headers (storage/weights.py), so a download cut short is named first.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from storage.digest import digest_bytes
 from storage.fs import exists, read_bytes, write_json_atomic
 from storage.location import Location, join
 from storage.node_cache import file_digest
+from storage.weights import check_weights
 
 
 def model_files(model_dir: str) -> list[str]:
@@ -42,8 +44,10 @@ def describe(model_dir: str, algorithm: str, cache: Path) -> dict[str, Any]:
     the same manifest digest (in the lineage of every run trained from it)."""
     if not os.path.isdir(model_dir):
         raise UserError(f"model.name_or_path {model_dir}: not a directory; give the model's local directory")
+    relatives = model_files(model_dir)
+    check_weights(model_dir, relatives)  # headers first: a broken download is named before minutes of hashing
     files = []
-    for relative in model_files(model_dir):
+    for relative in relatives:
         path = os.path.join(model_dir, relative)
         digest, _ = file_digest(path, algorithm, cache)
         files.append({"path": relative, "size": os.stat(path).st_size, "digest": digest})

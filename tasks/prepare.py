@@ -9,7 +9,7 @@ from prefect.context import TaskRunContext
 
 from config.chat_template import resolve_chat_template
 from config.schema import FinetuneConfig
-from pipeline.models import resolve_model
+from pipeline.models import resolve_model, toy_length_note
 from staging.stage import stage_dataset, staged_state
 from storage import layout
 from storage.full import full_storage_is_one_line
@@ -52,4 +52,5 @@ def prepare_dataset(cfg: FinetuneConfig, model_path: str) -> DatasetRef:
             model_path,
             progress=logger.info,
             chat_template=resolve_chat_template(cfg.model.chat_template),
+            length_note=toy_length_note(cfg),
         )

@@ -13,6 +13,7 @@ from core.redact import mask_text, redact
 from pipeline.gate import check_gate, ranking
 from pipeline.lineage import browser_link, registry_entry
 from pipeline.model_card import model_card
+from pipeline.models import registry_name
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
 from storage.fs import write_bytes_atomic
@@ -47,7 +48,7 @@ def register_model(
     """Gate, then claim the next registry version, promote the champion and publish the artifacts."""
     logger = get_run_logger()
     spec = written.spec
-    model, storage = spec.config.register.model_name, layout.root(spec.config.run)
+    model, storage = registry_name(spec.config), layout.root(spec.config.run)
     create_table_artifact(
         key="eval-metrics",
         table=redact([{"metric": key, "value": metrics[key]} for key in eval_record_keys(metrics)]),

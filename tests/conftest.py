@@ -147,7 +147,8 @@ def published_tiny(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) ->
     `tiny_model` trains it."""
     from tests.published import tiny_as_published
 
-    return str(tiny_as_published(tiny_model, tmp_path_factory.mktemp("published") / "tiny"))
+    # Named as a hub repository is (mixed case): the run registers under its lowercased name.
+    return str(tiny_as_published(tiny_model, tmp_path_factory.mktemp("published") / "Tiny-Qwen2.5-Instruct"))
 
 
 @pytest.fixture(scope="session")

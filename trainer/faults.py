@@ -4,6 +4,9 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_SLOW_RANK=RANK:SECONDS   sleep SECONDS per micro-batch on global rank RANK
     TANDEM_TEST_EXIT_AT_STEP=RANK:STEP   hard-exit global rank RANK when it reaches optimizer step STEP (this and the
                                          other step hooks below first let a background save in flight finish)
+    TANDEM_TEST_SIGNAL_AT_STEP=RANK:STEP send TANDEM_TEST_SIGNAL (a name: KILL by default, SEGV, BUS, ABRT) to global
+                                         rank RANK itself when it reaches optimizer step STEP: a real death by signal,
+                                         as the kernel's out-of-memory killer or a native crash brings it
     TANDEM_TEST_STALL_AT_STEP=RANK:STEP  hang global rank RANK (sleep for an hour) in optimizer step STEP
     TANDEM_TEST_EXIT_IN_SAVE=RANK:STEP:POINT
                                          hard-exit global rank RANK while it saves the checkpoint of step STEP, at
@@ -32,6 +35,7 @@ slow or die at a chosen step through the real entry point, instead of mocking th
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -97,6 +101,7 @@ def maybe_record_env_digest(run_url: Location, node_rank: int, rank: int) -> Non
 
 STEP_HOOKS = (
     "TANDEM_TEST_EXIT_AT_STEP",
+    "TANDEM_TEST_SIGNAL_AT_STEP",
     "TANDEM_TEST_STALL_AT_STEP",
     "TANDEM_TEST_RAISE_AT_STEP",
     "TANDEM_TEST_NAN_AT_STEP",
@@ -116,6 +121,12 @@ def maybe_exit(rank: int, step: int) -> None:
     hook = _parse("TANDEM_TEST_EXIT_AT_STEP")
     if hook and hook[0] == rank and int(hook[1]) == step:
         _die()
+    hook = _parse("TANDEM_TEST_SIGNAL_AT_STEP")
+    if hook and hook[0] == rank and int(hook[1]) == step:
+        signal.signal(signal.SIGABRT, signal.SIG_DFL)  # Python's faulthandler would otherwise catch the fatal ones
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        signal.signal(signal.SIGBUS, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.Signals["SIG" + os.environ.get("TANDEM_TEST_SIGNAL", "KILL")])
 
 
 def maybe_stall(rank: int, step: int) -> None:

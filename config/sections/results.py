@@ -98,10 +98,12 @@ class GateConfig(Section):
 class RegisterConfig(Section):
     """Where the trained model is registered, and the gate it must pass."""
 
-    model_name: str = Field(
-        "tandem-tiny",
+    model_name: str | None = Field(
+        None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
-        description="Registry name; versions are registry/{model_name}/v0001.json, v0002.json, ...",
+        description="Registry name (also the MLflow model's and the model card's); versions are "
+        "registry/{model_name}/v0001.json, v0002.json, ...; empty: the model's directory or hub name, lowercased "
+        "(Qwen/Qwen2.5-0.5B-Instruct: qwen2.5-0.5b-instruct), tandem-tiny for the built-in tiny model.",
     )
     gate: GateConfig | None = Field(None, description="Promotion gate; empty: every evaluated model is registered.")
 

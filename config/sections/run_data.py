@@ -151,7 +151,13 @@ class DataConfig(Section):
         "rejects.jsonl next to the manifest, counted in it.",
     )
     max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; see data.excess_length.")
-    eval_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="Share of records held out for evaluation.")
+    eval_ratio: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="Share of records held out for evaluation, by record digest: of 2 or more records at least one "
+        "and at most the share rounded up (10 records at 0.1: one).",
+    )
     eval_max_records: int | None = Field(
         2000,
         gt=0,

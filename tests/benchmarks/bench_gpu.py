@@ -360,13 +360,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="PyTorch's fused AdamW in DeepSpeed (torch_adam), where its own fused Adam cannot or need not be compiled",
     )
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, when its name is not known")
-    parser.add_argument("--out", type=Path, default=Path("bench_gpu.json"), help="where the JSON goes")
+    parser.add_argument(
+        "--out", type=Path, help="where the JSON goes (default: bench_gpu.json in --work, else in the temporary folder)"
+    )
     parser.add_argument(
         "--dry-run-cpu",
         action="store_true",
         help="check this script only: a toy shape at 128 tokens, LoRA and full, 1 repeat, on the CPU",
     )
     options = parser.parse_args(argv)
+    # Never the checkout: a bare run leaves nothing there for git to show.
+    options.out = options.out or (options.work or Path(tempfile.gettempdir())) / "bench_gpu.json"
     options.loss_chunk_tokens = [int(v) for v in options.loss_chunk_tokens.split(",")]
     if options.dry_run_cpu:
         options.cases, options.repeats, options.steps, options.records = "lora-toy-128,full-toy-128", 1, 5, 60

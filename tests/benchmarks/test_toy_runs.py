@@ -64,6 +64,19 @@ def test_bench_gpu_dry_run_on_the_cpu(tmp_path: Path) -> None:
         positive(result, "flops_per_token")
 
 
+def test_bench_gpu_writes_its_results_where_it_is_told_or_in_the_temporary_folder(tmp_path: Path) -> None:
+    """Never in the checkout's root (where a bare run left an untracked bench_gpu.json): --out, else --work, else the
+    temporary folder. Parsing only: no run, in the default run."""
+    import tempfile
+
+    from tests.benchmarks import bench_gpu
+
+    assert bench_gpu.parse([]).out == Path(tempfile.gettempdir()) / "bench_gpu.json"
+    assert bench_gpu.parse(["--work", str(tmp_path)]).out == tmp_path / "bench_gpu.json"
+    assert bench_gpu.parse(["--out", str(tmp_path / "x.json")]).out == tmp_path / "x.json"
+    assert not bench_gpu.parse(["--dry-run-cpu"]).out.resolve().is_relative_to(HERE.parents[1])
+
+
 @bench
 def test_bench_launch(prefect_server: Any) -> None:
     """The pipeline's train stage vs a bare torchrun, and the time from a rank's death to the stage's failure."""

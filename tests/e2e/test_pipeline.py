@@ -63,7 +63,9 @@ def test_eval_counts_equal_the_eval_split(pipeline) -> None:
 
 def test_registry_entry_carries_the_lineage(pipeline) -> None:
     storage, summary = pipeline
-    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    # register.model_name unset: the run is named after its model's directory (Tiny-Qwen2.5-Instruct), lowercased.
+    assert sorted(p.name for p in (storage / "registry").iterdir()) == ["tiny-qwen2.5-instruct"]
+    entry = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "v0001.json").read_text())
     dataset_manifest = storage / "datasets" / summary["dataset_id"] / "manifest.json"
     ckpt = Path(summary["checkpoint_url"])
     lineage = entry["lineage"]

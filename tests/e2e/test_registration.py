@@ -25,7 +25,7 @@ def reruns(pipeline, mlflow_server, published_tiny):
     from flows.finetune import finetune
 
     storage, _ = pipeline
-    registry = storage / "registry" / "tandem-tiny"
+    registry = storage / "registry" / "tiny-qwen2.5-instruct"
     before = files_under(registry)
     base = [f"run.storage={storage}", "run.name=e2e", f"model.name_or_path={published_tiny}"]
     rejected = finetune(
@@ -69,8 +69,9 @@ def test_a_run_that_fails_the_gate_registers_nothing_in_mlflow_either(pipeline, 
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_server.uri)
-    assert [v.version for v in client.search_model_versions("name = 'tandem-tiny'")] == ["1"]  # the first run's
-    assert client.get_model_version_by_alias("tandem-tiny", "champion").version == "1"
+    # the first run's
+    assert [v.version for v in client.search_model_versions("name = 'tiny-qwen2.5-instruct'")] == ["1"]
+    assert client.get_model_version_by_alias("tiny-qwen2.5-instruct", "champion").version == "1"
     experiment = client.get_experiment_by_name("e2e-rejected")
     [run] = client.search_runs([experiment.experiment_id])
     assert run.data.tags["tandem.registered"] == reruns[1].message
@@ -95,13 +96,13 @@ def test_a_rerun_of_a_finished_run_trains_nothing(pipeline, reruns) -> None:
 def test_a_run_that_passes_the_gate_registers_the_next_version(pipeline, reruns) -> None:
     storage, first = pipeline
     accepted = reruns[3]
-    assert accepted.is_completed() and accepted.message == "registered tandem-tiny v0002"
-    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0002.json").read_text())
+    assert accepted.is_completed() and accepted.message == "registered tiny-qwen2.5-instruct v0002"
+    entry = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "v0002.json").read_text())
     assert entry["evaluated_url"] == first["checkpoint_url"]  # eval.model=checkpoint
     assert entry["model_url"] == first["model_url"]
     # The checkpoint reassembled on the base evaluates exactly like the exported adapter.
     assert_close(entry["metrics"]["loss"], first["eval"]["loss"], rtol=1e-7, atol=0)
-    champion = json.loads((storage / "registry" / "tandem-tiny" / "champion.json").read_text())
+    champion = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "champion.json").read_text())
     assert champion["version"] == 1  # equal loss does not beat the champion
 
 
@@ -109,7 +110,7 @@ def test_registered_lora_model_loads_back_and_reproduces_its_eval_loss(pipeline)
     from pipeline.model_card import load_snippet
 
     storage, summary = pipeline
-    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    entry = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "v0001.json").read_text())
     namespace: dict = {}
     exec(load_snippet(entry), namespace)  # exactly what the model card and `flows.registry show` tell users
     model = namespace["model"].eval()
@@ -153,7 +154,7 @@ def test_loss_curve_and_model_card_are_in_the_run_directory(pipeline) -> None:
     assert summary["loss_plot"] == str(run / "loss.png")
     assert Image.open(run / "loss.png").format == "PNG"
     card = (run / "model_card.md").read_text()  # of the run's latest registration (the reruns register too)
-    assert card.startswith("# tandem-tiny v000") and "![loss curve](loss.png)" in card
+    assert card.startswith("# tiny-qwen2.5-instruct v000") and "![loss curve](loss.png)" in card
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [s["index"] for s in samples] == [0, 1]
 
@@ -170,11 +171,11 @@ def read_artifact(key: str):
 
 def test_model_card_and_link_artifacts_were_published(pipeline) -> None:
     _, summary = pipeline
-    # The server is the session's: other tests' runs may publish cards for their own tandem-tiny v0001.
+    # The server is the session's: other tests' runs may publish cards for their own tiny-qwen2.5-instruct v0001.
     cards = [
         a.data
         for a in read_artifact("model-card")
-        if a.data.startswith("# tandem-tiny v0001\n") and summary["model_url"] in a.data
+        if a.data.startswith("# tiny-qwen2.5-instruct v0001\n") and summary["model_url"] in a.data
     ]
     assert len(cards) == 1
     card = cards[0]
@@ -194,7 +195,7 @@ def test_model_card_and_link_artifacts_were_published(pipeline) -> None:
     ):
         assert needle in card, needle
     links = [a.data for a in read_artifact("model")]
-    assert f"[tandem-tiny v0001](file://{summary['model_url']})" in links
+    assert f"[tiny-qwen2.5-instruct v0001](file://{summary['model_url']})" in links
 
 
 def test_the_model_is_an_asset_materialized_from_the_staged_dataset(pipeline, reruns) -> None:
@@ -218,6 +219,6 @@ def test_the_model_is_an_asset_materialized_from_the_staged_dataset(pipeline, re
     assert sorted(by_version) == [1, 2], f"materializations of {model_key}: {sorted(by_version)}"  # + the rerun
     event = by_version[1]
     assert (dataset_key, "asset") in {(r.id, r.role) for r in event.related}
-    assert event.resource.name == "tandem-tiny v0001"
+    assert event.resource.name == "tiny-qwen2.5-instruct v0001"
     assert event.payload["metrics"]["loss"] == summary["eval"]["loss"]
     assert event.payload["lineage"]["dataset_id"] == summary["dataset_id"]

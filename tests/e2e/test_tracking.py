@@ -57,17 +57,17 @@ def test_the_mlflow_run_holds_the_resolved_config_lineage_and_files(pipeline, ml
     assert params["launch.nnodes"] == "2" and params["resolved.world_size"] == "2"
     assert params["resolved.total_steps"] == "30" and params["resolved.dataset_id"] == summary["dataset_id"]
     assert params["resolved.deepspeed.zero_optimization.stage"] == "2"
-    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    entry = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "v0001.json").read_text())
     for key in ("dataset_manifest_digest", "spec_digest", "code_version", "checkpoint_manifest_digest"):
         assert run.data.tags[f"tandem.{key}"] == entry["lineage"][key], key
     # Cross-links: the Prefect flow run in MLflow's tags (and MLflow's run in Prefect, below).
     assert run.data.tags["prefect.flow_run_id"] == entry["lineage"]["flow_run_id"]
     assert run.data.tags["tandem.run_url"] == summary["run_url"]
-    assert run.data.tags["tandem.registered"] == "tandem-tiny v0001 (champion)"
+    assert run.data.tags["tandem.registered"] == "tiny-qwen2.5-instruct v0001 (champion)"
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"loss.png", "model_card.md", "tandem-tiny-v0001"} <= names  # (+ versions mirrored by other tests)
+    assert {"loss.png", "model_card.md", "tiny-qwen2.5-instruct-v0001"} <= names  # (+ versions mirrored by other tests)
     card = Path(client.download_artifacts(run.info.run_id, "model_card.md")).read_text()
-    assert card.startswith("# tandem-tiny v0001")
+    assert card.startswith("# tiny-qwen2.5-instruct v0001")
 
 
 def test_the_prefect_flow_run_links_to_the_mlflow_run(mlflow_run, mlflow_server) -> None:
@@ -96,19 +96,19 @@ def test_tensorboard_events_hold_every_step(pipeline) -> None:
 def test_the_registered_version_and_champion_are_mirrored_and_load_back(
     pipeline, mlflow_run, mlflow_server, monkeypatch
 ) -> None:
-    """Tandem's v0001 (the champion) is MLflow's version 1 of tandem-tiny with its lineage, the `champion` alias
-    names it, the mapping is recorded beside Tandem's entry, and the MLflow model loads back as the same LoRA model:
-    its eval loss is the recorded one."""
+    """Tandem's v0001 (the champion) is MLflow's version 1 of tiny-qwen2.5-instruct with its lineage, the `champion`
+    alias names it, the mapping is recorded beside Tandem's entry, and the MLflow model loads back as the same LoRA
+    model: its eval loss is the recorded one."""
     import mlflow.pyfunc
 
     from tests.e2e.test_registration import assert_reproduces_eval
 
     storage, summary = pipeline
     client, run = mlflow_run
-    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
-    mirror = json.loads((storage / "registry" / "tandem-tiny" / "mlflow" / "v0001.json").read_text())
+    entry = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "v0001.json").read_text())
+    mirror = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "mlflow" / "v0001.json").read_text())
     assert (mirror["status"], mirror["mlflow_version"], mirror["tracking_uri"]) == ("done", 1, mlflow_server.uri)
-    version = client.get_model_version_by_alias("tandem-tiny", "champion")
+    version = client.get_model_version_by_alias("tiny-qwen2.5-instruct", "champion")
     assert version.version == "1" and version.run_id == run.info.run_id
     for key in ("dataset_manifest_digest", "spec_digest", "code_version", "checkpoint_manifest_digest"):
         assert version.tags[f"tandem.{key}"] == entry["lineage"][key], key
@@ -116,7 +116,7 @@ def test_the_registered_version_and_champion_are_mirrored_and_load_back(
     # The artifacts are served by the tracking server. (Not mlflow.set_tracking_uri: it exports the variable for
     # good, and every later pipeline run of this process would track to MLflow.)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
-    loaded = mlflow.pyfunc.load_model("models:/tandem-tiny@champion")
+    loaded = mlflow.pyfunc.load_model("models:/tiny-qwen2.5-instruct@champion")
     model = loaded.unwrap_python_model().model
     assert type(model).__name__ == "PeftModelForCausalLM"
     assert_reproduces_eval(model, summary["run_url"], entry)
@@ -132,7 +132,7 @@ def test_a_mirror_mlflow_cannot_take_stays_pending_until_sync_completes_it(pipel
     from tracking.mlflow_registry import sync
 
     storage, _ = pipeline
-    first = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    first = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "v0001.json").read_text())
     body = {k: v for k, v in first.items() if k not in ("schema", "model", "version", "created_at", "digest")}
     tandem, client, down = Location(str(tmp_path)), MlflowClient(mlflow_server.uri), f"http://127.0.0.1:{free_port()}"
     mirror = tmp_path / "registry" / "mirror-test" / "mlflow"
@@ -178,7 +178,7 @@ def test_wandb_offline_run_files_hold_every_step_the_config_and_lineage(pipeline
         for item in r.config.update
     }
     assert json.loads(config["train.method"]) == "lora" and json.loads(config["resolved.world_size"]) == "2"
-    entry = json.loads((storage / "registry" / "tandem-tiny" / "v0001.json").read_text())
+    entry = json.loads((storage / "registry" / "tiny-qwen2.5-instruct" / "v0001.json").read_text())
     summaries = {
         item.key or "/".join(item.nested_key): json.loads(item.value_json)
         for r in records(path)

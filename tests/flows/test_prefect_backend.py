@@ -5,6 +5,7 @@ from the newest checkpoint — or names the node that failed, within seconds, le
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from datetime import datetime
@@ -112,14 +113,19 @@ def test_a_dead_node_fails_the_pipeline_fast_and_leaves_no_process(node_workers,
     cfg = load_config(
         None,
         settings(
-            tmp_path, "dead-node", tiny_model, ["launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:4'}", "train.max_steps=40"]
+            tmp_path, "dead-node", tiny_model, ["launch.env={TANDEM_TEST_SIGNAL_AT_STEP: '1:4'}", "train.max_steps=40"]
         ),
     )
     started = time.monotonic()
-    with pytest.raises(RetryableError) as info:
+    with pytest.raises(RetryableError) as info:  # a real SIGKILL to rank 1, as the out-of-memory killer sends it
         finetune(cfg)
     elapsed = time.monotonic() - started
     assert str(info.value).startswith("train failed on node 1 ")
+    # One line: the signal by name and number, the step, the likely cause with the plan's figure and the check.
+    said = re.search(r"rank 1 was killed by SIGKILL \(signal 9\) after step (\d+); likely cause: (.*)", str(info.value))
+    assert said is not None and "\n" not in said[0], str(info.value)
+    assert 0 <= int(said[1]) <= 4 and said[2].startswith("the kernel's out-of-memory killer sends this; the memory ")
+    assert re.search(r"the memory plan said \d+\.\d GB per rank; check `dmesg`", said[2]), said[2]
     assert elapsed < 120
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -10,7 +10,7 @@ PLAN=${PLAN:-fast-paths}
 WHEELS=${WHEELS:-.tandem/gpu-wheels}
 DEADLINE=$((SECONDS + ${DEADLINE_S:-540}))
 mkdir -p "$OUT_DIR"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 left() { echo $((DEADLINE - SECONDS)); }
 step() {  # step NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (or what is left), its output in the log
     local name=$1 budget=$2
@@ -24,6 +24,11 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (or wh
 }
 python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl >>"$OUT_DIR/log.txt" 2>&1 \
     || { echo "pip install failed" | tee -a "$OUT_DIR/log.txt"; exit 1; }
+# The project itself, beside the machine's torch (--no-deps): editable, so that the checkout's data and presets stay
+# where the code finds them, with the `tandem` command. It needs setuptools and wheel (carry their wheels where the
+# machine's Python has none); without them the checkout is put on PYTHONPATH instead, and the log says so.
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT_DIR/log.txt" 2>&1 \
+    || { echo "installing the project failed: PYTHONPATH=$PWD instead" | tee -a "$OUT_DIR/log.txt"; export PYTHONPATH=$PWD; }
 {
     nvidia-smi
     python3 tests/benchmarks/gpu_env.py

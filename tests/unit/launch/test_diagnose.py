@@ -154,3 +154,20 @@ def test_without_a_rank_line_the_tail_shows_the_ranks_lines_not_torchruns_report
     first, _, rest = message.partition("\n")
     assert first == "train failed on node 1, rank 1 exited with code 137"
     assert "Root Cause" not in rest and "something the rank printed" in rest
+
+
+def test_a_rank_killed_by_a_signal_is_one_line_with_its_cause() -> None:
+    from launch.signals import Death
+
+    echo = "2026-11-25 18:01:44,000 [rank 0/2 vm] ERROR trainer: RuntimeError: Connection closed by peer\n"
+    text = echo + torchrun_report((0, -15), (1, -9))
+    log = Location("/runs/r/nodes/1/log.txt")
+    message = failure_message("train", 1, text, log, Death(step=4, rank_bytes=2 * 10**9))
+    assert message == (
+        "train failed on node 1, rank 1 was killed by SIGKILL (signal 9) after step 4; likely cause: the kernel's "
+        "out-of-memory killer sends this; the memory plan said 2.0 GB per rank; check `dmesg` (or `journalctl -k`) on "
+        "that node for 'Out of memory: Killed process', then lower train.micro_batch_size or data.max_length, or "
+        "give the node more memory (a container's memory limit kills the same way) (log: /runs/r/nodes/1/log.txt)"
+    )
+    assert failure_summary(torchrun_report((0, -15), (1, -11)))[1] == -11
+    assert failure_summary(torchrun_report((0, -15), (1, -11)))[0].startswith("rank 1 was killed by SIGSEGV")

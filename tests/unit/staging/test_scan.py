@@ -3,11 +3,15 @@ split held out by digest and capped; an empty result, or an empty split the sett
 
 from __future__ import annotations
 
+import math
+
+import blake3
+import orjson
 import pytest
 
 from config.sections.run_data import DataConfig
 from core.errors import UserError
-from staging.identity import survey
+from staging.identity import eval_key, survey
 from staging.progress import Reporter
 from staging.scan import EVAL, TRAIN, check_splits, scan_sources
 from staging.spool import read_chunk
@@ -52,9 +56,41 @@ def test_an_empty_result_or_split_is_one_line(tmp_path) -> None:
     data = DataConfig(source=source, on_invalid="skip")
     with pytest.raises(UserError, match=rf"no usable records \(2 rejected; the first: {source}:1: no assistant turn\)"):
         check_splits(scan(data, tmp_path), data)
-    two = DataConfig(source=write_jsonl(tmp_path / "b.jsonl", arithmetic(2)), eval_ratio=0.01)
+    one = DataConfig(source=write_jsonl(tmp_path / "one.jsonl", arithmetic(1)), eval_ratio=0.01)
     with pytest.raises(UserError, match=r"the eval split is empty: no record fell into eval with data.eval_ratio=0.01"):
-        check_splits(scan(two, tmp_path), two)
+        check_splits(scan(one, tmp_path), one)
+    two = DataConfig(source=write_jsonl(tmp_path / "b.jsonl", arithmetic(2)), eval_ratio=0.01)
     check_splits(scan(two.model_copy(update={"eval_ratio": 0.0}), tmp_path), two.model_copy(update={"eval_ratio": 0.0}))
     with pytest.raises(UserError, match=r"the train split is empty \(all 2 records fell into eval\)"):
         check_splits(scan(two.model_copy(update={"eval_ratio": 1.0}), tmp_path), two)
+
+
+def keys_of(result, spool) -> list[int]:
+    """Each spooled record's eval_key, from its canonical form as staging digests it."""
+    bodies = [body for chunk in result.chunks for _, body in read_chunk(spool, chunk)]
+    return [eval_key(blake3.blake3(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).digest()) for body in bodies]
+
+
+@pytest.mark.parametrize("records", [2, 3, 5, 10, 11, 30, 57, 200])
+@pytest.mark.parametrize("ratio", [0.01, 0.1, 0.25])
+def test_the_eval_split_is_the_lowest_keys_at_least_one_at_most_the_ratio_rounded_up(tmp_path, records, ratio):
+    data = DataConfig(source=write_jsonl(tmp_path / "a.jsonl", arithmetic(records)), eval_ratio=ratio)
+    lines: list[str] = []
+    result = scan(data, tmp_path, lines)
+    keys = keys_of(result, tmp_path / "spool")
+    below = sum(key / 0x1_0000_0000 < ratio for key in keys)  # what the digests alone hold out
+    count = min(max(below, 1), math.ceil(round(ratio * records, 9)))
+    lowest = sorted(sorted(range(records), key=lambda i: (keys[i], i))[:count])
+    assert [i for i, split in enumerate(result.splits) if split == EVAL] == lowest
+    check_splits(result, data)
+    assert scan(data, tmp_path).splits == result.splits and result.eval_capped == 0
+    said = " ".join(lines)
+    assert ("the one nearest to it is held out" in said) == (below == 0)
+    assert (f"held to data.eval_ratio={ratio} of {records} records rounded up ({count})" in said) == (below > count)
+
+
+def test_ten_records_stage_with_the_defaults(tmp_path) -> None:
+    data = DataConfig(source=write_jsonl(tmp_path / "a.jsonl", arithmetic(10)))
+    result = scan(data, tmp_path)
+    check_splits(result, data)
+    assert (sum(result.splits), result.spooled) == (1, 10)

@@ -229,13 +229,14 @@ def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_
     )
     path = write_jsonl(tmp_path / "d.jsonl", [*arithmetic(20), long_answer, long_prompt])
     data = DataConfig(source=path, max_length=64, eval_ratio=0)
-    truncated = stage(data, tmp_path / "s", tiny_model)
+    said: list[str] = []
+    truncated = stage(data, tmp_path / "s", tiny_model, said)
     manifest, _ = read_manifest(Location(truncated.url), SCHEMA)
     assert manifest["splits"]["train"]["truncated"] == 2 and manifest["splits"]["train"]["dropped"] == 0
     assert manifest["records"] == {"read": 22, "staged": 22, "rejected": 0, "dropped": 0, "undesirable": 0}
     assert all(len(ids) <= 64 and set(labels) != {-100} for ids, labels in examples(truncated.url, "train"))
 
-    dropped = stage(data.model_copy(update={"excess_length": "drop"}), tmp_path / "s", tiny_model)
+    dropped = stage(data.model_copy(update={"excess_length": "drop"}), tmp_path / "s", tiny_model, said)
     manifest, _ = read_manifest(Location(dropped.url), SCHEMA)
     assert dropped.dataset_id != truncated.dataset_id
     assert (manifest["splits"]["train"]["dropped"], manifest["splits"]["eval"]["dropped"]) == (2, 0)
@@ -246,6 +247,18 @@ def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_
         re.fullmatch(r"\d+ tokens, longer than data.max_length=64 \(data.excess_length=drop\)", r["reason"])
         for r in rejects
     )
+    longest = max(int(r["reason"].split()[0]) for r in rejects)  # more than 5% cut: one warning line says so
+    warning = (
+        "warning: 2 of 22 records (9%) are longer than data.max_length=64 tokens and were {} (the longest: "
+        f"{longest} tokens); raise data.max_length (to {longest} to keep every record whole)"
+    )
+    assert [line for line in said if line.startswith("warning:")] == [
+        warning.format("truncated"),
+        warning.format("dropped"),
+    ]
+    quiet: list[str] = []
+    stage(DataConfig(source=path, max_length=1024, eval_ratio=0), tmp_path / "whole", tiny_model, quiet)
+    assert not [line for line in quiet if line.startswith("warning:")]
 
     with pytest.raises(UserError) as info:
         stage(data.model_copy(update={"excess_length": "fail"}), tmp_path / "s", tiny_model)

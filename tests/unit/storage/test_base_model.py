@@ -8,7 +8,9 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save
 
 from core.errors import UserError
 from storage import layout
@@ -17,12 +19,22 @@ from storage.location import Location
 from storage.node_cache import file_digest
 
 
+def weights() -> bytes:
+    """A real safetensors file of WEIGHTS_BYTES bytes with random contents (the pipeline reads its header)."""
+    data = save({"w": np.frombuffer(os.urandom(3992), dtype=np.uint8)}, metadata={"format": "pt"})
+    assert len(data) == WEIGHTS_BYTES
+    return data
+
+
+WEIGHTS_BYTES = 4096
+
+
 def hub_snapshot(root: Path) -> Path:
     """A model as the Hugging Face cache holds it: the snapshot's files are symlinks into blobs/."""
     blobs, snapshot = root / "blobs", root / "snapshots" / "abc123"
     blobs.mkdir(parents=True)
     snapshot.mkdir(parents=True)
-    for name, data in (("config.json", b'{"model_type": "qwen2"}'), ("model.safetensors", os.urandom(4096))):
+    for name, data in (("config.json", b'{"model_type": "qwen2"}'), ("model.safetensors", weights())):
         (blobs / f"blob-{name}").write_bytes(data)
         (snapshot / name).symlink_to(blobs / f"blob-{name}")
     (snapshot / ".gitattributes").write_text("*.safetensors filter=lfs\n")
@@ -35,7 +47,7 @@ def test_the_manifest_follows_symlinks_leaves_hidden_files_out_and_depends_on_th
     first = record_base_model(Location(str(tmp_path / "run1")), str(model), "blake3", cache)
     doc = json.loads((tmp_path / "run1" / layout.BASE_MODEL).read_text())
     assert doc["schema"] == layout.BASE_MODEL_SCHEMA
-    assert [(f["path"], f["size"]) for f in doc["files"]] == [("config.json", 23), ("model.safetensors", 4096)]
+    assert [(f["path"], f["size"]) for f in doc["files"]] == [("config.json", 23), ("model.safetensors", WEIGHTS_BYTES)]
     # Another run, the same model: the same manifest and digest (the lineage of both names the same base model).
     assert record_base_model(Location(str(tmp_path / "run2")), str(model), "blake3", cache) == first
     assert read_base_model(Location(str(tmp_path / "run2")), first) == doc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import signal
 import subprocess
 import sys
 
@@ -57,6 +58,19 @@ def test_an_exit_is_hard_and_exit_once_lets_the_retry_live(tmp_path) -> None:
     assert first.returncode == 137 and first.stdout == "" and once.exists() and float(stamp.read_text()) > 0
     retry = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert retry.returncode == 0 and retry.stdout == "lived\n"
+
+
+@pytest.mark.parametrize("name", ["KILL", "SEGV", "BUS", "ABRT"])
+def test_a_signal_hook_kills_the_process_with_that_signal(name: str) -> None:
+    """A real death by signal, faulthandler on (as in a rank): the process ends by the signal, not by an exit."""
+    env = {"TANDEM_TEST_SIGNAL_AT_STEP": "0:2", "PATH": "/usr/bin:/bin"} | (
+        {"TANDEM_TEST_SIGNAL": name} if name != "KILL" else {}
+    )
+    code = "import faulthandler\nfaulthandler.enable()\nfrom trainer import faults\nfor step in range(1, 4):\n"
+    code += "    faults.maybe_exit(0, step)\nprint('lived')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == -getattr(signal, f"SIG{name}") and done.stdout == "", done.stderr
+    assert faults.fires_at(0, 2) is False  # the hook is read from the environment, unset here
 
 
 def test_the_environment_digest_proves_a_value_arrived_without_storing_it(tmp_path, monkeypatch) -> None:
