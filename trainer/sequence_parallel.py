@@ -43,19 +43,22 @@ ATTENTION = "sdpa"  # the attention Ulysses wraps here (flash-attention is the G
 def start(spec: Spec, dist: Dist) -> Dist:
     """This rank's Dist with the run's sequence-parallel size; above 1, DeepSpeed's Ulysses registered with
     transformers and its groups checked against the layout (after the process group, before the model loads)."""
-    size = spec.config.train.sequence_parallel_size
+    return split_sequences(dist, spec.config.train.sequence_parallel_size, spec.model_path)
+
+
+def split_sequences(dist: Dist, size: int, model_path: str) -> Dist:
+    """`dist` with sequence-parallel size `size`, and above 1 Ulysses registered for the model at `model_path` (one
+    row a forward pass) and its groups checked against the layout."""
     if size == 1:
         return dist
     dist = dataclasses.replace(dist, sequence_parallel=size)
-    config = model_config(spec.model_path)
+    config = model_config(model_path)
     heads = int(config["num_attention_heads"])
     if problem := heads_problem(size, heads, int(config.get("num_key_value_heads") or heads)):
-        raise UserError(f"model.name_or_path {spec.model_path}: {problem}")
+        raise UserError(f"model.name_or_path {model_path}: {problem}")
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 
-    mpu = UlyssesSPAttentionHF.register_with_transformers(
-        spec.model_path, ATTENTION, size, spec.config.train.micro_batch_size, seq_length_is_variable=True
-    )
+    mpu = UlyssesSPAttentionHF.register_with_transformers(model_path, ATTENTION, size, 1, seq_length_is_variable=True)
     ranks = torch.distributed.get_process_group_ranks(mpu.get_sequence_parallel_group())
     expected = dist.layout.sequence_groups()[dist.data_rank]
     assert ranks == expected, f"DeepSpeed's sequence group {ranks} is not the layout's {expected}"

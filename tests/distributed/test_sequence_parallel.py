@@ -1,8 +1,9 @@
 """Sequence parallelism (train.sequence_parallel_size) through the real trainer: DeepSpeed's Ulysses on 2 gloo ranks of
 one node splitting every row in two reproduces one rank's step losses, target tokens and final evaluation at the
-same global batch (float rounding apart), and resumes from its checkpoint on the same trajectory.
+same global batch (float rounding apart), and the one rank's checkpoint resumed by two ranks splitting each sequence
+continues on the same trajectory.
 
-Two launches (one rank, then two ranks as one sequence group): behind `multirun`."""
+Three launches (one rank, two ranks as one sequence group, the resume): behind `multirun`."""
 
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ SAME_BATCH = [
 ]
 
 
-@pytest.mark.multirun  # two launches: about 30 s
+SPLIT = ["launch.nproc_per_node=2", "train.sequence_parallel_size=2"]
+
+
+@pytest.mark.multirun  # three launches: about 45 s on an idle machine
 def test_two_ranks_splitting_each_sequence_reproduce_one_rank(staged: Staged) -> None:
     one = train(staged, "sp-one-rank", [*SAME_BATCH, "launch.nproc_per_node=1"])
-    split = train(staged, "sp-two-ranks", [*SAME_BATCH, "launch.nproc_per_node=2", "train.sequence_parallel_size=2"])
+    split = train(staged, "sp-two-ranks", [*SAME_BATCH, *SPLIT])
 
     steps = [record for record in split.metrics() if "event" not in record]
     assert [r["target_tokens"] for r in steps] == [r["target_tokens"] for r in one.metrics() if "event" not in r], (
@@ -34,6 +38,11 @@ def test_two_ranks_splitting_each_sequence_reproduce_one_rank(staged: Staged) ->
     )
     assert split.losses() == pytest.approx(one.losses(), rel=2e-5, abs=1e-6)
     assert len(split.losses()) == 4
+    # One rank's checkpoint resumed by two ranks that split each sequence: another sequence-parallel size (and
+    # world size) continues on the same trajectory.
+    resumed = train(staged, "sp-resumed", [*SAME_BATCH, *SPLIT, f"train.resume={one.checkpoint(2)}"])
+    assert resumed.losses() == pytest.approx(one.losses()[2:], rel=2e-5, abs=1e-6)
+
     final_one, final_split = (final_eval(run) for run in (one, split))
     assert final_split["loss"] == pytest.approx(final_one["loss"], rel=2e-5)
     assert final_split["target_tokens"] == final_one["target_tokens"]
