@@ -170,6 +170,15 @@ class FinetuneConfig(Section):
         """Rows per optimizer step on `world_size` ranks."""
         return self.train.micro_batch_size * self.accumulation_steps(world_size) * self.readers(world_size)
 
+    def batch_text(self, world_size: int) -> str:
+        """The global batch as the log and the model card state it: rows = micro-batch x accumulation x readers."""
+        readers, size = self.readers(world_size), self.train.sequence_parallel_size
+        who = "ranks" if size == 1 else f"sequence groups of {size} ranks"
+        return (
+            f"{self.global_batch(world_size)} rows = {self.train.micro_batch_size} x "
+            f"{self.accumulation_steps(world_size)} accumulation x {readers} {who}"
+        )
+
     def readers(self, world_size: int) -> int:
         """Ranks that read different rows on `world_size` ranks: one a sequence group (config/sequence_parallel.py)."""
         return max(world_size // self.train.sequence_parallel_size, 1)

@@ -60,6 +60,7 @@ def test_the_config_counts_sequence_groups_in_the_global_batch() -> None:
     )  # fmt: skip
     assert cfg.readers(4) == 2
     assert cfg.accumulation_steps(4) == 4 and cfg.global_batch(4) == 8
+    assert cfg.batch_text(4) == "8 rows = 1 x 4 accumulation x 2 sequence groups of 2 ranks"
 
 
 @pytest.mark.parametrize(
