@@ -51,13 +51,15 @@ def _set_auto(section: dict[str, Any], key: str, value: Any) -> None:
 def resolve_from_train(ds: dict[str, Any], train: TrainConfig, world_size: int) -> dict[str, Any]:
     """Fill the `"auto"` values that come from `train` and the world size; check explicit ones agree."""
     out = copy.deepcopy(ds)
+    # DeepSpeed counts a batch over the ranks that read different rows: one per sequence group.
+    readers = max(world_size // train.sequence_parallel_size, 1)
     accumulation = accumulation_steps(
-        train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps, world_size
+        train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps, readers
     )
     wanted = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": accumulation,
-        "train_batch_size": train.micro_batch_size * accumulation * world_size,
+        "train_batch_size": train.micro_batch_size * accumulation * readers,
     }
     for key, value in wanted.items():
         if key not in out or out[key] == AUTO:

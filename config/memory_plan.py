@@ -13,10 +13,11 @@ config/footprint.py (a decoder-only transformer with grouped-KV attention and a 
 - Q-LoRA: the projections' weights in nf4 with double quantization (0.5 + 0.127 / 8 bytes per parameter); the
   rest (embeddings, norms) in float32, which PEFT's prepare_model_for_kbit_training casts them to.
 - Activations per token of a decoder layer, as eager PyTorch keeps them for backward with SDPA attention (no
-  sequence-squared term): two RMSNorms (their float32 input and two outputs in the training dtype), the rotated
-  query, key and value, the attention output and the output projection's input, and the MLP's gate, activation, up
-  and product (four intermediate-size tensors). LoRA dropout keeps each adapter's dropped input and mask. With
-  gradient checkpointing, each layer's input and one layer's activations while it is recomputed.
+  sequence-squared term), over this rank's tokens (with train.sequence_parallel_size, its part of each row): two
+  RMSNorms (their float32 input and two outputs in the training dtype), the rotated query, key and value, the
+  attention output and the output projection's input, and the MLP's gate, activation, up and product (four
+  intermediate-size tensors). LoRA dropout keeps each adapter's dropped input and mask. With gradient
+  checkpointing, each layer's input and one layer's activations while it is recomputed.
 - The loss: the target logits in the training dtype, their float32 copy and its gradient, over
   train.loss_chunk_tokens tokens at a time when chunked (above 256 MiB of float32 target logits), else over the whole
   micro-batch.
@@ -184,14 +185,16 @@ def optimizer_terms(s: Shape) -> tuple[list[Term], list[Term]]:
 def batch_terms(s: Shape) -> list[Term]:
     """The activations and the loss's logits of one micro-batch."""
     train = s.cfg.train
-    tokens = train.micro_batch_size * s.cfg.data.max_length
+    # A sequence-parallel rank holds its part of each row (attention, between two all-to-alls, the whole row's
+    # positions for its share of the heads: as many numbers), and takes the loss of its part's targets.
+    tokens = -(-train.micro_batch_size * s.cfg.data.max_length // train.sequence_parallel_size)
     layers, hidden, vocab = (int(s.model[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
     per_layer = _layer_activation_bytes(s.model, s.w, train.lora.dropout > 0)
     if train.gradient_checkpointing:
         kept = layers * tokens * hidden * s.w + tokens * per_layer
         activations = Term("activations (checkpointed)", kept, "backward", "train.micro_batch_size")
     else:
-        shrink = "train.gradient_checkpointing=true, or train.micro_batch_size"
+        shrink = "train.gradient_checkpointing=true, train.micro_batch_size or train.sequence_parallel_size"
         activations = Term("activations", layers * tokens * per_layer, "backward", shrink)
     chunked = train.loss_chunk_tokens > 0 and tokens * vocab * 4 > LOSS_CHUNK_ABOVE
     loss_tokens = min(tokens, train.loss_chunk_tokens) if chunked else tokens

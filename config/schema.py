@@ -15,11 +15,13 @@ import warnings
 from pydantic import Field, model_validator
 
 from config.batch import accumulation_steps, batch_problem
+from config.objectives import SUPERVISED_DATA
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
 from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
 from config.sections.results import EvalConfig, RegisterConfig, TrackConfig
 from config.sections.run_data import PAIRS_UNPACKED, DataConfig, RunConfig
+from config.sequence_parallel import layout_problem
 
 # The backends that can start an attempt on fewer (or more) nodes than the last one (launch/elastic.py).
 ELASTIC_BACKENDS = ("local", "ssh", "kubernetes")
@@ -89,7 +91,7 @@ class FinetuneConfig(Section):
                 f"{self.global_batch(self.world_size)}"
             )
         if self.train.global_batch_size is not None:
-            sizes = [n * self.launch.nproc_per_node for n in range(low, high + 1)]
+            sizes = [self.readers(n * self.launch.nproc_per_node) for n in range(low, high + 1)]
             problem = batch_problem(self.train.global_batch_size, self.train.micro_batch_size, sizes)
             if problem:
                 raise ValueError(problem)
@@ -116,6 +118,36 @@ class FinetuneConfig(Section):
             object.__setattr__(self, "data", data)
         return self
 
+    @model_validator(mode="after")
+    def _sequence_parallel(self) -> FinetuneConfig:
+        """train.sequence_parallel_size against the world layout (every node count a launch may use) and the rest."""
+        size = self.train.sequence_parallel_size
+        if size == 1:
+            return self
+        per_node = self.launch.nproc_per_node
+        low, high = self.node_range
+        for problem in (layout_problem(size, n * per_node, per_node) for n in range(low, high + 1)):
+            if problem:
+                raise ValueError(problem)
+        objective = self.train.objective
+        if objective.data != SUPERVISED_DATA:
+            raise ValueError(
+                f"train.sequence_parallel_size={size}: train.objective={objective.name} is not split across ranks "
+                "yet (only sft is); set train.sequence_parallel_size=1"
+            )
+        if self.train.micro_batch_size != 1:
+            raise ValueError(
+                f"train.sequence_parallel_size={size} needs train.micro_batch_size=1 (DeepSpeed's Ulysses fixes the "
+                f"rows of a forward pass; long sequences take one row each), got {self.train.micro_batch_size}; "
+                "raise train.gradient_accumulation_steps or train.global_batch_size instead"
+            )
+        if self.data.packing:
+            raise ValueError(
+                f"train.sequence_parallel_size={size} with data.packing=true: split sequences attend causally over "
+                "the whole row (Ulysses drops the mask), across packed examples; set data.packing=false"
+            )
+        return self
+
     @property
     def node_range(self) -> tuple[int, int]:
         """(launch.min_nnodes, launch.max_nnodes) with their defaults: the node counts a launch may use."""
@@ -131,9 +163,22 @@ class FinetuneConfig(Section):
         when it is set)."""
         train = self.train
         return accumulation_steps(
-            train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps, world_size
+            train.global_batch_size, train.micro_batch_size, train.gradient_accumulation_steps, self.readers(world_size)
         )
 
     def global_batch(self, world_size: int) -> int:
         """Rows per optimizer step on `world_size` ranks."""
-        return self.train.micro_batch_size * self.accumulation_steps(world_size) * world_size
+        return self.train.micro_batch_size * self.accumulation_steps(world_size) * self.readers(world_size)
+
+    def batch_text(self, world_size: int) -> str:
+        """The global batch as the log and the model card state it: rows = micro-batch x accumulation x readers."""
+        readers, size = self.readers(world_size), self.train.sequence_parallel_size
+        who = "ranks" if size == 1 else f"sequence groups of {size} ranks"
+        return (
+            f"{self.global_batch(world_size)} rows = {self.train.micro_batch_size} x "
+            f"{self.accumulation_steps(world_size)} accumulation x {readers} {who}"
+        )
+
+    def readers(self, world_size: int) -> int:
+        """Ranks that read different rows on `world_size` ranks: one a sequence group (config/sequence_parallel.py)."""
+        return max(world_size // self.train.sequence_parallel_size, 1)

@@ -82,11 +82,7 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
             ),
         ),
         ("optimizer steps", spec.total_steps),
-        (
-            "global batch",
-            f"{cfg.global_batch(spec.world_size)} rows = {train.micro_batch_size} x "
-            f"{cfg.accumulation_steps(spec.world_size)} accumulation x {spec.world_size} ranks",
-        ),
+        ("global batch", cfg.batch_text(spec.world_size)),
         ("learning rate", f"{train.learning_rate:g} ({train.lr_scheduler}, warmup {train.warmup_ratio:g})"),
         ("max length", cfg.data.max_length),
         ("chat template", chat_template_row(spec)),

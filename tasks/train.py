@@ -86,11 +86,7 @@ def start_attempt(written: WrittenSpec, info: Callable[[str], None], cap: TooFew
     spec = build_spec(cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest).model_copy(
         update={"attempts": [*previous, attempt]}
     )
-    accumulation = cfg.accumulation_steps(spec.world_size)
-    info(
-        f"train: {attempt.describe()}; global batch {cfg.global_batch(spec.world_size)} rows = "
-        f"{cfg.train.micro_batch_size} x {accumulation} accumulation x {spec.world_size} ranks"
-    )
+    info(f"train: {attempt.describe()}; global batch {cfg.batch_text(spec.world_size)}")
     return publish_spec(spec)
 
 

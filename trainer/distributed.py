@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from config.sequence_parallel import Layout
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -29,11 +31,27 @@ class Dist:
     host: str
     device: torch.device
     local_world: int = 1  # ranks on this node
+    sequence_parallel: int = 1  # train.sequence_parallel_size: ranks that split one sequence
 
     @property
     def is_main(self) -> bool:
         """True on global rank 0, the one that writes shared files."""
         return self.rank == 0
+
+    @property
+    def layout(self) -> Layout:
+        """The job's ranks as sequence groups x data-parallel groups (config/sequence_parallel.py)."""
+        return Layout(self.world_size, self.local_world, self.sequence_parallel)
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's place among the ranks that read different rows (its sequence group's)."""
+        return self.layout.data_parallel_rank(self.rank)
+
+    @property
+    def data_world(self) -> int:
+        """Ranks that read different rows: one per sequence group (all ranks without sequence parallelism)."""
+        return self.layout.data_parallel
 
 
 def init(*, deepspeed_backend: bool, timeout_s: int = 300, connect_timeout_s: int | None = None) -> Dist:

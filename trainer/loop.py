@@ -16,7 +16,7 @@ import torch
 from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import faults, guards
+from trainer import faults, guards, sequence_parallel
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
 from trainer.cuda_build import plain_arch_list
@@ -67,6 +67,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
     log_memory("before loading the model")
     base = load_base(spec.model_path, method=train.method, bf16=bf16, zero3=zero_stage(ds) == 3)
+    sequence_parallel.check_attention(base, dist.sequence_parallel)
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path)
     model = make_trainable(base, train)
@@ -81,7 +82,9 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
 
     params = [p for p in model.parameters() if p.requires_grad]
     import_muon_uncompiled_unless_configured(ds)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds, lr_scheduler=scheduler)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=params, config=ds, lr_scheduler=scheduler, mpu=sequence_parallel.groups(dist)
+    )
     log_memory("engine built")
     return engine, pad_id, partitioned
 
@@ -142,6 +145,7 @@ def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
 
 def train(spec: Spec, dist: Dist) -> None:
     """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
+    dist = sequence_parallel.start(spec, dist)
     run, start = start_run(spec, dist)
     log.info(
         "training %d rows (%d examples) with %s, steps %d..%d on %d ranks",
@@ -198,12 +202,13 @@ def one_step(run: Run, spec: Spec, dist: Dist, step: int) -> tuple[StepStats, di
             step=step,
             micro=train_cfg.micro_batch_size,
             accum=spec.config.accumulation_steps(dist.world_size),
-            rank=dist.rank,
-            world=dist.world_size,
+            rank=dist.data_rank,  # the ranks of a sequence group read the same rows, each its part of them
+            world=dist.data_world,
             pad_id=run.pad_id,
             group_by_length=train_cfg.length_grouping,
         )
     )
+    batches = [sequence_parallel.shard(batch, dist) for batch in batches]
     data_s = time.perf_counter() - started
     stats, extra = optimizer_step(run.engine, batches, dist, run.heartbeat, step + 1, run.objective)
     return stats, extra, data_s

@@ -155,6 +155,16 @@ class TrainConfig(Section):
         "model's own full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only (others use full logits); "
         "under ZeRO-2 and ZeRO-3 alike.",
     )
+    sequence_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Split each sequence across this many ranks (DeepSpeed's Ulysses: all-to-all between sequence and "
+        "head sharding around attention), for records longer than one rank's memory holds: activations per rank "
+        "about 1 / size. The ranks of a sequence group read the same rows, so the global batch, the data order and "
+        "resume count sequence groups (world size / size). Must divide the ranks per node (groups inside a node, "
+        "data parallelism across nodes) or be a multiple of them, and divide the attention heads; sft only, "
+        "train.micro_batch_size 1, unpacked rows. 1: off. docs/long-sequences.md.",
+    )
     objective: ObjectiveField = Field(
         "sft",
         validate_default=True,

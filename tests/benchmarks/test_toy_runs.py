@@ -207,6 +207,19 @@ def test_bench_reference_table_memory() -> None:
     assert all(row["peak_rss_added_mib"] > 0 for row in rows)
 
 
+@bench
+def test_bench_sequence_parallel() -> None:
+    """A tiny model's row of 256 tokens on 1 rank and split across 2 (DeepSpeed's Ulysses): both ran, and the split
+    row's loss is the whole row's."""
+    from tests.benchmarks import bench_sequence_parallel
+
+    rows = bench_sequence_parallel.main(["--toy"])
+    assert [(row["length"], row["ranks"]) for row in rows] == [(256, 1), (256, 2)], rows
+    assert rows[1]["loss"] == pytest.approx(rows[0]["loss"], rel=1e-4)
+    for row in rows:
+        positive(row, "peak_gb", "tokens_per_s", "peak_ratio")
+
+
 def test_every_benchmark_script_has_a_toy_run() -> None:
     """In the default run: a new bench_*.py without a toy run here fails the build, not only its first CI run."""
     names = {name for name in globals() if name.startswith("test_bench_")}

@@ -20,7 +20,7 @@ from storage.checkpoints import CompleteCheckpoint, apply_retention
 from storage.spec import Spec
 from trainer.checkpointing.deepspeed_io import begin_save, load_checkpoint
 from trainer.checkpointing.export import export_final
-from trainer.checkpointing.reshard import load_resharded
+from trainer.checkpointing.reshard import check_sequence_groups, load_resharded
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint
 from trainer.checkpointing.snapshot import SnapshotEngine
 from trainer.checkpointing.writer import BackgroundSave, SaveResult
@@ -216,6 +216,7 @@ class DeepSpeedIO:
         ckpt = choose_checkpoint(self.spec.config.train.resume, self.spec.run, self.dist)
         if ckpt is not None:
             check_compatible(ckpt, zero_stage=self.zero_stage, method=self.method)
+            check_sequence_groups(ckpt.manifest["world_size"], self.dist)
         return ckpt
 
     def load(self, ckpt: CompleteCheckpoint) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.errors import RetryableError
+from core.errors import RetryableError, UserError
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint, read_universal, remove_dir, universal_manifest
 from trainer.checkpointing.deepspeed_io import DS_TAG, TRAINER_STATE, deepspeed_layout, publish_dir
@@ -95,6 +95,20 @@ def universal_form(ckpt: CompleteCheckpoint, dist: Dist, algorithm: str) -> Comp
             remove_dir(layout.universal_dir(ckpt.url))  # the retry converts again
         raise RetryableError(f"{layout.universal_dir(ckpt.url)}: {problem}; it was removed, a retry converts again")
     return found
+
+
+def check_sequence_groups(written_world: int, dist: Dist) -> None:
+    """A checkpoint of another world size is loaded through DeepSpeed's universal form, whose loader asks the
+    groups DeepSpeed was given for tensor parallelism, which Ulysses' groups do not have: refused with sequence
+    parallelism, before any conversion. (On the world size it was written by, any sequence-parallel size loads it:
+    ZeRO partitions over every rank either way.)"""
+    if written_world != dist.world_size and dist.sequence_parallel > 1:
+        raise UserError(
+            f"train.sequence_parallel_size={dist.sequence_parallel}: the checkpoint was written by {written_world} "
+            f"ranks and this run has {dist.world_size}; DeepSpeed cannot load a checkpoint of another world size "
+            f"into sequence-parallel groups: resume it on {written_world} ranks (any sequence-parallel size), or "
+            "with train.sequence_parallel_size=1"
+        )
 
 
 def load_resharded(

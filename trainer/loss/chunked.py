@@ -218,10 +218,11 @@ class PartitionedChunks(torch.autograd.Function):
 
 
 def target_positions(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden states of the positions that predict a target, those targets): position i predicts label i + 1."""
+    """(hidden states of the positions that predict a target, those targets): position i predicts label i + 1 (labels
+    one wider than the positions: every position has its target, as cross_entropy.shift)."""
     predicted = labels[:, 1:].to(hidden.device)
     mask = predicted != IGNORE_INDEX
-    return hidden[:, :-1][mask], predicted[mask]
+    return hidden[:, : predicted.size(1)][mask], predicted[mask]
 
 
 def agreed_max(count: int, device: torch.device) -> int:

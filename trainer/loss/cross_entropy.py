@@ -12,8 +12,10 @@ from storage.shards import IGNORE_INDEX
 
 
 def shift(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 logits of positions 0..n-2, the labels they predict: positions 1..n-1)."""
-    return logits[:, :-1, :].float(), labels[:, 1:].to(logits.device)
+    """(float32 logits of positions 0..n-2, the labels they predict: positions 1..n-1). Labels one wider than the
+    positions (a sequence-parallel part's: trainer/sequence_parallel.py) give every position its target."""
+    predicted = labels[:, 1:].to(logits.device)
+    return logits[:, : predicted.size(1), :].float(), predicted
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: Literal["sum", "none"]) -> torch.Tensor:

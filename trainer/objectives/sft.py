@@ -11,8 +11,9 @@ evaluation of the same rows.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from trainer.data import Batch, GlobalOrder, collate, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.loss.chunked import LossHead
 from trainer.objectives.base import MicroLoss, StepResult, Sums
+from trainer.sequence_parallel import shard
 
 
 def summed_loss(model: Any, batch: Batch, device: torch.device, loss: LossHead) -> torch.Tensor:
@@ -49,13 +51,15 @@ def local_sums(
     device: torch.device,
     loss_chunk_tokens: int,
     lockstep: bool = False,
+    part: Callable[[Batch], Batch] = lambda batch: batch,
 ) -> tuple[float, int, int, int]:
     """(summed loss, target tokens, correct tokens, examples) over this rank's share of the rows `indices` of
     `examples` (the split's rows; a packed row counts each of its examples).
 
     With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
     forward passes (and of the chunked loss's output-layer calls, which LossHead.eval_sums agrees across ranks):
-    ranks with fewer rows run throw-away passes so nobody waits forever.
+    ranks with fewer rows run throw-away passes so nobody waits forever. `part`: what of a batch this rank computes
+    (a sequence-parallel rank's part of its rows: trainer/sequence_parallel.py `shard`).
     """
     mine = indices[rank::world]
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
@@ -64,7 +68,7 @@ def local_sums(
     loss = LossHead.of(model, loss_chunk_tokens)
     for index in range(passes):
         rows = [examples[i] for i in (batches[index] if index < len(batches) else indices[:1])]
-        batch = collate(rows, pad_id)
+        batch = part(collate(rows, pad_id))
         out = model(**batch.model_inputs(device), **loss.forward_kwargs(device))
         # A throw-away pass takes its sums too, and drops them: under ZeRO-3 the chunked loss's output layer is a
         # collective as well, called as often on every rank.
@@ -133,7 +137,9 @@ class Sft:
     def begin_step(self, model: Any, batches: Sequence[Batch], dist: Dist) -> SftScope:
         """The global batch's target tokens."""
         (targets,) = dist_sum([sum(b.target_tokens for b in batches)], dist)
-        return SftScope(targets, dist.world_size * len(batches) / max(targets, 1.0), dist.device)
+        # DeepSpeed averages gradients over the ranks that read different rows (with sequence parallelism it sums
+        # a sequence group's parts first): dist.data_world, not the world size.
+        return SftScope(targets, dist.data_world * len(batches) / max(targets, 1.0), dist.device)
 
     def micro_batch(self, model: Any, batch: Batch, scope: SftScope) -> MicroLoss:
         """The micro-batch's summed cross-entropy, scaled by the step's target tokens."""
@@ -157,19 +163,22 @@ class Sft:
         lockstep: bool,
     ) -> dict[str, Any]:
         """Loss, perplexity and token accuracy over the rows `indices`."""
-        sums = local_sums(
+        loss_sum, targets, correct, count = local_sums(
             model,
             rows,
             indices,
-            rank=dist.rank,
-            world=dist.world_size,
-            batch_size=batch_size,
+            rank=dist.data_rank,  # a sequence group evaluates the same rows, each rank its part of them
+            world=dist.data_world,
+            batch_size=batch_size if dist.sequence_parallel == 1 else 1,  # DeepSpeed's Ulysses: one row a pass
             pad_id=pad_id,
             device=dist.device,
             loss_chunk_tokens=self.chunk_tokens,
             lockstep=lockstep,
+            part=functools.partial(shard, dist=dist),
         )
-        return reduced_metrics(sums, dist)
+        # Losses, targets and correct predictions are of each rank's part; a group's examples are counted once.
+        first_part = dist.layout.sequence_rank(dist.rank) == 0
+        return reduced_metrics((loss_sum, targets, correct, count if first_part else 0), dist)
 
     def eval_fields(self) -> dict[str, Any]:
         """Nothing beside the metrics."""

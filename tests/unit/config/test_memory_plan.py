@@ -158,3 +158,17 @@ def test_the_plan_says_what_each_node_stages_on_its_own_disk(tmp_path: Path) -> 
     node0, other = (staged_on_node(footprint, 8, 16, node0=first) for first in (True, False))
     assert other == footprint.checkpoint // 2 and node0 == other + footprint.export
     assert f"({human_bytes(node0)} on node 0 with the export, {human_bytes(other)} on the others)" in text, text
+
+
+def test_sequence_parallelism_divides_a_ranks_activations_and_loss() -> None:
+    """train.sequence_parallel_size=2: each rank holds half of every row's activations and takes half of its loss;
+    its weights and optimizer states are those of two data-parallel ranks (ZeRO partitions over every rank)."""
+    common = ["launch.nnodes=1", "launch.nproc_per_node=2", "data.max_length=16384", "train.micro_batch_size=1"]
+    alone, split = (
+        {t.what: t.bytes for t in planned([*common, *extra], shape_of("0.5b"), on_gpu=True).device}
+        for extra in ([], ["train.sequence_parallel_size=2"])
+    )
+    assert split["activations"] == alone["activations"] // 2
+    assert {k: v for k, v in split.items() if "activations" not in k and "loss" not in k} == {
+        k: v for k, v in alone.items() if "activations" not in k and "loss" not in k
+    }

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import RetryableError
+from core.errors import RetryableError, UserError
 from storage import layout
 from storage.checkpoints import read_complete, universal_manifest
 from tests.checkpoints import save_checkpoint
 from trainer.checkpointing.deepspeed_io import publish_dir
-from trainer.checkpointing.reshard import reseed, universal_form
+from trainer.checkpointing.reshard import check_sequence_groups, reseed, universal_form
 from trainer.distributed import Dist
 
 ONE = Dist(0, 0, 1, 0, "host", torch.device("cpu"))
@@ -57,3 +57,18 @@ def test_each_ranks_stream_starts_from_the_seed_its_rank_and_the_step() -> None:
 
     assert stream(42, 1, 100) == stream(42, 1, 100)
     assert len({stream(42, 0, 100), stream(42, 1, 100), stream(42, 1, 101), stream(7, 1, 100)}) == 4
+
+
+def test_another_world_size_into_sequence_groups_is_refused_in_one_line() -> None:
+    """DeepSpeed's universal loader cannot take Ulysses' groups: refused before any conversion, naming the fix; the
+    same world size, or no sequence parallelism, passes."""
+    two = Dist(0, 0, 2, 0, "host", torch.device("cpu"), 2, 2)
+    with pytest.raises(UserError) as info:
+        check_sequence_groups(1, two)
+    assert str(info.value) == (
+        "train.sequence_parallel_size=2: the checkpoint was written by 1 ranks and this run has 2; DeepSpeed cannot "
+        "load a checkpoint of another world size into sequence-parallel groups: resume it on 1 ranks (any "
+        "sequence-parallel size), or with train.sequence_parallel_size=1"
+    )
+    check_sequence_groups(2, two)
+    check_sequence_groups(2, Dist(0, 0, 1, 0, "host", torch.device("cpu"), 1))
