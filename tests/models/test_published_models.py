@@ -133,3 +133,24 @@ def test_qwen3_shape_trains_and_exports(tmp_path, sft_data) -> None:
     final = run.run_dir / "final"
     assert (final / "COMPLETE").exists() and (final / "adapter_model.safetensors").exists()
     assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == str(model)
+
+
+def test_qwen3_moe_as_published_lora_on_its_experts_under_zero3_on_2_ranks_exports_adapter_and_merged(
+    qwen3_moe, tmp_path, sft_data
+) -> None:
+    """Qwen3-30B-A3B as published, sizes scaled down (tests/published.py): LoRA on attention and the fused experts
+    under ZeRO-3 on 2 ranks, trained, exported as an adapter that names its expert weights and as a merged model in
+    the published per-expert layout, which transformers loads."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.distributed.harness import stage, train
+
+    staged = stage(tmp_path / "storage", qwen3_moe, [f"data.source={sft_data}", "data.max_length=96"])
+    overrides = ["train.max_steps=2", "train.save_steps=2", "train.export_merged=true"]
+    run = train(staged, "qwen3-moe", [*overrides, "deepspeed.config=config/deepspeed/zero3.json"])
+    final = run.run_dir / "final"
+    adapters = json.loads((final / "adapters.json").read_text())
+    assert adapters["target_parameters"] == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+    assert 0 < adapters["trainable"] < adapters["total"] / 100
+    merged = AutoModelForCausalLM.from_pretrained(final / "merged")
+    assert merged.config.model_type == "qwen3_moe"
