@@ -1,4 +1,5 @@
-"""Mixture-of-experts models on a rank: which expert weights LoRA adapts, and what an adapter covers.
+"""Mixture-of-experts models on a rank: which expert weights LoRA adapts, what an adapter covers, and the router's
+load balance while training (its auxiliary loss and the experts' load).
 
 transformers 5 holds a mixture of experts' weights (Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3...) as fused 3-D
 parameters of one module per layer (`mlp.experts.gate_up_proj`: experts x 2 * moe_intermediate x hidden), not as one
@@ -12,10 +13,14 @@ axolotl and ms-swift leave it: adapting it moves the routing the experts were tr
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from core.errors import UserError
 from storage.adapters import AdapterSummary
+from trainer.distributed import Dist, dist_sum
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +69,61 @@ def adapter_summary(peft_model: Any, trainable: int, total: int) -> AdapterSumma
     """The summary of a PEFT model's one adapter (its config's targets, as PEFT resolved them: sets, so sorted)."""
     config = peft_model.peft_config["default"]
     return AdapterSummary(sorted(config.target_modules or []), sorted(config.target_parameters or []), trainable, total)
+
+
+@dataclass
+class RouterBalance:
+    """A mixture of experts' router while training: its load-balancing loss (the model's own, transformers'
+    `load_balancing_loss_func` over every layer's router logits: Switch Transformer's experts x sum of token share x
+    router probability) weighted by `coef`, and the tokens each expert of each layer received this step (padding left
+    out), summed over the ranks at the step's end, so a collapsing router shows in metrics.jsonl."""
+
+    coef: float
+    experts: int
+    top_k: int
+    dist: Dist
+    counts: torch.Tensor | None = None  # this step's tokens per (layer, expert) on this rank
+    forward_kwargs: dict[str, Any] = field(default_factory=lambda: {"output_router_logits": True})
+
+    @classmethod
+    def of(cls, model_config: Any, configured: float | None, dist: Dist) -> RouterBalance | None:
+        """The router's balance for a mixture of experts (`router_aux_loss_coef` in its config), None for a dense
+        model; `configured` (train.moe.aux_loss_coef) replaces the config's coefficient when set."""
+        experts = getattr(model_config, "num_experts", None) or getattr(model_config, "num_local_experts", None)
+        if not experts or not hasattr(model_config, "router_aux_loss_coef"):
+            return None
+        coef = float(model_config.router_aux_loss_coef if configured is None else configured)
+        top_k = int(model_config.num_experts_per_tok)
+        log.info(
+            "mixture of experts (%d experts, %d per token): load-balancing loss weighted %g (%s)",
+            experts,
+            top_k,
+            coef,
+            "train.moe.aux_loss_coef" if configured is not None else "the model config's router_aux_loss_coef",
+        )
+        return cls(coef, int(experts), top_k, dist)
+
+    def observe(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Count the micro-batch's routed tokens per layer and expert; its load-balancing loss (unweighted)."""
+        with torch.no_grad():
+            real = attention_mask.reshape(-1).bool().to(out.router_logits[0].device)
+            layers = [
+                torch.bincount(logits.topk(self.top_k, dim=-1).indices[real].reshape(-1), minlength=self.experts)
+                for logits in out.router_logits
+            ]
+            counts = torch.stack(layers).double()
+            self.counts = counts if self.counts is None else self.counts + counts
+        return out.aux_loss
+
+    def end_step(self) -> dict[str, float]:
+        """The step's expert load over every rank: the busiest expert's tokens over the mean, in the worst layer
+        (1.0 is even), and how many (layer, expert) pairs got no token. A collective: every rank calls it."""
+        assert self.counts is not None, "observe runs before end_step"
+        shape = self.counts.shape
+        counts = torch.tensor(dist_sum(self.counts.flatten().tolist(), self.dist)).reshape(shape)
+        self.counts = None
+        mean = counts.mean(dim=1).clamp(min=1.0)
+        return {
+            "expert_load_max": float((counts.max(dim=1).values / mean).max()),
+            "experts_idle": float((counts == 0).sum()),
+        }

@@ -66,6 +66,18 @@ class LoraConfig(Section):
         return names
 
 
+class MoeConfig(Section):
+    """A mixture of experts' router while training (Qwen3-MoE, Qwen2-MoE, Mixtral...; ignored for a dense model)."""
+
+    aux_loss_coef: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Weight of the router's load-balancing loss added to the training loss; empty: the model config's "
+        "router_aux_loss_coef (0.001 for Qwen3-MoE); 0: off (the expert load is still measured and logged).",
+    )
+
+
 SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
@@ -184,6 +196,7 @@ class TrainConfig(Section):
     )
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    moe: MoeConfig = Field(default_factory=MoeConfig)
 
 
 class DeepSpeedSection(Section):
