@@ -154,3 +154,8 @@ def test_qwen3_moe_as_published_lora_on_its_experts_under_zero3_on_2_ranks_expor
     assert 0 < adapters["trainable"] < adapters["total"] / 100
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")
     assert merged.config.model_type == "qwen3_moe"
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "loss" in s and "event" not in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    for step in steps:  # the router's balance, apart from the language model's loss
+        assert step["aux_loss"] > 0 and 1.0 <= step["expert_load_max"] <= 8 / 2 and step["experts_idle"] >= 0
