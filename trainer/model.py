@@ -9,7 +9,7 @@ import torch
 
 from config.sections.model_train import TrainConfig
 from core.errors import UserError
-from trainer.moe import adapter_summary, is_router, lora_target_parameters
+from trainer.moe import adapter_summary, is_router, lora_target_parameters, refuse_qlora
 
 log = logging.getLogger(__name__)
 _PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -84,6 +84,7 @@ def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False) 
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
     if method == "qlora":
+        refuse_qlora(model_path, model_config(model_path))
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",

@@ -50,6 +50,18 @@ def expert_parameters(model: Any) -> list[str]:
     return found
 
 
+def refuse_qlora(model_path: str, config: dict[str, Any]) -> None:
+    """Q-LoRA on a mixture of experts stops with one line: bitsandbytes quantizes Linear layers only, so the fused
+    expert weights, nearly all of the model, would stay in full precision while the run claims 4-bit."""
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    if experts:
+        raise UserError(
+            f"train.method qlora: {model_path} is a mixture of {experts} experts whose expert weights are fused 3-D "
+            "parameters, which bitsandbytes does not quantize (Linear layers only), so 4-bit would leave nearly all "
+            "of the model in full precision; use train.method lora (with ZeRO-3 to shard the experts)"
+        )
+
+
 def lora_target_parameters(model: Any, configured: list[str] | None) -> list[str]:
     """The configured target parameters (each checked against the model), else every fused expert weight."""
     if configured is None:

@@ -68,3 +68,12 @@ def test_a_dense_model_has_no_expert_parameters_and_a_per_expert_layout_gets_its
         lora_target_parameters(model, ["experts.gate_up_proj"])
     assert lora_targets(model, None) == ["w1"]  # the experts, never a router
     assert is_router("mlp.gate") and is_router("shared_expert_gate") and not is_router("gate_proj")
+
+
+def test_qlora_on_a_mixture_of_experts_is_refused_in_one_line_saying_why(qwen3_moe) -> None:
+    with pytest.raises(
+        UserError,
+        match=r"^train.method qlora: .* is a mixture of 8 experts whose expert weights are "
+        r"fused 3-D parameters, which bitsandbytes does not quantize .*use train.method lora",
+    ):
+        load_base(qwen3_moe, method="qlora", bf16=False)
