@@ -158,3 +158,22 @@ def test_the_plan_says_what_each_node_stages_on_its_own_disk(tmp_path: Path) -> 
     node0, other = (staged_on_node(footprint, 8, 16, node0=first) for first in (True, False))
     assert other == footprint.checkpoint // 2 and node0 == other + footprint.export
     assert f"({human_bytes(node0)} on node 0 with the export, {human_bytes(other)} on the others)" in text, text
+
+
+def test_the_qwen3_30b_a3b_preset_fits_its_nodes_by_the_plan() -> None:
+    """The preset on Qwen3-30B-A3B's published config.json: LoRA on every expert under ZeRO-3, 2 nodes x 8 GPUs."""
+    from tests.published import QWEN3_30B_A3B
+
+    import yaml
+
+    from config.schema import FinetuneConfig
+
+    tree = yaml.safe_load((ROOT / "config" / "presets" / "qwen3-30b-a3b-lora.yaml").read_text())
+    tree["deepspeed"]["config"] = str(ROOT / tree["deepspeed"]["config"])  # the loader resolves it so
+    cfg = FinetuneConfig.model_validate(tree)  # (its data.source and model directory are the cluster's)
+    assert (cfg.train.method, cfg.world_size, cfg.train.lora.target_parameters) == ("lora", 16, None)
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    assert ds["zero_optimization"]["stage"] == 3
+    memory = plan(cfg, ds, QWEN3_30B_A3B, on_gpu=True)
+    assert memory is not None and memory.device_bytes * (1 + PLAN_ERROR) < 80 * GB
+    assert memory.device_bytes / GB == pytest.approx(8.06, abs=0.01)
