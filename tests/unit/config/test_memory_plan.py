@@ -162,11 +162,10 @@ def test_the_plan_says_what_each_node_stages_on_its_own_disk(tmp_path: Path) -> 
 
 def test_the_qwen3_30b_a3b_preset_fits_its_nodes_by_the_plan() -> None:
     """The preset on Qwen3-30B-A3B's published config.json: LoRA on every expert under ZeRO-3, 2 nodes x 8 GPUs."""
-    from tests.published import QWEN3_30B_A3B
-
     import yaml
 
     from config.schema import FinetuneConfig
+    from tests.published import QWEN3_30B_A3B
 
     tree = yaml.safe_load((ROOT / "config" / "presets" / "qwen3-30b-a3b-lora.yaml").read_text())
     tree["deepspeed"]["config"] = str(ROOT / tree["deepspeed"]["config"])  # the loader resolves it so
