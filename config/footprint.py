@@ -71,37 +71,84 @@ def read_model_json(model_path: str) -> dict[str, Any] | None:
     return model if isinstance(model, dict) else None
 
 
+@dataclass(frozen=True)
+class Experts:
+    """A mixture of experts' MLP (every layer's, as Qwen3-MoE and Mixtral have it): its experts, how many a token
+    goes to, and one expert's intermediate size."""
+
+    count: int
+    per_token: int
+    intermediate: int
+
+
+def moe_experts(model: dict[str, Any]) -> Experts | None:
+    """The experts of a mixture of experts' config.json (`num_experts` or Mixtral's `num_local_experts`); None for a
+    dense model."""
+    count = model.get("num_experts") or model.get("num_local_experts")
+    if not count:
+        return None
+    inter = model.get("moe_intermediate_size") or model["intermediate_size"]
+    return Experts(int(count), int(model["num_experts_per_tok"]), int(inter))
+
+
 def projection_shapes(model: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each projection of one decoder layer."""
+    """(in, out) features of each projection of one decoder layer (`Linear` modules: a mixture of experts' MLP
+    projections are those of its shared expert, when it has one; its experts are expert_params')."""
     hidden = int(model["hidden_size"])
     heads = int(model["num_attention_heads"])
     kv_heads = int(model.get("num_key_value_heads") or heads)
     head_dim = int(model.get("head_dim") or hidden // heads)
-    inter = int(model.get("intermediate_size") or 4 * hidden)
-    return {
+    attention = {
         "q_proj": (hidden, heads * head_dim),
         "k_proj": (hidden, kv_heads * head_dim),
         "v_proj": (hidden, kv_heads * head_dim),
         "o_proj": (heads * head_dim, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
     }
+    inter = int(model.get("intermediate_size") or 4 * hidden)
+    if moe_experts(model) is not None:
+        inter = int(model.get("shared_expert_intermediate_size") or 0)
+        if not inter:
+            return attention
+    return {**attention, "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
 
 
-def model_params(model: dict[str, Any]) -> int:
-    """Parameters of the whole model (biases left out)."""
+def expert_params(model: dict[str, Any], *, active: bool = False) -> int:
+    """One layer's expert weights and router (0 for a dense model); `active`: those one token uses."""
+    experts = moe_experts(model)
+    if experts is None:
+        return 0
+    hidden = int(model["hidden_size"])
+    used = experts.per_token if active else experts.count
+    return used * 3 * hidden * experts.intermediate + hidden * experts.count
+
+
+def model_params(model: dict[str, Any], *, active: bool = False) -> int:
+    """Parameters of the whole model (biases left out); `active`: those one token uses (a mixture of experts' routed
+    experts only)."""
     hidden, vocab, layers = int(model["hidden_size"]), int(model["vocab_size"]), int(model["num_hidden_layers"])
-    layer = sum(i * o for i, o in projection_shapes(model).values()) + 2 * hidden
+    layer = sum(i * o for i, o in projection_shapes(model).values()) + expert_params(model, active=active) + 2 * hidden
     embeddings = vocab * hidden * (1 if model.get("tie_word_embeddings") else 2)
     return layers * layer + embeddings + hidden
 
 
-def adapter_params(model: dict[str, Any], r: int, targets: list[str] | None) -> int:
-    """LoRA parameters: r x (in + out) per targeted projection of every layer (every projection by default)."""
+def adapter_params(
+    model: dict[str, Any], r: int, targets: list[str] | None, parameters: list[str] | None = None
+) -> int:
+    """LoRA parameters: r x (in + out) per targeted projection of every layer (every projection by default), and a
+    mixture of experts' adapted fused weights, r x experts x (in + out) each (`parameters`: train.lora.
+    target_parameters; every expert weight by default, as trainer/moe.py chooses)."""
     shapes = projection_shapes(model)
     names = [name for name in (targets or PROJECTIONS) if name in shapes]
-    return int(model["num_hidden_layers"]) * sum(r * sum(shapes[name]) for name in names)
+    per_layer = sum(r * sum(shapes[name]) for name in names)
+    experts = moe_experts(model)
+    if experts is not None:
+        hidden, inter = int(model["hidden_size"]), experts.intermediate
+        fused = {"gate_up_proj": hidden + 2 * inter, "down_proj": inter + hidden}
+        chosen = (
+            fused if parameters is None else {k: v for k, v in fused.items() if any(p.endswith(k) for p in parameters)}
+        )
+        per_layer += r * experts.count * sum(chosen.values())
+    return int(model["num_hidden_layers"]) * per_layer
 
 
 def saves(cfg: FinetuneConfig, total_steps: int) -> int:
@@ -120,7 +167,10 @@ def estimate(
     try:
         params = model_params(model)
         lora = cfg.train.method != "full"
-        trained = adapter_params(model, cfg.train.lora.r, cfg.train.lora.target_modules) if lora else params
+        lora_cfg = cfg.train.lora
+        trained = (
+            adapter_params(model, lora_cfg.r, lora_cfg.target_modules, lora_cfg.target_parameters) if lora else params
+        )
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
     weight = 2 if bf16 else 4

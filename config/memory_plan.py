@@ -18,6 +18,9 @@ config/footprint.py (a decoder-only transformer with grouped-KV attention and a 
   attention output and the output projection's input, and the MLP's gate, activation, up and product (four
   intermediate-size tensors). LoRA dropout keeps each adapter's dropped input and mask. With gradient
   checkpointing, each layer's input and one layer's activations while it is recomputed.
+- A mixture of experts (config/footprint.py `moe_experts`): the weights, gradients and optimizer states of every
+  expert; the activations of the experts a token is routed to (each one's four intermediate tensors, its gathered
+  input and weighted output) and the router's float32 logits and probabilities over every expert.
 - The loss: the target logits in the training dtype, their float32 copy and its gradient, over
   train.loss_chunk_tokens tokens at a time when chunked (above 256 MiB of float32 target logits), else over the whole
   micro-batch.
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.deepspeed import zero_stage
-from config.footprint import PROJECTIONS, adapter_params, estimate, model_params, projection_shapes
+from config.footprint import PROJECTIONS, adapter_params, estimate, model_params, moe_experts, projection_shapes
 from config.schema import FinetuneConfig
 
 GB = 1e9
@@ -98,11 +101,18 @@ def _layer_activation_bytes(model: dict[str, Any], w: int, lora_dropout: bool) -
     shapes = projection_shapes(model)
     hidden = int(model["hidden_size"])
     q_out, kv_out = shapes["q_proj"][1], shapes["k_proj"][1]
-    inter = shapes["gate_proj"][1]
+    inter = shapes["gate_proj"][1] if "gate_proj" in shapes else 0
     norms = 2 * (4 * hidden + 2 * w * hidden)
     attention = w * (2 * q_out + 2 * kv_out + hidden)  # rotated q, k and v, the attention output, o_proj's input
     mlp = w * 4 * inter
-    dropout = (w + 1) * sum(shapes[p][0] for p in PROJECTIONS) if lora_dropout else 0
+    experts = moe_experts(model)
+    if experts is not None:
+        # The routed experts a token goes to: each one's four intermediate tensors, its gathered input and weighted
+        # output; the router's float32 logits and probabilities over every expert.
+        k = experts.per_token
+        mlp += w * (4 * k * experts.intermediate + 2 * k * hidden) + 8 * experts.count
+        lora_dropout = False  # PEFT applies none with expert weights adapted (trainer/model.py)
+    dropout = (w + 1) * sum(shapes[p][0] for p in PROJECTIONS if p in shapes) if lora_dropout else 0
     return norms + attention + mlp + dropout
 
 
@@ -126,14 +136,16 @@ class Shape:
 def resolve_shape(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any], on_gpu: bool) -> Shape:
     """The sizes and settings the terms need (KeyError and the like for a config.json of another shape)."""
     params = model_params(model)
-    method = cfg.train.method
+    method, lora = cfg.train.method, cfg.train.lora
     stage = zero_stage(ds)
     zero = ds.get("zero_optimization", {})
     return Shape(
         cfg=cfg,
         model=model,
         params=params,
-        trained=params if method == "full" else adapter_params(model, cfg.train.lora.r, cfg.train.lora.target_modules),
+        trained=params
+        if method == "full"
+        else adapter_params(model, lora.r, lora.target_modules, lora.target_parameters),
         projections=int(model["num_hidden_layers"]) * sum(i * o for i, o in projection_shapes(model).values()),
         embedding=int(model["vocab_size"]) * int(model["hidden_size"]),
         w=2 if on_gpu else 4,

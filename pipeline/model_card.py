@@ -12,6 +12,7 @@ from config.chat_template import template_digest
 from config.deepspeed import zero_stage
 from core.redact import mask_text
 from storage import layout
+from storage.adapters import AdapterSummary
 from storage.location import Location
 from storage.spec import Spec
 
@@ -121,8 +122,15 @@ def split_row(split: dict[str, Any]) -> tuple[str, str]:
     )
 
 
-def model_card(spec: Spec, entry: dict[str, Any], manifest: dict[str, Any], loss_plot: Location | None) -> str:
-    """The whole card for a registered version (`manifest`: the staged dataset's)."""
+def model_card(
+    spec: Spec,
+    entry: dict[str, Any],
+    manifest: dict[str, Any],
+    loss_plot: Location | None,
+    adapters: AdapterSummary | None = None,
+) -> str:
+    """The whole card for a registered version (`manifest`: the staged dataset's; `adapters`: what a LoRA run
+    adapted, from its export)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"
     data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
@@ -139,7 +147,7 @@ def model_card(spec: Spec, entry: dict[str, Any], manifest: dict[str, Any], loss
         "## Data",
         _table(data_rows),
         "## Method and configuration",
-        _table(config_highlights(spec)),
+        _table(config_highlights(spec) + ([("adapters", adapters.describe())] if adapters else [])),
         "## Metrics",
         f"All-reduced over {lineage['world_size']} eval ranks (sums divided once).",
         _table(metric_rows),

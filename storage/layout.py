@@ -28,6 +28,7 @@ EVAL = "eval.json"
 SAMPLES = "samples.jsonl"
 LOSS_PLOT = "loss.png"
 MODEL_CARD = "model_card.md"
+ADAPTERS = "adapters.json"  # {run}/final/adapters.json: what a LoRA run adapted (storage/adapters.py)
 TENSORBOARD = "tensorboard"  # {run}/tensorboard/: event files of the TensorBoard sink
 CHAMPION = "champion.json"
 LOG = "log.txt"

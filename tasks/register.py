@@ -15,6 +15,7 @@ from pipeline.lineage import browser_link, registry_entry
 from pipeline.model_card import model_card
 from pipeline.models import registry_name
 from storage import layout
+from storage.adapters import read_adapter_summary
 from storage.checkpoints import CompleteCheckpoint
 from storage.fs import write_bytes_atomic
 from storage.location import Location, join
@@ -88,7 +89,7 @@ def publish_model_card(
     """Write {run}/model_card.md and publish it as a Prefect artifact."""
     doc = {**read_entry(storage, model, version), "url": str(url)}
     manifest = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMA)[0]
-    card = model_card(spec, doc, manifest, loss_plot)
+    card = model_card(spec, doc, manifest, loss_plot, read_adapter_summary(layout.final_dir(spec.run)))
     write_bytes_atomic(join(spec.run, layout.MODEL_CARD), card.encode())
     create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")
     # (model_card masks the card itself; the registry entry it is built from was masked when written)

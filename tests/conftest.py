@@ -160,6 +160,15 @@ def published_tiny_sharded(tiny_model: str, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
+def qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen3-30B-A3B as published (its config keys and values, sharded safetensors with an index, Qwen3's tokenizer)
+    with its sizes scaled down to 2 layers of 8 experts (tests/published.py)."""
+    from tests.published import qwen3_moe_scaled
+
+    return str(qwen3_moe_scaled(tmp_path_factory.mktemp("published") / "Qwen3-30B-A3B-scaled"))
+
+
+@pytest.fixture(scope="session")
 def qwen25_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tokenizer of the built-in tiny-qwen2.5 model (Qwen's BPE, Qwen2.5's tokens and template), saved as the
     model build saves it; no model weights (the template and masking tests need none)."""

@@ -88,6 +88,58 @@ QWEN3_GENERATION: dict[str, Any] = {
     "top_p": 0.95,
     "transformers_version": "4.51.0",
 }
+# Qwen3-30B-A3B's config.json as published (a mixture of experts: 128 experts, 8 per token, fused into 3-D weights by
+# transformers 5 and saved one tensor per expert); tests scale its sizes down (qwen3_moe_scaled).
+QWEN3_30B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+# Its sizes scaled down for CPU ranks; every other key and value as published. 2 * moe_intermediate_size equals
+# hidden_size on purpose: the fused gate_up weight is square, so nothing can tell it from another by its shape alone.
+QWEN3_MOE_SCALED = {
+    "hidden_size": 64,
+    "head_dim": 16,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 2,
+    "max_window_layers": 2,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "intermediate_size": 96,
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
@@ -147,3 +199,12 @@ def tiny_as_published(tiny_model: str | Path, out: Path, *, max_shard_size: str 
     eos = own["eos_token_id"]
     generation = {**QWEN25_GENERATION, "bos_token_id": None, "pad_token_id": own["pad_token_id"], "eos_token_id": [eos]}
     return write_published(out, config, generation, tiny, max_shard_size=max_shard_size)
+
+
+def qwen3_moe_scaled(out: Path, *, max_shard_size: str | None = "4MB") -> Path:
+    """Qwen3-30B-A3B as published (its config keys and values, sharded bf16 safetensors with an index, Qwen3's
+    generation config and tokenizer) with its sizes scaled down (QWEN3_MOE_SCALED: 2 layers of 8 experts)."""
+    from trainer.tiny_qwen import qwen_tokenizer_dir
+
+    config = {**QWEN3_30B_A3B, **QWEN3_MOE_SCALED}
+    return write_published(out, config, QWEN3_GENERATION, qwen_tokenizer_dir(), max_shard_size=max_shard_size)

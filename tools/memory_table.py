@@ -29,6 +29,16 @@ QWEN25 = {
             "num_key_value_heads": 8},
 }  # fmt: skip
 COMMON = {"vocab_size": 152064, "tie_word_embeddings": False}
+# config.json of Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B (mixtures of 128 experts, 8 per token).
+QWEN3_MOE = {
+    "30B-A3B": {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+                "moe_intermediate_size": 768, "intermediate_size": 6144},
+    "235B-A22B": {"hidden_size": 4096, "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4,
+                  "moe_intermediate_size": 1536, "intermediate_size": 12288},
+}  # fmt: skip
+QWEN3_MOE_COMMON = {
+    "vocab_size": 151936, "tie_word_embeddings": False, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+}  # fmt: skip
 # The settings of every row: a micro-batch of one 2,048-token row, gradient checkpointing on, LoRA r 16 on every
 # projection without dropout, background saves on.
 SETTINGS = [
@@ -42,7 +52,7 @@ GPU_GB = 80
 
 
 def planned(size: str, method: str, zero: int, nnodes: int, gpus: int) -> tuple[float, float]:
-    """(device GB a rank, host GB a node) of one configuration."""
+    """(device GB a rank, host GB a node) of one configuration (a Qwen2.5 size, or a Qwen3-MoE one)."""
     cfg = load_config(
         None,
         [
@@ -54,7 +64,8 @@ def planned(size: str, method: str, zero: int, nnodes: int, gpus: int) -> tuple[
         ],
     )
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
-    memory = plan(cfg, ds, {**QWEN25[size], **COMMON}, on_gpu=True)
+    model = {**QWEN25[size], **COMMON} if size in QWEN25 else {**QWEN3_MOE[size], **QWEN3_MOE_COMMON}
+    memory = plan(cfg, ds, model, on_gpu=True)
     assert memory is not None
     return memory.device_bytes / GB, memory.node_host_bytes / GB
 
@@ -164,7 +175,27 @@ def published_table() -> str:
     return "\n".join(lines)
 
 
+def moe_table() -> str:
+    """Qwen3-30B-A3B and Qwen3-235B-A22B by method, ZeRO stage and node count, on nodes of 8 x 80 GB (Q-LoRA is
+    refused for a mixture of experts)."""
+    lines = [
+        f"| model | method | ZeRO | 1 node: GB a GPU | 2 nodes | 4 nodes | fits {GPU_GB} GB (1 / 2 / 4 nodes) |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for size in QWEN3_MOE:
+        for method in ("lora", "full"):
+            for zero in (2, 3):
+                device = [planned(size, method, zero, n, 8)[0] for n in (1, 2, 4)]
+                fits = " / ".join(verdict(d, GPU_GB) for d in device)
+                lines.append(
+                    f"| Qwen3-{size} | {method} | {zero} | {' | '.join(f'{d:.1f}' for d in device)} | {fits} |"
+                )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(table())
+    print()
+    print(moe_table())
     print()
     print(published_table())

@@ -30,10 +30,14 @@ slow or die at a chosen step through the real entry point, instead of mocking th
     TANDEM_TEST_ENV_DIGEST=NAME          every rank writes the sha256 of its environment variable NAME (not the value;
                                          "missing" when unset) to {run}/nodes/{node}/env-digest-rank-{rank}.txt, so
                                          that a test proves a forwarded credential reached the ranks without storing it
+    TANDEM_TEST_DISJOINT_ROUTING=1       a mixture of experts' routers send every token of rank r to experts r*k ..
+                                         r*k+k-1 (k per token): ranks that use disjoint experts in the same step, the
+                                         case that hangs a layout gathering only the experts a rank routes to
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
 
     from storage.location import Location
 
+log = logging.getLogger(__name__)
 SAVE_POINTS = ("mid_upload", "after_shard", "before_complete")
 
 
@@ -173,3 +178,22 @@ def in_save(rank: int, step: int, point: str) -> None:
         raise ValueError(f"TANDEM_TEST_EXIT_IN_SAVE={value}: POINT must be one of {', '.join(SAVE_POINTS)}")
     if (int(want_rank), int(want_step), want_point) == (rank, step, point):
         _die()
+
+
+def maybe_force_disjoint_routing(model: torch.nn.Module, rank: int) -> None:
+    """With TANDEM_TEST_DISJOINT_ROUTING, make every router of `model` (a module returning (logits, scores,
+    expert indices), transformers' `*TopKRouter`) choose rank `rank`'s own experts for every token."""
+    if os.environ.get("TANDEM_TEST_DISJOINT_ROUTING") != "1":
+        return
+    import torch
+
+    def force(module: torch.nn.Module, args: object, output: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        logits, scores, indices = output
+        k, experts = indices.shape[-1], logits.shape[-1]
+        own = (torch.arange(k, device=indices.device) + rank * k) % experts
+        return logits, scores, own.expand_as(indices).contiguous()
+
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    for module in routers:
+        module.register_forward_hook(force)
+    log.warning("TANDEM_TEST_DISJOINT_ROUTING: %d routers of rank %d forced to its own experts", len(routers), rank)

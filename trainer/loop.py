@@ -71,6 +71,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path)
     model = make_trainable(base, train)
+    faults.maybe_force_disjoint_routing(model, dist.rank)
     if train.compile:
         model.compile()  # in place: the state dict's names stay those of the uncompiled model
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)

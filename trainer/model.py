@@ -9,6 +9,7 @@ import torch
 
 from config.sections.model_train import TrainConfig
 from core.errors import UserError
+from trainer.moe import adapter_summary, is_router, lora_target_parameters, refuse_qlora
 
 log = logging.getLogger(__name__)
 _PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -27,14 +28,14 @@ LORA_TARGETS = {
 
 
 def lora_targets(model: Any, configured: list[str] | None) -> list[str]:
-    """The configured target modules, else the model family's default, else every Linear but lm_head."""
+    """The configured target modules, else the model family's default, else every Linear but lm_head and a router."""
     if configured:
         return list(configured)
     model_type = getattr(model.config, "model_type", "")
     if model_type in LORA_TARGETS:
         return LORA_TARGETS[model_type]
     names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    return sorted(names - {"lm_head"})
+    return sorted(name for name in names - {"lm_head"} if not is_router(name))
 
 
 def model_config(model_path: str) -> dict[str, Any]:
@@ -83,6 +84,7 @@ def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False) 
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
     if method == "qlora":
+        refuse_qlora(model_path, model_config(model_path))
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
@@ -145,15 +147,21 @@ def make_trainable(model: Any, train: TrainConfig) -> Any:
         raise UserError(
             f"train.lora.target_modules: {missing} not found in the model; use module names such as q_proj, v_proj"
         )
+    parameters = lora_target_parameters(model, train.lora.target_parameters)
+    dropout = train.lora.dropout
+    if parameters and dropout > 0:
+        # PEFT's ParamWrapper adds B @ A to the weight itself, so no dropout can sit on its input.
+        log.info("train.lora.dropout %g not applied: PEFT has no dropout on adapted parameters %s", dropout, parameters)
+        dropout = 0.0
     config = LoraConfig(
         r=train.lora.r,
         lora_alpha=train.lora.alpha,
-        lora_dropout=train.lora.dropout,
+        lora_dropout=dropout,
         target_modules=targets,
+        target_parameters=parameters or None,
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)
-    trainable = parameter_count(peft_model, trainable=True)
-    total = parameter_count(peft_model)
-    log.info("%s: %d trainable parameters of %d (%.2f%%)", train.method, trainable, total, 100 * trainable / total)
+    summary = adapter_summary(peft_model, parameter_count(peft_model, trainable=True), parameter_count(peft_model))
+    log.info("%s: %s", train.method, summary.describe())
     return peft_model

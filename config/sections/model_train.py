@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from config.objectives import ObjectiveField
 from config.sections.base import Section
@@ -46,7 +46,35 @@ class LoraConfig(Section):
         None,
         min_length=1,
         description="Module names that get adapters; empty: every attention and MLP projection of the "
-        "model family (q/k/v/o/gate/up/down_proj for Qwen2/Llama/Mistral, c_attn/c_proj/w1/w2 for Qwen-1).",
+        "model family (q/k/v/o/gate/up/down_proj for Qwen2/Llama/Mistral, c_attn/c_proj/w1/w2 for Qwen-1); a "
+        "mixture of experts' router gate is never a default target.",
+    )
+    target_parameters: list[str] | None = Field(
+        None,
+        description="Parameters (not modules) that get adapters, through PEFT's target_parameters: a mixture of "
+        "experts' fused 3-D expert weights, by name or name suffix (mlp.experts.gate_up_proj, mlp.experts.down_proj); "
+        "empty: every fused expert weight of the model (none in a dense model); []: none (with target_modules "
+        "[q_proj, k_proj, v_proj, o_proj]: attention only). PEFT applies no dropout on these: train.lora.dropout is "
+        "then 0 for the whole adapter.",
+    )
+
+    @field_validator("target_modules", "target_parameters")
+    @classmethod
+    def _names(cls, names: list[str] | None) -> list[str] | None:
+        if names and not all(name.strip() for name in names):
+            raise ValueError("names must not be empty: give module or parameter names such as q_proj")
+        return names
+
+
+class MoeConfig(Section):
+    """A mixture of experts' router while training (Qwen3-MoE, Qwen2-MoE, Mixtral...; ignored for a dense model)."""
+
+    aux_loss_coef: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Weight of the router's load-balancing loss added to the training loss; empty: the model config's "
+        "router_aux_loss_coef (0.001 for Qwen3-MoE); 0: off (the expert load is still measured and logged).",
     )
 
 
@@ -178,6 +206,7 @@ class TrainConfig(Section):
     )
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    moe: MoeConfig = Field(default_factory=MoeConfig)
 
 
 class DeepSpeedSection(Section):

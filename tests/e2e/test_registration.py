@@ -184,6 +184,8 @@ def test_model_card_and_link_artifacts_were_published(pipeline) -> None:
         summary["dataset_id"],
         "## Method and configuration",
         "| LoRA | r 16, alpha 32",
+        "| adapters | adapters on modules down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj; on "
+        "parameters none; ",  # a dense model: no fused expert weights
         "## Metrics",
         f"{summary['eval']['loss']:.4f}",
         "## Lineage",

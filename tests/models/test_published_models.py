@@ -12,6 +12,7 @@ loads, trains, exports, evaluates and registers as shipped, and that the export 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,54 @@ def test_qwen3_shape_trains_and_exports(tmp_path, sft_data) -> None:
     final = run.run_dir / "final"
     assert (final / "COMPLETE").exists() and (final / "adapter_model.safetensors").exists()
     assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == str(model)
+
+
+def test_qwen3_moe_as_published_lora_on_its_experts_under_zero3_on_2_ranks_exports_adapter_and_merged(
+    qwen3_moe, tmp_path, sft_data
+) -> None:
+    """Qwen3-30B-A3B as published, sizes scaled down (tests/published.py): LoRA on attention and the fused experts
+    under ZeRO-3 on 2 ranks, trained, exported as an adapter that names its expert weights and as a merged model in
+    the published per-expert layout, which transformers loads."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.distributed.harness import stage, train
+
+    staged = stage(tmp_path / "storage", qwen3_moe, [f"data.source={sft_data}", "data.max_length=96"])
+    overrides = ["train.max_steps=2", "train.save_steps=2", "train.export_merged=true"]
+    run = train(staged, "qwen3-moe", [*overrides, "deepspeed.config=config/deepspeed/zero3.json"])
+    final = run.run_dir / "final"
+    adapters = json.loads((final / "adapters.json").read_text())
+    assert adapters["target_parameters"] == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+    assert 0 < adapters["trainable"] < adapters["total"] / 100
+    merged = AutoModelForCausalLM.from_pretrained(final / "merged")
+    assert merged.config.model_type == "qwen3_moe"
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "loss" in s and "event" not in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    for step in steps:  # the router's balance, apart from the language model's loss
+        assert step["aux_loss"] > 0 and 1.0 <= step["expert_load_max"] <= 8 / 2 and step["experts_idle"] >= 0
+
+
+def test_qwen3_moe_full_finetuning_under_zero3_trains_on_while_the_ranks_route_to_disjoint_experts(
+    qwen3_moe, tmp_path, sft_data
+) -> None:
+    """Rank 0 routes every token to experts 0-1 and rank 1 to experts 2-3 in every step
+    (TANDEM_TEST_DISJOINT_ROUTING), full fine-tuning under ZeRO-3 on 2 ranks: each rank's expert weights are one
+    fused parameter, gathered whole whatever it routes to, so no rank waits for a gather the other never makes."""
+    from tests.distributed.harness import stage, train
+
+    staged = stage(tmp_path / "storage", qwen3_moe, [f"data.source={sft_data}", "data.max_length=96"])
+    overrides = ["train.method=full", "train.max_steps=3", "train.save_steps=3"]
+    run = train(
+        staged,
+        "qwen3-moe-disjoint",
+        [*overrides, "deepspeed.config=config/deepspeed/zero3.json"],
+        env={"TANDEM_TEST_DISJOINT_ROUTING": "1"},
+    )
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [s["loss"] for s in steps if "loss" in s and "event" not in s]
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
+    assert (run.run_dir / "final" / "COMPLETE").exists()
+    logs = "".join(path.read_text(errors="replace") for path in (run.run_dir / "nodes").rglob("*") if path.is_file())
+    for rank in (0, 1):
+        assert f"2 routers of rank {rank} forced to its own experts" in logs

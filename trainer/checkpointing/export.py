@@ -6,6 +6,7 @@ time (trainer/checkpointing/streamed_export.py): no rank holds the whole model."
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -22,6 +23,8 @@ from trainer.checkpointing.deepspeed_io import publish_dir
 from trainer.checkpointing.streamed_export import merge_streamed, write_partitioned
 from trainer.distributed import Dist, barrier, gather_objects
 from trainer.metrics import log_memory
+from trainer.model import parameter_count
+from trainer.moe import adapter_summary
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,8 @@ def save_weights(engine: Any, model: Any, out: str, zero_stage: int, shard_bytes
     ZeRO-3 every rank takes part: full weights are gathered one parameter at a time (streamed_export.py), an adapter's
     own parameters only, and the frozen base stays partitioned."""
     adapter = hasattr(model, "peft_config")
+    if adapter and is_main:
+        write_adapter_summary(model, out)
     if zero_stage != 3:
         if is_main:
             model.save_pretrained(out, safe_serialization=True, **({} if adapter else {"max_shard_size": shard_bytes}))
@@ -91,6 +96,15 @@ def save_weights(engine: Any, model: Any, out: str, zero_stage: int, shard_bytes
         model.config.save_pretrained(out)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(out)
+
+
+def write_adapter_summary(model: Any, out: str) -> None:
+    """{final}/adapters.json: the modules and parameters that got adapters and the trainable share (the model card's
+    row), from the trained model itself."""
+    summary = adapter_summary(model, parameter_count(model, trainable=True), parameter_count(model))
+    with open(os.path.join(out, layout.ADAPTERS), "w", encoding="utf-8") as handle:
+        json.dump(summary.to_json(), handle, indent=2)
+        handle.write("\n")
 
 
 def save_tokenizer(model_path: str, out: str, chat_template: str | None) -> None:

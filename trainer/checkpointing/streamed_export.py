@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from core.errors import UserError
+from trainer.checkpointing.expert_merge import merge_expert_weight, split_expert_pairs
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -113,6 +114,12 @@ def base_tensors(model_path: str) -> Iterator[tuple[str, list[str]]]:
         raise UserError(f"{model_path}: no {WEIGHTS} or {INDEX}; the merged export needs the base in safetensors")
 
 
+def adapter_rank(adapter_dir: str) -> int:
+    """The adapter's LoRA rank r (adapter_config.json)."""
+    with open(os.path.join(adapter_dir, "adapter_config.json"), encoding="utf-8") as handle:
+        return int(json.load(handle)["r"])
+
+
 def lora_deltas(adapter_dir: str) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
     """{base module name: (A, B, scale)} of a PEFT LoRA adapter directory (scale alpha/r, alpha/sqrt(r) for rsLoRA)."""
     from safetensors.torch import load_file
@@ -139,6 +146,7 @@ def merge_streamed(
     from safetensors import safe_open
 
     deltas = lora_deltas(adapter_dir)
+    experts = split_expert_pairs(deltas, adapter_rank(adapter_dir))
     if tied and "lm_head" in deltas:
         raise UserError(
             "train.export_merged: the adapter trains lm_head, whose weight the model ties to its input embeddings; "
@@ -151,12 +159,15 @@ def merge_streamed(
             for name in names or list(tensors.keys()):
                 weight = tensors.get_tensor(name)
                 module = name.removesuffix(".weight")
-                if module in deltas and name.endswith(".weight"):
+                if experts and (expert := merge_expert_weight(name, weight, experts)):
+                    merged.add(expert[0])
+                    weight = expert[1]
+                elif module in deltas and name.endswith(".weight"):
                     a, b, scale = deltas[module]
                     weight = weight.float() + scale * (b.float() @ a.float())
                     merged.add(module)
                 writer.add(name, weight.to(dtype))
-    missing = sorted(set(deltas) - merged)
+    missing = sorted((set(deltas) | set(experts)) - merged)
     if missing:
         raise UserError(f"train.export_merged: adapter modules {missing[:3]} have no weight in {model_path}")
     writer.close()

@@ -28,6 +28,7 @@ from storage.split_reader import Split
 from trainer.data import Batch, GlobalOrder, collate, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.loss.chunked import LossHead
+from trainer.moe import RouterBalance
 from trainer.objectives.base import MicroLoss, StepResult, Sums
 from trainer.sequence_parallel import shard
 
@@ -115,17 +116,23 @@ class Sft:
 
     objective: Objective
     chunk_tokens: int  # train.loss_chunk_tokens
+    aux_loss_coef: float | None = None  # train.moe.aux_loss_coef
     head: LossHead | None = None
+    router: RouterBalance | None = None  # a mixture of experts' load balance (trainer/moe.py)
     sum_keys: tuple[str, ...] = ("loss_sum",)
 
     @classmethod
     def of(cls, train: TrainConfig) -> Sft:
         """SFT with train's loss settings."""
-        return cls(train.objective, train.loss_chunk_tokens)
+        return cls(train.objective, train.loss_chunk_tokens, train.moe.aux_loss_coef)
 
     def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
-        """The loss head of the engine's model."""
+        """The loss head of the engine's model; a mixture of experts' router balance."""
         self.head = LossHead.of(engine, self.chunk_tokens)
+        model_config = getattr(engine, "module", engine).config  # an engine's own .config is DeepSpeed's
+        self.router = RouterBalance.of(model_config, self.aux_loss_coef, dist)
+        if self.router is not None:
+            self.sum_keys = ("loss_sum", "aux_loss_sum", "micro_batches")
 
     def start_evaluation(self, spec: Spec, rows: Split) -> None:
         """Nothing to prepare: evaluate builds the head of the model it is given."""
@@ -144,12 +151,26 @@ class Sft:
     def micro_batch(self, model: Any, batch: Batch, scope: SftScope) -> MicroLoss:
         """The micro-batch's summed cross-entropy, scaled by the step's target tokens."""
         assert self.head is not None, "Sft.start builds the loss head before the first step"
-        loss = summed_loss(model, batch, scope.device, self.head)
-        return MicroLoss(loss * scope.scale, {"loss_sum": loss.detach()})
+        if self.router is None:
+            loss = summed_loss(model, batch, scope.device, self.head)
+            return MicroLoss(loss * scope.scale, {"loss_sum": loss.detach()})
+        out = model(
+            **batch.model_inputs(scope.device), **self.head.forward_kwargs(scope.device), **self.router.forward_kwargs
+        )
+        loss = self.head.summed(out, batch.labels)
+        aux = self.router.observe(out, batch.attention_mask)
+        # DeepSpeed's average over accumulation and ranks makes the weighted auxiliary loss the step's mean of it.
+        backward = loss * scope.scale + self.router.coef * aux
+        return MicroLoss(backward, {"loss_sum": loss.detach(), "aux_loss_sum": aux.detach(), "micro_batches": 1.0})
 
     def end_step(self, sums: Sums, scope: SftScope) -> StepResult:
-        """The global batch's loss per target token."""
-        return StepResult(sums["loss_sum"] / max(scope.targets, 1.0), int(scope.targets), {})
+        """The global batch's loss per target token (the language model's alone); for a mixture of experts, the
+        load-balancing loss (mean over micro-batches) and the experts' load, apart."""
+        loss = sums["loss_sum"] / max(scope.targets, 1.0)
+        if self.router is None:
+            return StepResult(loss, int(scope.targets), {})
+        moe = {"aux_loss": sums["aux_loss_sum"] / max(sums["micro_batches"], 1.0), **self.router.end_step()}
+        return StepResult(loss, int(scope.targets), moe)
 
     def evaluate(
         self,

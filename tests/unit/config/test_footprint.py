@@ -41,3 +41,17 @@ def test_checkpoints_on_storage_at_once() -> None:
     merged = estimate(load_config(None, ["train.export_merged=true"]), QWEN25_05B, 100, 2, bf16=True)
     assert merged is not None and merged.merged == merged.params * 2
     assert estimate(load_config(None, []), {"hidden_size": 8}, 100, 2, bf16=True) is None
+
+
+def test_a_mixture_of_experts_counts_every_expert_and_its_active_ones_apart() -> None:
+    from tests.published import QWEN3_30B_A3B, QWEN3_MOE_SCALED
+
+    # Qwen's model card: 30.5B parameters, 3.3B activated.
+    assert abs(model_params(QWEN3_30B_A3B) - 30.5e9) / 30.5e9 < 0.01
+    assert abs(model_params(QWEN3_30B_A3B, active=True) - 3.3e9) / 3.3e9 < 0.02
+    scaled = {**QWEN3_30B_A3B, **QWEN3_MOE_SCALED}
+    # What the trainer reports on the scaled model (tests/unit/trainer/test_moe.py): 37,376 LoRA parameters (r 8 on
+    # attention and every expert weight) of 19,621,760, the adapters and Qwen3's q/k norms (2 x 2 x 16) included.
+    assert model_params(scaled) == 19_621_760 - 37_376 - 2 * 2 * 16
+    assert adapter_params(scaled, 8, None) == 37_376
+    assert adapter_params(scaled, 8, None, []) == 2 * (2 * 8 * (64 + 128) + 2 * 8 * (64 + 16))  # attention only

@@ -120,10 +120,10 @@ FULL_1_5B = ["launch.nnodes=2", "launch.nproc_per_node=8", "train.method=full", 
 
 def test_the_docs_table_is_what_the_plan_says() -> None:
     sys.path.insert(0, str(ROOT / "tools"))
-    from memory_table import published_table, table
+    from memory_table import moe_table, published_table, table
 
     page = (ROOT / "docs" / "memory-plan.md").read_text()
-    for printed in (table(), published_table()):
+    for printed in (table(), moe_table(), published_table()):
         assert printed in page, "docs/memory-plan.md: run `.venv/bin/python tools/memory_table.py` and paste its tables"
 
 
@@ -172,3 +172,21 @@ def test_sequence_parallelism_divides_a_ranks_activations_and_loss() -> None:
     assert {k: v for k, v in split.items() if "activations" not in k and "loss" not in k} == {
         k: v for k, v in alone.items() if "activations" not in k and "loss" not in k
     }
+
+
+def test_the_qwen3_30b_a3b_preset_fits_its_nodes_by_the_plan() -> None:
+    """The preset on Qwen3-30B-A3B's published config.json: LoRA on every expert under ZeRO-3, 2 nodes x 8 GPUs."""
+    import yaml
+
+    from config.schema import FinetuneConfig
+    from tests.published import QWEN3_30B_A3B
+
+    tree = yaml.safe_load((ROOT / "config" / "presets" / "qwen3-30b-a3b-lora.yaml").read_text())
+    tree["deepspeed"]["config"] = str(ROOT / tree["deepspeed"]["config"])  # the loader resolves it so
+    cfg = FinetuneConfig.model_validate(tree)  # (its data.source and model directory are the cluster's)
+    assert (cfg.train.method, cfg.world_size, cfg.train.lora.target_parameters) == ("lora", 16, None)
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    assert ds["zero_optimization"]["stage"] == 3
+    memory = plan(cfg, ds, QWEN3_30B_A3B, on_gpu=True)
+    assert memory is not None and memory.device_bytes * (1 + PLAN_ERROR) < 80 * GB
+    assert memory.device_bytes / GB == pytest.approx(8.06, abs=0.01)

@@ -1,0 +1,79 @@
+"""LoRA's targets on a mixture of experts: Qwen3-30B-A3B as published, sizes scaled down (tests/published.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from config.sections.model_train import LoraConfig, TrainConfig
+from core.errors import UserError
+from trainer.model import load_base, lora_targets, make_trainable
+from trainer.moe import expert_parameters, is_router, lora_target_parameters
+
+
+def adapted(model) -> tuple[set[str], set[str]]:
+    """(the modules, the parameters) a PEFT model holds adapters on, by their last names."""
+    config = model.peft_config["default"]
+    return set(config.target_modules or ()), set(config.target_parameters or ())
+
+
+def test_lora_adapts_the_fused_experts_and_attention_by_default_never_the_router(qwen3_moe, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="trainer.model")
+    model = make_trainable(load_base(qwen3_moe, method="lora", bf16=False), TrainConfig(method="lora"))
+    modules, parameters = adapted(model)
+    assert modules == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert parameters == {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert any(".mlp.experts.lora_A." in name for name in trainable)
+    assert any(".mlp.experts.base_layer.lora_A." in name for name in trainable)  # the second fused weight, nested
+    assert not any(".mlp.gate." in name for name in trainable)
+    line = next(r.getMessage() for r in caplog.records if "trainable parameters of" in r.getMessage())
+    assert line.startswith("lora: adapters on modules k_proj, o_proj, q_proj, v_proj; on parameters ")
+    assert "parameters mlp.experts.down_proj, mlp.experts.gate_up_proj; 37,376 trainable parameters of " in line
+    assert "train.lora.dropout 0.05 not applied" in caplog.text  # PEFT has no dropout for adapted parameters
+
+
+def test_attention_only_is_an_explicit_choice(qwen3_moe) -> None:
+    lora = LoraConfig(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], target_parameters=[])
+    model = make_trainable(load_base(qwen3_moe, method="lora", bf16=False), TrainConfig(lora=lora))
+    assert adapted(model) == ({"q_proj", "k_proj", "v_proj", "o_proj"}, set())
+    assert model.peft_config["default"].lora_dropout == 0.05  # dropout stays where PEFT can apply it
+
+
+def test_configured_parameters_are_checked_and_the_error_names_the_experts(qwen3_moe) -> None:
+    base = load_base(qwen3_moe, method="lora", bf16=False)
+    assert lora_target_parameters(base, ["mlp.experts.down_proj"]) == ["mlp.experts.down_proj"]
+    with pytest.raises(
+        UserError,
+        match=r"train.lora.target_parameters: \['experts.w1'\] not found in the model; its "
+        r"fused expert weights are \['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'\]",
+    ):
+        lora_target_parameters(base, ["experts.w1"])
+
+
+def test_a_dense_model_has_no_expert_parameters_and_a_per_expert_layout_gets_its_experts_as_modules() -> None:
+    class PerExpert(torch.nn.Module):  # Mixtral's older layout: one module per expert, a Linear router `gate`
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = type("Config", (), {"model_type": "mixtral_remote"})()
+            self.gate = torch.nn.Linear(8, 4)
+            self.experts = torch.nn.ModuleList(torch.nn.ModuleDict({"w1": torch.nn.Linear(8, 8)}) for _ in range(4))
+            self.shared_expert_gate = torch.nn.Linear(8, 1)
+
+    model = PerExpert()
+    assert expert_parameters(model) == []
+    with pytest.raises(UserError, match="it has no fused expert weights: use \\[\\]"):
+        lora_target_parameters(model, ["experts.gate_up_proj"])
+    assert lora_targets(model, None) == ["w1"]  # the experts, never a router
+    assert is_router("mlp.gate") and is_router("shared_expert_gate") and not is_router("gate_proj")
+
+
+def test_qlora_on_a_mixture_of_experts_is_refused_in_one_line_saying_why(qwen3_moe) -> None:
+    with pytest.raises(
+        UserError,
+        match=r"^train.method qlora: .* is a mixture of 8 experts whose expert weights are "
+        r"fused 3-D parameters, which bitsandbytes does not quantize .*use train.method lora",
+    ):
+        load_base(qwen3_moe, method="qlora", bf16=False)
