@@ -161,7 +161,9 @@ def test_profiled_steps_are_named_and_each_rank_writes_its_table(zero3: Run) -> 
     for rank in (0, 1):
         table = (zero3.run_dir / "profile" / f"rank-{rank}.txt").read_text()
         assert table.startswith("steps 4-5 (2), wall ") and "By self CPU time:" in table
-        assert "aten::mm" in table and "c10d::_reduce_scatter_base_" in table  # the matmuls, ZeRO-3's gradients
+        # The matmuls and ZeRO-3's parameter gathers: both near the top on every rank. (Its gradients' reduce-scatter
+        # takes little CPU time and may fall below the table's rows on a rank.)
+        assert "aten::mm" in table and "c10d::_allgather_base_" in table
 
 
 @pytest.fixture(scope="module")
