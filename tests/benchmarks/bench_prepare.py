@@ -152,7 +152,7 @@ def bench_staging(
         digests.append(
             timed(
                 lambda: digest_sources(
-                    [("data.source", str(source))], data.digest_algorithm, Reporter(lambda _: None, bars=False)
+                    [("data.source", Location(str(source)))], data.digest_algorithm, Reporter(lambda _: None, bars=False)
                 )
             )
         )
@@ -260,7 +260,7 @@ def first_pass_inputs(path: Path, data: DataConfig) -> Any:
     from staging.identity import Inputs, SourceFile
     from staging.streams import resolve
 
-    return Inputs([SourceFile("data.source", str(path), path.stat().st_size, "-")], {}, "-", resolve(data))
+    return Inputs([SourceFile("data.source", Location(str(path)), path.stat().st_size, "-")], {}, "-", resolve(data))
 
 
 def bench_first_pass(source: Path, work: Path, num_proc: int, repeats: int) -> dict[str, float]:

@@ -13,6 +13,7 @@ import pytest
 from torch.testing import assert_close
 
 from config.loader import load_config
+from pipeline.models import registry_name
 from storage import layout
 from storage.checkpoints import complete_checkpoints
 from storage.digest import digest_bytes
@@ -80,5 +81,5 @@ def test_a_pipeline_on_s3_with_the_endpoint_in_the_storage_options_only(
     # the evaluation phase and the registration wrote there too
     assert read_json(join(run_url, layout.EVAL))["loss"] == summary["eval"]["loss"]
     assert summary["registered"]
-    entry = read_entry(root, cfg.register.model_name, 1)
+    entry = read_entry(root, registry_name(cfg), 1)
     assert entry["run_url"] == summary["run_url"] and entry["lineage"]["dataset_id"] == summary["dataset_id"]
