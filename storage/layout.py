@@ -138,3 +138,5 @@ def champion_url(storage: Location, model: str) -> Location:
 HEARTBEAT_ENV = "TANDEM_HEARTBEAT_DIR"
 # ... and the address of this node's interface that routes to node 0 (how the network probe names a node).
 NODE_ADDR_ENV = "TANDEM_NODE_ADDR"
+# ... and "1", which tells a process it is a rank: the trainer package then keeps MLflow out (trainer/lean_imports.py).
+RANK_PROCESS_ENV = "TANDEM_RANK_PROCESS"

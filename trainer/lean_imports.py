@@ -16,6 +16,14 @@ MLFLOW = "mlflow"
 DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
+def skip_tracking_libraries() -> None:
+    """Keep MLflow out of this process: DeepSpeed's autotuner imports it whenever it is installed (~3 s of a rank's
+    start on the 2-core machine, `python -X importtime -m trainer`), and a rank never tracks anything (the pipeline's
+    process does). A None entry in sys.modules is how Python marks a module as absent."""
+    if MLFLOW not in sys.modules:
+        sys.modules[MLFLOW] = None  # type: ignore[assignment]
+
+
 def skip_unused_libraries(method: str) -> None:
     """Keep a rank from importing what it never uses. A None entry in sys.modules is how Python marks a module as
     absent: the importer takes its "not installed" path, as on a machine without it. Call before anything imports
@@ -25,10 +33,9 @@ def skip_unused_libraries(method: str) -> None:
       modules they pull in cost ~1.5 s.
     - MLflow: DeepSpeed's autotuner imports it whenever it is installed (the `mlflow` extra), ~1.1 s; a rank never
       tracks anything (the pipeline's process does)."""
-    unused = [MLFLOW] + ([] if method == "qlora" else [BITSANDBYTES])
-    for name in unused:
-        if name not in sys.modules:
-            sys.modules[name] = None  # type: ignore[assignment]
+    skip_tracking_libraries()
+    if method != "qlora" and BITSANDBYTES not in sys.modules:
+        sys.modules[BITSANDBYTES] = None  # type: ignore[assignment]
 
 
 def import_muon_uncompiled_unless_configured(ds_config: dict[str, Any]) -> None:

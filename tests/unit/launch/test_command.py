@@ -18,6 +18,7 @@ from launch.command import (
     rank_environment,
     transport_debug_env,
 )
+from storage import layout
 
 
 def test_a_retrys_transport_levels_leave_a_level_the_user_set(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,3 +56,8 @@ def test_ranks_get_a_fixed_malloc_threshold_unless_the_node_sets_its_own(monkeyp
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(MALLOC_MMAP_THRESHOLD) == "1048576"
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     assert rank_environment(LaunchConfig())["MALLOC_MMAP_THRESHOLD_"] == "131072"
+
+
+def test_ranks_are_told_they_are_ranks() -> None:
+    """The trainer package keeps MLflow out of a rank's start on this variable (tests/unit/trainer/test_init.py)."""
+    assert rank_environment(LaunchConfig())[layout.RANK_PROCESS_ENV] == "1"
