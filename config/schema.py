@@ -31,6 +31,12 @@ ELASTIC_BACKENDS = ("local", "ssh", "kubernetes")
 warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
 
 
+GENERATE_PREFERENCE = (
+    "eval.generate needs supervised eval data (a prompt and its reference answer), not the preference rows of "
+    "train.objective={name}: set eval.generate.enabled=false"
+)
+
+
 class FinetuneConfig(Section):
     """A whole fine-tuning run: prepare, train, evaluate, register."""
 
@@ -106,6 +112,9 @@ class FinetuneConfig(Section):
             objective.data_problem(self.data.preference),
             objective.method_problem(self.train.method),
             objective.gate_problem(gate.metric) if gate is not None else None,
+            GENERATE_PREFERENCE.format(name=objective.name)
+            if self.eval.generate.enabled and objective.data.preference_rows
+            else None,
         )
         if found := next((problem for problem in problems if problem), None):
             raise ValueError(found)

@@ -14,6 +14,7 @@ from core.redact import mask_text
 from storage import layout
 from storage.adapters import AdapterSummary
 from storage.location import Location
+from storage.metrics import generate_metrics
 from storage.spec import Spec
 
 METRIC_ROWS = (
@@ -29,6 +30,32 @@ METRIC_ROWS = (
     ("rejected_logps_per_token", "rejected log-probability per token", "{:.4f}"),
     ("units", "eval pairs (or KTO answers)", "{}"),
 )
+
+# eval.generate's figures (storage/metrics.py generate_metrics names them), in this order; a user scorer's follow.
+GENERATE_ROWS = {
+    "generate.records": "answered eval prompts",
+    "generate.exact_match": "exact match",
+    "generate.normalized_exact_match": "normalised exact match (SQuAD)",
+    "generate.rouge_l_f1": "ROUGE-L F1",
+    "generate.tool_call_records": "answers that should call tools",
+    "generate.tool_call_parse_rate": "tool calls that parse",
+    "generate.tool_call_accuracy": "tool calls equal to the reference's",
+    "generate.new_tokens": "tokens generated",
+    "generate.seconds": "generation seconds (slowest rank)",
+}
+
+
+def generate_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's rows of the generated answers' figures (none when eval.generate was off)."""
+    figures = generate_metrics(metrics)
+    own = [key for key in figures if key.startswith("generate.scores.")]
+    return [
+        (
+            GENERATE_ROWS.get(key, f"score `{key.removeprefix('generate.scores.')}` (eval.generate.scorer)"),
+            f"{figures[key]:.4g}",
+        )
+        for key in [*(key for key in GENERATE_ROWS if key in figures), *own]
+    ]
 
 
 def load_snippet(entry: dict[str, Any]) -> str:
@@ -140,6 +167,7 @@ def model_card(
     ]
     data_rows.append(split_row(manifest["split"]))
     metric_rows = [(label, fmt.format(metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
+    metric_rows += generate_rows(metrics)
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "

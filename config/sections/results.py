@@ -17,6 +17,40 @@ from config.sections.base import Section
 from core.redact import has_url_password
 
 
+class GenerateConfig(Section):
+    """Answers generated for the eval split's prompts and scored against its references (docs/evaluation.md)."""
+
+    enabled: bool = Field(
+        False,
+        description="Generate an answer to each eval prompt (the conversation up to its last assistant turn) and score "
+        "it: exact match, normalised exact match, ROUGE-L F1, tool calls, eval.generate.scorer; into eval.json's "
+        "`generate`.",
+    )
+    max_records: int = Field(
+        200,
+        gt=0,
+        description="At most this many eval examples are answered, from rows spread evenly over the split: "
+        "generation costs a forward pass per new token, so this bounds the stage's time.",
+    )
+    max_new_tokens: int = Field(128, gt=0, le=8192, description="Tokens generated per answer at most.")
+    batch_size: int = Field(
+        8, gt=0, description="Prompts generated together (left-padded, with the KV cache); also the unit of sharding."
+    )
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        description="0: greedy decoding, the same answers whatever the number of ranks; above 0: sampling, seeded by "
+        "train.seed and the batch.",
+    )
+    scorer: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="Your own scores, `module:function` importable on every node: called as function(prompt=, "
+        "reference=, output=) per answer, it returns a dict of float scores, averaged over the answers into "
+        "eval.json's generate.scores.",
+    )
+
+
 class EvalConfig(Section):
     """Evaluation of the trained model on the eval split."""
 
@@ -30,6 +64,9 @@ class EvalConfig(Section):
         0, ge=0, le=1000, description="Write this many greedy completions of eval prompts to {run}/samples.jsonl."
     )
     max_new_tokens: int = Field(32, gt=0, le=4096, description="Tokens generated per sample (eval.generate_samples).")
+    generate: GenerateConfig = Field(
+        default_factory=GenerateConfig, description="Generated answers scored against the references."
+    )
     final_eval_rows: int = Field(
         256,
         ge=0,

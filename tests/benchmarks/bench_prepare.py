@@ -152,7 +152,9 @@ def bench_staging(
         digests.append(
             timed(
                 lambda: digest_sources(
-                    [("data.source", Location(str(source)))], data.digest_algorithm, Reporter(lambda _: None, bars=False)
+                    [("data.source", Location(str(source)))],
+                    data.digest_algorithm,
+                    Reporter(lambda _: None, bars=False),
                 )
             )
         )
