@@ -58,6 +58,18 @@ def generate_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def answers_table(answers: list[dict[str, Any]]) -> str:
+    """A markdown table of generated answers (eval.json's generate.answers): each prompt's end, its reference and the
+    model's output, one line per cell (a newline shown as an arrow; pipes and tags escaped so that they show)."""
+
+    def cell(text: str) -> str:
+        text = text.strip().replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("\r", "")
+        return text.replace("\n", " ⏎ ")
+
+    rows = [f"| {a['index']} | {cell(a['prompt'])} | {cell(a['reference'])} | {cell(a['output'])} |" for a in answers]
+    return "\n".join(["| # | prompt (its end) | reference | output |", "|---|---|---|---|", *rows])
+
+
 def load_snippet(entry: dict[str, Any]) -> str:
     """Python that loads a registered model with transformers (+ PEFT for an adapter)."""
     model_url = entry["model_url"]
@@ -155,9 +167,10 @@ def model_card(
     manifest: dict[str, Any],
     loss_plot: Location | None,
     adapters: AdapterSummary | None = None,
+    answers: list[dict[str, Any]] | None = None,
 ) -> str:
     """The whole card for a registered version (`manifest`: the staged dataset's; `adapters`: what a LoRA run
-    adapted, from its export)."""
+    adapted, from its export; `answers`: a few generated answers, eval.json's generate.answers)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"
     data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
@@ -180,6 +193,8 @@ def model_card(
         f"All-reduced over {lineage['world_size']} eval ranks (sums divided once).",
         _table(metric_rows),
     ]
+    if answers:
+        parts += ["## Sample answers", "Greedy answers to eval prompts (`eval.generate`).", answers_table(answers)]
     if loss_plot:
         parts += ["## Loss curve", f"![loss curve]({layout.LOSS_PLOT})", f"`{loss_plot}`"]
     parts += [
