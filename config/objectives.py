@@ -106,7 +106,7 @@ class Objective:
             f"{either(list(self.data.preference))}, or set train.objective to {either(others)}"
         )
 
-    def gate_problem(self, metric: Metric) -> str | None:
+    def gate_problem(self, metric: str) -> str | None:
         """Why a register.gate cannot compare `metric` for it (None: it can)."""
         if metric in self.gate_metrics:
             return None

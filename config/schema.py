@@ -31,6 +31,12 @@ ELASTIC_BACKENDS = ("local", "ssh", "kubernetes")
 warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
 
 
+GENERATE_PREFERENCE = (
+    "eval.generate needs supervised eval data (a prompt and its reference answer), not the preference rows of "
+    "train.objective={name}: set eval.generate.enabled=false"
+)
+
+
 class FinetuneConfig(Section):
     """A whole fine-tuning run: prepare, train, evaluate, register."""
 
@@ -101,11 +107,14 @@ class FinetuneConfig(Section):
     def _objective_data(self) -> FinetuneConfig:
         """The objective against the rest: the data it trains on (an empty data.preference becomes what it implies),
         the method, and the gate's metric."""
-        objective, gate = self.train.objective, self.register.gate
+        objective = self.train.objective
         problems = (
             objective.data_problem(self.data.preference),
             objective.method_problem(self.train.method),
-            objective.gate_problem(gate.metric) if gate is not None else None,
+            self._gate_problem(),
+            GENERATE_PREFERENCE.format(name=objective.name)
+            if self.eval.generate.enabled and objective.data.preference_rows
+            else None,
         )
         if found := next((problem for problem in problems if problem), None):
             raise ValueError(found)
@@ -117,6 +126,17 @@ class FinetuneConfig(Section):
             # so that staging, the dataset id, spec.json and --print-config all see the one the run stages with.
             object.__setattr__(self, "data", data)
         return self
+
+    def _gate_problem(self) -> str | None:
+        """Why register.gate cannot compare its metric for this run (None: it can)."""
+        gate = self.register.gate
+        if gate is None:
+            return None
+        if not gate.metric.startswith("generate."):
+            return self.train.objective.gate_problem(gate.metric)
+        if not self.eval.generate.enabled:
+            return f"register.gate.metric={gate.metric} is measured by eval.generate: set eval.generate.enabled=true"
+        return None
 
     @model_validator(mode="after")
     def _sequence_parallel(self) -> FinetuneConfig:

@@ -30,7 +30,7 @@ from pipeline.plan import new_run_id
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
 from storage.location import Location, join
-from storage.metrics import eval_metric_keys, eval_record_keys, read_metrics
+from storage.metrics import eval_metric_keys, eval_record, generate_metrics, read_metrics
 from storage.run_lock import RunLock
 from storage.spec import WrittenSpec
 from tasks.assets import record_model_asset
@@ -114,7 +114,7 @@ def pipeline(cfg: FinetuneConfig, run_id: str, tracker: Tracker) -> Any:
         "run_url": str(spec.run),
         "dataset_id": dataset.dataset_id,
         "train_loss": last_train_loss(spec.run),
-        "eval": {key: metrics[key] for key in eval_record_keys(metrics)},
+        "eval": eval_record(metrics),
         "checkpoint_url": str(checkpoint.url),
         "model_url": str(model_url),
         "loss_plot": str(loss_plot) if loss_plot else None,
@@ -140,6 +140,7 @@ def track_results(
     tags, the loss curve and the model card as files."""
     spec = written.spec
     evals = {f"eval/{key}": float(metrics[key]) for key in eval_metric_keys(metrics)}
+    evals |= {f"eval/{key}": value for key, value in generate_metrics(metrics).items()}
     tags = {**run_tags(spec, lineage(spec, written.digest, checkpoint)), "tandem.registered": registered.message}
     tracker.call(lambda sink: sink.log_metrics(evals, checkpoint.step))
     tracker.call(lambda sink: sink.set_tags(tags))

@@ -8,7 +8,7 @@ from typing import Any
 from core.checkout import code_version
 from storage.checkpoints import CompleteCheckpoint
 from storage.location import Location, is_local, local_path
-from storage.metrics import eval_record_keys
+from storage.metrics import eval_record
 from storage.spec import Spec
 
 
@@ -45,7 +45,7 @@ def registry_entry(
 ) -> dict[str, Any]:
     """The registry document's body (the registry adds schema, model, version, created_at)."""
     return {
-        "metrics": {key: metrics[key] for key in eval_record_keys(metrics)},
+        "metrics": eval_record(metrics),
         "model_url": str(model_url),
         "checkpoint_url": str(checkpoint.url),
         "evaluated_url": metrics["model_url"],

@@ -14,6 +14,7 @@ from core.redact import mask_text
 from storage import layout
 from storage.adapters import AdapterSummary
 from storage.location import Location
+from storage.metrics import generate_metrics
 from storage.spec import Spec
 
 METRIC_ROWS = (
@@ -29,6 +30,44 @@ METRIC_ROWS = (
     ("rejected_logps_per_token", "rejected log-probability per token", "{:.4f}"),
     ("units", "eval pairs (or KTO answers)", "{}"),
 )
+
+# eval.generate's figures (storage/metrics.py generate_metrics names them), in this order; a user scorer's follow.
+GENERATE_ROWS = {
+    "generate.records": "answered eval prompts",
+    "generate.exact_match": "exact match",
+    "generate.normalized_exact_match": "normalised exact match (SQuAD)",
+    "generate.rouge_l_f1": "ROUGE-L F1",
+    "generate.tool_call_records": "answers that should call tools",
+    "generate.tool_call_parse_rate": "tool calls that parse",
+    "generate.tool_call_accuracy": "tool calls equal to the reference's",
+    "generate.new_tokens": "tokens generated",
+    "generate.seconds": "generation seconds (slowest rank)",
+}
+
+
+def generate_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's rows of the generated answers' figures (none when eval.generate was off)."""
+    figures = generate_metrics(metrics)
+    own = [key for key in figures if key.startswith("generate.scores.")]
+    return [
+        (
+            GENERATE_ROWS.get(key, f"score `{key.removeprefix('generate.scores.')}` (eval.generate.scorer)"),
+            f"{figures[key]:.4g}",
+        )
+        for key in [*(key for key in GENERATE_ROWS if key in figures), *own]
+    ]
+
+
+def answers_table(answers: list[dict[str, Any]]) -> str:
+    """A markdown table of generated answers (eval.json's generate.answers): each prompt's end, its reference and the
+    model's output, one line per cell (a newline shown as an arrow; pipes and tags escaped so that they show)."""
+
+    def cell(text: str) -> str:
+        text = text.strip().replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("\r", "")
+        return text.replace("\n", " ⏎ ")
+
+    rows = [f"| {a['index']} | {cell(a['prompt'])} | {cell(a['reference'])} | {cell(a['output'])} |" for a in answers]
+    return "\n".join(["| # | prompt (its end) | reference | output |", "|---|---|---|---|", *rows])
 
 
 def load_snippet(entry: dict[str, Any]) -> str:
@@ -128,9 +167,10 @@ def model_card(
     manifest: dict[str, Any],
     loss_plot: Location | None,
     adapters: AdapterSummary | None = None,
+    answers: list[dict[str, Any]] | None = None,
 ) -> str:
     """The whole card for a registered version (`manifest`: the staged dataset's; `adapters`: what a LoRA run
-    adapted, from its export)."""
+    adapted, from its export; `answers`: a few generated answers, eval.json's generate.answers)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"
     data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
@@ -140,6 +180,7 @@ def model_card(
     ]
     data_rows.append(split_row(manifest["split"]))
     metric_rows = [(label, fmt.format(metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
+    metric_rows += generate_rows(metrics)
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "
@@ -152,6 +193,8 @@ def model_card(
         f"All-reduced over {lineage['world_size']} eval ranks (sums divided once).",
         _table(metric_rows),
     ]
+    if answers:
+        parts += ["## Sample answers", "Greedy answers to eval prompts (`eval.generate`).", answers_table(answers)]
     if loss_plot:
         parts += ["## Loss curve", f"![loss curve]({layout.LOSS_PLOT})", f"`{loss_plot}`"]
     parts += [

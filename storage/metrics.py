@@ -27,6 +27,40 @@ def eval_record_keys(result: dict[str, Any]) -> tuple[str, ...]:
     return (*eval_metric_keys(result), *(PREFERENCE_COUNTS if "reward_accuracy" in result else SFT_COUNTS))
 
 
+# eval.json's `generate` (eval.generate: trainer/generate.py): its figures, and the answers shown to a person.
+GENERATE = "generate"
+SHOWN_ANSWERS = "answers"
+
+
+def eval_record(result: dict[str, Any]) -> dict[str, Any]:
+    """What a registry entry and the run's summary keep of an eval.json: the metrics and counts, and the generated
+    answers' figures (not the answers themselves)."""
+    record = {key: result[key] for key in eval_record_keys(result)}
+    if GENERATE in result:
+        record[GENERATE] = {key: value for key, value in result[GENERATE].items() if key != SHOWN_ANSWERS}
+    return record
+
+
+def generate_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The generated answers' figures of an eval.json or a registry entry's metrics as flat dotted names
+    (generate.exact_match, generate.scores.<name>), the ones with a value."""
+    figures = {key: value for key, value in result.get(GENERATE, {}).items() if key != SHOWN_ANSWERS}
+    flat = {f"{GENERATE}.{key}": value for key, value in figures.items() if key != "scores"}
+    flat |= {f"{GENERATE}.scores.{key}": value for key, value in figures.get("scores", {}).items()}
+    return {key: float(value) for key, value in flat.items() if isinstance(value, int | float)}
+
+
+def metric_value(result: dict[str, Any], name: str) -> float | None:
+    """The number at a dotted name of an eval.json or a registry entry's metrics (loss, generate.exact_match); None
+    when it is absent or not a number (a tool-call rate without tool-call references)."""
+    value: Any = result
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def read_metrics(run_url: Location) -> list[dict[str, Any]]:
     """Every record of {run}/metrics.jsonl (steps and events), in file order."""
     url = join(run_url, layout.METRICS)

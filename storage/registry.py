@@ -25,6 +25,7 @@ from storage.conditional import create_exclusive, read_versioned, replace_if_unc
 from storage.digest import digest_bytes
 from storage.fs import exists, listdir, read_bytes, write_bytes_atomic
 from storage.location import Location, join
+from storage.metrics import metric_value
 
 VERSION_FILE = re.compile(r"^v(\d{4,})\.json$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -141,7 +142,7 @@ def promote(storage: Location, model: str, version: int, metrics: dict[str, Any]
         "version": version,
         "metric": metric,
         "direction": direction,
-        "value": metrics[metric],
+        "value": metric_value(metrics, metric),
         "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     for _ in range(MAX_SWAP_ATTEMPTS):
@@ -152,8 +153,9 @@ def promote(storage: Location, model: str, version: int, metrics: dict[str, Any]
                 return True
             # Compare on this run's metric, read from the champion's own entry (it may have been
             # promoted under another metric).
-            theirs = read_entry(storage, model, current["version"])["metrics"][metric]
-            if not better(metrics[metric], theirs, direction):
+            theirs = metric_value(read_entry(storage, model, current["version"])["metrics"], metric)
+            ours = metric_value(metrics, metric)
+            if theirs is not None and (ours is None or not better(ours, theirs, direction)):
                 return False
         if replace_if_unchanged(url, sealed(doc), token):
             return True

@@ -10,7 +10,7 @@ from launch.phase import run_phase
 from storage import layout
 from storage.fs import read_json
 from storage.location import Location, join
-from storage.metrics import eval_metric_keys
+from storage.metrics import eval_metric_keys, generate_metrics
 from storage.spec import WrittenSpec
 
 
@@ -27,6 +27,11 @@ def evaluate_on_nodes(written: WrittenSpec, model_url: Location) -> dict[str, An
         ", ".join(f"{key} {result[key]:.4f}" for key in eval_metric_keys(result)),
         result["world_size"],
     )
+    if generated := generate_metrics(result):
+        logger.info(
+            "generated answers: %s",
+            ", ".join(f"{key.removeprefix('generate.')} {value:.4g}" for key, value in generated.items()),
+        )
     if result.get("samples_url"):
         logger.info("greedy samples: %s", result["samples_url"])
     return result

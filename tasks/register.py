@@ -12,7 +12,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from core.redact import mask_text, redact
 from pipeline.gate import check_gate, ranking
 from pipeline.lineage import browser_link, registry_entry
-from pipeline.model_card import model_card
+from pipeline.model_card import answers_table, model_card
 from pipeline.models import registry_name
 from storage import layout
 from storage.adapters import read_adapter_summary
@@ -20,7 +20,7 @@ from storage.checkpoints import CompleteCheckpoint
 from storage.fs import write_bytes_atomic
 from storage.location import Location, join
 from storage.manifest import read_manifest
-from storage.metrics import eval_record_keys
+from storage.metrics import GENERATE, SHOWN_ANSWERS, eval_record_keys
 from storage.registry import promote, read_entry, register_version
 from storage.spec import Spec, WrittenSpec
 
@@ -55,6 +55,13 @@ def register_model(
         table=redact([{"metric": key, "value": metrics[key]} for key in eval_record_keys(metrics)]),
         description=f"{model}, run {spec.run_id}: eval metrics (all-reduced over {metrics['world_size']} ranks)",
     )
+    answers = metrics.get(GENERATE, {}).get(SHOWN_ANSWERS, [])
+    if answers:
+        create_markdown_artifact(
+            key="generated-answers",
+            markdown=mask_text(answers_table(answers)),
+            description=f"{model}, run {spec.run_id}: answers to eval prompts (eval.generate)",
+        )
     gate = check_gate(spec.config.register.gate, metrics, storage, model)
     if not gate.passed:
         logger.warning("%s (registry %s left untouched)", gate.message, layout.registry_dir(storage, model))
@@ -72,7 +79,7 @@ def register_model(
         gate.message,
         f"; champion by {metric}" if is_champion else "",
     )
-    publish_model_card(spec, storage, model, version, url, loss_plot)
+    publish_model_card(spec, storage, model, version, url, loss_plot, answers)
     create_link_artifact(
         key="model",
         link=mask_text(browser_link(model_url)),
@@ -84,12 +91,18 @@ def register_model(
 
 
 def publish_model_card(
-    spec: Spec, storage: Location, model: str, version: int, url: Location, loss_plot: Location | None
+    spec: Spec,
+    storage: Location,
+    model: str,
+    version: int,
+    url: Location,
+    loss_plot: Location | None,
+    answers: list[dict[str, Any]] | None = None,
 ) -> None:
     """Write {run}/model_card.md and publish it as a Prefect artifact."""
     doc = {**read_entry(storage, model, version), "url": str(url)}
     manifest = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMA)[0]
-    card = model_card(spec, doc, manifest, loss_plot, read_adapter_summary(layout.final_dir(spec.run)))
+    card = model_card(spec, doc, manifest, loss_plot, read_adapter_summary(layout.final_dir(spec.run)), answers)
     write_bytes_atomic(join(spec.run, layout.MODEL_CARD), card.encode())
     create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")
     # (model_card masks the card itself; the registry entry it is built from was masked when written)

@@ -65,10 +65,24 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
 
         first = examples_of(itertools.islice(examples, spec.config.eval.generate_samples))
         result["samples_url"] = write_samples(model, first, spec, dist, pad_id)
+    if spec.config.eval.generate.enabled:
+        result["generate"] = generate(model, examples, spec, dist, pad_id)
     if dist.is_main:
         write_json_atomic(join(spec.run, layout.EVAL), result)
         log.info(objective.summary(result))
     return result
+
+
+def generate(model: Any, examples: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
+    """eval.json's `generate`: answers to the prompts of rows spread over the split, scored (trainer/generate.py)."""
+    from transformers import AutoTokenizer
+
+    from trainer.generate import generate_and_score, prompts_of
+
+    cfg = spec.config.eval.generate
+    prompts = prompts_of(examples, sample_rows(len(examples), cfg.max_records), cfg.max_records)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+    return generate_and_score(model, prompts, cfg, dist, (pad_id, tokenizer), seed=spec.config.train.seed)
 
 
 def eval_document(spec: Spec, model_url: Location, dist: Dist, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,40 @@ from config.sections.base import Section
 from core.redact import has_url_password
 
 
+class GenerateConfig(Section):
+    """Answers generated for the eval split's prompts and scored against its references (docs/evaluation.md)."""
+
+    enabled: bool = Field(
+        False,
+        description="Generate an answer to each eval prompt (the conversation up to its last assistant turn) and score "
+        "it: exact match, normalised exact match, ROUGE-L F1, tool calls, eval.generate.scorer; into eval.json's "
+        "`generate`.",
+    )
+    max_records: int = Field(
+        200,
+        gt=0,
+        description="At most this many eval examples are answered, from rows spread evenly over the split: "
+        "generation costs a forward pass per new token, so this bounds the stage's time.",
+    )
+    max_new_tokens: int = Field(128, gt=0, le=8192, description="Tokens generated per answer at most.")
+    batch_size: int = Field(
+        8, gt=0, description="Prompts generated together (left-padded, with the KV cache); also the unit of sharding."
+    )
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        description="0: greedy decoding, the same answers whatever the number of ranks; above 0: sampling, seeded by "
+        "train.seed and the batch.",
+    )
+    scorer: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="Your own scores, `module:function` importable on every node: called as function(prompt=, "
+        "reference=, output=) per answer, it returns a dict of float scores, averaged over the answers into "
+        "eval.json's generate.scores.",
+    )
+
+
 class EvalConfig(Section):
     """Evaluation of the trained model on the eval split."""
 
@@ -30,6 +64,9 @@ class EvalConfig(Section):
         0, ge=0, le=1000, description="Write this many greedy completions of eval prompts to {run}/samples.jsonl."
     )
     max_new_tokens: int = Field(32, gt=0, le=4096, description="Tokens generated per sample (eval.generate_samples).")
+    generate: GenerateConfig = Field(
+        default_factory=GenerateConfig, description="Generated answers scored against the references."
+    )
     final_eval_rows: int = Field(
         256,
         ge=0,
@@ -71,26 +108,59 @@ PREFERENCE_METRICS: tuple[Metric, ...] = (
 CHAMPION_METRIC: Metric = "loss"
 
 
-class GateConfig(Section):
-    """Promotion gate: register only when the eval metric passes a threshold or beats the champion."""
+# The generated answers' figures a gate may compare (eval.json's generate: config/sections/results.py GenerateConfig),
+# and which way each improves; a user scorer's (generate.scores.<name>) take the direction the gate gives.
+GENERATE_DIRECTION: dict[str, str] = {
+    "generate.exact_match": "max",
+    "generate.normalized_exact_match": "max",
+    "generate.rouge_l_f1": "max",
+    "generate.tool_call_parse_rate": "max",
+    "generate.tool_call_accuracy": "max",
+}
+USER_SCORES = "generate.scores."
 
-    metric: Metric = Field("loss", description="Eval metric the gate compares (and the champion is ranked by).")
-    direction: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher is better.")
+
+class GateConfig(Section):
+    """Promotion gate: register only when an eval metric passes a bound or beats the champion."""
+
+    metric: str = Field(
+        "loss",
+        description="Eval metric the gate compares (and the champion is ranked by): an eval.json key, dotted for the "
+        f"generated answers' ({', '.join(GENERATE_DIRECTION)}, {USER_SCORES}<name> for eval.generate.scorer's).",
+    )
+    direction: Literal["min", "max"] | None = Field(
+        None,
+        description="min: lower is better; max: higher is better; empty: the metric's own (loss min, accuracies "
+        f"max); required for {USER_SCORES}<name>.",
+    )
     threshold: float | None = Field(
         None, description="Pass when the metric is at most (min) or at least (max) this value."
     )
+    min: float | None = Field(None, description="Pass when the metric is at least this value (with max: a range).")
+    max: float | None = Field(None, description="Pass when the metric is at most this value.")
     better_than: Literal["champion"] | None = Field(
         None, description="champion: pass only when strictly better than the current champion (or none exists)."
     )
 
     @model_validator(mode="after")
     def _one_rule(self) -> GateConfig:
-        if (self.threshold is None) == (self.better_than is None):
-            raise ValueError("set exactly one of register.gate.threshold and register.gate.better_than")
-        if self.direction != METRIC_DIRECTION[self.metric]:
+        rules = [self.threshold is not None, self.better_than is not None, self.min is not None or self.max is not None]
+        if sum(rules) != 1:
+            raise ValueError("set exactly one rule in register.gate: threshold, better_than, or min and/or max")
+        known = {**METRIC_DIRECTION, **GENERATE_DIRECTION}
+        own = self.metric.startswith(USER_SCORES) and len(self.metric) > len(USER_SCORES)
+        if self.metric not in known and not own:
             raise ValueError(
-                f"register.gate.direction must be {METRIC_DIRECTION[self.metric]} for {self.metric}, "
-                f"got {self.direction}"
+                f"register.gate.metric={self.metric} is not an eval.json metric; use one of {', '.join(known)} or "
+                f"{USER_SCORES}<name> (eval.generate.scorer's)"
+            )
+        if self.direction is None:
+            if own:
+                raise ValueError(f"register.gate.direction: set min or max for {self.metric}, your scorer's score")
+            object.__setattr__(self, "direction", known[self.metric])  # sections are frozen: filled in once here
+        elif not own and self.direction != known[self.metric]:
+            raise ValueError(
+                f"register.gate.direction must be {known[self.metric]} for {self.metric}, got {self.direction}"
             )
         return self
 

@@ -14,8 +14,9 @@ from tests.qwen_configs import QWEN_ZERO3
 @pytest.fixture(scope="session")
 def reference(staged: Staged) -> Run:
     """2 nodes x 1 rank, ZeRO-2 + LoRA, 12 steps, a checkpoint every 4 keeping the newest 2; its spec also asks
-    the evaluator for 3 greedy samples and eval batches of 4, and the trainer's final evaluation for 7 rows of the
-    eval split (eval settings never change the training trajectory).
+    the evaluator for 3 greedy samples, eval batches of 4 and 9 generated answers scored (in batches of 2: 5 batches,
+    which 2 and 3 ranks share unevenly), and the trainer's final evaluation for 7 rows of the eval split (eval settings
+    never change the training trajectory).
 
     Every trajectory test compares against it (tests/distributed/test_trainer.py, test_s3_checkpoints.py), and the
     evaluator's tests evaluate its checkpoint and export (test_evaluate.py)."""
@@ -29,6 +30,10 @@ def reference(staged: Staged) -> Run:
             "eval.batch_size=4",
             "eval.max_new_tokens=12",
             "eval.final_eval_rows=7",
+            "eval.generate.enabled=true",
+            "eval.generate.max_records=9",
+            "eval.generate.batch_size=2",
+            "eval.generate.max_new_tokens=8",
         ],
     )
 

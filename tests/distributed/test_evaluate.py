@@ -71,6 +71,22 @@ def test_greedy_samples_are_written_and_do_not_depend_on_the_world_size(by_world
 
 
 @pytest.mark.multirun
+def test_generated_answers_score_the_same_on_1_2_and_3_ranks(by_world) -> None:
+    """eval.generate: each rank answers its batches, the score sums are all-reduced; the figures and the answers shown
+    equal one process's (the 2-rank result is of the checkpoint, the same weights)."""
+    single = by_world[1][0]["generate"]
+    assert single["records"] == 9 and 0 < single["new_tokens"] <= 9 * 8 and single["tool_call_records"] == 0
+    assert 0 <= single["rouge_l_f1"] <= 1 and single["exact_match"] <= single["normalized_exact_match"]
+    assert [a["index"] for a in single["answers"]] == [0, 1, 2, 3, 4]
+    assert all(a["prompt"].endswith("assistant\n") and a["reference"] for a in single["answers"])
+    exact = ("records", "exact_match", "normalized_exact_match", "new_tokens", "answers")
+    for world in (2, 3):
+        result = by_world[world][0]["generate"]
+        assert {k: result[k] for k in exact} == {k: single[k] for k in exact}
+        assert result["rouge_l_f1"] == pytest.approx(single["rouge_l_f1"], rel=1e-12)  # float sums in another order
+
+
+@pytest.mark.multirun
 def test_checkpoint_eval_equals_final_eval_zero2(by_world) -> None:
     result, final = by_world[2][0], by_world[1][0]
     assert result["model_kind"] == "checkpoint" and final["model_kind"] == "export"

@@ -125,3 +125,46 @@ def test_the_split_row_the_snippet_from_an_object_store_and_masked_urls(tmp_path
     doc = entry(spec, SFT_METRICS) | {"url": "https://reader:hunter2@registry.example/v3.json"}
     card = model_card(spec, doc, MANIFEST, None)
     assert "hunter2" not in card and "https://reader:***@registry.example/v3.json" in card
+
+
+GENERATED = {
+    "records": 9,
+    "exact_match": 0.25,
+    "normalized_exact_match": 0.5,
+    "rouge_l_f1": 0.61234,
+    "tool_call_records": 0,
+    "tool_call_parse_rate": None,
+    "tool_call_accuracy": None,
+    "scores": {"judge": 0.75},
+    "new_tokens": 40,
+    "max_new_tokens": 8,
+    "temperature": 0.0,
+    "seconds": 0.5,
+    "answers": [
+        {"index": 0, "prompt": "<|im_start|>user\nAdd | subtract?<|im_end|>\n", "reference": "a\nb", "output": "x"}
+    ],
+}
+
+
+def test_an_sft_card_with_generated_answers_lists_their_figures_and_a_few_answers(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, ["eval.generate.enabled=true"])
+    doc = entry(spec, SFT_METRICS | {"generate": GENERATED})
+    assert "answers" not in doc["metrics"]["generate"]  # the registry keeps the figures, not the answers
+    card = model_card(spec, doc, MANIFEST, None, answers=GENERATED["answers"])
+    metrics = table(card, "Metrics")
+    assert list(metrics)[6:] == [
+        "answered eval prompts",
+        "exact match",
+        "normalised exact match (SQuAD)",
+        "ROUGE-L F1",
+        "answers that should call tools",
+        "tokens generated",
+        "generation seconds (slowest rank)",
+        "score `judge` (eval.generate.scorer)",
+    ]  # the tool-call rates have no value without tool-call references: not shown
+    assert (metrics["ROUGE-L F1"], metrics["score `judge` (eval.generate.scorer)"]) == ("0.6123", "0.75")
+    rows = card.split("\n## Sample answers\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    assert rows[-2:] == [
+        "|---|---|---|---|",
+        "| 0 | &lt;\\|im_start\\|>user ⏎ Add \\| subtract?&lt;\\|im_end\\|> | a ⏎ b | x |",
+    ]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 from storage.location import Location
-from storage.metrics import eval_metric_keys, eval_record_keys, read_metrics
+from storage.metrics import (
+    eval_metric_keys,
+    eval_record,
+    eval_record_keys,
+    generate_metrics,
+    metric_value,
+    read_metrics,
+)
 
 
 def test_every_line_comes_back_in_order_and_a_missing_file_is_no_lines(tmp_path) -> None:
@@ -21,3 +28,32 @@ def test_an_eval_result_names_its_metrics_and_counts_by_objective() -> None:
     assert eval_metric_keys(preference)[:2] == ("loss", "reward_accuracy")
     assert eval_record_keys(preference)[-1] == "units"
     assert eval_record_keys({"loss": 1.0})[-4:] == ("loss_sum", "target_tokens", "correct_tokens", "examples")
+
+
+def test_the_generated_answers_figures_flatten_to_dotted_names_and_are_read_back_by_them() -> None:
+    result = {
+        "loss": 1.5,
+        "perplexity": 4.48,
+        "token_accuracy": 0.5,
+        **dict.fromkeys(("loss_sum", "target_tokens", "correct_tokens", "examples"), 1),
+        "world_size": 3,
+        "generate": {
+            "records": 9,
+            "exact_match": 0.25,
+            "tool_call_accuracy": None,
+            "scores": {"judge": 0.5},
+            "answers": [{"index": 0}],
+        },
+    }
+    assert generate_metrics(result) == {
+        "generate.records": 9.0,
+        "generate.exact_match": 0.25,
+        "generate.scores.judge": 0.5,
+    }
+    record = eval_record(result)
+    assert "answers" not in record["generate"] and "world_size" not in record and record["loss"] == 1.5
+    assert metric_value(record, "generate.scores.judge") == 0.5 and metric_value(result, "loss") == 1.5
+    assert metric_value(record, "generate.tool_call_accuracy") is None  # no tool-call references: no value
+    assert (
+        metric_value(record, "generate.nothing") is None and metric_value({"loss": 1.0}, "generate.exact_match") is None
+    )

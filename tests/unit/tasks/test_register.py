@@ -47,7 +47,9 @@ def test_the_gate_decides_and_a_registered_version_carries_its_card(prefect_serv
         assert (refused.registered, refused.message) == (False, "not registered: eval_loss 2.0 > threshold 1.5")
         assert versions(Location(str(storage)), "tandem-tiny") == []
         open_gate = publish_spec(build_spec(load_config(None, settings), "r1", tiny_model, dataset))
-        done = register_model.fn(open_gate, checkpoint, final, metrics)
+        answers = [{"index": 0, "prompt": "What is 2+2?", "reference": "4", "output": "5"}]
+        generated = {"records": 1, "exact_match": 0.0, "rouge_l_f1": 0.0, "answers": answers}
+        done = register_model.fn(open_gate, checkpoint, final, {**metrics, "generate": generated})
     assert (done.registered, done.message, done.version, done.champion) == (
         True,
         "tandem-tiny v0001 (champion)",
@@ -57,10 +59,16 @@ def test_the_gate_decides_and_a_registered_version_carries_its_card(prefect_serv
     assert done.entry["lineage"]["dataset_id"] == dataset.dataset_id and done.entry["model_url"] == str(final)
     card = (storage / "runs" / "r1" / "model_card.md").read_text()
     assert card.startswith("# tandem-tiny v0001\n") and dataset.dataset_id in card
+    assert done.entry["metrics"]["generate"] == {"records": 1, "exact_match": 0.0, "rouge_l_f1": 0.0}
+    table = "| # | prompt (its end) | reference | output |\n|---|---|---|---|\n| 0 | What is 2+2? | 4 | 5 |"
+    assert f"## Sample answers\n\nGreedy answers to eval prompts (`eval.generate`).\n\n{table}\n" in card
     with get_client(sync_client=True) as client:
-        [published] = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-card"])),
-            sort=ArtifactSort.CREATED_DESC,
-            limit=1,
+        published, shown = (
+            client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=1,
+            )[0]
+            for key in ("model-card", "generated-answers")
         )
-    assert published.data == card
+    assert published.data == card and shown.data == table

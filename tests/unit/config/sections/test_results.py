@@ -34,15 +34,28 @@ def test_track_mlflow_uri_refuses_a_password() -> None:
     [
         (
             "register.gate={threshold: 2.0, better_than: champion}",
-            "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than",
+            "register.gate: Value error, set exactly one rule in register.gate: threshold, better_than, or min and/or",
         ),
         (
             "register.gate={metric: loss}",
-            "register.gate: Value error, set exactly one of register.gate.threshold and register.gate.better_than",
+            "register.gate: Value error, set exactly one rule in register.gate: threshold, better_than, or min and/or",
         ),
         (
-            "register.gate={metric: token_accuracy, threshold: 0.5}",
+            "register.gate={metric: token_accuracy, direction: min, threshold: 0.5}",
             "register.gate.direction must be max for token_accuracy, got min",
+        ),
+        (
+            "register.gate={metric: generate.exact_match, min: 0.5}",
+            "register.gate.metric=generate.exact_match is measured by eval.generate: set eval.generate.enabled=true",
+        ),
+        (
+            "register.gate={metric: exact_match, min: 0.5}",
+            "register.gate.metric=exact_match is not an eval.json metric; use one of loss, perplexity",
+        ),
+        ("eval.generate.scorer=not-a-path", "eval.generate.scorer: String should match pattern"),
+        (
+            "train.objective=dpo | eval.generate.enabled=true",
+            "eval.generate needs supervised eval data (a prompt and its reference answer), not the preference rows",
         ),
         ("register.gate={better_than: best}", "register.gate.better_than: Input should be 'champion'"),
         ("eval.generate_samples=-1", "eval.generate_samples: Input should be greater than or equal to 0"),
@@ -51,5 +64,10 @@ def test_track_mlflow_uri_refuses_a_password() -> None:
 )
 def test_bad_gate_and_eval_config_is_one_line_naming_the_key(override: str, expected: str) -> None:
     with pytest.raises(UserError) as info:
-        load_config(None, [override])
-    assert expected in str(info.value) and "\n" not in str(info.value)
+        load_config(None, override.split(" | "))
+    assert expected in str(info.value) and "\n" not in str(info.value) and info.value.exit_code == 2
+
+
+def test_a_gate_on_a_generated_metric_takes_its_direction() -> None:
+    cfg = load_config(None, ["eval.generate.enabled=true", "register.gate={metric: generate.rouge_l_f1, min: 0.3}"])
+    assert cfg.register.gate is not None and cfg.register.gate.direction == "max" and cfg.register.gate.min == 0.3

@@ -1,0 +1,120 @@
+"""trainer/scoring.py: each score of a generated answer pinned on hand-written cases, their sums divided once, and the
+user scorer's refusals (one line naming eval.generate.scorer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.errors import UserError
+from trainer.scoring import Sums, figures, lcs_length, load_scorer, normalize, rouge_l_f1, tool_calls
+
+
+def call(name: str, arguments: dict | str) -> str:
+    """A tool call as the shipped chat template renders it."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+def output_length(prompt: str, reference: str, output: str) -> dict[str, float]:
+    """A user scorer: the output's length in words, and whether the prompt was seen."""
+    return {"words": len(output.split()), "saw_prompt": float(bool(prompt))}
+
+
+def test_normalize_is_squads() -> None:
+    assert normalize("  The Eiffel   Tower, an icon!") == "eiffel tower icon"
+    assert normalize("A") == ""
+
+
+@pytest.mark.parametrize(
+    ("output", "reference", "expected"),
+    [
+        ("the cat sat on the mat", "the cat is on the mat", 5 / 6),  # LCS 5 of 6 words each way
+        ("a b c d", "A, c!", 2 / 3),  # P 2/4, R 2/2
+        ("eiffel tower", "The Eiffel Tower.", 0.8),  # P 1, R 2/3
+        ("x y", "z", 0.0),
+        ("", "", 0.0),  # no words: 0, as rouge-score gives
+    ],
+)
+def test_rouge_l_f1(output: str, reference: str, expected: float) -> None:
+    assert rouge_l_f1(output, reference) == pytest.approx(expected, rel=1e-12)
+
+
+def test_lcs_is_a_subsequence_not_a_substring() -> None:
+    assert lcs_length(list("abcbdab"), list("bdcaba")) == 4
+
+
+def test_tool_calls_parse_name_and_arguments() -> None:
+    assert tool_calls(call("add", {"a": 1, "b": 2})) == [("add", {"a": 1, "b": 2})]
+    assert tool_calls(call("add", json.dumps({"a": 1}))) == [("add", {"a": 1})]  # arguments as a JSON string
+    assert tool_calls(call("f", {}) + "\n" + call("g", {"x": [1]})) == [("f", {}), ("g", {"x": [1]})]
+    assert tool_calls("no call here") == []
+    assert tool_calls('<tool_call>\n{"name": "add", "arguments": {"a": 1') is None  # left open: cut off
+    assert tool_calls("<tool_call>not json</tool_call>") is None
+    assert tool_calls('<tool_call>{"arguments": {}}</tool_call>') is None  # no name
+    assert tool_calls('<tool_call>{"name": "f", "arguments": [1]}</tool_call>') is None
+
+
+def test_sums_of_hand_written_answers_give_pinned_figures() -> None:
+    sums = Sums()
+    reference = call("add", {"a": 1, "b": 2})
+    cases = [
+        ("Capital of France?", "Paris", "Paris"),
+        ("What is it?", "The Eiffel Tower.", "eiffel tower"),
+        ("Add 1 and 2", reference, call("add", {"b": 2, "a": 1})),  # JSON-equal: other key order
+        ("Add 1 and 2", reference, '<tool_call>\n{"name": "add"'),  # cut off: does not parse
+    ]
+    scored = [sums.add(prompt, ref, out, output_length) for prompt, ref, out in cases]
+    assert scored[1] == {
+        "exact_match": 0.0,
+        "normalized_exact_match": 1.0,
+        "rouge_l_f1": pytest.approx(0.8),
+        "scores.words": 2.0,
+        "scores.saw_prompt": 1.0,
+    }
+    assert scored[2]["tool_call_correct"] == 1.0 and scored[3]["tool_call_parsed"] == 0.0
+    result = figures(sums.values, sums.user)
+    # The call's 11 words (tool call name add arguments a 1 b 2 tool call): LCS 9 with b first, 4 when cut off.
+    rouge = (1 + 0.8 + 9 / 11 + 2 * (4 / 11) / (1 + 4 / 11)) / 4
+    assert result == {
+        "records": 4,
+        "exact_match": 0.25,
+        "normalized_exact_match": 0.5,
+        "rouge_l_f1": pytest.approx(rouge, rel=1e-12),
+        "tool_call_records": 2,
+        "tool_call_parse_rate": 0.5,
+        "tool_call_accuracy": 0.5,
+        "scores": {"saw_prompt": 1.0, "words": (1 + 2 + 9 + 3) / 4},  # split on whitespace
+    }
+
+
+def test_figures_without_tool_calls_or_answers_are_none() -> None:
+    sums = Sums()
+    sums.add("q", "yes", "no", None)
+    assert figures(sums.values, sums.user)["tool_call_accuracy"] is None
+    assert figures(Sums().values, {})["exact_match"] is None
+
+
+def test_a_user_scorer_is_loaded_by_its_path() -> None:
+    scorer = load_scorer(f"{__name__}:output_length")
+    assert scorer is output_length and load_scorer(None) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("tests.no_such_module:f", "cannot import tests.no_such_module"),
+        (f"{__name__}:no_such_function", "has no function no_such_function"),
+        (f"{__name__}:json", "has no function json"),  # a module, not a function
+    ],
+)
+def test_a_bad_scorer_path_is_one_line_naming_the_field(path: str, says: str) -> None:
+    with pytest.raises(UserError) as error:
+        load_scorer(path)
+    assert str(error.value).startswith(f"eval.generate.scorer={path}: ") and says in str(error.value)
+    assert "\n" not in str(error.value) and error.value.exit_code == 2
+
+
+def test_a_scorer_that_returns_no_dict_of_numbers_is_refused() -> None:
+    with pytest.raises(UserError, match=r"^eval.generate.scorer: .* must return a dict of score names to numbers"):
+        Sums().add("q", "a", "b", lambda **_: {"ok": "yes"})
