@@ -70,6 +70,13 @@ def answers_table(answers: list[dict[str, Any]]) -> str:
     return "\n".join(["| # | prompt (its end) | reference | output |", "|---|---|---|---|", *rows])
 
 
+def answers_section(answers: list[dict[str, Any]] | None) -> list[str]:
+    """The card's Sample answers section (nothing when eval.generate was off)."""
+    return (
+        ["## Sample answers", "Answers to eval prompts (`eval.generate`).", answers_table(answers)] if answers else []
+    )
+
+
 def load_snippet(entry: dict[str, Any]) -> str:
     """Python that loads a registered model with transformers (+ PEFT for an adapter)."""
     model_url = entry["model_url"]
@@ -180,7 +187,6 @@ def model_card(
     ]
     data_rows.append(split_row(manifest["split"]))
     metric_rows = [(label, fmt.format(metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
-    metric_rows += generate_rows(metrics)
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "
@@ -191,10 +197,9 @@ def model_card(
         _table(config_highlights(spec) + ([("adapters", adapters.describe())] if adapters else [])),
         "## Metrics",
         f"All-reduced over {lineage['world_size']} eval ranks (sums divided once).",
-        _table(metric_rows),
+        _table(metric_rows + generate_rows(metrics)),
+        *answers_section(answers),
     ]
-    if answers:
-        parts += ["## Sample answers", "Greedy answers to eval prompts (`eval.generate`).", answers_table(answers)]
     if loss_plot:
         parts += ["## Loss curve", f"![loss curve]({layout.LOSS_PLOT})", f"`{loss_plot}`"]
     parts += [

@@ -220,6 +220,20 @@ def test_bench_sequence_parallel() -> None:
         positive(row, "peak_gb", "tokens_per_s", "peak_ratio")
 
 
+@bench
+def test_bench_generate() -> None:
+    """eval.generate's batched generation against one prompt at a time on a toy Qwen2: both answered every prompt,
+    and scoring ran."""
+    from tests.benchmarks import bench_generate
+
+    argv = ["--shape", "toy", "--vocab", "512", "--records", "4", "--max-new-tokens", "4", "--batch-sizes", "1,4"]
+    rows = bench_generate.main([*argv, "--repeats", "1"])
+    assert [row["batch_size"] for row in rows] == [1, 4] and rows[0]["new_tokens"] == rows[1]["new_tokens"] > 0
+    for row in rows:
+        positive(row, "seconds", "peak_gb", "ratio_to_batch_1")
+    assert rows[0]["scoring_seconds"] >= 0
+
+
 def test_every_benchmark_script_has_a_toy_run() -> None:
     """In the default run: a new bench_*.py without a toy run here fails the build, not only its first CI run."""
     names = {name for name in globals() if name.startswith("test_bench_")}

@@ -61,7 +61,7 @@ def test_the_gate_decides_and_a_registered_version_carries_its_card(prefect_serv
     assert card.startswith("# tandem-tiny v0001\n") and dataset.dataset_id in card
     assert done.entry["metrics"]["generate"] == {"records": 1, "exact_match": 0.0, "rouge_l_f1": 0.0}
     table = "| # | prompt (its end) | reference | output |\n|---|---|---|---|\n| 0 | What is 2+2? | 4 | 5 |"
-    assert f"## Sample answers\n\nGreedy answers to eval prompts (`eval.generate`).\n\n{table}\n" in card
+    assert f"## Sample answers\n\nAnswers to eval prompts (`eval.generate`).\n\n{table}\n" in card
     with get_client(sync_client=True) as client:
         published, shown = (
             client.read_artifacts(

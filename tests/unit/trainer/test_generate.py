@@ -44,10 +44,11 @@ def tiny(path: str) -> tuple[object, object]:
 def test_batched_left_padded_answers_equal_one_at_a_time_and_are_scored(tiny_model) -> None:
     model, tokenizer = tiny(tiny_model)
     texts = ["What is the capital of France?", "Hi", "Name three colours of the rainbow, please."]
-    prompts = [
-        (i, tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True), [5, 6])
-        for i, t in enumerate(texts)
+    rendered = [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+        for t in texts
     ]
+    prompts = [(i, tokenizer(text, add_special_tokens=False)["input_ids"], [5, 6]) for i, text in enumerate(rendered)]
     cfg = GenerateConfig(enabled=True, max_new_tokens=6, batch_size=3)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = (pad, stop_ids(model, tokenizer))
