@@ -42,9 +42,9 @@ test: setup
 # The suites that do not fit the default run's budget (CI runs them after `make test`; tests/README.md lists their
 # times): netns alone first (its hosts are network namespaces of this machine), then the others together on two
 # workers as in the default run (the multi-run proofs, models at their published sizes, the secrets canary,
-# cancelling, the benchmark scripts at toy size, the kubernetes backend's pods). No test collected (pytest's exit code 5) is not a failure.
+# cancelling, the benchmark scripts at toy size, the kubernetes backend's pods, the pins on Python 3.12 and 3.13). No test collected (pytest's exit code 5) is not a failure.
 SERIAL_SUITES ?= netns
-PARALLEL_SUITES ?= elastic multirun published secrets cancel orphans bench kubernetes
+PARALLEL_SUITES ?= elastic multirun published secrets cancel orphans bench kubernetes pythons
 test-suites: setup
 	@for marker in $(SERIAL_SUITES); do \
 		$(PY) -m pytest -m $$marker $(PYTEST_ARGS); code=$$?; \

@@ -2,8 +2,9 @@
 
 Every score is a number per answer that is summed, with a count, and divided once after the sums of every rank are
 added (trainer/generate.py): exact match, normalised exact match (SQuAD's normalisation), ROUGE-L F1 (the longest
-common subsequence of words, written here: rouge-score's tokenisation without stemming), and for an answer whose
-reference calls tools, whether the output's calls parse and equal the reference's (name and JSON-equal arguments).
+common subsequence of words, written here: rouge-score's tokenisation without stemming, and equal to its F1, which
+tests/unit/trainer/test_scoring.py checks), and for an answer whose reference calls tools, whether the output's calls
+parse and equal the reference's (name and JSON-equal arguments).
 A user's scorer (`eval.generate.scorer`) adds its own scores. docs/evaluation.md says what each one means.
 """
 

@@ -1,9 +1,11 @@
-"""trainer/scoring.py: each score of a generated answer pinned on hand-written cases, their sums divided once, and the
-user scorer's refusals (one line naming eval.generate.scorer)."""
+"""trainer/scoring.py: each score of a generated answer pinned on hand-written cases, ROUGE-L F1 equal to Google's
+rouge-score package (the reference implementation) on varied pairs, their sums divided once, and the user scorer's
+refusals (one line naming eval.generate.scorer)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,73 @@ def test_normalize_is_squads() -> None:
 )
 def test_rouge_l_f1(output: str, reference: str, expected: float) -> None:
     assert rouge_l_f1(output, reference) == pytest.approx(expected, rel=1e-12)
+
+
+# Pairs (output, reference) of the kinds generated answers come in. rouge-score's tokens are lowercase runs of [a-z0-9]
+# (no stemming by default), so every other character separates words: accented letters split a word, and text with no
+# ASCII letter or digit (Chinese, Cyrillic, emoji) has no words and scores 0 even against itself. Ours does the same,
+# so that the figure is the one papers and leaderboards report (docs/evaluation.md says so).
+REFERENCE_PAIRS = [
+    ("The cat sat on the mat.", "the cat is on the mat"),
+    ("Paris", "Paris"),
+    ("paris", "PARIS!"),
+    ("It's 42.", "it is 42"),  # an apostrophe splits: it s 42
+    ("e-mail me at bob@example.com", "email bob at example dot com"),
+    ("3.14159 is pi", "pi is about 3.14"),
+    ("the the the the", "the"),  # repeats: LCS 1, precision 1/4
+    ("the", "the the the the"),
+    ("a b a b a b", "b a b a"),
+    ("", "a reference"),  # empty output
+    ("an output", ""),  # empty reference
+    ("   \n\t ", "   "),
+    ("!!! ??? ...", "..."),  # punctuation only: no words
+    ("café naïve résumé", "cafe naive resume"),  # accents split words: caf / na ve / r sum
+    ("café", "café"),
+    ("İstanbul", "istanbul"),  # "İ".lower() is i + a combining dot: i / stanbul
+    ("STRASSE", "straße"),  # ß is not a-z: stra / e
+    ("北京是中国的首都", "北京是中国的首都"),  # no ASCII word: 0 even when equal
+    ("Москва — столица", "Москва столица"),
+    ("answer: 北京 (Beijing)", "Beijing"),
+    ("👍 yes", "yes 👍"),
+    ("x1 y2 z3", "X1, Y2; Z3"),
+    ("snake_case and camelCase", "snake case and camelcase"),
+    ('{"name": "add", "arguments": {"a": 1}}', '{"arguments": {"a": 1}, "name": "add"}'),
+    ("<tool_call>\n{}\n</tool_call>", "tool call"),
+    ("Tabs\tand\nnewlines", "tabs and newlines"),
+    ("running runs ran", "run running"),  # no stemming: only "running" matches
+    ("1,000,000 dollars", "1000000 dollars"),
+    ("no overlap at all", "completely different words here"),
+    ("one two three four five", "five four three two one"),  # reversed: LCS 1
+    (
+        " ".join(f"w{i % 37} filler" for i in range(300)),
+        " ".join(f"w{(i * 7) % 41} filler" for i in range(250)),
+    ),  # long answers: 600 and 500 words
+    ("The quick brown fox jumps over the lazy dog. " * 20, "A quick brown dog jumps over the lazy fox. " * 15),
+]
+
+
+@pytest.fixture(scope="module")
+def reference_rouge() -> Any:
+    """rouge-score's scorer, imported here rather than at collection: it imports nltk, which imports scikit-learn and
+    SciPy (about 4 s), and only the worker that runs these tests should pay for it."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"])
+
+
+@pytest.mark.parametrize(("output", "reference"), REFERENCE_PAIRS)
+def test_rouge_l_f1_equals_rouge_score(reference_rouge: Any, output: str, reference: str) -> None:
+    """Google's implementation (`RougeScorer(["rougeL"])`, its default tokenizer, no stemming) gives the same F1 to the
+    last bit: the same tokens, the same LCS, the same formula (rouge-score's score(target, prediction) order)."""
+    expected = reference_rouge.score(reference, output)["rougeL"].fmeasure
+    assert rouge_l_f1(output, reference) == expected
+
+
+def test_text_without_ascii_words_scores_zero_as_in_rouge_score() -> None:
+    """What a reader might not expect, pinned: identical answers without ASCII words score 0, accents split words."""
+    assert rouge_l_f1("北京是中国的首都", "北京是中国的首都") == 0.0
+    assert rouge_l_f1("café", "cafe") == 0.0  # caf against cafe
+    assert rouge_l_f1("café", "caf") == 1.0
 
 
 def test_lcs_is_a_subsequence_not_a_substring() -> None:
