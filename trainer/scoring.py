@@ -2,9 +2,10 @@
 
 Every score is a number per answer that is summed, with a count, and divided once after the sums of every rank are
 added (trainer/generate.py): exact match, normalised exact match (SQuAD's normalisation), ROUGE-L F1 (the longest
-common subsequence of words, written here: rouge-score's tokenisation without stemming, and equal to its F1, which
-tests/unit/trainer/test_scoring.py checks), and for an answer whose reference calls tools, whether the output's calls
-parse and equal the reference's (name and JSON-equal arguments).
+common subsequence of words, written here: on ASCII text rouge-score's tokenisation without stemming and equal to
+its F1, which tests/unit/trainer/test_scoring.py checks; other scripts' letters are words too), and for an answer
+whose reference calls tools, whether the output's calls parse and equal the reference's (name and JSON-equal
+arguments).
 A user's scorer (`eval.generate.scorer`) adds its own scores. docs/evaluation.md says what each one means.
 """
 
@@ -46,9 +47,17 @@ def normalize(text: str) -> str:
     return " ".join(ARTICLES.sub(" ", text.lower().translate(PUNCTUATION)).split())
 
 
+# Chinese and Japanese write no spaces between words, so each ideograph or kana is a word of its own (what Chinese
+# ROUGE evaluations do); any other run of letters or digits, in any script, is one word. On ASCII text this is
+# exactly rouge-score's tokeniser (lowercase runs of a-z0-9), which drops every other letter: Qwen's users answer in
+# Chinese, and an identical Chinese answer scoring 0 would make the figure useless there.
+CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+WORD = re.compile(f"[{CJK}]|[^\\W_{CJK}]+")
+
+
 def words(text: str) -> list[str]:
-    """rouge-score's default tokens: lowercase runs of letters and digits."""
-    return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
+    """ROUGE's words: each Chinese or Japanese character, and every other run of letters or digits, lowercased."""
+    return WORD.findall(text.lower())
 
 
 def lcs_length(a: list[str], b: list[str]) -> int:
