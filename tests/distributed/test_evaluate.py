@@ -132,23 +132,27 @@ def test_the_base_model_is_evaluated_once_then_read_from_its_cache(
 ) -> None:
     """eval.compare_base, evaluated in this process (one rank, the ranks' code): the first run's evaluation loads the
     base model and caches its figures under run.storage; a second run's, of the same base and data, reads them and
-    loads no base model (counted); the base figures equal the base model's own evaluation as an export."""
+    loads no base model (counted); the base figures equal the base model's own evaluation as an export, and 2 ranks'
+    (all-reduced) base figures equal the one process's."""
     import logging
 
     from storage.location import Location
+    from storage.spec import publish_spec
     from trainer import base_eval
     from trainer.distributed import Dist
     from trainer.evaluate import evaluate as evaluate_here
 
-    def spec_of(name: str, compare_base: bool):
+    def spec_of(name: str, compare_base: bool, storage: Path = tmp_path):
         cfg = lora.spec.config
         cfg = cfg.model_copy(
             update={
-                "run": cfg.run.model_copy(update={"storage": str(tmp_path)}),
+                "run": cfg.run.model_copy(update={"storage": str(storage)}),
                 "eval": cfg.eval.model_copy(update={"compare_base": compare_base}),
             }
         )
-        return lora.spec.model_copy(update={"config": cfg, "run_id": name, "run": Location(str(tmp_path / name))})
+        return lora.spec.model_copy(
+            update={"config": cfg, "run_id": name, "run": Location(str(storage / "runs" / name))}
+        )
 
     loads = []
     real_load = base_eval.load_base_for_eval
@@ -174,3 +178,12 @@ def test_the_base_model_is_evaluated_once_then_read_from_its_cache(
         a["output"] for a in direct["generate"]["answers"]
     ]
     assert first["delta"]["loss"] == first["loss"] - direct["loss"]
+    # On 2 ranks (torchrun, a storage of its own: a miss), the base figures equal the one process's.
+    ranks2 = publish_spec(spec_of("two-ranks", True, tmp_path / "two-ranks"))
+    # base_model.json: what a node holds its copy of the base model against.
+    shutil.copy(lora.run_dir / "base_model.json", tmp_path / "two-ranks" / "runs" / "two-ranks")
+    on_two = evaluate(Run(ranks2.spec, ranks2.url), final.url, 2)["base"]
+    assert {k: on_two[k] for k in COUNTS} == {k: first["base"][k] for k in COUNTS}
+    assert_close([on_two[k] for k in METRICS], [first["base"][k] for k in METRICS], rtol=1e-7, atol=0)
+    exact = ("records", "exact_match", "normalized_exact_match", "new_tokens")
+    assert {k: on_two["generate"][k] for k in exact} == {k: first["base"]["generate"][k] for k in exact}
