@@ -19,7 +19,7 @@ from config.objectives import SUPERVISED_DATA
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
 from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
-from config.sections.results import EvalConfig, RegisterConfig, TrackConfig
+from config.sections.results import DELTA_PREFIX, EvalConfig, RegisterConfig, TrackConfig
 from config.sections.run_data import PAIRS_UNPACKED, DataConfig, RunConfig
 from config.sequence_parallel import layout_problem
 
@@ -132,8 +132,11 @@ class FinetuneConfig(Section):
         gate = self.register.gate
         if gate is None:
             return None
-        if not gate.metric.startswith("generate."):
-            return self.train.objective.gate_problem(gate.metric)
+        metric = gate.metric.removeprefix(DELTA_PREFIX)
+        if metric != gate.metric and not self.eval.compare_base:
+            return f"register.gate.metric={gate.metric} compares with the base model: set eval.compare_base=true"
+        if not metric.startswith("generate."):
+            return self.train.objective.gate_problem(metric)
         if not self.eval.generate.enabled:
             return f"register.gate.metric={gate.metric} is measured by eval.generate: set eval.generate.enabled=true"
         return None

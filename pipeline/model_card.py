@@ -14,7 +14,7 @@ from core.redact import mask_text
 from storage import layout
 from storage.adapters import AdapterSummary
 from storage.location import Location
-from storage.metrics import generate_metrics
+from storage.metrics import BASE, DELTA, generate_metrics, metric_value
 from storage.spec import Spec
 
 METRIC_ROWS = (
@@ -52,22 +52,49 @@ def generate_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         (
             GENERATE_ROWS.get(key, f"score `{key.removeprefix('generate.scores.')}` (eval.generate.scorer)"),
-            f"{figures[key]:.4g}",
+            with_base(metrics, key, "{:.4g}", figures[key]),
         )
         for key in [*(key for key in GENERATE_ROWS if key in figures), *own]
     ]
 
 
+def with_base(metrics: dict[str, Any], key: str, fmt: str, value: Any) -> str:
+    """A metric's value, and with eval.compare_base the base model's and the delta (trained minus base) beside it."""
+    text = fmt.format(value)
+    base, delta = metric_value(metrics, f"{BASE}.{key}"), metric_value(metrics, f"{DELTA}.{key}")
+    return text if base is None or delta is None else f"{text} (base {fmt.format(base)}, delta {delta:+.4g})"
+
+
+def metric_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's rows of the objective's metrics and counts, each metric with the base model's and the delta beside
+    it (eval.compare_base)."""
+    return [(label, with_base(metrics, key, fmt, metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
+
+
+def metrics_intro(spec: Spec, metrics: dict[str, Any], world_size: int) -> str:
+    """The line above the Metrics table: how they were reduced, and what stands beside them with eval.compare_base."""
+    base = (
+        f"; beside each, the base model `{spec.model_path}` and the delta (trained minus base)"
+        if DELTA in metrics
+        else ""
+    )
+    return f"All-reduced over {world_size} eval ranks (sums divided once){base}."
+
+
 def answers_table(answers: list[dict[str, Any]]) -> str:
     """A markdown table of generated answers (eval.json's generate.answers): each prompt's end, its reference and the
-    model's output, one line per cell (a newline shown as an arrow; pipes and tags escaped so that they show)."""
+    model's output, and the base model's beside it with eval.compare_base; one line per cell (a newline shown as an
+    arrow; pipes and tags escaped so that they show)."""
 
     def cell(text: str) -> str:
         text = text.strip().replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("\r", "")
         return text.replace("\n", " ⏎ ")
 
-    rows = [f"| {a['index']} | {cell(a['prompt'])} | {cell(a['reference'])} | {cell(a['output'])} |" for a in answers]
-    return "\n".join(["| # | prompt (its end) | reference | output |", "|---|---|---|---|", *rows])
+    both = any("base_output" in a for a in answers)
+    columns = ("prompt", "reference", "output", *(("base_output",) if both else ()))
+    rows = [f"| {a['index']} | " + " | ".join(cell(a.get(c, "")) for c in columns) + " |" for a in answers]
+    header = "| # | prompt (its end) | reference | output |" + (" base model's output |" if both else "")
+    return "\n".join([header, "|---" * (len(columns) + 1) + "|", *rows])
 
 
 def answers_section(answers: list[dict[str, Any]] | None) -> list[str]:
@@ -186,7 +213,6 @@ def model_card(
         for split, c in manifest["splits"].items()
     ]
     data_rows.append(split_row(manifest["split"]))
-    metric_rows = [(label, fmt.format(metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "
@@ -196,8 +222,8 @@ def model_card(
         "## Method and configuration",
         _table(config_highlights(spec) + ([("adapters", adapters.describe())] if adapters else [])),
         "## Metrics",
-        f"All-reduced over {lineage['world_size']} eval ranks (sums divided once).",
-        _table(metric_rows + generate_rows(metrics)),
+        metrics_intro(spec, metrics, lineage["world_size"]),
+        _table(metric_rows(metrics) + generate_rows(metrics)),
         *answers_section(answers),
     ]
     if loss_plot:

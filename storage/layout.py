@@ -14,6 +14,7 @@ MODEL_SCHEMA = "tandem.model/1"
 CHAMPION_SCHEMA = "tandem.champion/1"
 MIRROR_SCHEMA = "tandem.mlflow-mirror/1"
 SAMPLES_SCHEMA = "tandem.samples/1"
+BASE_EVAL_SCHEMA = "tandem.base-eval/1"
 UNIVERSAL_SCHEMA = "tandem.universal/1"
 BASE_MODEL_SCHEMA = "tandem.base-model/1"
 BASE_MODEL = "base_model.json"  # {run}/base_model.json: the base model's files, sizes and digests
@@ -66,6 +67,12 @@ def dataset_index(storage: Location, source_key: str) -> Location:
 def shard_name(split: str, index: int) -> str:
     """Path of a tokenized shard, relative to its dataset directory."""
     return f"{split}/shard-{index:05d}{SHARD_SUFFIX}"
+
+
+def base_eval_url(storage: Location, key: str) -> Location:
+    """{storage}/eval-cache/base/{key}.json: the base model's evaluation (eval.compare_base), shared by every run of
+    the same base model, eval data and evaluation settings (trainer/base_eval.py `cache_key`)."""
+    return join(storage, "eval-cache", "base", f"{key}.json")
 
 
 def model_dir(storage: Location, name: str) -> Location:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from config.sections.results import PREFERENCE_METRICS, SFT_METRICS
+from config.sections.results import GENERATE_DIRECTION, PREFERENCE_METRICS, SFT_METRICS, USER_SCORES
 from storage import layout
 from storage.fs import exists, read_bytes
 from storage.location import Location, join
@@ -38,7 +38,60 @@ def eval_record(result: dict[str, Any]) -> dict[str, Any]:
     record = {key: result[key] for key in eval_record_keys(result)}
     if GENERATE in result:
         record[GENERATE] = {key: value for key, value in result[GENERATE].items() if key != SHOWN_ANSWERS}
+    if BASE in result:
+        record[BASE], record[DELTA] = eval_record(result[BASE]), result[DELTA]
     return record
+
+
+# eval.json's base model figures (eval.compare_base: trainer/base_eval.py) and each metric's delta, trained minus base.
+BASE = "base"
+DELTA = "delta"
+
+
+def metric_deltas(trained: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """eval.json's `delta`: trained minus base for each headline metric and each generated-answer score (exact match,
+    ROUGE-L, tool calls, a user scorer's) that both have a value of, nested as in eval.json (generate.exact_match)."""
+    out: dict[str, Any] = {}
+    for key in eval_metric_keys(trained):
+        ours, theirs = metric_value(trained, key), metric_value(base, key)
+        if ours is not None and theirs is not None:
+            out[key] = ours - theirs
+    ours_generated, theirs_generated = generate_metrics(trained), generate_metrics(base)
+    for name, value in ours_generated.items():
+        if (name in GENERATE_DIRECTION or name.startswith(USER_SCORES)) and name in theirs_generated:
+            *parents, leaf = name.split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value - theirs_generated[name]
+    return out
+
+
+def beside_base(result: dict[str, Any], base: dict[str, Any]) -> None:
+    """Put the base model's figures into eval.json's `base` and trained minus base into `delta`; the base model's
+    answer to each shown prompt goes beside the trained model's (`base_output`), not into `base` a second time."""
+    result[DELTA] = metric_deltas(result, base)
+    base = dict(base)
+    if GENERATE in base:
+        generated = dict(base[GENERATE])
+        theirs = {answer["index"]: answer["output"] for answer in generated.pop(SHOWN_ANSWERS, [])}
+        base[GENERATE] = generated
+        for answer in result.get(GENERATE, {}).get(SHOWN_ANSWERS, []):
+            answer["base_output"] = theirs.get(answer["index"], "")
+    result[BASE] = base
+
+
+def delta_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """An eval.json's (or a registry entry's) deltas as flat dotted names (delta.loss, delta.generate.exact_match);
+    none without the base comparison."""
+
+    def flat(prefix: str, node: dict[str, Any]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, value in node.items():
+            out |= flat(f"{prefix}.{key}", value) if isinstance(value, dict) else {f"{prefix}.{key}": float(value)}
+        return out
+
+    return flat(DELTA, result.get(DELTA, {}))
 
 
 def generate_metrics(result: dict[str, Any]) -> dict[str, float]:

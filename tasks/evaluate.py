@@ -10,7 +10,7 @@ from launch.phase import run_phase
 from storage import layout
 from storage.fs import read_json
 from storage.location import Location, join
-from storage.metrics import eval_metric_keys, generate_metrics
+from storage.metrics import delta_metrics, eval_metric_keys, generate_metrics
 from storage.spec import WrittenSpec
 
 
@@ -31,6 +31,11 @@ def evaluate_on_nodes(written: WrittenSpec, model_url: Location) -> dict[str, An
         logger.info(
             "generated answers: %s",
             ", ".join(f"{key.removeprefix('generate.')} {value:.4g}" for key, value in generated.items()),
+        )
+    if deltas := delta_metrics(result):
+        logger.info(
+            "against the base model: %s",
+            ", ".join(f"{key.removeprefix('delta.')} {value:+.4g}" for key, value in deltas.items()),
         )
     if result.get("samples_url"):
         logger.info("greedy samples: %s", result["samples_url"])

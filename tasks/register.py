@@ -20,7 +20,7 @@ from storage.checkpoints import CompleteCheckpoint
 from storage.fs import write_bytes_atomic
 from storage.location import Location, join
 from storage.manifest import read_manifest
-from storage.metrics import GENERATE, SHOWN_ANSWERS, eval_record_keys
+from storage.metrics import GENERATE, SHOWN_ANSWERS, delta_metrics, eval_record_keys
 from storage.registry import promote, read_entry, register_version
 from storage.spec import Spec, WrittenSpec
 
@@ -38,6 +38,12 @@ class Registration:
     entry: dict[str, Any] = field(default_factory=dict)
 
 
+def metrics_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The eval-metrics artifact's rows: the metrics and counts, then each delta against the base model."""
+    rows = [{"metric": key, "value": metrics[key]} for key in eval_record_keys(metrics)]
+    return rows + [{"metric": key, "value": value} for key, value in delta_metrics(metrics).items()]
+
+
 @task(name="register")
 def register_model(
     written: WrittenSpec,
@@ -52,7 +58,7 @@ def register_model(
     model, storage = registry_name(spec.config), layout.root(spec.config.run)
     create_table_artifact(
         key="eval-metrics",
-        table=redact([{"metric": key, "value": metrics[key]} for key in eval_record_keys(metrics)]),
+        table=redact(metrics_table(metrics)),
         description=f"{model}, run {spec.run_id}: eval metrics (all-reduced over {metrics['world_size']} ranks)",
     )
     answers = metrics.get(GENERATE, {}).get(SHOWN_ANSWERS, [])

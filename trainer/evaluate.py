@@ -8,6 +8,7 @@ packed, or a preference unit) goes to rank i % world_size (each to exactly one r
 reading only its own rows from the memory-mapped shards and summing what the objective's metrics are divided from
 (SFT: loss, predicted target tokens, correct tokens); the sums are all-reduced and divided once, so the result equals
 a single-process evaluation of the same data. Rank 0 writes eval.json (and, with eval.generate_samples, samples.jsonl).
+With eval.compare_base the base model is evaluated the same way after it, or read from its cache (trainer/base_eval.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from core.errors import UserError
 from storage import layout
 from storage.fs import write_json_atomic
 from storage.location import ARGUMENT_FORM, Location, join, location_argument
+from storage.metrics import GENERATE, beside_base
 from storage.shards import examples_of
 from storage.spec import Spec
 from trainer.data import split_of
@@ -41,13 +43,37 @@ def sample_rows(rows: int, count: int) -> list[int]:
 
 
 def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
-    """The objective's all-reduced eval metrics; rank 0 writes them to {run}/eval.json."""
+    """The objective's all-reduced eval metrics (and the base model's beside them with eval.compare_base); rank 0
+    writes them to {run}/eval.json."""
     examples = split_of(spec, "eval")
     if not examples:
         raise UserError(f"{spec.dataset_dir}: the eval split is empty; stage the data with data.eval_ratio > 0")
     objective = build(spec.config.train)
     objective.start_evaluation(spec, examples)
     model = load_for_eval(model_url, spec, dist.device, dist)
+    result = eval_document(
+        spec, model_url, dist, measure(model, objective, examples, spec, dist) | objective.eval_fields()
+    )
+    # Samples continue a prompt where its reference answer starts: examples have one, preference rows two or a label.
+    if spec.config.eval.generate_samples and not objective.objective.data.preference_rows:
+        from trainer.samples import write_samples
+
+        first = examples_of(itertools.islice(examples, spec.config.eval.generate_samples))
+        result["samples_url"] = write_samples(model, first, spec, dist, ensure_pad_token_id(model, spec.model_path))
+    if spec.config.eval.compare_base:
+        del model  # one model in memory at a time
+        from trainer.base_eval import base_figures
+
+        beside_base(result, base_figures(spec, dist, lambda base: measure(base, objective, examples, spec, dist)))
+    if dist.is_main:
+        write_json_atomic(join(spec.run, layout.EVAL), result)
+        log.info(objective.summary(result))
+    return result
+
+
+def measure(model: Any, objective: Any, examples: Any, spec: Spec, dist: Dist) -> dict[str, Any]:
+    """The objective's all-reduced metrics of `model` on the eval split, and its generated answers' scores with
+    eval.generate: what eval.json holds of the trained model and of the base model (eval.compare_base)."""
     pad_id = ensure_pad_token_id(model, spec.model_path)
     metrics = objective.evaluate(
         model,
@@ -58,19 +84,9 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
         pad_id=pad_id,
         lockstep=False,
     )
-    result = eval_document(spec, model_url, dist, metrics | objective.eval_fields())
-    # Samples continue a prompt where its reference answer starts: examples have one, preference rows two or a label.
-    if spec.config.eval.generate_samples and not objective.objective.data.preference_rows:
-        from trainer.samples import write_samples
-
-        first = examples_of(itertools.islice(examples, spec.config.eval.generate_samples))
-        result["samples_url"] = write_samples(model, first, spec, dist, pad_id)
     if spec.config.eval.generate.enabled:
-        result["generate"] = generate(model, examples, spec, dist, pad_id)
-    if dist.is_main:
-        write_json_atomic(join(spec.run, layout.EVAL), result)
-        log.info(objective.summary(result))
-    return result
+        metrics[GENERATE] = generate(model, examples, spec, dist, pad_id)
+    return dict(metrics)
 
 
 def generate(model: Any, examples: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:

@@ -67,6 +67,13 @@ class EvalConfig(Section):
     generate: GenerateConfig = Field(
         default_factory=GenerateConfig, description="Generated answers scored against the references."
     )
+    compare_base: bool = Field(
+        False,
+        description="Evaluate the base model (model.name_or_path, untrained) the same way, once per base model, eval "
+        "data and evaluation settings (cached under run.storage's eval-cache/base/); eval.json gets its figures "
+        "under `base` and trained minus base under `delta` (register.gate can use delta.<metric>). Off by default: "
+        "the first run of a base and data pays a second evaluation, and with eval.generate a second generation.",
+    )
     final_eval_rows: int = Field(
         256,
         ge=0,
@@ -118,6 +125,8 @@ GENERATE_DIRECTION: dict[str, str] = {
     "generate.tool_call_accuracy": "max",
 }
 USER_SCORES = "generate.scores."
+# A metric's delta against the base model (eval.compare_base): delta.<metric>, improving the metric's own way.
+DELTA_PREFIX = "delta."
 
 
 class GateConfig(Section):
@@ -126,7 +135,8 @@ class GateConfig(Section):
     metric: str = Field(
         "loss",
         description="Eval metric the gate compares (and the champion is ranked by): an eval.json key, dotted for the "
-        f"generated answers' ({', '.join(GENERATE_DIRECTION)}, {USER_SCORES}<name> for eval.generate.scorer's).",
+        f"generated answers' ({', '.join(GENERATE_DIRECTION)}, {USER_SCORES}<name> for eval.generate.scorer's); "
+        f"{DELTA_PREFIX}<metric> for trained minus base (eval.compare_base), e.g. {DELTA_PREFIX}generate.exact_match.",
     )
     direction: Literal["min", "max"] | None = Field(
         None,
@@ -148,20 +158,19 @@ class GateConfig(Section):
         if sum(rules) != 1:
             raise ValueError("set exactly one rule in register.gate: threshold, better_than, or min and/or max")
         known = {**METRIC_DIRECTION, **GENERATE_DIRECTION}
-        own = self.metric.startswith(USER_SCORES) and len(self.metric) > len(USER_SCORES)
-        if self.metric not in known and not own:
+        name = self.metric.removeprefix(DELTA_PREFIX)  # a delta improves the way its metric does
+        own = name.startswith(USER_SCORES) and len(name) > len(USER_SCORES)
+        if name not in known and not own:
             raise ValueError(
                 f"register.gate.metric={self.metric} is not an eval.json metric; use one of {', '.join(known)} or "
-                f"{USER_SCORES}<name> (eval.generate.scorer's)"
+                f"{USER_SCORES}<name> (eval.generate.scorer's), or {DELTA_PREFIX}<one of those> (eval.compare_base)"
             )
         if self.direction is None:
             if own:
                 raise ValueError(f"register.gate.direction: set min or max for {self.metric}, your scorer's score")
-            object.__setattr__(self, "direction", known[self.metric])  # sections are frozen: filled in once here
-        elif not own and self.direction != known[self.metric]:
-            raise ValueError(
-                f"register.gate.direction must be {known[self.metric]} for {self.metric}, got {self.direction}"
-            )
+            object.__setattr__(self, "direction", known[name])  # sections are frozen: filled in once here
+        elif not own and self.direction != known[name]:
+            raise ValueError(f"register.gate.direction must be {known[name]} for {self.metric}, got {self.direction}")
         return self
 
 

@@ -124,3 +124,66 @@ def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
     )
     with pytest.raises(UserError, match="a lora checkpoint, but the spec trains full"):
         load_for_eval(Location(str(lora.checkpoint(12))), full_spec, torch.device("cpu"))
+
+
+@pytest.mark.multirun
+def test_the_base_model_is_evaluated_once_then_read_from_its_cache(
+    lora: Run, staged: Staged, tmp_path, caplog, monkeypatch
+) -> None:
+    """eval.compare_base, evaluated in this process (one rank, the ranks' code): the first run's evaluation loads the
+    base model and caches its figures under run.storage; a second run's, of the same base and data, reads them and
+    loads no base model (counted); the base figures equal the base model's own evaluation as an export, and 2 ranks'
+    (all-reduced) base figures equal the one process's."""
+    import logging
+
+    from storage.location import Location
+    from storage.spec import publish_spec
+    from trainer import base_eval
+    from trainer.distributed import Dist
+    from trainer.evaluate import evaluate as evaluate_here
+
+    def spec_of(name: str, compare_base: bool, storage: Path = tmp_path):
+        cfg = lora.spec.config
+        cfg = cfg.model_copy(
+            update={
+                "run": cfg.run.model_copy(update={"storage": str(storage)}),
+                "eval": cfg.eval.model_copy(update={"compare_base": compare_base}),
+            }
+        )
+        return lora.spec.model_copy(
+            update={"config": cfg, "run_id": name, "run": Location(str(storage / "runs" / name))}
+        )
+
+    loads = []
+    real_load = base_eval.load_base_for_eval
+    dist = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="h", device=torch.device("cpu"))
+    final = Location(str(lora.run_dir / "final"))
+    monkeypatch.setattr(
+        base_eval, "load_base_for_eval", lambda spec, d: loads.append(spec.run_id) or real_load(spec, d)
+    )
+    with caplog.at_level(logging.INFO, logger="trainer.base_eval"):
+        first, second = (evaluate_here(spec_of(name, True), final, dist) for name in ("one", "two"))
+    assert loads == ["one"] and [len(list((tmp_path / "eval-cache" / "base").iterdir()))] == [1]
+    assert "cache miss" in caplog.text and "cache hit" in caplog.text
+    assert first["base"] == second["base"] and first["delta"] == second["delta"]
+    export = tmp_path / "base-export"  # the base model evaluated as a full-weights export, the ordinary path
+    shutil.copytree(staged.model_path, export)
+    (export / "COMPLETE").touch()
+    direct = evaluate_here(spec_of("direct", False), Location(str(export)), dist)
+    for key in (*METRICS, *COUNTS):
+        assert first["base"][key] == direct[key], key
+    shown = {key: value for key, value in direct["generate"].items() if key not in ("seconds", "answers")}
+    assert {key: first["base"]["generate"][key] for key in shown} == shown
+    assert [a["base_output"] for a in first["generate"]["answers"]] == [
+        a["output"] for a in direct["generate"]["answers"]
+    ]
+    assert first["delta"]["loss"] == first["loss"] - direct["loss"]
+    # On 2 ranks (torchrun, a storage of its own: a miss), the base figures equal the one process's.
+    ranks2 = publish_spec(spec_of("two-ranks", True, tmp_path / "two-ranks"))
+    # base_model.json: what a node holds its copy of the base model against.
+    shutil.copy(lora.run_dir / "base_model.json", tmp_path / "two-ranks" / "runs" / "two-ranks")
+    on_two = evaluate(Run(ranks2.spec, ranks2.url), final.url, 2)["base"]
+    assert {k: on_two[k] for k in COUNTS} == {k: first["base"][k] for k in COUNTS}
+    assert_close([on_two[k] for k in METRICS], [first["base"][k] for k in METRICS], rtol=1e-7, atol=0)
+    exact = ("records", "exact_match", "normalized_exact_match", "new_tokens")
+    assert {k: on_two["generate"][k] for k in exact} == {k: first["base"]["generate"][k] for k in exact}

@@ -6,6 +6,7 @@ an adapter; a copy first from an object store). A password in any URL it shows i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from pipeline.lineage import registry_entry
 from pipeline.model_card import load_snippet, model_card, split_row
 from storage.checkpoints import CompleteCheckpoint
 from storage.location import Location
+from storage.metrics import beside_base
 from storage.spec import Attempt, Spec
 from tests.specs import spec_for
 
@@ -168,3 +170,21 @@ def test_an_sft_card_with_generated_answers_lists_their_figures_and_a_few_answer
         "|---|---|---|---|",
         "| 0 | &lt;\\|im_start\\|>user ⏎ Add \\| subtract?&lt;\\|im_end\\|> | a ⏎ b | x |",
     ]
+
+
+def test_with_the_base_model_the_card_lists_each_metrics_base_value_and_delta_and_both_answers(tmp_path: Path) -> None:
+    """eval.compare_base: the Metrics rows carry the base model's value and trained minus base; the sample table has
+    the base model's output beside the trained one's."""
+    spec = spec_for(tmp_path, ["eval.generate.enabled=true", "eval.compare_base=true"])
+    base = SFT_METRICS | {"loss": SFT_METRICS["loss"] + 0.5, "generate": GENERATED | {"exact_match": 0.125}}
+    result = SFT_METRICS | {"generate": json.loads(json.dumps(GENERATED))}
+    beside_base(result, json.loads(json.dumps(base)))
+    card = model_card(spec, entry(spec, result), MANIFEST, None, answers=result["generate"]["answers"])
+    metrics = table(card, "Metrics")
+    loss = f"{SFT_METRICS['loss']:.4f}"
+    assert metrics["eval loss (nats per target token)"] == f"{loss} (base {SFT_METRICS['loss'] + 0.5:.4f}, delta -0.5)"
+    assert metrics["exact match"] == "0.25 (base 0.125, delta +0.125)"
+    assert metrics["target tokens"] == "100"  # a count: no delta
+    rows = card.split("\n## Sample answers\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    assert rows[-3].endswith("| output | base model's output |") and rows[-2] == "|---|---|---|---|---|"
+    assert rows[-1].endswith("| a ⏎ b | x | x |")

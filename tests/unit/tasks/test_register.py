@@ -13,7 +13,7 @@ from storage.checkpoints import read_complete
 from storage.location import Location
 from storage.registry import versions
 from storage.spec import publish_spec
-from tasks.register import register_model
+from tasks.register import metrics_table, register_model
 from tests.checkpoints import save_checkpoint
 from tests.datafiles import arithmetic, write_jsonl
 
@@ -72,3 +72,14 @@ def test_the_gate_decides_and_a_registered_version_carries_its_card(prefect_serv
             for key in ("model-card", "generated-answers")
         )
     assert published.data == card and shown.data == table
+
+
+def test_the_eval_metrics_artifact_lists_each_delta_after_the_metrics() -> None:
+    metrics = {"loss": 1.0, "perplexity": 2.7, "token_accuracy": 0.5, "loss_sum": 4.0, "target_tokens": 4}
+    metrics |= {"correct_tokens": 2, "examples": 1}
+    assert [row["metric"] for row in metrics_table(metrics)] == list(metrics)
+    rows = metrics_table(metrics | {"delta": {"loss": -0.5, "generate": {"exact_match": 0.25}}})
+    assert rows[len(metrics) :] == [
+        {"metric": "delta.loss", "value": -0.5},
+        {"metric": "delta.generate.exact_match", "value": 0.25},
+    ]
