@@ -25,9 +25,15 @@ CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton
 
 
 def use_node_cache(cache: Path) -> None:
-    """Point inductor's and Triton's caches into the node cache's `compile/` (a variable already set is kept)."""
+    """Point inductor's and Triton's caches into the node cache's `compile/` (a variable set by the user is kept)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # Inductor writes its default directory into TORCHINDUCTOR_CACHE_DIR the first time anything asks for it (an
+    # import may): that value is its own, not a choice to keep.
+    own = {"TORCHINDUCTOR_CACHE_DIR": os.path.abspath(default_cache_dir())}
     for variable, name in CACHE_DIRS.items():
-        os.environ.setdefault(variable, str(cache / COMPILE / name))
+        if os.environ.get(variable) in (None, "", own.get(variable)):
+            os.environ[variable] = str(cache / COMPILE / name)
 
 
 def decoder_layers(model: Any) -> list[Any]:

@@ -5,6 +5,7 @@ TOLERANCE, the parameter names are unchanged (checkpoints and exports), and indu
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,20 @@ def test_the_decoder_layers_are_found_through_peft() -> None:
     layers = compiled.decoder_layers(model)
     assert len(layers) == tiny.RECIPE["num_hidden_layers"]
     assert {type(layer).__name__ for layer in layers} == {"Qwen2DecoderLayer"}
+
+
+def test_the_caches_go_to_the_node_cache_unless_the_user_chose_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that monkeypatch restores it after the test
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    cache_dir()  # inductor writes its own default into the variable: not the user's choice
+    compiled.use_node_cache(tmp_path)
+    assert cache_dir() == str(tmp_path / "compile" / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
 
 
 @pytest.mark.multirun
