@@ -54,9 +54,14 @@ class Batch:
 
     def model_inputs(self, device: torch.device) -> dict[str, Any]:
         """The forward pass's arguments: the padding mask, or for packed rows the restarting positions alone
-        (transformers builds the block-diagonal mask from them only without a mask and without a cache)."""
+        (transformers builds the block-diagonal mask from them only without a mask and without a cache). No key-value
+        cache either way: a loss needs none, and with train.compile its per-layer state would recompile every layer."""
         if self.position_ids is None:
-            return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
+            return {
+                "input_ids": self.input_ids.to(device),
+                "attention_mask": self.attention_mask.to(device),
+                "use_cache": False,
+            }
         return {
             "input_ids": self.input_ids.to(device),
             "position_ids": self.position_ids.to(device),

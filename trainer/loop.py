@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
+from storage.node_cache import cache_root
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import faults, guards, sequence_parallel
+from trainer import compiled, faults, guards, kernels, sequence_parallel
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
 from trainer.cuda_build import plain_arch_list
@@ -57,6 +58,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     from transformers import get_scheduler
 
     train = spec.config.train
+    fused = kernels.resolve(train.kernels, dist.device)  # before the model loads: a kernel that cannot run stops here
     bf16 = dist.device.type == "cuda"
     if bf16:
         plain_arch_list()
@@ -70,10 +72,11 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     sequence_parallel.check_attention(base, dist.sequence_parallel)
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path)
+    kernels.announce(base, fused)  # on the transformers model, before PEFT wraps it
     model = make_trainable(base, train)
     faults.maybe_force_disjoint_routing(model, dist.rank)
     if train.compile:
-        model.compile()  # in place: the state dict's names stay those of the uncompiled model
+        compiled.compile_layers(model, cache_root(spec.config.launch.node_cache_dir))
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)
 
     def scheduler(optimizer: Any) -> Any:
@@ -173,6 +176,8 @@ def train(spec: Spec, dist: Dist) -> None:
         with guards.out_of_memory_named(dist, step + 1):
             stats, extra, data_s = one_step(run, spec, dist, step)
         elapsed, done = time.perf_counter() - started, step + 1
+        if step == start and spec.config.train.compile:
+            log.info("train.compile: the first step took %.1f s, compiling the decoder layers included", elapsed)
         profiler.after(done, run.metrics.write)
         guards.check_loss(stats.loss, done)
         run.straggler.observe(stats.compute_s)

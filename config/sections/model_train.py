@@ -159,9 +159,19 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = Field(False, description="Recompute activations to save memory.")
     compile: bool = Field(
         False,
-        description="Compile the model's forward and backward with torch.compile (in place: checkpoints and exports "
-        "keep their parameter names). The first steps take longer while it compiles; pays where kernel launches, not "
-        "arithmetic, bound a step (small micro-batches, small models). Measured on a GPU: docs/performance.md.",
+        description="Compile each decoder layer with torch.compile (regional compilation: the layers share their "
+        "compiled code; the rest of the model stays eager), in place: checkpoints and exports keep their parameter "
+        "names. The first step takes longer while it compiles (logged); the compiled code is cached in the node cache "
+        "(launch.node_cache_dir), so a later run on the node compiles nothing. Pays where kernel launches, not "
+        "arithmetic, bound a step. docs/performance.md.",
+    )
+    kernels: Literal["auto", "liger", "none"] = Field(
+        "auto",
+        description="Fused kernels (trainer/kernels.py): liger = Liger Kernel's RMSNorm, SwiGLU and RoPE in Qwen2, "
+        "Qwen3, Qwen3-MoE and Llama models, and its fused linear cross-entropy as SFT's training loss (on a CUDA "
+        "device, with liger-kernel installed; otherwise the run stops); none = the built-in path (the chunked loss, "
+        "train.loss_chunk_tokens); auto = liger where it can run, else none. The run logs what it applied. "
+        "docs/performance.md.",
     )
     profile_steps: int = Field(
         0,

@@ -3,6 +3,7 @@
 # seconds from the start, the steps of PLAN, each result kept in $OUT_DIR as soon as it exists.
 #   PLAN=first: the benchmark's first cases (LoRA and full 1.5B at 2,048 tokens, both trainers) and the gpu suite.
 #   PLAN=fast-paths: packed rows at micro-batch 4, each case's first Tandem run profiled, torch.compile on and off.
+#   PLAN=kernels: Tandem with Liger's kernels (train.kernels=liger; its wheel carried) against the built-in path.
 # Usage: OUT_DIR=out DEADLINE_S=540 WHEELS=.whl PLAN=fast-paths bash tests/gpu/run_on_gpu.sh
 set -u
 OUT_DIR=${OUT_DIR:-gpu-out}
@@ -35,7 +36,14 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT
     python3 -c "import torch, transformers, peft, deepspeed, bitsandbytes as b; print(torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__, deepspeed.__version__, b.__version__)"
 } >"$OUT_DIR/env.txt" 2>&1
 B=tests/benchmarks/bench_gpu.py
-if [[ $PLAN == first ]]; then
+if [[ $PLAN == kernels ]]; then
+    # The unnamed Tandem variant is train.kernels=auto (Liger where installed, its log says): the two named ones are
+    # what is compared.
+    step "lora-1.5b-2048 packed: Tandem built-in against Tandem with Liger" 330 python3 $B --cases lora-1.5b-2048 \
+        --repeats 3 --steps 14 --torch-adam --packing --micro-batch 4 --no-hf --variant train.kernels=none \
+        --variant train.kernels=liger --work /tmp/tandem-bench-work --out "$OUT_DIR/packed_lora_kernels.json"
+    step "gpu suite: the kernels" 120 python3 -m pytest -m gpu tests/gpu/test_kernels.py -p no:cacheprovider -q -rA
+elif [[ $PLAN == first ]]; then
     # DeepSpeed's fused Adam (the default JSON's optimizer, which the gpu suite runs) compiles at first use: meanwhile.
     (python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" \
         >"$OUT_DIR/fused_adam.txt" 2>&1 &)

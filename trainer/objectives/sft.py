@@ -27,7 +27,9 @@ from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import Batch, GlobalOrder, collate, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
+from trainer.kernels import Kernels, resolve
 from trainer.loss.chunked import LossHead
+from trainer.loss.liger import LigerLossHead
 from trainer.moe import RouterBalance
 from trainer.objectives.base import MicroLoss, StepResult, Sums
 from trainer.sequence_parallel import shard
@@ -117,6 +119,7 @@ class Sft:
     objective: Objective
     chunk_tokens: int  # train.loss_chunk_tokens
     aux_loss_coef: float | None = None  # train.moe.aux_loss_coef
+    kernels: str = "none"  # train.kernels, resolved for the device in start
     head: LossHead | None = None
     router: RouterBalance | None = None  # a mixture of experts' load balance (trainer/moe.py)
     sum_keys: tuple[str, ...] = ("loss_sum",)
@@ -124,11 +127,14 @@ class Sft:
     @classmethod
     def of(cls, train: TrainConfig) -> Sft:
         """SFT with train's loss settings."""
-        return cls(train.objective, train.loss_chunk_tokens, train.moe.aux_loss_coef)
+        return cls(train.objective, train.loss_chunk_tokens, train.moe.aux_loss_coef, train.kernels)
 
     def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
-        """The loss head of the engine's model; a mixture of experts' router balance."""
+        """The loss head of the engine's model (Liger's fused loss with train.kernels' Liger, trainer/loss/liger.py);
+        a mixture of experts' router balance."""
         self.head = LossHead.of(engine, self.chunk_tokens)
+        if resolve(self.kernels, dist.device) is Kernels.LIGER:
+            self.head = LigerLossHead.of_head(self.head)
         model_config = getattr(engine, "module", engine).config  # an engine's own .config is DeepSpeed's
         self.router = RouterBalance.of(model_config, self.aux_loss_coef, dist)
         if self.router is not None:
