@@ -53,7 +53,8 @@ class Bigram(torch.nn.Module):
         torch.manual_seed(0)
         self.embed, self.head = torch.nn.Embedding(VOCAB, 8), torch.nn.Linear(8, VOCAB)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = True) -> Any:
+        """A causal LM's call as the trainer makes it (`use_cache` off in training and evaluation forwards)."""
         return SimpleNamespace(logits=self.head(torch.tanh(self.embed(input_ids))))
 
 
