@@ -116,7 +116,9 @@ def installs_as_is(name: str, python: str) -> bool:
     supported = {*packaging_tags.cpython_tags((major, minor)), *packaging_tags.compatible_tags((major, minor))}
     lines = (dist.read_text("WHEEL") or "").splitlines()
     built = {tag for line in lines if line.startswith("Tag:") for tag in packaging_tags.parse_tag(line[4:].strip())}
-    admits = SpecifierSet(dist.metadata["Requires-Python"] or "").contains(f"{python}.0")
+    # .get: a wheel without Requires-Python admits any Python, and importlib_metadata's message (what a distribution
+    # found through its finder returns) raises KeyError on a missing key where the standard library's gives None.
+    admits = SpecifierSet(dist.metadata.get("Requires-Python") or "").contains(f"{python}.0")
     return bool(built & supported) and admits  # one of a wheel's tags (py2.py3-none-any: two) is enough
 
 
