@@ -56,15 +56,16 @@ class Batch:
         """The forward pass's arguments: the padding mask, or for packed rows the restarting positions alone
         (transformers builds the block-diagonal mask from them only without a mask and without a cache). No key-value
         cache either way: a loss needs none, and with train.compile its per-layer state would recompile every layer."""
+        # Copies queued, not waited for (the host tensors are not written again); on the CPU `to` is a no-op.
         if self.position_ids is None:
             return {
-                "input_ids": self.input_ids.to(device),
-                "attention_mask": self.attention_mask.to(device),
+                "input_ids": self.input_ids.to(device, non_blocking=True),
+                "attention_mask": self.attention_mask.to(device, non_blocking=True),
                 "use_cache": False,
             }
         return {
-            "input_ids": self.input_ids.to(device),
-            "position_ids": self.position_ids.to(device),
+            "input_ids": self.input_ids.to(device, non_blocking=True),
+            "position_ids": self.position_ids.to(device, non_blocking=True),
             "use_cache": False,
         }
 

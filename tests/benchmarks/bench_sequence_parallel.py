@@ -11,9 +11,12 @@ Ulysses registered and its groups checked (trainer/sequence_parallel.py), the pr
 the size, the row cut into each rank's part, the loss through the trainer's loss head. The row's last `--targets`
 tokens are the answer (the loss's targets), so the output layer over 151,936 words does not hide the model's own
 cost. A sampler thread reads the rank's RssAnon (/proc/self/status) every 20 ms; the table gives the largest rank's
-peak, its ratio to one rank's at the same length (the goal: at most 0.6 at size 2), and tokens/s: the row's tokens
+peak, its ratio to one rank's at the same length (the goal: at most 0.6 at size 2), the step's part of it (the peak
+less what the rank held before its first step: the activations, which the size divides; the rest is the process, the
+weights and the engine, which it does not) with its ratio, and tokens/s: the row's tokens
 over the median optimizer step of `--repeats` (with the spread, min to max). Every case runs its ranks on all of this
-machine's cores (OMP threads = cores / ranks, at least 1). Prints; asserts nothing.
+machine's cores (OMP threads = cores / ranks, at least 1). A size that Ulysses cannot split the model's heads
+by is a line saying so, not a run (the 0.5B shape's 14 heads and 4 ranks). Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ def worker(args: argparse.Namespace) -> None:
     )
     labels = [IGNORE_INDEX] * (args.length - args.targets) + ids[-args.targets :].tolist()
     batch = sequence_parallel.shard(collate([Row(ids.tolist(), labels, [args.length])], 0), dist)
+    # What the rank holds before its first step (the process, the weights, the engine, its part of the row): the
+    # peak less this is what the step adds, the part that sequence parallelism divides.
+    before = rss_anon()
     step_s = []
     for _ in range(args.repeats):
         started = time.perf_counter()
@@ -122,7 +128,7 @@ def worker(args: argparse.Namespace) -> None:
         engine.step()
         step_s.append(time.perf_counter() - started)
     (total,) = distributed.dist_sum([float(loss.detach())], dist)
-    figures = distributed.gather_objects({"peak": sampler.peak, "step_s": step_s}, dist)
+    figures = distributed.gather_objects({"peak": sampler.peak, "before": before, "step_s": step_s}, dist)
     if dist.is_main:
         print("RESULT " + json.dumps({"ranks": size, "length": args.length, "loss": total, "per_rank": figures}))
     distributed.shutdown()
@@ -148,6 +154,7 @@ def run_case(model: str, length: int, ranks: int, args: argparse.Namespace) -> d
         "length": length,
         "ranks": ranks,
         "peak_gb": max(rank["peak"] for rank in result["per_rank"]) / GB,
+        "step_gb": max(rank["peak"] - rank["before"] for rank in result["per_rank"]) / GB,
         "tokens_per_s": length / median,
         "step_s": median,
         "spread_s": [min(steps), max(steps)],
@@ -168,6 +175,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    from config.sequence_parallel import heads_problem
+
     if args.worker:
         worker(args)
         return []
@@ -175,16 +184,24 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         args.lengths, args.ranks, args.repeats, args.targets, args.layers = "256", "1,2", 1, 64, 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-sp-") as tmp:
-        model = build_model(Path(tmp) / "model", TOY if args.toy else QWEN_05B, args.layers)
+        shape = TOY if args.toy else QWEN_05B
+        model = build_model(Path(tmp) / "model", shape, args.layers)
         for length in (int(n) for n in args.lengths.split(",")):
             for ranks in (int(n) for n in args.ranks.split(",")):
+                if problem := heads_problem(ranks, shape["num_attention_heads"], shape["num_key_value_heads"]):
+                    print(f"{length:>6} tokens  {ranks} ranks  not run: {problem}", flush=True)
+                    continue
                 rows.append(run_case(model, length, ranks, args))
                 alone = next(r for r in rows if r["length"] == length and r["ranks"] == 1)
-                row = rows[-1] | {"peak_ratio": rows[-1]["peak_gb"] / alone["peak_gb"]}
+                row = rows[-1] | {
+                    "peak_ratio": rows[-1]["peak_gb"] / alone["peak_gb"],
+                    "step_ratio": rows[-1]["step_gb"] / alone["step_gb"],
+                }
                 rows[-1] = row
                 print(
                     f"{length:>6} tokens  {ranks} ranks  peak {row['peak_gb']:6.2f} GB a rank "
-                    f"({row['peak_ratio']:.2f}x one rank's)  {row['tokens_per_s']:8.1f} tokens/s  "
+                    f"({row['peak_ratio']:.2f}x one rank's), of it the step's {row['step_gb']:5.2f} GB "
+                    f"({row['step_ratio']:.2f}x)  {row['tokens_per_s']:8.1f} tokens/s  "
                     f"step {row['step_s']:.2f} s ({row['spread_s'][0]:.2f}-{row['spread_s'][1]:.2f})  "
                     f"loss {row['loss']:.4f}",
                     flush=True,

@@ -220,6 +220,7 @@ def test_bench_sequence_parallel() -> None:
     assert rows[1]["loss"] == pytest.approx(rows[0]["loss"], rel=1e-4)
     for row in rows:
         positive(row, "peak_gb", "tokens_per_s", "peak_ratio")
+        assert 0 <= row["step_gb"] <= row["peak_gb"], row
 
 
 @bench

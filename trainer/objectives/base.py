@@ -40,6 +40,8 @@ from trainer.distributed import Dist, dist_sum
 
 # An objective's metric sums (numerators and denominators), added over micro-batches and all-reduced, divided once.
 Sums = dict[str, float]
+# Sums being added up over a step's micro-batches: device tensors until `settled` reads them.
+Pending = dict[str, float | torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -136,15 +138,23 @@ class TrainObjective(Protocol):
         ...
 
 
-def add(into: Sums, sums: Mapping[str, float | torch.Tensor], keys: Sequence[str]) -> None:
-    """Accumulate metric sums."""
+def add(into: Pending, sums: Mapping[str, float | torch.Tensor], keys: Sequence[str]) -> None:
+    """Accumulate metric sums. A tensor stays where it is, added in float64 (bit for bit what adding its value as a
+    Python float gives), so that a micro-batch does not wait for the device to read it; `settled` reads them once."""
     for key in keys:
-        into[key] = into.get(key, 0.0) + float(sums.get(key, 0.0))
+        value = sums.get(key, 0.0)
+        into[key] = into.get(key, 0.0) + (value.detach().double() if isinstance(value, torch.Tensor) else value)
 
 
-def reduced(sums: Sums, keys: Sequence[str], dist: Dist) -> Sums:
+def settled(sums: Pending) -> Sums:
+    """The sums as numbers: one wait for the device (the first read), however many micro-batches added to them."""
+    return {key: float(value) for key, value in sums.items()}
+
+
+def reduced(sums: Pending, keys: Sequence[str], dist: Dist) -> Sums:
     """The sums of every rank."""
-    return dict(zip(keys, dist_sum([sums.get(key, 0.0) for key in keys], dist), strict=True))
+    mine = settled(sums)
+    return dict(zip(keys, dist_sum([mine.get(key, 0.0) for key in keys], dist), strict=True))
 
 
 def held_data(rows: Split) -> DataKind:

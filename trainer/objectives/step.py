@@ -14,11 +14,13 @@ import math
 import time
 from typing import Any
 
+import torch
+
 from trainer import faults
 from trainer.distributed import Dist, dist_sum
 from trainer.heartbeat import Heartbeat
 from trainer.metrics import StepStats
-from trainer.objectives.base import Sums, TrainObjective, add
+from trainer.objectives.base import Pending, TrainObjective, add, settled
 
 
 def optimizer_step(
@@ -28,8 +30,9 @@ def optimizer_step(
     global batch's loss, then the optimizer; returns the step's stats and the objective's own step metrics."""
     heartbeat.beat(step)  # beats mark arrival at a collective: a stuck rank's beat is the oldest
     scope = objective.begin_step(engine, batches, dist)
-    sums: Sums = {}
-    tokens = pads = positions = nonfinite = 0
+    sums: Pending = {}
+    losses: list[torch.Tensor] = []
+    tokens = pads = positions = 0
     compute_s = 0.0
     for batch in batches:
         started = time.perf_counter()
@@ -43,13 +46,16 @@ def optimizer_step(
         compute_s += time.perf_counter() - started
         engine.backward(loss)
         engine.step()
-        # Read after the backward pass is queued (a read waits for the device), as the sums are.
-        nonfinite += not math.isfinite(float(loss.detach()))
+        # Kept on the device, as the sums are: reading a value waits for the device, once a step below.
+        losses.append(loss.detach())
         add(sums, micro.sums, objective.sum_keys)
         pad, total = batch.padding
         pads, positions, tokens = pads + pad, positions + total, tokens + total - pad
+    # The step's one wait for the device: every micro-batch's loss and sums, read after the last backward is queued.
+    nonfinite = int((~torch.isfinite(torch.stack([loss.float() for loss in losses]))).sum())
+    mine = settled(sums)
     keys = objective.sum_keys
-    values = dist_sum([*(sums.get(key, 0.0) for key in keys), tokens, pads, positions, nonfinite], dist)
+    values = dist_sum([*(mine.get(key, 0.0) for key in keys), tokens, pads, positions, nonfinite], dist)
     all_tokens, all_pads, all_positions, all_nonfinite = values[len(keys) :]
     result = objective.end_step(dict(zip(keys, values, strict=False)), scope)
     stats = StepStats(

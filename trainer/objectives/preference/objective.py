@@ -30,7 +30,7 @@ from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import GlobalOrder
 from trainer.distributed import Dist, dist_sum
-from trainer.objectives.base import MicroLoss, StepResult, Sums, add, reduced
+from trainer.objectives.base import MicroLoss, Pending, StepResult, Sums, add, reduced
 from trainer.objectives.preference.batching import PreferenceBatch, collate_preference, rank_preference_batches
 from trainer.objectives.preference.reference import eval_tables, logps, reference_for, run_tables
 from trainer.objectives.preference.reference_table import ReferenceTable
@@ -201,7 +201,7 @@ class PreferenceObjective(ABC):
         plan = EvalPasses.of(rows, indices, dist, batch_size, pad_id, lockstep)
         kl = self.reference_point(model, (plan.batch(k) for k in range(plan.passes)), len(plan.groups), dist)
         scope = PreferenceScope(0.0, 0.0, kl, 1, dist.device, self.tables.get("eval"))
-        sums: Sums = {}
+        sums: Pending = {}
         for k in range(plan.passes):
             _, _, micro = self.unit_losses(model, plan.batch(k), scope)
             if k < len(plan.groups):
