@@ -112,7 +112,7 @@ def test_micro_batches_of_any_size_add_up_to_the_global_batchs_mean_loss(model: 
         total = 0.0  # the step's loss: the backward losses, DeepSpeed's averaging over the accumulation undone
         for batch in batches:
             micro = objective.micro_batch(model, batch, scope)
-            losses, _, _ = objective.unit_losses(model, batch, scope)
+            losses, _, _, _ = objective.unit_losses(model, batch, scope)
             backward = float(micro.backward.detach())  # its units' summed loss over the global units, x accumulation
             assert backward == pytest.approx(float(losses.detach().sum()) / 4 * len(sizes), rel=1e-6)
             assert micro.backward.requires_grad and micro.sums["nll_tokens"] == 0.0
