@@ -192,7 +192,7 @@ def test_the_weighted_balancing_loss_is_added_to_the_preference_loss_and_logged_
     aux = metrics["aux_loss"]
     assert aux > 0.0  # Switch's loss is experts x sum(share x probability): about 1 for a router near even
     # The total is the preference loss plus the coefficient times the auxiliary loss; the logged loss is ORPO's alone.
-    assert float(micro.backward.detach()) == pytest.approx(float(plain_micro.backward) + 0.25 * aux, rel=1e-6)
+    assert float(micro.backward.detach()) == pytest.approx(float(plain_micro.backward.detach()) + 0.25 * aux, rel=1e-6)
     assert metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=1e-6)
     assert metrics["expert_load_max"] >= 1.0 and metrics["experts_idle"] >= 0.0
     micro.backward.backward()  # the router gets the balancing loss's gradient
