@@ -132,11 +132,17 @@ def model_params(model: dict[str, Any], *, active: bool = False) -> int:
 
 
 def adapter_params(
-    model: dict[str, Any], r: int, targets: list[str] | None, parameters: list[str] | None = None
+    model: dict[str, Any],
+    r: int,
+    targets: list[str] | None,
+    parameters: list[str] | None = None,
+    *,
+    active: bool = False,
 ) -> int:
     """LoRA parameters: r x (in + out) per targeted projection of every layer (every projection by default), and a
     mixture of experts' adapted fused weights, r x experts x (in + out) each (`parameters`: train.lora.
-    target_parameters; every expert weight by default, as trainer/moe.py chooses)."""
+    target_parameters; every expert weight by default, as trainer/moe.py chooses); `active`: those one token uses
+    (its routed experts' adapters only)."""
     shapes = projection_shapes(model)
     names = [name for name in (targets or PROJECTIONS) if name in shapes]
     per_layer = sum(r * sum(shapes[name]) for name in names)
@@ -147,7 +153,7 @@ def adapter_params(
         chosen = (
             fused if parameters is None else {k: v for k, v in fused.items() if any(p.endswith(k) for p in parameters)}
         )
-        per_layer += r * experts.count * sum(chosen.values())
+        per_layer += r * (experts.per_token if active else experts.count) * sum(chosen.values())
     return int(model["num_hidden_layers"]) * per_layer
 
 

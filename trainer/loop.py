@@ -35,6 +35,7 @@ from trainer.model import (
     model_config,
     partitioned_load,
 )
+from trainer.moe import set_zero3_leaves
 from trainer.objectives.base import TrainObjective, check_rows
 from trainer.objectives.registry import build
 from trainer.objectives.step import optimizer_step
@@ -75,6 +76,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     kernels.announce(base, fused)  # on the transformers model, before PEFT wraps it
     model = make_trainable(base, train)
     faults.maybe_force_disjoint_routing(model, dist.rank)
+    set_zero3_leaves(model, zero_stage(ds))
     if train.compile:
         compiled.compile_layers(model, cache_root(spec.config.launch.node_cache_dir))
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)

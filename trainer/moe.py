@@ -139,3 +139,30 @@ class RouterBalance:
             "expert_load_max": float((counts.max(dim=1).values / mean).max()),
             "experts_idle": float((counts == 0).sum()),
         }
+
+
+def per_expert_blocks(model: Any) -> list[type]:
+    """The classes of the mixture-of-experts blocks that keep one module per expert (`experts` a ModuleList, as
+    remote-code and older Qwen2-MoE and Mixtral layouts have it, or a ModuleDict, as transformers 5's Switch
+    Transformers and NLLB-MoE do), in the model's order; [] for fused 3-D experts (one parameter per weight, gathered
+    whole: every causal-LM family of transformers 5) and for a dense model."""
+    classes: list[type] = []
+    per_expert = (torch.nn.ModuleList, torch.nn.ModuleDict)
+    for module in model.modules():
+        if isinstance(getattr(module, "experts", None), per_expert) and type(module) not in classes:
+            classes.append(type(module))
+    return classes
+
+
+def set_zero3_leaves(model: Any, stage: int) -> list[type]:
+    """Under ZeRO-3 (`stage` 3), make every per-expert block a DeepSpeed leaf module (before deepspeed.initialize):
+    its parameters are gathered whole when the block runs. Otherwise ZeRO-3 fetches an expert's weights when a token
+    reaches it, and ranks routing to different experts wait on all-gathers the others never join: a hang. The
+    classes set ([] where none is needed)."""
+    classes = per_expert_blocks(model) if stage == 3 else []
+    if classes:
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, classes)
+        log.info("ZeRO-3 leaf modules (every expert gathered at once): %s", ", ".join(c.__name__ for c in classes))
+    return classes

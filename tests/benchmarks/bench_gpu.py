@@ -44,7 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from core.errors import TandemError  # after the checkout is on sys.path
+from config.flops import flops_per_token  # after the checkout is on sys.path
+from core.errors import TandemError
 
 # Published configuration values (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B).
 QWEN25 = {
@@ -89,10 +90,11 @@ LORA = ["train.lora.r=16", "train.lora.alpha=32", "train.lora.dropout=0"]  # eve
 # Dense bf16 peak FLOP/s by device name (NVIDIA's data sheets); --peak-tflops for any other.
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.0}
 FLOPS_FORMULA = (
-    "FLOPs per token (torchtitan's count): full fine-tuning 6*N + 12*L*H*D*T; LoRA 4*N + 6*N_lora + "
-    "12*L*H*D*T (the frozen base has no weight-gradient FLOPs); N = parameters without the input "
-    "embedding, the LM head counted (tied or not), N_lora = the adapters', L layers, H heads, D head "
-    "dim, T = data.max_length. Recomputation (the chunked loss's) is not counted."
+    "FLOPs per token (torchtitan's count, config/flops.py): full fine-tuning 6*N + 12*L*H*D*T; LoRA 4*N + 6*N_lora + "
+    "12*L*H*D*T (the frozen base has no weight-gradient FLOPs); N = parameters a token goes through (a mixture of "
+    "experts' routed experts only) without the input embedding and biases, the LM head counted (tied or not), "
+    "N_lora = the adapters', L layers, H heads, D head dim, T = data.max_length. Recomputation (the chunked loss's) "
+    "is not counted."
 )
 
 
@@ -126,24 +128,6 @@ RANKED = [
 def shape_of(size: str) -> dict:
     """Qwen2Config values of a case's model."""
     return TOY if size == "toy" else {**QWEN25[size], **QWEN25_COMMON}
-
-
-def flops_per_token(shape: dict, method: str, seq: int, lora_r: int = 16) -> float:
-    """The torchtitan count of FLOPS_FORMULA, from the model built on the meta device (no memory)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(Qwen2Config(**shape))
-    every = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))  # a tied head counted
-    n = every - model.get_input_embeddings().weight.numel()
-    layers, heads = shape["num_hidden_layers"], shape["num_attention_heads"]
-    attention = 12 * layers * heads * (shape["hidden_size"] // heads) * seq
-    if method == "full":
-        return 6 * n + attention
-    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"]
-    n_lora = sum(lora_r * (m.in_features + m.out_features) for m in linears)
-    return 4 * n + 6 * n_lora + attention
 
 
 def peak_flops(override: float | None) -> tuple[float | None, str]:

@@ -10,7 +10,7 @@ import torch
 from config.sections.model_train import LoraConfig, TrainConfig
 from core.errors import UserError
 from trainer.model import load_base, lora_targets, make_trainable
-from trainer.moe import expert_parameters, is_router, lora_target_parameters
+from trainer.moe import expert_parameters, is_router, lora_target_parameters, per_expert_blocks, set_zero3_leaves
 
 
 def adapted(model) -> tuple[set[str], set[str]]:
@@ -77,3 +77,32 @@ def test_qlora_on_a_mixture_of_experts_is_refused_in_one_line_saying_why(qwen3_m
         r"fused 3-D parameters, which bitsandbytes does not quantize .*use train.method lora",
     ):
         load_base(qwen3_moe, method="qlora", bf16=False)
+
+
+class SparseMoeBlock(torch.nn.Module):
+    """Mixtral's older (and remote-code) layout: a router and one module per expert in a ModuleList."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(8, 4)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+
+def test_zero3_makes_every_per_expert_block_a_leaf_module_and_leaves_fused_experts_alone(qwen3_moe) -> None:
+    """DeepSpeed's own flag (deepspeed.utils.z3_leaf_module) read back on each module: set on the blocks that keep one
+    module per expert under ZeRO-3 only; transformers 5's Switch Transformers (a ModuleDict of experts) is one;
+    Qwen3-MoE's fused 3-D experts are gathered whole without it."""
+    from deepspeed.utils import z3_leaf_module
+    from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
+
+    per_expert = torch.nn.Sequential(SparseMoeBlock(), torch.nn.Linear(8, 8), SparseMoeBlock())
+    assert set_zero3_leaves(per_expert, 2) == [] and not any(z3_leaf_module(m) for m in per_expert.modules())
+    assert set_zero3_leaves(per_expert, 3) == [SparseMoeBlock]
+    assert [z3_leaf_module(m) for m in per_expert] == [True, False, True]
+    small = {"d_model": 8, "d_ff": 16, "d_kv": 4, "num_heads": 2, "num_layers": 2, "num_decoder_layers": 2}
+    switch = SwitchTransformersForConditionalGeneration(
+        SwitchTransformersConfig(vocab_size=32, num_experts=2, num_sparse_encoder_layers=1, **small)
+    )
+    assert [c.__name__ for c in set_zero3_leaves(switch, 3)] == ["SwitchTransformersSparseMLP"]
+    fused = load_base(qwen3_moe, method="full", bf16=False)
+    assert per_expert_blocks(fused) == [] and set_zero3_leaves(fused, 3) == []

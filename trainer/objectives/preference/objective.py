@@ -30,9 +30,10 @@ from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import GlobalOrder
 from trainer.distributed import Dist, dist_sum
+from trainer.moe import RouterBalance
 from trainer.objectives.base import MicroLoss, Pending, StepResult, Sums, add, reduced
 from trainer.objectives.preference.batching import PreferenceBatch, collate_preference, rank_preference_batches
-from trainer.objectives.preference.reference import eval_tables, logps, reference_for, run_tables
+from trainer.objectives.preference.reference import eval_tables, policy_logps, reference_for, run_tables
 from trainer.objectives.preference.reference_table import ReferenceTable
 from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
 
@@ -85,19 +86,24 @@ class EvalPasses:
 
 class PreferenceObjective(ABC):
     """A preference objective on a rank: its config object, its settings (train.preference), the method (full
-    fine-tuning reads its reference from tables), and the tables by split. Subclasses compute each unit's loss
-    (`losses`); KTO adds its reference point."""
+    fine-tuning reads its reference from tables), the tables by split, and a mixture of experts' router balance
+    (train.moe.aux_loss_coef: its load-balancing loss added to the policy's as SFT adds it, logged apart).
+    Subclasses compute each unit's loss (`losses`); KTO adds its reference point."""
 
     sum_keys: tuple[str, ...] = SUM_KEYS
 
-    def __init__(self, objective: Objective, settings: PreferenceConfig, method: str) -> None:
+    def __init__(
+        self, objective: Objective, settings: PreferenceConfig, method: str, aux_loss_coef: float | None = None
+    ) -> None:
         self.objective, self.settings, self.method = objective, settings, method
+        self.aux_loss_coef = aux_loss_coef
         self.tables: dict[str, ReferenceTable] = {}
+        self.router: RouterBalance | None = None
 
     @classmethod
     def of(cls, train: TrainConfig) -> Self:
         """The objective of train, with its settings."""
-        return cls(train.objective, train.preference, train.method)
+        return cls(train.objective, train.preference, train.method, train.moe.aux_loss_coef)
 
     @property
     def beta(self) -> float:
@@ -110,7 +116,12 @@ class PreferenceObjective(ABC):
         return self.objective.reference and self.method == "full"
 
     def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
-        """Full fine-tuning's reference tables, read or computed by the base before any checkpoint is resumed."""
+        """Full fine-tuning's reference tables, read or computed by the base before any checkpoint is resumed; a
+        mixture of experts' router balance (trainer/moe.py)."""
+        model_config = getattr(getattr(engine, "module", engine), "config", None)  # an engine's own is DeepSpeed's
+        self.router = RouterBalance.of(model_config, self.aux_loss_coef, dist)
+        if self.router is not None:
+            self.sum_keys = (*SUM_KEYS, "aux_loss_sum", "micro_batches")
         if self.reads_tables:
             self.tables = run_tables(engine, spec, dist, pad_id)
 
@@ -150,37 +161,46 @@ class PreferenceObjective(ABC):
         return 0.0
 
     def unit_losses(
-        self, model: Any, batch: PreferenceBatch, scope: PreferenceScope
-    ) -> tuple[torch.Tensor, torch.Tensor, Sums]:
-        """(each unit's loss, ORPO's summed cross-entropy, the metric sums) of a micro-batch: the reference first,
-        then the policy in one forward pass."""
+        self, model: Any, batch: PreferenceBatch, scope: PreferenceScope, router: RouterBalance | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Sums, torch.Tensor | None]:
+        """(each unit's loss, ORPO's summed cross-entropy, the metric sums, the `router`'s unweighted load-balancing
+        loss or None without one) of a micro-batch: the reference first, then the policy in one forward pass."""
         reference = reference_for(model, batch, scope.device, scope.table) if self.objective.reference else None
-        policy, counts = logps(model, batch.sequences, scope.device)
+        policy, counts, aux = policy_logps(model, batch.sequences, scope.device, router)
         losses, nll, sums = self.losses(
             policy, counts.clamp(min=1), None if reference is None else reference[0], batch, scope.kl
         )
         sums["loss_sum"] = float(losses.detach().sum())
         sums["nll_sum"] = float(nll.detach())
         sums["nll_tokens"] = self.nll_tokens(batch)
-        return losses, nll, sums
+        return losses, nll, sums, aux
 
     def mean_loss(self, losses: torch.Tensor, nll: torch.Tensor, scope: PreferenceScope) -> torch.Tensor:
         """The micro-batch's share of the global batch's loss: its units' summed losses over the global units."""
         return losses.sum() / max(scope.units, 1.0)
 
     def micro_batch(self, model: Any, batch: PreferenceBatch, scope: PreferenceScope) -> MicroLoss:
-        """The micro-batch's share of the global batch's loss, scaled for backward, and its metric sums."""
-        losses, nll, sums = self.unit_losses(model, batch, scope)
-        return MicroLoss(self.mean_loss(losses, nll, scope) * scope.accumulation, sums)
+        """The micro-batch's share of the global batch's loss, scaled for backward, and its metric sums; a mixture
+        of experts' weighted load-balancing loss added to backward only."""
+        losses, nll, sums, aux = self.unit_losses(model, batch, scope, self.router)
+        backward = self.mean_loss(losses, nll, scope) * scope.accumulation
+        if self.router is not None and aux is not None:
+            # DeepSpeed's average over accumulation and ranks makes the weighted auxiliary loss the step's mean of it.
+            backward = backward + self.router.coef * aux
+            sums |= {"aux_loss_sum": float(aux.detach()), "micro_batches": 1.0}
+        return MicroLoss(backward, sums)
 
     def point(self, scope: PreferenceScope) -> dict[str, float]:
         """Its reference point, as metrics.jsonl and eval.json record it (KTO's kl); none for the others."""
         return {}
 
     def end_step(self, sums: Sums, scope: PreferenceScope) -> StepResult:
-        """The step's mean loss, the answers' target tokens, the reward accuracy and margin (and KTO's kl)."""
+        """The step's mean loss (the preference objective's alone), the answers' target tokens, the reward accuracy
+        and margin (and KTO's kl); for a mixture of experts, the load-balancing loss and the experts' load, apart."""
         metrics = metrics_of(sums)
         own = {key: metrics[key] for key in ("reward_accuracy", "reward_margin")} | self.point(scope)
+        if self.router is not None:
+            own |= {"aux_loss": sums["aux_loss_sum"] / max(sums["micro_batches"], 1.0), **self.router.end_step()}
         return StepResult(metrics["loss"], int(sums["chosen_tokens"] + sums["rejected_tokens"]), own)
 
     @torch.no_grad()
@@ -203,7 +223,7 @@ class PreferenceObjective(ABC):
         scope = PreferenceScope(0.0, 0.0, kl, 1, dist.device, self.tables.get("eval"))
         sums: Pending = {}
         for k in range(plan.passes):
-            _, _, micro = self.unit_losses(model, plan.batch(k), scope)
+            _, _, micro, _ = self.unit_losses(model, plan.batch(k), scope)  # the language model's alone
             if k < len(plan.groups):
                 add(sums, micro, SUM_KEYS)
         metrics = metrics_of(reduced(sums, SUM_KEYS, dist))

@@ -23,6 +23,7 @@ from storage.split_reader import Split
 from trainer.data import Batch, split_of
 from trainer.distributed import Dist
 from trainer.loss.logps import sequence_logps
+from trainer.moe import RouterBalance
 from trainer.objectives.preference import reference_table
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.reference_table import ReferenceTable, load_or_compute
@@ -42,6 +43,17 @@ def logps(model: Any, batch: Batch, device: torch.device) -> tuple[torch.Tensor,
     """(summed target log-probability, target count) of every sequence of `batch`, in one forward pass."""
     out = model(**batch.model_inputs(device))
     return sequence_logps(out.logits, batch.labels)
+
+
+def policy_logps(
+    model: Any, batch: Batch, device: torch.device, router: RouterBalance | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`logps` of the policy, and with a mixture of experts' `router` its unweighted load-balancing loss (the routed
+    tokens counted for the step's load), from the same forward pass; None without a router."""
+    if router is None:
+        return *logps(model, batch, device), None
+    out = model(**batch.model_inputs(device), **router.forward_kwargs)
+    return *sequence_logps(out.logits, batch.labels), router.observe(out, batch.attention_mask)
 
 
 def reference_logps(model: Any, batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from config.objectives import DPO
-from config.sections.model_train import TrainConfig
+from config.objectives import DPO, objective_named
+from config.sections.model_train import MoeConfig, TrainConfig
 from core.errors import UserError
 from storage.shards import IGNORE_INDEX, PAIR, Row
 from storage.split_reader import Split
@@ -26,6 +26,7 @@ from trainer.distributed import Dist
 from trainer.objectives.base import add
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.objective import EvalPasses
+from trainer.objectives.preference.pairs import Orpo
 from trainer.objectives.preference.reference_table import ReferenceTable
 from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
 from trainer.objectives.registry import build
@@ -112,7 +113,7 @@ def test_micro_batches_of_any_size_add_up_to_the_global_batchs_mean_loss(model: 
         total = 0.0  # the step's loss: the backward losses, DeepSpeed's averaging over the accumulation undone
         for batch in batches:
             micro = objective.micro_batch(model, batch, scope)
-            losses, _, _ = objective.unit_losses(model, batch, scope)
+            losses, _, _, _ = objective.unit_losses(model, batch, scope)
             backward = float(micro.backward.detach())  # its units' summed loss over the global units, x accumulation
             assert backward == pytest.approx(float(losses.detach().sum()) / 4 * len(sizes), rel=1e-6)
             assert micro.backward.requires_grad and micro.sums["nll_tokens"] == 0.0
@@ -144,3 +145,66 @@ def test_an_evaluation_is_the_same_in_any_batch_size_and_without_throw_away_pass
         f"reward margin {whole['reward_margin']:.4f} over 6 units"
     )
     assert objective.eval_fields() == {"reference": DPO.reference_words("full")}
+
+
+# A mixture of experts (Qwen3-30B-A3B scaled down, tests/published.py, vocabulary 256): the router's load-balancing
+# loss is added to the policy's as SFT adds it and logged apart; ORPO needs no reference, and DPO, IPO and KTO share
+# the code path (`unit_losses`, `micro_batch`).
+@pytest.fixture(scope="module")
+def moe_model() -> Any:
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    from tests.published import QWEN3_30B_A3B, QWEN3_MOE_SCALED
+
+    torch.manual_seed(0)
+    fields = {k: v for k, v in {**QWEN3_30B_A3B, **QWEN3_MOE_SCALED}.items() if k != "architectures"}
+    return AutoModelForCausalLM.from_config(Qwen3MoeConfig(**{**fields, "vocab_size": 256})).float()
+
+
+def moe_pairs() -> list[Row]:
+    generator, out = torch.Generator().manual_seed(4), []
+    for k in range(2):
+        p, c, r = 3 + k, 2 + 2 * k, 4 - k
+        ids = torch.randint(2, 256, (p + c + r,), generator=generator).tolist()
+        out.append(Row(ids, [IGNORE_INDEX] * p + ids[p:], [p, c, r]))
+    return out
+
+
+def orpo_step(model: Any, coef: float | None, *, router: bool = True) -> tuple[Any, Any, dict[str, Any]]:
+    """(the objective, its micro-batch's loss for backward, the step's metrics) of one ORPO micro-batch of 2 pairs."""
+    train = TrainConfig(objective=objective_named("orpo"), moe=MoeConfig(aux_loss_coef=coef))
+    objective = Orpo.of(train)
+    if router:
+        objective.start(model, None, ONE, 0)  # type: ignore[arg-type]  # ORPO reads no spec: no reference table
+    batch = collate_preference(moe_pairs(), [PAIR, PAIR], 0, indices=[0, 1])
+    scope = objective.begin_step(model, [batch], ONE)
+    micro = objective.micro_batch(model, batch, scope)
+    sums = {key: float(micro.sums[key]) for key in objective.sum_keys}
+    result = objective.end_step(sums, scope)
+    return objective, micro, {**result.metrics, "loss": result.loss}
+
+
+def test_the_weighted_balancing_loss_is_added_to_the_preference_loss_and_logged_apart(moe_model: Any) -> None:
+    plain, plain_micro, plain_metrics = orpo_step(moe_model, None, router=False)
+    assert plain.router is None and "aux_loss" not in plain_metrics
+    objective, micro, metrics = orpo_step(moe_model, 0.25)
+    assert objective.router is not None and objective.router.coef == 0.25
+    aux = metrics["aux_loss"]
+    assert aux > 0.0  # Switch's loss is experts x sum(share x probability): about 1 for a router near even
+    # The total is the preference loss plus the coefficient times the auxiliary loss; the logged loss is ORPO's alone.
+    assert float(micro.backward.detach()) == pytest.approx(float(plain_micro.backward.detach()) + 0.25 * aux, rel=1e-6)
+    assert metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=1e-6)
+    assert metrics["expert_load_max"] >= 1.0 and metrics["experts_idle"] >= 0.0
+    micro.backward.backward()  # the router gets the balancing loss's gradient
+    gate = moe_model.model.layers[0].mlp.gate.weight.grad
+    assert gate is not None and gate.abs().sum() > 0
+    moe_model.zero_grad()
+
+
+def test_the_model_configs_coefficient_is_the_default_and_zero_adds_nothing(moe_model: Any) -> None:
+    objective, _, _ = orpo_step(moe_model, None)
+    assert objective.router is not None and objective.router.coef == 0.001  # Qwen3-30B-A3B's router_aux_loss_coef
+    _, plain_micro, _ = orpo_step(moe_model, None, router=False)
+    _, micro, metrics = orpo_step(moe_model, 0.0)
+    assert metrics["aux_loss"] > 0.0  # measured and logged, not trained on
+    assert float(micro.backward) == pytest.approx(float(plain_micro.backward), rel=1e-6)
