@@ -23,13 +23,8 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (or wh
     timeout "$limit" "$@" >>"$OUT_DIR/log.txt" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT_DIR/log.txt"
 }
-python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl >>"$OUT_DIR/log.txt" 2>&1 \
-    || { echo "pip install failed" | tee -a "$OUT_DIR/log.txt"; exit 1; }
-# The project itself, beside the machine's torch (--no-deps): editable, so that the checkout's data and presets stay
-# where the code finds them, with the `tandem` command. It needs setuptools and wheel (carry their wheels where the
-# machine's Python has none); without them the checkout is put on PYTHONPATH instead, and the log says so.
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT_DIR/log.txt" 2>&1 \
-    || { echo "installing the project failed: PYTHONPATH=$PWD instead" | tee -a "$OUT_DIR/log.txt"; export PYTHONPATH=$PWD; }
+# The carried wheels, then the project itself beside the machine's torch (never a PYTHONPATH): a failure stops here.
+WHEELS=$WHEELS LOG=$OUT_DIR/log.txt bash tests/gpu/install.sh || exit 2
 {
     nvidia-smi
     python3 tests/benchmarks/gpu_env.py

@@ -17,7 +17,7 @@ import pytest
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging import spool, workers
-from staging.stage import stage_dataset
+from staging.stage import length_warning, stage_dataset
 from storage import shards
 from storage.location import Location
 from storage.manifest import read_manifest, verify_dataset, verify_files
@@ -278,6 +278,23 @@ def test_over_long_records_are_truncated_dropped_or_stop_staging(tmp_path, tiny_
         "as longer than data.max_length=64 (data.excess_length=drop); raise data.max_length or set "
         "data.excess_length=truncate"
     )
+
+
+def test_the_length_warning_says_why_the_setting_may_be_too_small_and_stays_quiet_at_5_percent() -> None:
+    """The note of a real model at the default preset's length (pipeline.models.toy_length_note) ends the one line."""
+    data = DataConfig(max_length=256)
+    many = {
+        "train": {"records": 90, "truncated": 9, "dropped": 0},
+        "eval": {"records": 10, "truncated": 1, "dropped": 0},
+    }
+    note = "data.max_length=256 is the tiny-cpu preset's, sized for its built-in tiny model"
+    assert length_warning(many, 912, data, note) == (
+        "warning: 10 of 100 records (10%) are longer than data.max_length=256 tokens and were truncated (the longest: "
+        f"912 tokens); raise data.max_length (to 912 to keep every record whole); {note}"
+    )
+    assert length_warning(many, 912, data, None) == length_warning(many, 912, data, note).removesuffix(f"; {note}")
+    five = {"train": {"records": 100, "truncated": 5, "dropped": 0}}
+    assert length_warning(five, 912, data, note) is None  # more than 5%, not 5% itself
 
 
 def test_an_empty_result_is_an_error(tmp_path, tiny_model) -> None:
