@@ -5,14 +5,20 @@
     python tests/benchmarks/bench_gpu.py --cases lora-1.5b-2048 --loss-chunk-tokens 1024,0 --no-hf
     python tests/benchmarks/bench_gpu.py --cases full-1.5b-2048 --packing --micro-batch 4 \
         --variant "train.profile_steps=3" --variant "train.compile=true"  # packed rows; profiled; compiled
+    python tests/benchmarks/bench_gpu.py --cases lora-1.5b-2048 --packing --micro-batch 4 --hf-best \
+        --loss-chunk-tokens '' --variant train.kernels=auto       # HF plain, HF at its best, Tandem: interleaved
+    python tests/benchmarks/bench_gpu.py --cases lora-7b-4096 --packing --no-hf --anchor "NeMo=14110"
     python tests/benchmarks/bench_gpu.py --dry-run-cpu                    # checks this script only (toy shape, CPU)
 
-The models have random weights (they run at the speed of trained ones) in the shapes of Qwen2.5-0.5B and -1.5B from
+The models have random weights (they run at the speed of trained ones) in the shapes of Qwen2.5-0.5B, -1.5B and -7B from
 their published configurations, with the built-in tiny model's tokenizer (a vocabulary of 151,936 rows all the
 same, the rows past the tokenizer being padding, as in Qwen). The data are generated chat conversations whose answer
 lengths are log-normal (median a sixth of the sequence length in words, truncated at it), staged as the pipeline
-stages them. Both trainers run the same model, data, DeepSpeed JSON (config/deepspeed/zero2.json) and precision (bf16)
-on one GPU under torchrun, alternating, `--repeats` times; the medians are reported. The cases run in this order
+stages them. The trainers (tests/benchmarks/gpu_trainers.py: the HF Trainer plain, with `--hf-best` the HF Trainer at
+its best, Tandem's variants) run the same model, rows, DeepSpeed JSON (config/deepspeed/zero2.json) and precision
+(bf16) on one GPU under torchrun, interleaved (A B C A B C ...), `--repeats` times; the medians are reported with their
+spread (min..max), and Tandem's ratios to the HF Trainer plain and at its best (tokens/s, peak memory); `--anchor`
+sets Tandem against a published figure. The cases run in this order
 (the order to keep when GPU time is short): LoRA 1.5B at 2,048 tokens, full fine-tuning 1.5B at 2,048, then the rest.
 
 Measured: real (non-padding) tokens per second of step time after the warm-up steps; peak GPU memory (the most the
@@ -33,8 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -45,9 +49,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from config.flops import flops_per_token  # after the checkout is on sys.path
-from core.errors import TandemError
+from tests.benchmarks.gpu_trainers import ratios, run_once, summary, trainers
 
-# Published configuration values (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B).
+# Published configuration values (config.json of Qwen/Qwen2.5-0.5B, -1.5B and -7B; a size's own values win).
 QWEN25 = {
     "0.5b": {
         "hidden_size": 896,
@@ -62,6 +66,16 @@ QWEN25 = {
         "num_hidden_layers": 28,
         "num_attention_heads": 12,
         "num_key_value_heads": 2,
+    },
+    "7b": {
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 131072,
     },
 }
 QWEN25_COMMON = {
@@ -84,7 +98,7 @@ TOY = {
 }
 # Examples per micro-batch by sequence length; gradient accumulation 2. The generated rows are shorter than the
 # sequence length (at 2,048, 952 tokens on average): a micro-batch of 2 holds about 1,900 real tokens.
-MICRO_BATCH = {128: 2, 512: 8, 2048: 2, 8192: 1}
+MICRO_BATCH = {128: 2, 512: 8, 2048: 2, 4096: 1, 8192: 1}
 ACCUMULATION = 2
 LORA = ["train.lora.r=16", "train.lora.alpha=32", "train.lora.dropout=0"]  # every linear layer: Tandem's default
 # Dense bf16 peak FLOP/s by device name (NVIDIA's data sheets); --peak-tflops for any other.
@@ -122,12 +136,13 @@ RANKED = [
     Case("full", "0.5b", 512),
     Case("lora", "1.5b", 8192),
     Case("lora", "0.5b", 8192),
+    Case("lora", "7b", 4096),  # against NeMo AutoModel's published figure (--anchor), Tandem alone (--no-hf)
 ]
 
 
 def shape_of(size: str) -> dict:
     """Qwen2Config values of a case's model."""
-    return TOY if size == "toy" else {**QWEN25[size], **QWEN25_COMMON}
+    return TOY if size == "toy" else {**QWEN25_COMMON, **QWEN25[size]}
 
 
 def peak_flops(override: float | None) -> tuple[float | None, str]:
@@ -195,66 +210,18 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
     return str(model_dir), stage_dataset(cfg.data, layout.root(cfg.run), str(model_dir)), base
 
 
-def variants(options: argparse.Namespace) -> dict[str, list[str]]:
-    """Tandem's variants by name: one per --loss-chunk-tokens value, then one per --variant (its overrides on the
-    first --loss-chunk-tokens value). --profile-steps profiles the first variant."""
-    named = {f"tandem (loss_chunk_tokens={c})": [f"train.loss_chunk_tokens={c}"] for c in options.loss_chunk_tokens}
-    if options.profile_steps:
-        first = next(iter(named))
-        named[first].append(f"train.profile_steps={options.profile_steps}")
-    for extra in options.variant:
-        named[f"tandem ({extra})"] = [f"train.loss_chunk_tokens={options.loss_chunk_tokens[0]}", *extra.split()]
-    return named
-
-
 def measure(case: Case, options: argparse.Namespace, work: Path, report: Callable[[dict], None]) -> dict:
-    """Alternate the HF Trainer and Tandem's variants; medians and per-repeat figures. `report` gets the figures so
-    far after every run (a cut-off session keeps what it measured)."""
-    from tests.benchmarks.bench_train import huggingface_result, ours_steps, tokens_per_s
-
+    """Run the trainers interleaved (A B C A B C ...: each repeat runs every trainer once, in the same order); their
+    summaries. `report` gets the summaries so far after every run (a cut-off session keeps what it measured)."""
     model, dataset, base = prepare(work, case, options)
     runs: dict[str, list[dict]] = {}
+    order = trainers(options)
     for repeat in range(options.repeats):
-        if options.hf:
-            hf_base = [*base, *(["train.compile=true"] if options.hf_compile else [])]
-            try:
-                result = huggingface_result(
-                    model, dataset, hf_base, f"{options.out.stem}-{case.name}-hf-{repeat}", options.steps, work
-                )
-                row = {
-                    "tokens_per_s": result["tokens"] / result["seconds"],
-                    "peak_memory_gb": result.get("peak_memory_gb"),
-                }
-            except (TandemError, subprocess.SubprocessError, OSError) as error:  # Tandem's runs still count
-                row = {"error": str(error).splitlines()[0] if str(error) else type(error).__name__}
-                print(f"{case.name} HF Trainer failed: {row['error']}", flush=True)
-            runs.setdefault("HF Trainer", []).append(row)
-            report(runs)
-        for index, (name, overrides) in enumerate(variants(options).items()):
-            run = f"{options.out.stem}-{case.name}-tandem{index}-{repeat}"  # --out names the runs: --work is kept
-            try:
-                rows = ours_steps(model, dataset, base, run, options.steps, overrides)
-            except (TandemError, subprocess.SubprocessError, OSError) as error:  # a fast path that breaks
-                message = str(error).splitlines()[0] if str(error) else type(error).__name__
-                print(f"{run} ({name}) failed: {message}", flush=True)
-                runs.setdefault(name, []).append({"error": message})
-                report(runs)
-                continue
-            measured = [r for r in rows if not r.get("profiled")]
-            if not measured:
-                raise SystemExit(f"--steps {options.steps}: every step after the warm-up was profiled; raise it")
-            runs.setdefault(name, []).append(
-                {
-                    "tokens_per_s": tokens_per_s(measured),
-                    "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in rows), default=0.0) or None,
-                    "steps_measured": len(measured),
-                }
-            )
-            keep_profile(work, run, options.out)
-            # A full fine-tuning run of the 1.5B shape leaves about 24 GB of checkpoint and export: a GPU machine's disk
-            # holds two or three.
-            shutil.rmtree(work / "storage" / "runs" / run, ignore_errors=True)
-            report(runs)
+        for index, trainer in enumerate(order):
+            run = f"{options.out.stem}-{case.name}-{index}-{repeat}"  # --out names the runs: --work is kept
+            row = run_once(trainer, model, dataset, base, run, options, work)
+            runs.setdefault(trainer.name, []).append({"sequence": repeat * len(order) + index, **row})
+            report({name: summary(rows) for name, rows in runs.items()})
         print(
             f"{case.name} repeat {repeat + 1}: "
             + ", ".join(f"{name} {rows[-1].get('tokens_per_s', 0):.0f} tokens/s" for name, rows in runs.items()),
@@ -263,51 +230,33 @@ def measure(case: Case, options: argparse.Namespace, work: Path, report: Callabl
     return {name: summary(rows) for name, rows in runs.items()}
 
 
-def keep_profile(work: Path, run: str, out: Path) -> None:
-    """Copy a profiled run's rank-0 table (train.profile_steps) beside the JSON, named after the run."""
-    for table in (work / "storage").glob(f"runs/{run}/profile/rank-0.txt"):
-        kept = out.with_name(f"{out.stem}-profile-{run}.txt")
-        shutil.copyfile(table, kept)
-        print(f"profile of {run}: {kept}", flush=True)
-
-
-def summary(rows: list[dict]) -> dict:
-    """Medians over the repeats that ran, and every repeat's figures (a failed one's error)."""
-    ran = [r for r in rows if "error" not in r]
-    memory = [r["peak_memory_gb"] for r in ran if r["peak_memory_gb"] is not None]
-    return {
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in ran) if ran else None,
-        "peak_memory_gb": statistics.median(memory) if memory else None,
-        "repeats": rows,
-    }
-
-
 def table(results: list[dict]) -> str:
-    """The printed table: one line per case and trainer, with the ratios to the HF Trainer."""
+    """The printed table: one line per case and trainer, its median tokens/s and their spread (min..max), and Tandem's
+    ratios to the HF Trainer plain (tokens/s, peak memory) and at its best (tokens/s)."""
     lines = [
-        f"{'case':<16} {'trainer':<34} {'tokens/s':>10} {'MFU':>6} {'peak GB':>8} {'vs HF tok/s':>11} {'vs HF mem':>9}"
+        f"{'case':<16} {'trainer':<34} {'tokens/s':>9} {'min..max':>15} {'MFU':>6} {'peak GB':>8} "
+        f"{'/HF tok/s':>9} {'/HF mem':>7} {'/best tok/s':>11}"
     ]
     for result in results:
-        hf = result["trainers"].get("HF Trainer")
-        if hf and not hf["tokens_per_s"]:
-            hf = None
         for name, row in result["trainers"].items():
             if not row["tokens_per_s"]:
                 lines.append(f"{result['case']:<16} {name:<34} failed: {row['repeats'][-1]['error']}")
                 continue
             mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a"
             memory = f"{row['peak_memory_gb']:.2f}" if row["peak_memory_gb"] is not None else "n/a"
-            speed = f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf and name != "HF Trainer" else ""
-            saved = (
-                f"{row['peak_memory_gb'] / hf['peak_memory_gb']:.2f}x"
-                if hf and name != "HF Trainer" and row["peak_memory_gb"] and hf["peak_memory_gb"]
-                else ""
-            )
+            spread = f"{row['tokens_per_s_min']:.0f}..{row['tokens_per_s_max']:.0f}"
+            ratio = result["ratios"].get(name, {})
             lines.append(
-                f"{result['case']:<16} {name:<34} {row['tokens_per_s']:>10.0f} {mfu:>6} {memory:>8} "
-                f"{speed:>11} {saved:>9}"
+                f"{result['case']:<16} {name:<34} {row['tokens_per_s']:>9.0f} {spread:>15} {mfu:>6} {memory:>8} "
+                f"{times(ratio.get('tokens_per_s_vs_hf_plain')):>9} {times(ratio.get('peak_memory_vs_hf_plain')):>7} "
+                f"{times(ratio.get('tokens_per_s_vs_hf_best')):>11}"
             )
     return "\n".join(lines)
+
+
+def times(ratio: float | None) -> str:
+    """A ratio as printed in the table ('' where there is none)."""
+    return f"{ratio:.2f}x" if ratio else ""
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -318,13 +267,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(c.name for c in RANKED),
         help="comma-separated METHOD-SIZE-SEQ names, run in the order given (default: all, ranked)",
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, help="runs of each trainer, interleaved (default 3; 1 on --dry-run-cpu)")
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first 3 are warm-up)")
     parser.add_argument("--records", type=int, default=400, help="generated conversations per case")
     parser.add_argument(
         "--loss-chunk-tokens",
         default="1024",
-        help="Tandem variants: comma-separated train.loss_chunk_tokens values (0: full logits)",
+        help="Tandem variants: comma-separated train.loss_chunk_tokens values (0: full logits; '': only --variant's)",
     )
     parser.add_argument(
         "--variant",
@@ -337,7 +286,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--packing", action="store_true", help="stage the rows packed (data.packing), both trainers")
     parser.add_argument("--hf-compile", action="store_true", help="the HF Trainer with torch_compile")
     parser.add_argument("--work", type=Path, help="a folder kept across invocations (the models are built once)")
-    parser.add_argument("--no-hf", dest="hf", action="store_false", help="Tandem only (e.g. to compare variants)")
+    parser.add_argument("--no-hf", dest="hf", action="store_false", help="without the plain HF Trainer")
+    parser.add_argument(
+        "--hf-best",
+        action="store_true",
+        help="also the HF Trainer at its best: use_liger_kernel (CUDA only) and DataCollatorWithFlattening",
+    )
+    parser.add_argument(
+        "--anchor",
+        type=anchor_argument,
+        help="a published figure to set Tandem against, 'NAME=TOKENS_PER_S' (e.g. NeMo AutoModel's Qwen2.5-7B LoRA)",
+    )
     parser.add_argument(
         "--torch-adam",
         action="store_true",
@@ -350,20 +309,33 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--dry-run-cpu",
         action="store_true",
-        help="check this script only: a toy shape at 128 tokens, LoRA and full, 1 repeat, on the CPU",
+        help="check this script only on the CPU: each case's method at a toy shape of 128 tokens (default: LoRA and "
+        "full), 1 repeat unless --repeats",
     )
     options = parser.parse_args(argv)
     # Never the checkout: a bare run leaves nothing there for git to show.
     options.out = options.out or (options.work or Path(tempfile.gettempdir())) / "bench_gpu.json"
-    options.loss_chunk_tokens = [int(v) for v in options.loss_chunk_tokens.split(",")]
-    if options.dry_run_cpu:
-        options.cases, options.repeats, options.steps, options.records = "lora-toy-128,full-toy-128", 1, 5, 60
+    options.loss_chunk_tokens = [int(v) for v in options.loss_chunk_tokens.split(",") if v]
     by_name = {c.name: c for c in [*RANKED, Case("lora", "toy", 128), Case("full", "toy", 128)]}
     unknown = [n for n in options.cases.split(",") if n not in by_name]
     if unknown:
         parser.error(f"--cases: unknown {unknown}; known: {sorted(by_name)}")
     options.cases = [by_name[n] for n in options.cases.split(",")]
+    options.repeats = options.repeats or (1 if options.dry_run_cpu else 3)
+    if options.dry_run_cpu:  # the same methods, in the same order, at the toy shape
+        options.cases = [Case(c.method, "toy", 128) for c in options.cases]
+        options.cases = list(dict.fromkeys(options.cases))
+        options.steps, options.records, options.micro_batch = 5, 60, options.micro_batch and 2
     return options
+
+
+def anchor_argument(value: str) -> tuple[str, float]:
+    """--anchor's 'NAME=TOKENS_PER_S' as (name, tokens/s)."""
+    name, _, figure = value.rpartition("=")
+    try:
+        return name, float(figure)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--anchor {value!r}: expected NAME=TOKENS_PER_S, e.g. 'NeMo=14110'") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,12 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for case in options.cases:
 
-            def report(runs: dict[str, list[dict]], case: Case = case) -> None:
-                trainers = {name: summary(rows) for name, rows in runs.items()}
-                write(options, device, peak, [*results, case_result(case, options, trainers, peak)])
+            def report(figures: dict[str, dict], case: Case = case) -> None:
+                write(options, device, peak, [*results, case_result(case, options, figures, peak)])
 
-            trainers = measure(case, options, work, report)
-            results.append(case_result(case, options, trainers, peak))
+            figures = measure(case, options, work, report)
+            results.append(case_result(case, options, figures, peak))
             write(options, device, peak, results)
     finally:
         if not options.work:
@@ -394,16 +365,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ndevice: {device}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s; medians of {options.repeats}")
     print(FLOPS_FORMULA)
     print(table(results))
+    for result in results:
+        if "anchor" in result:
+            print(f"{result['case']}: {anchor_line(result['anchor'], device)}")
     print(f"written: {options.out}")
     return 0
 
 
-def case_result(case: Case, options: argparse.Namespace, trainers: dict, peak: float | None) -> dict:
-    """A case's entry of the JSON document: its settings, FLOPs per token, and each trainer's figures with MFU."""
+def case_result(case: Case, options: argparse.Namespace, figures: dict, peak: float | None) -> dict:
+    """A case's entry of the JSON document: its settings, FLOPs per token, each trainer's figures with MFU, Tandem's
+    ratios to the HF Trainer plain and at its best, and to --anchor's published figure where given."""
     flops = flops_per_token(shape_of(case.size), case.method, case.seq)
-    for row in trainers.values():
+    for row in figures.values():
         row["mfu"] = row["tokens_per_s"] * flops / peak if peak and row["tokens_per_s"] else None
-    return {
+    result = {
         "case": case.name,
         "method": case.method,
         "model": "toy" if case.size == "toy" else f"Qwen2.5-{case.size} shape",
@@ -412,8 +387,25 @@ def case_result(case: Case, options: argparse.Namespace, trainers: dict, peak: f
         "accumulation": ACCUMULATION,
         "packing": options.packing,
         "flops_per_token": flops,
-        "trainers": trainers,
+        "trainers": figures,
+        "ratios": ratios(figures),
     }
+    if options.anchor:
+        name, published = options.anchor
+        ours = max((row["tokens_per_s"] or 0 for n, row in figures.items() if n.startswith("tandem")), default=0)
+        result["anchor"] = {"name": name, "tokens_per_s": published, "tandem_vs_anchor": ours / published or None}
+    return result
+
+
+def anchor_line(anchor: dict, device: str) -> str:
+    """The printed comparison with a published figure, naming this run's device (the figure's may differ)."""
+    ratio = anchor["tandem_vs_anchor"]
+    return (
+        f"Tandem's best variant {ratio:.2f}x {anchor['name']} ({anchor['tokens_per_s']:.0f} tokens/s); this device: "
+        f"{device}"
+        if ratio
+        else f"no Tandem figure to set against {anchor['name']}"
+    )
 
 
 def write(options: argparse.Namespace, device: str, peak: float | None, results: list[dict]) -> None:

@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -112,6 +113,8 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 tok = AutoTokenizer.from_pretrained({tiny_path!r})
 torch.manual_seed(0)
+torch.set_default_dtype(getattr(torch, {dtype!r}))  # a 7B shape built in bf16 holds half the memory
+torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")  # and is initialised in seconds on a GPU
 shape = {shape!r}
 cfg = Qwen2Config(**{{**shape, "vocab_size": shape["vocab_size"] or len(tok)}}, pad_token_id=tok.pad_token_id,
                   eos_token_id=tok.eos_token_id)
@@ -210,9 +213,11 @@ def hf_measured(model: str, dataset: object, base: list[str], name: str, steps: 
     return Measured(result["tokens"], result["step_seconds"], result["padding_fraction"])
 
 
-def huggingface_result(model: str, dataset: object, base: list[str], name: str, steps: int, work: Path) -> dict:
+def huggingface_result(
+    model: str, dataset: object, base: list[str], name: str, steps: int, work: Path, flags: Sequence[str] = ()
+) -> dict:
     """hf_trainer_baseline.py's measurement on the same spec: tokens and seconds after the warm-up (and on a GPU
-    the peak memory)."""
+    the peak memory); `flags` go to the script (`--best`: the HF Trainer at its best)."""
     cfg, written = spec_for(model, dataset, base, name, [f"train.max_steps={steps}"])
     url = written.url.argument()
     out = work / f"{name}.json"
@@ -231,6 +236,7 @@ def huggingface_result(model: str, dataset: object, base: list[str], name: str, 
             str(out),
             "--warmup",
             str(WARMUP_STEPS),
+            *flags,
         ]
         procs.append(
             subprocess.Popen(

@@ -11,8 +11,15 @@ block-diagonal mask) and no example's first token predicted from the one before.
 accelerate's state configured first, or every rank believes it is alone (a known limitation of the HF Trainer with
 DeepSpeed on CPU): PartialState(cpu=True, backend="gloo") + DEEPSPEED. On a GPU it runs as users run it, in bf16
 as Tandem's trainer does. Rank 0 writes {"tokens": non-pad tokens seen, "seconds": summed step times, "steps": n,
-"step_seconds": each step's time, "padding_fraction": of the positions collated} (and on a GPU "peak_memory_gb", the
-most its tensors held) to --out, skipping the first `--warmup` steps.
+"step_seconds": each step's time, "padding_fraction": of the positions collated, "liger": whether Liger's kernels
+ran, "flattened": whether the rows were flattened} (and on a GPU "peak_memory_gb", the most its tensors held) to
+--out, skipping the first `--warmup` steps.
+
+`--best` runs the HF Trainer at its best, as LLaMA-Factory's and axolotl's users run it: `use_liger_kernel=True`
+(Liger's kernels patched in by the Trainer itself; CUDA only: on a CPU it is left out and the result says
+`"liger": false`) and padding-free packing with transformers' own `DataCollatorWithFlattening`: each micro-batch's
+examples (a packed row split back into its examples) concatenated into one row without padding, positions
+restarting at each example, each example's first label masked.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 
 import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import DataCollatorWithFlattening, Trainer, TrainerCallback, TrainingArguments
 
 from config.deepspeed import read_deepspeed_json
 from storage.local_dataset import open_split
@@ -64,6 +72,7 @@ def main() -> None:
     parser.add_argument("--spec", required=True, type=location_argument)
     parser.add_argument("--out", required=True)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--best", action="store_true", help="Liger's kernels (CUDA) and padding-free flattening")
     args = parser.parse_args()
     spec, _ = load_spec(args.spec)
     train = spec.config.train
@@ -79,14 +88,7 @@ def main() -> None:
     dataset = [row._asdict() for row in examples]
     pad_id = ensure_pad_token_id(model, spec.model_path)
 
-    def collator(features: list[dict]) -> dict[str, torch.Tensor]:
-        """Pad to the longest row, as ours does, and count the real tokens; packed rows get ours' restarting
-        position ids (no mask) and their examples' first labels masked, so both trainers learn the same targets."""
-        batch = collate([Row(**f) for f in features], pad_id)
-        COUNTER["tokens"] += int(batch.attention_mask.sum())
-        COUNTER["positions"] += batch.attention_mask.numel()
-        return {**batch.model_inputs(torch.device("cpu")), "labels": batch.labels}
-
+    collator = flattening_collator() if args.best else padding_collator(pad_id)
     clock = StepClock(args.warmup)
     arguments = TrainingArguments(
         output_dir=f"/tmp/hf-baseline-{spec.run_id}",
@@ -111,13 +113,50 @@ def main() -> None:
         bf16=cuda,
         torch_compile=train.compile,  # the Trainer's own torch.compile, where the spec asks Tandem's
         accelerator_config={"use_configured_state": not cuda},
+        use_liger_kernel=args.best and cuda,
     )
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=collator, callbacks=[clock])
     trainer.train()
-    write_result(trainer, clock, args.out)
+    write_result(trainer, clock, args.out, {"liger": args.best and cuda, "flattened": args.best})
 
 
-def write_result(trainer: Trainer, clock: StepClock, out: str) -> None:
+def padding_collator(pad_id: int) -> Callable[[list[dict]], dict]:
+    """Pad to the longest row, as ours does, and count the real tokens; packed rows get ours' restarting position ids
+    (no mask) and their examples' first labels masked, so both trainers learn the same targets."""
+
+    def collator(features: list[dict]) -> dict[str, torch.Tensor]:
+        batch = collate([Row(**f) for f in features], pad_id)
+        COUNTER["tokens"] += int(batch.attention_mask.sum())
+        COUNTER["positions"] += batch.attention_mask.numel()
+        return {**batch.model_inputs(torch.device("cpu")), "labels": batch.labels}
+
+    return collator
+
+
+def flattening_collator() -> Callable[[list[dict]], dict]:
+    """transformers' DataCollatorWithFlattening over the micro-batch's examples (packed rows split at their segments):
+    one row, no padding, positions restarting per example, each example's first label -100 (as ours masks it)."""
+    flatten = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)
+
+    def collator(features: list[dict]) -> dict[str, torch.Tensor]:
+        examples = []
+        for feature in features:
+            start = 0
+            for length in feature["segments"]:
+                end = start + length
+                examples.append(
+                    {"input_ids": list(feature["input_ids"][start:end]), "labels": list(feature["labels"][start:end])}
+                )
+                start = end
+        batch = flatten(examples)
+        COUNTER["tokens"] += batch["input_ids"].numel()
+        COUNTER["positions"] += batch["input_ids"].numel()
+        return batch
+
+    return collator
+
+
+def write_result(trainer: Trainer, clock: StepClock, out: str, settings: dict) -> None:
     """Rank 0 writes the measurement: every rank's tokens and positions after the warm-up, summed."""
     cuda = torch.cuda.is_available()
     counts = torch.tensor(
@@ -134,6 +173,7 @@ def write_result(trainer: Trainer, clock: StepClock, out: str) -> None:
             "steps": len(clock.step_seconds),
             "step_seconds": clock.step_seconds,
             "padding_fraction": 1 - tokens / max(positions, 1.0),
+            **settings,
         }
         if cuda:
             result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)

@@ -4,11 +4,17 @@
 #   PLAN=first: the benchmark's first cases (LoRA and full 1.5B at 2,048 tokens, both trainers) and the gpu suite.
 #   PLAN=fast-paths: packed rows at micro-batch 4, each case's first Tandem run profiled, torch.compile on and off.
 #   PLAN=kernels: Tandem with Liger's kernels (train.kernels=liger; its wheel carried) against the built-in path.
+#   PLAN=issue54: the ranking of trainers (three interleaved: HF plain, HF at its best, Tandem), LoRA then full 1.5B,
+#     Qwen2.5-7B LoRA against NeMo's published figure, the gpu suite, then background saves.
 # Usage: OUT_DIR=out DEADLINE_S=540 WHEELS=.whl PLAN=fast-paths bash tests/gpu/run_on_gpu.sh
+# DRY_RUN_CPU=1 rehearses a plan on a CPU (toy shapes, nothing installed, PYTHON=.venv/bin/python): every step runs
+# end to end, so that no GPU minute goes to a typo.
 set -u
 OUT_DIR=${OUT_DIR:-gpu-out}
 PLAN=${PLAN:-fast-paths}
 WHEELS=${WHEELS:-.tandem/gpu-wheels}
+DRY_RUN_CPU=${DRY_RUN_CPU:-}
+PYTHON=${PYTHON:-python3}
 DEADLINE=$((SECONDS + ${DEADLINE_S:-540}))
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -23,15 +29,42 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (or wh
     timeout "$limit" "$@" >>"$OUT_DIR/log.txt" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT_DIR/log.txt"
 }
-# The carried wheels, then the project itself beside the machine's torch (never a PYTHONPATH): a failure stops here.
-WHEELS=$WHEELS LOG=$OUT_DIR/log.txt bash tests/gpu/install.sh || exit 2
+if [[ -n $DRY_RUN_CPU ]]; then
+    DRY=(--dry-run-cpu)
+    echo "== dry run on the CPU: toy shapes, nothing installed; the figures mean nothing" | tee -a "$OUT_DIR/log.txt"
+else
+    DRY=()
+    # The carried wheels, then the project itself beside the machine's torch (never a PYTHONPATH): a failure stops
+    # here.
+    WHEELS=$WHEELS LOG=$OUT_DIR/log.txt bash tests/gpu/install.sh || exit 2
+fi
 {
     nvidia-smi
-    python3 tests/benchmarks/gpu_env.py
-    python3 -c "import torch, transformers, peft, deepspeed, bitsandbytes as b; print(torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__, deepspeed.__version__, b.__version__)"
+    $PYTHON tests/benchmarks/gpu_env.py
+    $PYTHON -c "import torch, transformers, peft, deepspeed, bitsandbytes as b; print(torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__, deepspeed.__version__, b.__version__)"
+    $PYTHON -c "import liger_kernel; print('liger-kernel', liger_kernel.__file__)"
 } >"$OUT_DIR/env.txt" 2>&1
 B=tests/benchmarks/bench_gpu.py
-if [[ $PLAN == kernels ]]; then
+if [[ $PLAN == issue54 ]]; then
+    # Packed rows of 2,048 tokens, 4 a micro-batch, the same rows for the three trainers; 8 optimizer steps a run (3
+    # warm-up, 5 timed); each JSON rewritten after every run, so a step cut off keeps the repeats it finished.
+    RANK=(--repeats 3 --steps 8 --records 240 --torch-adam --packing --micro-batch 4 --hf-best --loss-chunk-tokens ''
+        --variant train.kernels=auto --work /tmp/tandem-bench-work "${DRY[@]}")
+    step "(a) lora-1.5b-2048: HF plain, HF at its best, Tandem, interleaved" 200 $PYTHON $B --cases lora-1.5b-2048 \
+        "${RANK[@]}" --out "$OUT_DIR/a_lora_ranking.json"
+    step "(b) full-1.5b-2048: HF plain, HF at its best, Tandem, interleaved" 190 $PYTHON $B --cases full-1.5b-2048 \
+        "${RANK[@]}" --out "$OUT_DIR/b_full_ranking.json"
+    step "(c) lora-7b-4096: Tandem against NeMo AutoModel's 14,110 tokens/s (1x H100)" 100 $PYTHON $B \
+        --cases lora-7b-4096 --repeats 3 --steps 6 --records 120 --torch-adam --packing --micro-batch 1 --no-hf \
+        --loss-chunk-tokens '' --variant train.kernels=auto --anchor "NeMo AutoModel Qwen2.5-7B LoRA (1x H100)=14110" \
+        --work /tmp/tandem-bench-work "${DRY[@]}" --out "$OUT_DIR/c_lora_7b.json"
+    step "(d) gpu suite" 90 $PYTHON -m pytest -m gpu tests/gpu -p no:cacheprovider -n 4 -q -rA
+    SAVES=qwen2.5-0.5b:1:local
+    [[ -n $DRY_RUN_CPU ]] && SAVES=tiny:1:local
+    step "(e) background against synchronous saves ($SAVES)" 120 $PYTHON tests/benchmarks/bench_async_save.py \
+        --cases $SAVES
+    echo "== (f) Q-LoRA 1.5B's peak against the plan, (g) the Qwen3-MoE shape: no step yet" | tee -a "$OUT_DIR/log.txt"
+elif [[ $PLAN == kernels ]]; then
     # The unnamed Tandem variant is train.kernels=auto (Liger where installed, its log says): the two named ones are
     # what is compared.
     step "lora-1.5b-2048 packed: Tandem built-in against Tandem with Liger" 330 python3 $B --cases lora-1.5b-2048 \
@@ -62,4 +95,7 @@ else
         --cases lora-1.5b-2048 --repeats 1 --steps 8 --torch-adam --no-hf --profile-steps 2 \
         --work /tmp/tandem-bench-work --out "$OUT_DIR/padded_lora.json"
 fi
+[[ $PLAN == issue54 ]] && for f in "$OUT_DIR"/[abc]_*.json; do
+    [[ -f $f ]] && $PYTHON tests/benchmarks/gpu_trainers.py "$f" | tee -a "$OUT_DIR/log.txt"
+done
 grep -h "^== \|tokens/s\|passed\|failed\|Error" "$OUT_DIR/log.txt" | tail -40
