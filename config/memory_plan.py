@@ -42,6 +42,7 @@ from typing import Any
 from config.deepspeed import zero_stage
 from config.footprint import PROJECTIONS, adapter_params, estimate, model_params, moe_experts, projection_shapes
 from config.schema import FinetuneConfig
+from config.sections.run_data import MAX_LENGTH
 
 GB = 1e9
 PROCESS_BYTES = int(0.31 * GB)  # a rank's own RssAnon before loading (docs/large-models.md, "Measured")
@@ -243,6 +244,32 @@ def plan(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any], *, on_g
         return None
     device = weights + optimizer + batch
     return MemoryPlan(device, host_terms(s) + offloaded_weights + offloaded_states, on_gpu, cfg.launch.nproc_per_node)
+
+
+def longest_length(
+    cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any], budget: int, *, step: int = 1024
+) -> int | None:
+    """The longest data.max_length, a multiple of `step` up to the schema's limit, at which the plan's peak on a GPU
+    is at most `budget` bytes (0: not even `step` tokens fit; None: a shape the plan does not know). Every term grows
+    with the length or stays (module docstring), so the peak is monotonic and a bisection over multiples finds it."""
+
+    def fits(length: int) -> bool:
+        data = cfg.data.model_copy(update={"max_length": length})
+        memory = plan(cfg.model_copy(update={"data": data}), ds, model, on_gpu=True)
+        if memory is None:
+            raise ValueError("a shape the plan does not know")
+        return memory.device_bytes <= budget
+
+    low, high = 0, MAX_LENGTH // step  # multiples of step: `low` fits (0 trivially), above `high` is not asked
+    try:
+        if fits(high * step):
+            return high * step
+        while high - low > 1:  # invariant: low fits, high does not
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle * step) else (low, middle)
+    except ValueError:
+        return None
+    return low * step
 
 
 def table(p: MemoryPlan) -> str:

@@ -113,7 +113,7 @@ def seal(url: Location, manifest_bytes: bytes, algorithm: str) -> str:
 def checkpoint_manifest(
     step: int, world_size: int, meta: dict[str, Any], algorithm: str, files: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """A tandem.checkpoint/1 document (meta: zero_stage and method)."""
+    """A tandem.checkpoint/1 document (meta: zero_stage, method and sequence_parallel_size)."""
     return {
         "schema": layout.CHECKPOINT_SCHEMA,
         **meta,

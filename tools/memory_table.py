@@ -2,7 +2,8 @@
 method, ZeRO stage and node count, on nodes of 8 GPUs of 80 GB, and Qwen's "Q-LoRA 72B on 4 single-GPU nodes of
 24 GB" claim (`table`); the plan beside the memory Qwen measured for its own scripts (`published_table`).
 
-    .venv/bin/python tools/memory_table.py          # prints the Markdown of both tables, as the page holds them
+    .venv/bin/python tools/memory_table.py            # prints the Markdown of both tables, as the page holds them
+    .venv/bin/python tools/memory_table.py --longest  # docs/long-sequences.md's longest-row table
 
 tests/unit/config/test_memory_plan.py checks that the page holds what this prints.
 """
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.loader import load_config
-from config.memory_plan import GB, PLAN_ERROR, plan
+from config.memory_plan import GB, PLAN_ERROR, longest_length, plan
+from config.schema import FinetuneConfig
+from config.sequence_parallel import heads_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 # config.json of Qwen/Qwen2.5-7B, -14B and -72B (the -Instruct models have the same shapes).
@@ -51,8 +55,10 @@ SETTINGS = [
 GPU_GB = 80
 
 
-def planned(size: str, method: str, zero: int, nnodes: int, gpus: int) -> tuple[float, float]:
-    """(device GB a rank, host GB a node) of one configuration (a Qwen2.5 size, or a Qwen3-MoE one)."""
+def configured(
+    size: str, method: str, zero: int, nnodes: int, gpus: int, *extra: str
+) -> tuple[FinetuneConfig, dict[str, Any], dict[str, Any]]:
+    """(config, resolved DeepSpeed JSON, config.json) of one configuration (a Qwen2.5 size, or a Qwen3-MoE one)."""
     cfg = load_config(
         None,
         [
@@ -61,11 +67,17 @@ def planned(size: str, method: str, zero: int, nnodes: int, gpus: int) -> tuple[
             f"launch.nnodes={nnodes}",
             f"launch.nproc_per_node={gpus}",
             f"deepspeed.config={ROOT / 'config' / 'deepspeed' / f'zero{zero}.json'}",
+            *extra,
         ],
     )
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     model = {**QWEN25[size], **COMMON} if size in QWEN25 else {**QWEN3_MOE[size], **QWEN3_MOE_COMMON}
-    memory = plan(cfg, ds, model, on_gpu=True)
+    return cfg, ds, model
+
+
+def planned(size: str, method: str, zero: int, nnodes: int, gpus: int) -> tuple[float, float]:
+    """(device GB a rank, host GB a node) of one configuration."""
+    memory = plan(*configured(size, method, zero, nnodes, gpus), on_gpu=True)
     assert memory is not None
     return memory.device_bytes / GB, memory.node_host_bytes / GB
 
@@ -193,7 +205,42 @@ def moe_table() -> str:
     return "\n".join(lines)
 
 
+# The longest row by sequence-parallel size: ZeRO-3, one row a micro-batch (as sequence parallelism needs), unpacked,
+# the rest as SETTINGS; 7B and 14B on one node of 8 GPUs, 72B on 4 (its full fine-tuning's states need them).
+LONGEST_NODES = {"7B": 1, "14B": 1, "72B": 4}
+SP_SIZES = (1, 2, 4, 8)
+
+
+def longest_cell(size: str, method: str, sp: int) -> str:
+    """The longest row the plan fits in 80 GB, and with the plan's error as a margin (80 / 1.25 GB), or the
+    refusal's reason."""
+    shape = QWEN25[size]
+    if heads_problem(sp, shape["num_attention_heads"], shape["num_key_value_heads"]):
+        return f"refused ({shape['num_attention_heads']} heads)"
+    cfg, ds, model = configured(
+        size, method, 3, LONGEST_NODES[size], 8, "data.packing=false", f"train.sequence_parallel_size={sp}"
+    )
+    longest = [longest_length(cfg, ds, model, int(gb * GB)) for gb in (GPU_GB, GPU_GB / (1 + PLAN_ERROR))]
+    return " / ".join(f"{n:,}" if n is not None else "?" for n in longest)
+
+
+def longest_table() -> str:
+    """docs/long-sequences.md's table: the longest data.max_length (multiples of 1,024 tokens) by size."""
+    lines = [
+        "| model | method | nodes x 8 GPUs | " + " | ".join(f"size {sp}" for sp in SP_SIZES) + " |",
+        "| --- | --- | ---: | " + " | ".join("---:" for _ in SP_SIZES) + " |",
+    ]
+    for size in QWEN25:
+        for method in ("lora", "full"):
+            cells = " | ".join(longest_cell(size, method, sp) for sp in SP_SIZES)
+            lines.append(f"| Qwen2.5-{size} | {method} | {LONGEST_NODES[size]} | {cells} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--longest"]:
+        print(longest_table())
+        sys.exit(0)
     print(table())
     print()
     print(moe_table())

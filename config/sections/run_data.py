@@ -19,6 +19,7 @@ PreferenceMode = Literal["refuse", "chosen", "pairs"]
 # data.preference where it is empty and no objective implies one (a data section on its own, as staging's tests make):
 # supervised data, preference data refused. A run's config fills an empty one in from train.objective instead.
 SUPERVISED_PREFERENCE: PreferenceMode = "refuse"
+MAX_LENGTH = 1_048_576  # data.max_length's upper bound (the memory plan's search stops there too)
 PAIRS_UNPACKED = "data.packing: preference data is not packed (a pair is one row); leave data.packing empty or false"
 
 
@@ -150,7 +151,7 @@ class DataConfig(Section):
         description="fail: the first invalid record stops with its location; skip: invalid records go to "
         "rejects.jsonl next to the manifest, counted in it.",
     )
-    max_length: int = Field(512, gt=0, le=1_048_576, description="Tokens per example; see data.excess_length.")
+    max_length: int = Field(512, gt=0, le=MAX_LENGTH, description="Tokens per example; see data.excess_length.")
     eval_ratio: float = Field(
         0.1,
         ge=0.0,

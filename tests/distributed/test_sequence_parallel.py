@@ -1,14 +1,17 @@
 """Sequence parallelism (train.sequence_parallel_size) through the real trainer: DeepSpeed's Ulysses on 2 gloo ranks of
 one node splitting every row in two reproduces one rank's step losses, target tokens and final evaluation at the
 same global batch (float rounding apart), and the split run's checkpoint resumed by two ranks that do not split
-sequences continues on the same trajectory.
+sequences continues on the same trajectory, while one rank at size 1 (another world size) is refused in one line.
 
-Three launches (one rank, two ranks as one sequence group, the resume): behind `multirun`."""
+Four launches (one rank, two ranks as one sequence group, the refusal, the resume): behind `multirun`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from core.errors import UserError
 from tests.distributed.harness import Run, Staged, train
 
 # One row a micro-batch (Ulysses' shape), 4 rows a step read by every layout, no dropout: the trajectory depends on
@@ -27,7 +30,7 @@ SAME_BATCH = [
 SPLIT = ["launch.nproc_per_node=2", "train.sequence_parallel_size=2"]
 
 
-@pytest.mark.multirun  # three launches: about 45 s on an idle machine
+@pytest.mark.multirun  # four launches (one refused at start): about 45 s on an idle machine, plus the refusal's
 def test_two_ranks_splitting_each_sequence_reproduce_one_rank(staged: Staged) -> None:
     one = train(staged, "sp-one-rank", [*SAME_BATCH, "launch.nproc_per_node=1"])
     split = train(staged, "sp-two-ranks", [*SAME_BATCH, *SPLIT])
@@ -38,9 +41,15 @@ def test_two_ranks_splitting_each_sequence_reproduce_one_rank(staged: Staged) ->
     )
     assert split.losses() == pytest.approx(one.losses(), rel=2e-5, abs=1e-6)
     assert len(split.losses()) == 4
+    # The checkpoint records the layout it was written at; on another world size (one rank, size 1) it is refused
+    # at start, before DeepSpeed's conversion (which cannot merge sequence groups) runs.
+    manifest = json.loads((split.checkpoint(2) / "manifest.json").read_text())
+    assert (manifest["world_size"], manifest["sequence_parallel_size"]) == (2, 2)
+    with pytest.raises(UserError, match=r"written by 2 ranks at train\.sequence_parallel_size=2 and this run has 1 "):
+        train(staged, "sp-other-world", [*SAME_BATCH, "launch.nproc_per_node=1", f"train.resume={split.checkpoint(2)}"])
+    assert not (split.checkpoint(2) / "universal").exists()
     # The split run's checkpoint resumed by its two ranks without splitting sequences: another sequence-parallel
-    # size continues on the same trajectory. (Another world size with sequence parallelism is refused:
-    # trainer/checkpointing/reshard.py.)
+    # size continues on the same trajectory.
     resumed = train(
         staged, "sp-resumed", [*SAME_BATCH, "launch.nproc_per_node=2", f"train.resume={split.checkpoint(2)}"]
     )

@@ -216,7 +216,7 @@ class DeepSpeedIO:
         ckpt = choose_checkpoint(self.spec.config.train.resume, self.spec.run, self.dist)
         if ckpt is not None:
             check_compatible(ckpt, zero_stage=self.zero_stage, method=self.method)
-            check_sequence_groups(ckpt.manifest["world_size"], self.dist)
+            check_sequence_groups(ckpt.manifest, self.dist)
         return ckpt
 
     def load(self, ckpt: CompleteCheckpoint) -> int:
@@ -237,7 +237,11 @@ class DeepSpeedIO:
             snapshots=self.snapshots,
             run_url=self.spec.run,
             step=step,
-            meta={"zero_stage": self.zero_stage, "method": self.method},
+            meta={
+                "zero_stage": self.zero_stage,
+                "method": self.method,
+                "sequence_parallel_size": self.dist.sequence_parallel,
+            },
             dist=self.dist,
             algorithm=self.algorithm,
             exclude_frozen=self.adapters,

@@ -97,18 +97,23 @@ def universal_form(ckpt: CompleteCheckpoint, dist: Dist, algorithm: str) -> Comp
     return found
 
 
-def check_sequence_groups(written_world: int, dist: Dist) -> None:
-    """A checkpoint of another world size is loaded through DeepSpeed's universal form, whose loader asks the
-    groups DeepSpeed was given for tensor parallelism, which Ulysses' groups do not have: refused with sequence
-    parallelism, before any conversion. (On the world size it was written by, any sequence-parallel size loads it:
-    ZeRO partitions over every rank either way.)"""
-    if written_world != dist.world_size and dist.sequence_parallel > 1:
-        raise UserError(
-            f"train.sequence_parallel_size={dist.sequence_parallel}: the checkpoint was written by {written_world} "
-            f"ranks and this run has {dist.world_size}; DeepSpeed cannot load a checkpoint of another world size "
-            f"into sequence-parallel groups: resume it on {written_world} ranks (any sequence-parallel size), or "
-            "with train.sequence_parallel_size=1"
-        )
+def check_sequence_groups(manifest: dict[str, Any], dist: Dist) -> None:
+    """A checkpoint of another world size is loaded through DeepSpeed's universal form, and neither end may have
+    sequence-parallel groups: DeepSpeed records a writer's sequence groups as model parallelism, which its conversion
+    cannot merge, and its universal loader asks the reader's groups for tensor parallelism, which Ulysses' groups lack.
+    Refused before any conversion, naming both layouts. (On the world size that wrote it, any sequence-parallel size
+    loads it: ZeRO partitions over every rank either way.) A manifest without `sequence_parallel_size` was written
+    before sequence parallelism existed: size 1."""
+    written_world, written_size = manifest["world_size"], manifest.get("sequence_parallel_size", 1)
+    if written_world == dist.world_size or (written_size == 1 and dist.sequence_parallel == 1):
+        return
+    raise UserError(
+        f"checkpoint step {manifest['step']} was written by {written_world} ranks at train.sequence_parallel_size="
+        f"{written_size} and this run has {dist.world_size} ranks at {dist.sequence_parallel}; DeepSpeed converts a "
+        "checkpoint to another world size only without sequence parallelism on either side: resume it on "
+        f"{written_world} ranks (any train.sequence_parallel_size; one saved there at size 1 then resumes on any "
+        "world size)"
+    )
 
 
 def load_resharded(

@@ -15,7 +15,7 @@ import pytest
 
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.loader import load_config
-from config.memory_plan import GB, PLAN_ERROR, MemoryPlan, plan
+from config.memory_plan import GB, PLAN_ERROR, MemoryPlan, longest_length, plan
 from tests.benchmarks.bench_gpu import ACCUMULATION, LORA, MICRO_BATCH, shape_of
 from tests.conftest import ROOT
 
@@ -172,6 +172,42 @@ def test_sequence_parallelism_divides_a_ranks_activations_and_loss() -> None:
     assert {k: v for k, v in split.items() if "activations" not in k and "loss" not in k} == {
         k: v for k, v in alone.items() if "activations" not in k and "loss" not in k
     }
+    unchunked = ["train.loss_chunk_tokens=0"]  # the loss over a part's whole logits: half of the row's
+    alone, split = (
+        {t.what: t.bytes for t in planned([*common, *unchunked, *extra], shape_of("0.5b"), on_gpu=True).device}
+        for extra in ([], ["train.sequence_parallel_size=2"])
+    )
+    assert split["the loss's logits"] == alone["the loss's logits"] // 2 > 0
+
+
+def test_the_longest_length_is_the_last_multiple_that_fits() -> None:
+    """The search's answer fits the budget and the next multiple of 1,024 does not (checked against the plan
+    itself); at sequence-parallel size 2 the longest row is longer; a budget below the weights fits nothing."""
+    common = ["launch.nnodes=1", "launch.nproc_per_node=2", "train.micro_batch_size=1", "data.packing=false"]
+    model, budget = shape_of("0.5b"), 20 * GB
+    found = {}
+    for size in (1, 2):
+        cfg = load_config(None, [*common, f"train.sequence_parallel_size={size}"])
+        ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+        longest = longest_length(cfg, ds, model, int(budget))
+        assert longest is not None and longest % 1024 == 0 and 0 < longest < 1_048_576
+        peaks = [
+            planned([*common, f"train.sequence_parallel_size={size}", f"data.max_length={n}"], model, on_gpu=True)
+            for n in (longest, longest + 1024)
+        ]
+        assert peaks[0].device_bytes <= budget < peaks[1].device_bytes
+        found[size] = longest
+        assert longest_length(cfg, ds, model, int(0.1 * GB)) == 0
+        assert longest_length(cfg, ds, {"hidden_size": 8}, int(budget)) is None
+    assert 1.5 * found[1] < found[2] <= 2 * found[1] + 1024
+
+
+def test_the_long_sequences_table_is_what_the_plan_says() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from memory_table import longest_table
+
+    page = (ROOT / "docs" / "long-sequences.md").read_text()
+    assert longest_table() in page, "docs/long-sequences.md: run `.venv/bin/python tools/memory_table.py --longest`"
 
 
 def test_the_qwen3_30b_a3b_preset_fits_its_nodes_by_the_plan() -> None:

@@ -59,16 +59,28 @@ def test_each_ranks_stream_starts_from_the_seed_its_rank_and_the_step() -> None:
     assert len({stream(42, 0, 100), stream(42, 1, 100), stream(42, 1, 101), stream(7, 1, 100)}) == 4
 
 
-def test_another_world_size_into_sequence_groups_is_refused_in_one_line() -> None:
-    """DeepSpeed's universal loader cannot take Ulysses' groups: refused before any conversion, naming the fix; the
-    same world size, or no sequence parallelism, passes."""
-    two = Dist(0, 0, 2, 0, "host", torch.device("cpu"), 2, 2)
+def manifest(world: int, size: int | None) -> dict:
+    """A checkpoint manifest's layout fields (size None: written before the size was recorded)."""
+    return {"step": 8, "world_size": world, **({} if size is None else {"sequence_parallel_size": size})}
+
+
+def test_another_world_size_with_sequence_groups_on_either_side_is_refused_in_one_line() -> None:
+    """DeepSpeed's conversion cannot merge a writer's sequence groups and its universal loader cannot take a
+    reader's: refused before any conversion, naming both layouts and the fix; the same world size at any size, or
+    size 1 on both sides (an old manifest counts as 1), passes."""
+    two_split = Dist(0, 0, 2, 0, "host", torch.device("cpu"), 2, 2)
+    one = Dist(0, 0, 1, 0, "host", torch.device("cpu"), 1)
     with pytest.raises(UserError) as info:
-        check_sequence_groups(1, two)
+        check_sequence_groups(manifest(1, 1), two_split)
     assert str(info.value) == (
-        "train.sequence_parallel_size=2: the checkpoint was written by 1 ranks and this run has 2; DeepSpeed cannot "
-        "load a checkpoint of another world size into sequence-parallel groups: resume it on 1 ranks (any "
-        "sequence-parallel size), or with train.sequence_parallel_size=1"
+        "checkpoint step 8 was written by 1 ranks at train.sequence_parallel_size=1 and this run has 2 ranks at 2; "
+        "DeepSpeed converts a checkpoint to another world size only without sequence parallelism on either side: "
+        "resume it on 1 ranks (any train.sequence_parallel_size; one saved there at size 1 then resumes on any world "
+        "size)"
     )
-    check_sequence_groups(2, two)
-    check_sequence_groups(2, Dist(0, 0, 1, 0, "host", torch.device("cpu"), 1))
+    with pytest.raises(UserError, match=r"written by 2 ranks at train\.sequence_parallel_size=2 and this run has 1 "):
+        check_sequence_groups(manifest(2, 2), one)  # the gap: it used to fail inside ds_to_universal
+    check_sequence_groups(manifest(2, 2), two_split)
+    check_sequence_groups(manifest(2, 1), one)
+    check_sequence_groups(manifest(2, None), one)
+    check_sequence_groups(manifest(2, 2), Dist(0, 0, 2, 0, "host", torch.device("cpu"), 2))
