@@ -8,19 +8,21 @@
 #     Qwen2.5-7B LoRA against NeMo's published figure, the gpu suite, then background saves.
 # Usage: OUT_DIR=out DEADLINE_S=540 WHEELS=.whl PLAN=fast-paths bash tests/gpu/run_on_gpu.sh
 # DRY_RUN_CPU=1 rehearses a plan on a CPU (toy shapes, nothing installed, PYTHON=.venv/bin/python): every step runs
-# end to end, so that no GPU minute goes to a typo.
+# end to end, so that no GPU minute goes to a typo. Its steps get STEP_SCALE times their GPU budgets (default 4: a toy
+# run's process starts cost a 2-core machine more than the GPU's real runs), and DEADLINE_S should grow with them.
 set -u
 OUT_DIR=${OUT_DIR:-gpu-out}
 PLAN=${PLAN:-fast-paths}
 WHEELS=${WHEELS:-.tandem/gpu-wheels}
 DRY_RUN_CPU=${DRY_RUN_CPU:-}
 PYTHON=${PYTHON:-python3}
+STEP_SCALE=${STEP_SCALE:-$([[ -n $DRY_RUN_CPU ]] && echo 4 || echo 1)}
 DEADLINE=$((SECONDS + ${DEADLINE_S:-540}))
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 left() { echo $((DEADLINE - SECONDS)); }
 step() {  # step NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (or what is left), its output in the log
-    local name=$1 budget=$2
+    local name=$1 budget=$(($2 * STEP_SCALE))
     shift 2
     local limit=$(( budget < $(left) ? budget : $(left) ))
     if (( limit < 20 )); then echo "== $name: skipped, $(left) s left" | tee -a "$OUT_DIR/log.txt"; return; fi
