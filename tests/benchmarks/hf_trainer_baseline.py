@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -90,8 +92,10 @@ def main() -> None:
 
     collator = flattening_collator() if args.best else padding_collator(pad_id)
     clock = StepClock(args.warmup)
+    # The Trainer makes its output folder even when it saves nothing: a temporary one, removed after the run.
+    output_dir = tempfile.mkdtemp(prefix=f"hf-baseline-{spec.run_id}-")
     arguments = TrainingArguments(
-        output_dir=f"/tmp/hf-baseline-{spec.run_id}",
+        output_dir=output_dir,
         per_device_train_batch_size=train.micro_batch_size,
         gradient_accumulation_steps=train.gradient_accumulation_steps,
         max_steps=spec.total_steps,
@@ -116,7 +120,10 @@ def main() -> None:
         use_liger_kernel=args.best and cuda,
     )
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=collator, callbacks=[clock])
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
     write_result(trainer, clock, args.out, {"liger": args.best and cuda, "flattened": args.best})
 
 
