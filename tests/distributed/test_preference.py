@@ -185,7 +185,8 @@ def test_full_fine_tuning_dpo_resumes_on_another_world_size_reading_its_table(pa
     assert_close(resumed.losses()[-4:], full_dpo.losses()[-4:], rtol=RTOL, atol=0)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# A third seed was cut for the whole CI's 90 minutes (about 105 s of a worker).
+@pytest.mark.parametrize("seed", [1, 2])
 def test_the_cpu_demo_preset_learns_the_preference_in_each_seed(prefect_server, tmp_path: Path, seed: int) -> None:
     from flows.finetune import finetune
     from storage.metrics import read_metrics
