@@ -1,13 +1,16 @@
 """The memory plan (config/memory_plan.py) against configurations it was not written from: CPU ranks' host memory,
-planned and measured, on a model directory of Qwen2.5-0.5B-Instruct's published shape (494M parameters).
+planned and measured, on a model directory of Qwen2.5-0.5B-Instruct's published shape (494M parameters), or of
+Qwen3-30B-A3B's with its sizes scaled down to where the experts hold most of the parameters (MOE_SHAPE: 6 layers of
+64 experts, 8 a token: 0.58B parameters, 0.34B of them experts' weights, 42M of those active a token).
 
-    .venv/bin/python tests/benchmarks/bench_memory_plan.py                 # the held-out configurations below
-    .venv/bin/python tests/benchmarks/bench_memory_plan.py --shape tiny    (toy size)
+    .venv/bin/python tests/benchmarks/bench_memory_plan.py                         # the held-out configurations below
+    .venv/bin/python tests/benchmarks/bench_memory_plan.py --shape qwen3-moe --ranks 1,2,4
+    .venv/bin/python tests/benchmarks/bench_memory_plan.py --shape tiny            (toy size)
 
-Each configuration trains 2 steps on 1 node, rows packed to `data.max_length`; bench_model_scale.py's sampler reads
-every rank's RssAnon every 0.1 s. Printed: the plan's host peak per rank (`python -m flows.finetune --plan` of the same
-settings), the largest RssAnon of any rank over the whole run, and their ratio; the plan states a 25% error. Asserts
-nothing about memory.
+Each configuration trains 2 steps on 1 node of --ranks ranks (each world size in turn), rows packed to
+`data.max_length`; bench_model_scale.py's sampler reads every rank's RssAnon every 0.1 s. Printed: the plan's host
+peak per rank (`python -m flows.finetune --plan` of the same settings), the largest RssAnon of any rank over the whole
+run, and their ratio; the plan states a 25% error. Asserts nothing about memory.
 """
 
 from __future__ import annotations
@@ -27,8 +30,21 @@ from tests.benchmarks.bench_model_scale import Sampler, model_dir
 from tests.distributed.harness import config, stage, train
 
 STAGE = ["data.max_length=256", "data.packing=true", "data.eval_ratio=0.05"]
-RUN = ["launch.nnodes=1", "launch.nproc_per_node=2", "train.max_steps=2", "train.save_steps=2"]
+RUN = ["launch.nnodes=1", "train.max_steps=2", "train.save_steps=2"]
 RUN += ["train.gradient_accumulation_steps=1", *STAGE]
+# Qwen3-30B-A3B scaled so that experts hold most of the parameters (the embeddings at Qwen's vocabulary the rest):
+# 6 x 64 experts x 3 x 768 x 384 = 340M of 0.58B; 8 experts a token (as published) make 42M of them active.
+MOE_SHAPE = {
+    "hidden_size": 768,
+    "head_dim": 64,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 6,
+    "max_window_layers": 6,
+    "num_experts": 64,
+    "moe_intermediate_size": 384,
+    "intermediate_size": 1536,
+}
 # None of these was used while the plan was written (its checks: tests/unit/config/test_memory_plan.py).
 CONFIGURATIONS = {
     "full, ZeRO-3, 2 x 256 tokens, gradient checkpointing": [
@@ -59,36 +75,54 @@ def planned_gb(staged: object, name: str, overrides: list[str]) -> float:
     return memory.host_bytes / GB
 
 
-def run(shape: str) -> dict[str, dict[str, float]]:
+def shape_dir(shape: str, work: Path) -> str:
+    """The model directory of `shape` (bench_model_scale.py's, or the scaled Qwen3-MoE)."""
+    if shape != "qwen3-moe":
+        return model_dir(shape, work)
+    from tests.published import QWEN3_30B_A3B, QWEN3_GENERATION, write_published
+    from trainer.tiny_qwen import qwen_tokenizer_dir
+
+    return str(
+        write_published(work / "qwen3-moe", {**QWEN3_30B_A3B, **MOE_SHAPE}, QWEN3_GENERATION, qwen_tokenizer_dir())
+    )
+
+
+def run(shape: str, ranks: list[int]) -> dict[tuple[str, int], dict[str, float]]:
+    """Every configuration at every world size of `ranks`: planned and measured GB a rank, keyed (label, ranks)."""
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-plan-"))
     results = {}
     try:
-        staged = stage(work / "storage", model_dir(shape, work), STAGE)
-        for index, (label, settings) in enumerate(CONFIGURATIONS.items()):
-            name, overrides = f"plan-{index}", [*RUN, *settings]
-            with Sampler(f"runs/{name}/spec.json") as sampler:
-                train(staged, name, overrides)
-            measured = max((anon for _, _, anon, _ in sampler.samples), default=0.0) * 2**30 / GB
-            planned = planned_gb(staged, name, overrides)
-            results[label] = {"planned_gb": planned, "measured_gb": measured, "ratio": planned / measured}
-            print(
-                f"{label}: planned {planned:.2f} GB, measured {measured:.2f} GB, {planned / measured:.2f}x", flush=True
-            )
-            shutil.rmtree(work / "storage" / "runs" / name / "checkpoints", ignore_errors=True)
+        staged = stage(work / "storage", shape_dir(shape, work), STAGE)
+        for world in ranks:
+            for index, (label, settings) in enumerate(CONFIGURATIONS.items()):
+                name, overrides = f"plan-{index}-{world}", [*RUN, f"launch.nproc_per_node={world}", *settings]
+                with Sampler(f"runs/{name}/spec.json") as sampler:
+                    train(staged, name, overrides)
+                measured = max((anon for _, _, anon, _ in sampler.samples), default=0.0) * 2**30 / GB
+                planned = planned_gb(staged, name, overrides)
+                results[(label, world)] = {"planned_gb": planned, "measured_gb": measured, "ratio": planned / measured}
+                print(
+                    f"{label}, {world} rank(s): planned {planned:.2f} GB, measured {measured:.2f} GB, "
+                    f"{planned / measured:.2f}x",
+                    flush=True,
+                )
+                shutil.rmtree(work / "storage" / "runs" / name / "checkpoints", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("\n| configuration (2 CPU ranks) | planned GB a rank | measured RssAnon GB | planned / measured |")
-    print("| --- | ---: | ---: | ---: |")
-    for label, r in results.items():
-        print(f"| {label} | {r['planned_gb']:.2f} | {r['measured_gb']:.2f} | {r['ratio']:.2f} |")
+    print(f"\n{shape}:\n| configuration | CPU ranks | planned GB a rank | measured RssAnon GB | planned / measured |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for (label, world), r in results.items():
+        print(f"| {label} | {world} | {r['planned_gb']:.2f} | {r['measured_gb']:.2f} | {r['ratio']:.2f} |")
     return results
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+def main(argv: list[str] | None = None) -> dict[tuple[str, int], dict[str, float]]:
     """The script's entry point; returns the figures (tests/benchmarks/test_toy_runs.py runs it small)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=("qwen2.5-0.5b", "tiny"), default="qwen2.5-0.5b")
-    return run(parser.parse_args(argv).shape)
+    parser.add_argument("--shape", choices=("qwen2.5-0.5b", "qwen3-moe", "tiny"), default="qwen2.5-0.5b")
+    parser.add_argument("--ranks", default="2", help="world sizes (ranks on the one node), comma-separated")
+    args = parser.parse_args(argv)
+    return run(args.shape, [int(r) for r in args.ranks.split(",")])
 
 
 if __name__ == "__main__":

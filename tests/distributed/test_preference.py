@@ -3,9 +3,9 @@ batch, 1, 2 and 3 ranks give the same DPO trajectory and 1 and 2 ranks the same 
 all-reduced over the global batch), within the SFT invariance tests' tolerance (rtol 1e-5); a run resumed from its
 checkpoint, on the same or on another world size, continues the uninterrupted trajectory; DPO under full fine-tuning
 takes the base model's log-probabilities computed before training as its reference, under ZeRO-2 and ZeRO-3, and
-resumes on another world size from that table; and the CPU demo preset
-(`tiny-cpu-dpo`: the tiny model, data/sample/preferences.jsonl, 2 nodes) runs the five stages and reaches a reward
-accuracy of at least 0.8 on its training pairs in each of 3 seeds, and registers past its gate on reward accuracy."""
+resumes on another world size from that table; and the CPU demo preset (`tiny-cpu-dpo`: the tiny model,
+data/sample/preferences.jsonl, 2 nodes) runs the five stages and reaches a reward accuracy of at least 0.8 on its
+training pairs (seed 1; seeds 2 and 3 were cut for the CI's time), and registers past its gate on reward accuracy."""
 
 from __future__ import annotations
 
@@ -185,8 +185,8 @@ def test_full_fine_tuning_dpo_resumes_on_another_world_size_reading_its_table(pa
     assert_close(resumed.losses()[-4:], full_dpo.losses()[-4:], rtol=RTOL, atol=0)
 
 
-# A third seed was cut for the whole CI's 90 minutes (about 105 s of a worker).
-@pytest.mark.parametrize("seed", [1, 2])
+# Seeds 2 and 3 were cut for the whole CI's 90 minutes (about 105 s of a worker each).
+@pytest.mark.parametrize("seed", [1])
 def test_the_cpu_demo_preset_learns_the_preference_in_each_seed(prefect_server, tmp_path: Path, seed: int) -> None:
     from flows.finetune import finetune
     from storage.metrics import read_metrics
