@@ -5,6 +5,7 @@ Qwen3-30B-A3B's with its sizes scaled down to where the experts hold most of the
 
     .venv/bin/python tests/benchmarks/bench_memory_plan.py                         # the held-out configurations below
     .venv/bin/python tests/benchmarks/bench_memory_plan.py --shape qwen3-moe --ranks 1,2,4
+    .venv/bin/python tests/benchmarks/bench_memory_plan.py --shape qwen3-moe --layers 2 --ranks 1,2,4   (fits 24 GB)
     .venv/bin/python tests/benchmarks/bench_memory_plan.py --shape tiny            (toy size)
 
 Each configuration trains 2 steps on 1 node of --ranks ranks (each world size in turn), rows packed to
@@ -75,24 +76,28 @@ def planned_gb(staged: object, name: str, overrides: list[str]) -> float:
     return memory.host_bytes / GB
 
 
-def shape_dir(shape: str, work: Path) -> str:
-    """The model directory of `shape` (bench_model_scale.py's, or the scaled Qwen3-MoE)."""
+def shape_dir(shape: str, work: Path, layers: int | None = None) -> str:
+    """The model directory of `shape` (bench_model_scale.py's, or the scaled Qwen3-MoE, with `layers` decoder layers
+    instead of MOE_SHAPE's 6 when given: 4 ranks of the 6-layer shape need more than a 24 GB machine holds)."""
     if shape != "qwen3-moe":
+        if layers is not None:
+            raise SystemExit("--layers applies to --shape qwen3-moe only")
         return model_dir(shape, work)
     from tests.published import QWEN3_30B_A3B, QWEN3_GENERATION, write_published
     from trainer.tiny_qwen import qwen_tokenizer_dir
 
-    return str(
-        write_published(work / "qwen3-moe", {**QWEN3_30B_A3B, **MOE_SHAPE}, QWEN3_GENERATION, qwen_tokenizer_dir())
-    )
+    sizes = {**QWEN3_30B_A3B, **MOE_SHAPE}
+    if layers is not None:
+        sizes |= {"num_hidden_layers": layers, "max_window_layers": layers}
+    return str(write_published(work / "qwen3-moe", sizes, QWEN3_GENERATION, qwen_tokenizer_dir()))
 
 
-def run(shape: str, ranks: list[int]) -> dict[tuple[str, int], dict[str, float]]:
+def run(shape: str, ranks: list[int], layers: int | None = None) -> dict[tuple[str, int], dict[str, float]]:
     """Every configuration at every world size of `ranks`: planned and measured GB a rank, keyed (label, ranks)."""
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-plan-"))
     results = {}
     try:
-        staged = stage(work / "storage", shape_dir(shape, work), STAGE)
+        staged = stage(work / "storage", shape_dir(shape, work, layers), STAGE)
         for world in ranks:
             for index, (label, settings) in enumerate(CONFIGURATIONS.items()):
                 name, overrides = f"plan-{index}-{world}", [*RUN, f"launch.nproc_per_node={world}", *settings]
@@ -109,7 +114,8 @@ def run(shape: str, ranks: list[int]) -> dict[tuple[str, int], dict[str, float]]
                 shutil.rmtree(work / "storage" / "runs" / name / "checkpoints", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{shape}:\n| configuration | CPU ranks | planned GB a rank | measured RssAnon GB | planned / measured |")
+    title = shape if layers is None else f"{shape} ({layers} layers)"
+    print(f"\n{title}:\n| configuration | CPU ranks | planned GB a rank | measured RssAnon GB | planned / measured |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for (label, world), r in results.items():
         print(f"| {label} | {world} | {r['planned_gb']:.2f} | {r['measured_gb']:.2f} | {r['ratio']:.2f} |")
@@ -121,8 +127,9 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], dict[str, float
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=("qwen2.5-0.5b", "qwen3-moe", "tiny"), default="qwen2.5-0.5b")
     parser.add_argument("--ranks", default="2", help="world sizes (ranks on the one node), comma-separated")
+    parser.add_argument("--layers", type=int, help="decoder layers of --shape qwen3-moe (default MOE_SHAPE's 6)")
     args = parser.parse_args(argv)
-    return run(args.shape, [int(r) for r in args.ranks.split(",")])
+    return run(args.shape, [int(r) for r in args.ranks.split(",")], args.layers)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Every benchmark script under tests/benchmarks/, end to end at toy size, through its command line (`main(argv)`), so a
-change that breaks a benchmark fails the build instead of its next on-demand run. Marker `bench`: not in the default
-run; `make test-suites` (which .ci/run runs) runs it: `pytest -m bench tests/benchmarks`. Each run is as small as the
+change that breaks a benchmark fails here instead of in its next full-size run. Marker `bench`: `make test-bench`
+(`pytest -m bench tests/benchmarks`), after changing a benchmark or what one drives; not in CI, whose 90-minute limit
+could not keep their ~29 minutes of a worker (the default run checks that every script imports and parses its
+options, `test_every_benchmark_script_imports_and_parses_its_options`). Each run is as small as the
 script allows (1 repeat, the fewest steps past the warm-up, tiny models and data); the tests assert that it completed
 and produced its figures, never a time: the figures of toy runs on a shared machine mean nothing. bench_gpu.py runs
-its CPU path (`--dry-run-cpu`), the one CI can run. `make bench` runs the full-size benchmarks."""
+its CPU path (`--dry-run-cpu`), the one a machine without a GPU can run. `make bench` runs the full-size benchmarks."""
 
 from __future__ import annotations
 
@@ -235,6 +237,18 @@ def test_bench_generate() -> None:
     for row in rows:
         positive(row, "seconds", "peak_gb", "ratio_to_batch_1")
     assert rows[0]["scoring_seconds"] >= 0
+
+
+@pytest.mark.parametrize("script", sorted(path.stem for path in HERE.glob("bench_*.py")))
+def test_every_benchmark_script_imports_and_parses_its_options(script: str, capsys: pytest.CaptureFixture) -> None:
+    """In the default run, where the toy runs are not: an import or an option a change broke fails the build. `--help`
+    builds the whole parser and exits 0 before any work."""
+    import importlib
+
+    module = importlib.import_module(f"tests.benchmarks.{script}")
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--help"])
+    assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
 def test_every_benchmark_script_has_a_toy_run() -> None:
