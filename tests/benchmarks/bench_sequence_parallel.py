@@ -100,6 +100,11 @@ def worker(args: argparse.Namespace) -> None:
     size = int(os.environ["WORLD_SIZE"])
     dist = sequence_parallel.split_sequences(distributed.init(deepspeed_backend=True), size, args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    # The weights into the rank's own memory at every size: loaded from safetensors they are file pages until written,
+    # outside RssAnon, and only a rank that receives DeepSpeed's broadcast of them (size > 1) writes them; without the
+    # copy a rank of size 2 counted 0.55 GB of weights that one rank did not.
+    for parameter in model.parameters():
+        parameter.data = parameter.data.clone()
     sequence_parallel.check_attention(model, size)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets))
