@@ -141,14 +141,26 @@ def test_qwen3_moe_as_published_lora_on_its_experts_under_zero3_on_2_ranks_expor
 ) -> None:
     """Qwen3-30B-A3B as published, sizes scaled down (tests/published.py): LoRA on attention and the fused experts
     under ZeRO-3 on 2 ranks, trained, exported as an adapter that names its expert weights and as a merged model in
-    the published per-expert layout, which transformers loads."""
+    the published per-expert layout, which transformers loads; its step-2 checkpoint resumed on 1 rank continues the
+    2-rank trajectory (the global batch fixed, one row a micro-batch, so every micro-batch's balancing loss is over
+    the same row at either size)."""
+    import shutil
+
+    from torch.testing import assert_close
     from transformers import AutoModelForCausalLM
 
     from tests.distributed.harness import stage, train
 
     staged = stage(tmp_path / "storage", qwen3_moe, [f"data.source={sft_data}", "data.max_length=96"])
-    overrides = ["train.max_steps=2", "train.save_steps=2", "train.export_merged=true"]
-    run = train(staged, "qwen3-moe", [*overrides, "deepspeed.config=config/deepspeed/zero3.json"])
+    overrides = ["train.max_steps=4", "train.save_steps=2", "train.global_batch_size=4", "train.micro_batch_size=1"]
+    overrides += ["train.lora.dropout=0", "deepspeed.config=config/deepspeed/zero3.json"]
+    run = train(staged, "qwen3-moe", [*overrides, "train.export_merged=true"])
+    resumed_dir = Path(staged.storage) / "runs" / "qwen3-moe-on-1" / "checkpoints" / run.checkpoint(2).name
+    shutil.copytree(run.checkpoint(2), resumed_dir)
+    resumed = train(staged, "qwen3-moe-on-1", [*overrides, "launch.nnodes=1"])
+    assert_close(resumed.losses(), run.losses()[2:], rtol=1e-5, atol=0)
+    log = (resumed.run_dir / "nodes" / "0" / "log.txt").read_text()
+    assert "resumed from step 2 written by 2 ranks, now on 1" in log
     final = run.run_dir / "final"
     adapters = json.loads((final / "adapters.json").read_text())
     assert adapters["target_parameters"] == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
@@ -157,7 +169,7 @@ def test_qwen3_moe_as_published_lora_on_its_experts_under_zero3_on_2_ranks_expor
     assert merged.config.model_type == "qwen3_moe"
     steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "loss" in s and "event" not in s]
-    assert [s["step"] for s in steps] == [1, 2]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
     for step in steps:  # the router's balance, apart from the language model's loss
         assert step["aux_loss"] > 0 and 1.0 <= step["expert_load_max"] <= 8 / 2 and step["experts_idle"] >= 0
 
