@@ -115,7 +115,7 @@ def worker(args: argparse.Namespace) -> None:
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=params, config=ds, mpu=sequence_parallel.groups(dist)
     )
-    head = LossHead.of(engine, 1024)
+    head = LossHead.of(engine, args.loss_chunk)
     ids = torch.randint(
         0, int(model_config(args.model)["vocab_size"]), (args.length,), generator=torch.Generator().manual_seed(1)
     )
@@ -147,7 +147,7 @@ def run_case(model: str, length: int, ranks: int, args: argparse.Namespace) -> d
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)), "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}"]
     command += [__file__, "--worker", "--model", model, "--length", str(length), "--repeats", str(args.repeats)]
-    command += ["--targets", str(args.targets)]
+    command += ["--targets", str(args.targets), "--loss-chunk", str(args.loss_chunk)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--targets", type=int, default=512, help="the row's last tokens that are the loss's targets")
+    parser.add_argument(
+        "--loss-chunk", type=int, default=1024, help="train.loss_chunk_tokens: the tokens whose logits exist at once"
+    )
     parser.add_argument("--toy", action="store_true", help="a tiny model at 256 tokens on 1 and 2 ranks, 1 repeat")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
