@@ -5,6 +5,14 @@ layers, 2 by default, so that a step fits a CPU's time).
     .venv/bin/python tests/benchmarks/bench_sequence_parallel.py                        # 8,192 and 16,384 tokens
     .venv/bin/python tests/benchmarks/bench_sequence_parallel.py --lengths 8192 --ranks 1,2
     .venv/bin/python tests/benchmarks/bench_sequence_parallel.py --toy                  # toy size
+    MALLOC_MMAP_THRESHOLD_=65536 .venv/bin/python tests/benchmarks/bench_sequence_parallel.py --layers 6 ...
+
+glibc keeps freed blocks under its mmap threshold (which grows to 32 MiB as large blocks are freed) for reuse, and
+RssAnon counts them: the split rank's many half-size tensors left more behind than one rank's. With
+MALLOC_MMAP_THRESHOLD_ fixed in the environment (the ranks inherit it) every block of that size or more goes back to
+the system when freed, so the peaks are those of live memory, as a GPU's allocated bytes are. Each rank copies the
+model's weights into its own memory (file pages of the safetensors until written, which RssAnon would miss on one
+rank and count on a rank receiving DeepSpeed's broadcast).
 
 Each case is one torchrun launch of `--ranks` ranks on this machine running the trainer's own pieces: DeepSpeed's
 Ulysses registered and its groups checked (trainer/sequence_parallel.py), the project's ZeRO-2 JSON resolved for
