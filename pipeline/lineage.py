@@ -50,6 +50,7 @@ def registry_entry(
         "checkpoint_url": str(checkpoint.url),
         "evaluated_url": metrics["model_url"],
         "base_model": spec.model_path,
+        "trust_remote_code": spec.config.model.trust_remote_code,
         "method": spec.config.train.method,
         "run_url": str(spec.run),
         "lineage": lineage(spec, spec_digest, checkpoint, flow_run_id),

@@ -115,15 +115,17 @@ def load_snippet(entry: dict[str, Any]) -> str:
         "",
         "dtype = torch.float32  # as Tandem evaluated on a CPU; torch.bfloat16 on a GPU",
     ]
+    # A model trained with model.trust_remote_code loads with its own code, as it trained.
+    remote = ", trust_remote_code=True" if entry.get("trust_remote_code") else ""
     if entry.get("method", "lora") in ("lora", "qlora"):
         lines[1:1] = ["from peft import PeftModel"]
         lines += [
-            f'base = AutoModelForCausalLM.from_pretrained("{entry["base_model"]}", dtype=dtype)',
+            f'base = AutoModelForCausalLM.from_pretrained("{entry["base_model"]}", dtype=dtype{remote})',
             f'model = PeftModel.from_pretrained(base, "{model_url}")  # .merge_and_unload() for plain weights',
         ]
     else:
-        lines += [f'model = AutoModelForCausalLM.from_pretrained("{model_url}", dtype=dtype)']
-    lines += [f'tokenizer = AutoTokenizer.from_pretrained("{model_url}")']
+        lines += [f'model = AutoModelForCausalLM.from_pretrained("{model_url}", dtype=dtype{remote})']
+    lines += [f'tokenizer = AutoTokenizer.from_pretrained("{model_url}"{remote})']
     if "://" in model_url:
         lines[0:0] = [f"# from_pretrained needs a local directory: copy {model_url} first (e.g. aws s3 sync)"]
     return "\n".join(lines)

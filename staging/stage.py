@@ -63,10 +63,12 @@ def stage_dataset(
     bars: bool | None = None,
     chat_template: str | None = None,
     length_note: str | None = None,
+    trust_remote_code: bool = False,
 ) -> DatasetRef:
     """Stage data.source under {storage}/datasets/{id}; reuse a complete copy if there is one. `chat_template`
     (model.chat_template's text) replaces the tokenizer's template; `length_note` ends the warning of many records
-    cut by data.max_length (why the setting may be too small)."""
+    cut by data.max_length (why the setting may be too small); `trust_remote_code` (model.trust_remote_code) lets the
+    tokenizer's own code run."""
     reporter = Reporter(progress, bars)
     fingerprint = tokenizer_fingerprint(model_path, chat_template)
     inputs = survey(data, fingerprint, reporter)
@@ -91,6 +93,7 @@ def stage_dataset(
                     data.enable_thinking,
                     data.mask_history,
                     data.excess_length,
+                    trust_remote_code,
                 )
                 ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter, packed, length_note)
             except Exception:

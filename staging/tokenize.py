@@ -58,11 +58,17 @@ class EncoderSettings:
     enable_thinking: bool = True
     mask_history: bool = False
     excess_length: str = "truncate"
+    trust_remote_code: bool = False  # model.trust_remote_code
 
     def encoder(self) -> ChatEncoder:
         """A ChatEncoder with the tokenizer loaded."""
         return ChatEncoder(
-            load_tokenizer(self.model_path, self.chat_template, require_template=False),
+            load_tokenizer(
+                self.model_path,
+                self.chat_template,
+                require_template=False,
+                trust_remote_code=self.trust_remote_code,
+            ),
             self.max_length,
             enable_thinking=self.enable_thinking,
             mask_history=self.mask_history,

@@ -24,13 +24,20 @@ TOKENIZER_FILES = (
 )
 
 
-def load_tokenizer(model_path: str, chat_template: str | None = None, *, require_template: bool = True) -> Any:
+def load_tokenizer(
+    model_path: str,
+    chat_template: str | None = None,
+    *,
+    require_template: bool = True,
+    trust_remote_code: bool = False,
+) -> Any:
     """The model's tokenizer (a fast one: offsets are needed to place the labels), with `chat_template` if given.
     Without `require_template` a tokenizer without a chat template is returned as it is (a base model's, for
-    plain-text data); ChatEncoder then refuses chat records with `no_template_error`'s message."""
+    plain-text data); ChatEncoder then refuses chat records with `no_template_error`'s message. `trust_remote_code`
+    (model.trust_remote_code) lets a directory's own tokenizer or configuration code run."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(
             f"model.name_or_path {model_path}: the tokenizer is not a fast (tokenizers) one; "

@@ -53,4 +53,5 @@ def prepare_dataset(cfg: FinetuneConfig, model_path: str) -> DatasetRef:
             progress=logger.info,
             chat_template=resolve_chat_template(cfg.model.chat_template),
             length_note=toy_length_note(cfg),
+            trust_remote_code=cfg.model.trust_remote_code,
         )

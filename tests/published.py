@@ -140,6 +140,19 @@ QWEN3_MOE_SCALED = {
     "moe_intermediate_size": 32,
     "intermediate_size": 96,
 }
+# A remote-code mixture of experts (tests/fixtures/per_expert_moe: one module per expert): the scaled Qwen3-MoE's keys
+# and values under its own model type, with the auto_map that names its code, as remote-code publishers ship one.
+PER_EXPERT_CODE = Path(__file__).parent / "fixtures" / "per_expert_moe"
+PER_EXPERT_MOE = {
+    **QWEN3_30B_A3B,
+    **QWEN3_MOE_SCALED,
+    "architectures": ["PerExpertMoeForCausalLM"],
+    "model_type": "per_expert_moe",
+    "auto_map": {
+        "AutoConfig": "configuration_per_expert_moe.PerExpertMoeConfig",
+        "AutoModelForCausalLM": "modeling_per_expert_moe.PerExpertMoeForCausalLM",
+    },
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
@@ -208,3 +221,29 @@ def qwen3_moe_scaled(out: Path, *, max_shard_size: str | None = "4MB") -> Path:
 
     config = {**QWEN3_30B_A3B, **QWEN3_MOE_SCALED}
     return write_published(out, config, QWEN3_GENERATION, qwen_tokenizer_dir(), max_shard_size=max_shard_size)
+
+
+def per_expert_moe_scaled(out: Path, *, max_shard_size: str = "4MB") -> Path:
+    """A remote-code mixture of experts laid out as its publisher would ship it: config.json with the auto_map naming
+    its configuration and modeling files (copied beside the weights), sharded bf16 safetensors with an index (one
+    tensor per expert: `experts.N.gate_proj.weight`), Qwen3's generation config and tokenizer; loads only with
+    `trust_remote_code=True`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.tiny_qwen import qwen_tokenizer_dir
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("configuration_per_expert_moe.py", "modeling_per_expert_moe.py"):
+        shutil.copy(PER_EXPERT_CODE / name, out / name)
+    (out / "config.json").write_text(json.dumps(PER_EXPERT_MOE, indent=2) + "\n")
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(out, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=True, dtype=torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
+    (out / "config.json").write_text(json.dumps(PER_EXPERT_MOE, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(QWEN3_GENERATION, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (qwen_tokenizer_dir() / name).exists():
+            shutil.copy(qwen_tokenizer_dir() / name, out / name)
+    return out

@@ -30,14 +30,16 @@ class TandemModel(mlflow.pyfunc.PythonModel):
         # The precision Tandem evaluated in (trainer/eval_model.py): published bases are stored in bf16, which
         # transformers would otherwise keep on a CPU too, and the served model would not be the one evaluated.
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        # A model trained with model.trust_remote_code runs its own code again here (saved with it by save_pyfunc).
+        remote = bool((context.model_config or {}).get("trust_remote_code", False))
         if os.path.exists(os.path.join(path, "adapter_config.json")):
             from peft import AutoPeftModelForCausalLM
 
-            self.model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
+            self.model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=remote)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=remote)
         self.model.eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
 
     def predict(self, context: Any, model_input: list[str], params: dict[str, Any] | None = None) -> list[str]:
         """Greedy completions of user messages, rendered with the model's chat template; a model without one (trained

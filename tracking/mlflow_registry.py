@@ -58,14 +58,19 @@ def experiment_of(entry: dict[str, Any], storage: Location) -> str:
         return DEFAULT_EXPERIMENT
 
 
-def save_pyfunc(export: str, saved: str) -> None:
-    """Save a local export directory as a pyfunc model (TandemModel, the export as its `model` artifact) at `saved`."""
+def save_pyfunc(export: str, saved: str, *, trust_remote_code: bool = False) -> None:
+    """Save a local export directory as a pyfunc model (TandemModel, the export as its `model` artifact) at `saved`;
+    `trust_remote_code` (the run's model.trust_remote_code) is what loading it passes to transformers."""
     import mlflow.pyfunc
 
     from tracking.mlflow_model import TandemModel
 
     mlflow.pyfunc.save_model(
-        saved, python_model=TandemModel(), artifacts={"model": export}, pip_requirements=requirements()
+        saved,
+        python_model=TandemModel(),
+        artifacts={"model": export},
+        model_config={"trust_remote_code": trust_remote_code},
+        pip_requirements=requirements(),
     )
 
 
@@ -80,7 +85,7 @@ def log_model(client: Any, mlflow_run_id: str, entry: dict[str, Any], storage: L
             fs, path = filesystem(model_url)
             fs.get(path, export, recursive=True)
         saved = os.path.join(tmp, "pyfunc")
-        save_pyfunc(export, saved)
+        save_pyfunc(export, saved, trust_remote_code=bool(entry.get("trust_remote_code")))
         name = artifact_name(entry["model"], entry["version"])
         client.log_artifacts(mlflow_run_id, saved, name)
     return f"{client.get_run(mlflow_run_id).info.artifact_uri}/{name}"

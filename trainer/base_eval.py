@@ -98,5 +98,7 @@ def load_base_for_eval(spec: Spec, dist: Dist) -> Any:
 
     from trainer.eval_model import eval_dtype
 
-    model: Any = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=eval_dtype(dist.device))
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        spec.model_path, dtype=eval_dtype(dist.device), trust_remote_code=spec.config.model.trust_remote_code
+    )
     return model.to(dist.device).eval()

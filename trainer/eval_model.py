@@ -84,14 +84,15 @@ def _from_pretrained(directory: str, spec: Spec, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype = eval_dtype(device)
+    remote = spec.config.model.trust_remote_code  # an export of a remote-code model carries its code files
     model: Any
     if os.path.exists(os.path.join(directory, "adapter_config.json")):
         from peft import PeftModel
 
-        base = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
+        base = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype, trust_remote_code=remote)
         model = PeftModel.from_pretrained(base, directory)
     else:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, trust_remote_code=remote)
     return model.to(device).eval()
 
 
@@ -114,7 +115,8 @@ def load_checkpoint_for_eval(ckpt: CompleteCheckpoint, spec: Spec, device: torch
     train = spec.config.train.model_copy(
         update={"method": "full" if method == "full" else "lora", "gradient_checkpointing": False}
     )
-    model = make_trainable(load_base(spec.model_path, method=train.method, bf16=False), train)
+    remote = spec.config.model.trust_remote_code
+    model = make_trainable(load_base(spec.model_path, method=train.method, bf16=False, trust_remote_code=remote), train)
     expected = {name for name, p in model.named_parameters() if p.requires_grad}
     missing, extra = sorted(expected - set(state)), sorted(set(state) - set(model.state_dict()))
     if extra or (missing and not tied_only(model, missing)):

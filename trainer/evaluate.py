@@ -59,7 +59,8 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
         from trainer.samples import write_samples
 
         first = examples_of(itertools.islice(examples, spec.config.eval.generate_samples))
-        result["samples_url"] = write_samples(model, first, spec, dist, ensure_pad_token_id(model, spec.model_path))
+        pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
+        result["samples_url"] = write_samples(model, first, spec, dist, pad_id)
     if spec.config.eval.compare_base:
         del model  # one model in memory at a time
         from trainer.base_eval import base_figures
@@ -74,7 +75,7 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
 def measure(model: Any, objective: Any, examples: Any, spec: Spec, dist: Dist) -> dict[str, Any]:
     """The objective's all-reduced metrics of `model` on the eval split, and its generated answers' scores with
     eval.generate: what eval.json holds of the trained model and of the base model (eval.compare_base)."""
-    pad_id = ensure_pad_token_id(model, spec.model_path)
+    pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
     metrics = objective.evaluate(
         model,
         examples,
@@ -97,7 +98,7 @@ def generate(model: Any, examples: Any, spec: Spec, dist: Dist, pad_id: int) -> 
 
     cfg = spec.config.eval.generate
     prompts = prompts_of(examples, sample_rows(len(examples), cfg.max_records), cfg.max_records)
-    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
     return generate_and_score(model, prompts, cfg, dist, (pad_id, tokenizer), seed=spec.config.train.seed)
 
 

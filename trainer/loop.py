@@ -59,20 +59,24 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     from transformers import get_scheduler
 
     train = spec.config.train
+    remote = spec.config.model.trust_remote_code
     fused = kernels.resolve(train.kernels, dist.device)  # before the model loads: a kernel that cannot run stops here
     bf16 = dist.device.type == "cuda"
     if bf16:
         plain_arch_list()
-    ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, shape=ModelShape.of(model_config(spec.model_path)))
+    shape = ModelShape.of(model_config(spec.model_path, trust_remote_code=remote))
+    ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, shape=shape)
     # Each rank saves under its own tag (rank-{r}); DeepSpeed's cross-rank tag check would flag that.
     ds.setdefault("checkpoint", {})["tag_validation"] = "Ignore"
     seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
     partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
     log_memory("before loading the model")
-    base = load_base(spec.model_path, method=train.method, bf16=bf16, zero3=zero_stage(ds) == 3)
+    base = load_base(
+        spec.model_path, method=train.method, bf16=bf16, zero3=zero_stage(ds) == 3, trust_remote_code=remote
+    )
     sequence_parallel.check_attention(base, dist.sequence_parallel)
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
-    pad_id = ensure_pad_token_id(base, spec.model_path)
+    pad_id = ensure_pad_token_id(base, spec.model_path, trust_remote_code=remote)
     kernels.announce(base, fused)  # on the transformers model, before PEFT wraps it
     model = make_trainable(base, train)
     faults.maybe_force_disjoint_routing(model, dist.rank)

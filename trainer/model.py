@@ -38,14 +38,27 @@ def lora_targets(model: Any, configured: list[str] | None) -> list[str]:
     return sorted(name for name in names - {"lm_head"} if not is_router(name))
 
 
-def model_config(model_path: str) -> dict[str, Any]:
-    """The model's config.json as a dict (read before loading: DeepSpeed's sizes and the partitioned load need it)."""
+def untrusted_code(model_path: str, exc: Exception) -> UserError | None:
+    """The one line for transformers' refusal to run a directory's own code (its config.json's auto_map names classes
+    of a model type transformers does not know) without trust_remote_code; None for another error."""
+    if "trust_remote_code" not in str(exc):
+        return None
+    return UserError(
+        f"model.name_or_path {model_path}: its config.json's auto_map names code the directory ships (a model type "
+        "transformers does not know); read that code, then set model.trust_remote_code: true to run it"
+    )
+
+
+def model_config(model_path: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The model's config.json as a dict (read before loading: DeepSpeed's sizes and the partitioned load need it);
+    `trust_remote_code` (model.trust_remote_code) lets a directory's own configuration class run."""
     from transformers import AutoConfig
 
     try:
-        return dict(AutoConfig.from_pretrained(model_path).to_dict())
+        return dict(AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict())
     except (OSError, ValueError) as exc:
-        raise UserError(f"model.name_or_path {model_path}: cannot read its config.json ({exc})") from None
+        unreadable = UserError(f"model.name_or_path {model_path}: cannot read its config.json ({exc})")
+        raise untrusted_code(model_path, exc) or unreadable from None
 
 
 class PartitionedLoad:
@@ -74,17 +87,19 @@ def parameter_count(model: Any, *, trainable: bool = False) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad or not trainable)
 
 
-def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False) -> Any:
+def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False, trust_remote_code: bool = False) -> Any:
     """The base causal LM in bf16 (GPU) or fp32 (CPU); 4-bit nf4 for Q-LoRA. Partitioned across the ranks while a
-    PartitionedLoad is alive.
+    PartitionedLoad is alive. With `trust_remote_code` (model.trust_remote_code) the classes of the directory's own
+    code (config.json's auto_map) are used.
 
     Under ZeRO-3 (`zero3`), Q-LoRA's packed 4-bit weights are stored in the compute dtype instead of uint8: ZeRO-3
     partitions only floating-point parameters, and one dtype for every parameter lets it flatten them together."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
+    kwargs["trust_remote_code"] = trust_remote_code
     if method == "qlora":
-        refuse_qlora(model_path, model_config(model_path))
+        refuse_qlora(model_path, model_config(model_path, trust_remote_code=trust_remote_code))
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
@@ -94,11 +109,15 @@ def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False) 
         )
     try:
         return AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        if (refused := untrusted_code(model_path, exc)) is not None:
+            raise refused from None
+        if isinstance(exc, ValueError):
+            raise
         raise UserError(f"model.name_or_path {model_path}: cannot load ({exc})") from None
 
 
-def ensure_pad_token_id(model: Any, model_path: str) -> int:
+def ensure_pad_token_id(model: Any, model_path: str, *, trust_remote_code: bool = False) -> int:
     """The id that pads a micro-batch's rows: the model config's `pad_token_id`, else the tokenizer's pad token, else
     its EOS token; written into the model's config when it had none, so that generation and the export read the same.
 
@@ -110,7 +129,7 @@ def ensure_pad_token_id(model: Any, model_path: str) -> int:
         return int(configured)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     for role in ("pad", "eos"):
         token_id = getattr(tokenizer, f"{role}_token_id", None)
         if token_id is not None:

@@ -52,7 +52,7 @@ def write_samples(model: Any, examples: list[Row], spec: Spec, dist: Dist, pad_i
     count = min(spec.config.eval.generate_samples, len(examples))
     if count == 0:
         return None
-    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
     mine = []
     for index in range(dist.rank, count, dist.world_size):
         prompt, reference = split_prompt(examples[index])

@@ -43,16 +43,17 @@ ATTENTION = "sdpa"  # the attention Ulysses wraps here (flash-attention is the G
 def start(spec: Spec, dist: Dist) -> Dist:
     """This rank's Dist with the run's sequence-parallel size; above 1, DeepSpeed's Ulysses registered with
     transformers and its groups checked against the layout (after the process group, before the model loads)."""
-    return split_sequences(dist, spec.config.train.sequence_parallel_size, spec.model_path)
+    remote = spec.config.model.trust_remote_code
+    return split_sequences(dist, spec.config.train.sequence_parallel_size, spec.model_path, trust_remote_code=remote)
 
 
-def split_sequences(dist: Dist, size: int, model_path: str) -> Dist:
+def split_sequences(dist: Dist, size: int, model_path: str, *, trust_remote_code: bool = False) -> Dist:
     """`dist` with sequence-parallel size `size`, and above 1 Ulysses registered for the model at `model_path` (one
     row a forward pass) and its groups checked against the layout."""
     if size == 1:
         return dist
     dist = dataclasses.replace(dist, sequence_parallel=size)
-    config = model_config(model_path)
+    config = model_config(model_path, trust_remote_code=trust_remote_code)
     heads = int(config["num_attention_heads"])
     if problem := heads_problem(size, heads, int(config.get("num_key_value_heads") or heads)):
         raise UserError(f"model.name_or_path {model_path}: {problem}")

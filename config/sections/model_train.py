@@ -34,6 +34,13 @@ class ModelConfig(Section):
         description="Chat template to use instead of the tokenizer's own, for staging, training and the export: a "
         "built-in name (qwen2.5) or a Jinja file; empty: the model's own.",
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="Run the Python code the model directory ships (config.json's auto_map: its own configuration, "
+        "modeling or tokenizer classes), as Hugging Face's trust_remote_code does, in staging, on every rank and in "
+        "the export. Only for a directory whose code you have read: it runs with the run's permissions. The code "
+        "files are among the base model's checked files (base_model.json) and are copied into the export.",
+    )
 
 
 class LoraConfig(Section):

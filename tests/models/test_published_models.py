@@ -197,3 +197,42 @@ def test_qwen3_moe_full_finetuning_under_zero3_trains_on_while_the_ranks_route_t
     logs = "".join(path.read_text(errors="replace") for path in (run.run_dir / "nodes").rglob("*") if path.is_file())
     for rank in (0, 1):
         assert f"2 routers of rank {rank} forced to its own experts" in logs
+
+
+def test_remote_code_moe_with_one_module_per_expert_trains_lora_under_zero3_while_ranks_route_to_disjoint_experts(
+    tmp_path, sft_data
+) -> None:
+    """A remote-code mixture of experts (tests/published.py per_expert_moe_scaled: its config.json's auto_map names the
+    modeling file beside the weights, one module per expert) with model.trust_remote_code: LoRA on attention and every
+    expert's projections under ZeRO-3 on 2 ranks, rank 0 routing every token to experts 0-1 and rank 1 to experts 2-3
+    (TANDEM_TEST_DISJOINT_ROUTING). Only the experts a token reaches run, so each rank would fetch different expert
+    weights and wait on gathers the other never joins; the sparse block is a ZeRO-3 leaf module, gathered whole, and
+    training goes on. The merged export carries the modeling code and loads with trust_remote_code, as the base does."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.distributed.harness import stage, train
+    from tests.published import per_expert_moe_scaled
+
+    model = per_expert_moe_scaled(tmp_path / "PerExpert-MoE-scaled")
+    remote = ["model.trust_remote_code=true"]
+    staged = stage(tmp_path / "storage", str(model), [*remote, f"data.source={sft_data}", "data.max_length=96"])
+    overrides = [*remote, "train.max_steps=3", "train.save_steps=3", "deepspeed.config=config/deepspeed/zero3.json"]
+    disjoint = {"TANDEM_TEST_DISJOINT_ROUTING": "1"}
+    run = train(staged, "per-expert-disjoint", [*overrides, "train.export_merged=true"], env=disjoint)
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "loss" in s and "event" not in s]
+    assert len(steps) == 3 and all(math.isfinite(s["loss"]) and s["aux_loss"] > 0 for s in steps)
+    logs = "".join(path.read_text(errors="replace") for path in (run.run_dir / "nodes").rglob("*") if path.is_file())
+    assert "ZeRO-3 leaf modules (every expert gathered at once): PerExpertSparseMoeBlock" in logs
+    for rank in (0, 1):
+        assert f"2 routers of rank {rank} forced to its own experts" in logs
+    final = run.run_dir / "final"
+    adapters = json.loads((final / "adapters.json").read_text())
+    assert {"gate_proj", "up_proj", "down_proj", "q_proj"} <= set(adapters["target_modules"])
+    assert adapters["target_parameters"] == []
+    assert (final / "merged" / "modeling_per_expert_moe.py").read_bytes() == (
+        model / "modeling_per_expert_moe.py"
+    ).read_bytes()
+    merged = AutoModelForCausalLM.from_pretrained(final / "merged", trust_remote_code=True)
+    assert type(merged).__name__ == "PerExpertMoeForCausalLM"
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in merged.state_dict()

@@ -9,7 +9,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,10 +43,13 @@ def export_final(
     dist: Dist,
     algorithm: str,
     chat_template: str | None = None,
+    trust_remote_code: bool = False,
 ) -> Location:
     """Write the trained model to {run}/final in Hugging Face format (adapter or full, in shards of at most
     `shard_bytes` with an index), COMPLETE last; the tokenizer carries `chat_template` (model.chat_template's text)
-    when given, so serving uses what staging used. Under ZeRO-3 no rank ever gathers the whole model."""
+    when given, so serving uses what staging used. With `trust_remote_code` (model.trust_remote_code) full and merged
+    weights carry the base directory's code files, so they load as the base does. Under ZeRO-3 no rank ever gathers
+    the whole model."""
     url = layout.final_dir(run_url)
     faults.maybe_late_export(dist.rank)
     done = exists(join(url, layout.COMPLETE)) and read_json(join(url, layout.MANIFEST)).get("step") == step
@@ -59,10 +64,16 @@ def export_final(
     save_weights(engine, model, staging, zero_stage, shard_bytes, dist.is_main)
     log_memory("weights exported")
     if dist.is_main:
-        save_tokenizer(model_path, staging, chat_template)
-        if merged and os.path.exists(os.path.join(staging, "adapter_config.json")):
+        save_tokenizer(model_path, staging, chat_template, trust_remote_code=trust_remote_code)
+        adapter = os.path.exists(os.path.join(staging, "adapter_config.json"))
+        if trust_remote_code and not adapter:
+            copy_model_code(model_path, staging)
+        if merged and adapter:
             dtype = torch.bfloat16 if engine.device.type == "cuda" else torch.float32
-            merge_adapter(model_path, staging, os.path.join(staging, "merged"), chat_template, dtype, shard_bytes)
+            merged_dir = os.path.join(staging, "merged")
+            merge_adapter(
+                model_path, staging, merged_dir, chat_template, dtype, shard_bytes, trust_remote_code=trust_remote_code
+            )
         publish_dir(staging, url, algorithm, lambda files: model_manifest(step, algorithm, files))
     barrier()
     return url
@@ -107,25 +118,43 @@ def write_adapter_summary(model: Any, out: str) -> None:
         handle.write("\n")
 
 
-def save_tokenizer(model_path: str, out: str, chat_template: str | None) -> None:
+def copy_model_code(model_path: str, out: str) -> list[str]:
+    """The base directory's Python files (a remote-code model's configuration and modeling classes, which its
+    config.json's auto_map names) copied into `out`: the exported config keeps the auto_map, so the export loads with
+    `trust_remote_code=True` as the base does. The names copied."""
+    names = sorted(path.name for path in Path(model_path).glob("*.py"))
+    for name in names:
+        shutil.copyfile(os.path.join(model_path, name), os.path.join(out, name))
+    return names
+
+
+def save_tokenizer(model_path: str, out: str, chat_template: str | None, *, trust_remote_code: bool = False) -> None:
     """The base model's tokenizer, with `chat_template` replacing its own when given, saved to `out`."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(out)
 
 
 def merge_adapter(
-    model_path: str, adapter_dir: str, out: str, chat_template: str | None, dtype: torch.dtype, shard_bytes: int
+    model_path: str,
+    adapter_dir: str,
+    out: str,
+    chat_template: str | None,
+    dtype: torch.dtype,
+    shard_bytes: int,
+    *,
+    trust_remote_code: bool = False,
 ) -> None:
     """Base (full precision, even for Q-LoRA, in the training dtype) + adapter merged into plain weights at `out`,
-    one base shard at a time (streamed_export.merge_streamed), with the base's config and the tokenizer."""
+    one base shard at a time (streamed_export.merge_streamed), with the base's config and the tokenizer (and, with
+    `trust_remote_code`, the base's code files)."""
     from transformers import AutoConfig, GenerationConfig
 
     os.makedirs(out, exist_ok=True)
-    config = AutoConfig.from_pretrained(model_path)
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     merge_streamed(
         model_path, adapter_dir, out, dtype, shard_bytes, tied=bool(getattr(config, "tie_word_embeddings", False))
     )
@@ -133,4 +162,6 @@ def merge_adapter(
     config.save_pretrained(out)
     with contextlib.suppress(OSError):  # a base without generation_config.json
         GenerationConfig.from_pretrained(model_path).save_pretrained(out)
-    save_tokenizer(model_path, out, chat_template)
+    save_tokenizer(model_path, out, chat_template, trust_remote_code=trust_remote_code)
+    if trust_remote_code:
+        copy_model_code(model_path, out)

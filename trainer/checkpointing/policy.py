@@ -269,4 +269,5 @@ class DeepSpeedIO:
             dist=self.dist,
             algorithm=self.algorithm,
             chat_template=self.spec.chat_template,
+            trust_remote_code=self.spec.config.model.trust_remote_code,
         )

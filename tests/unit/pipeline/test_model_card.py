@@ -123,6 +123,9 @@ def test_the_split_row_the_snippet_from_an_object_store_and_masked_urls(tmp_path
     assert snippet.splitlines()[0] == "# from_pretrained needs a local directory: copy s3://b/runs/r/final first " + (
         "(e.g. aws s3 sync)"
     )
+    remote = load_snippet({"model_url": "/r/final", "base_model": "/m", "method": "lora", "trust_remote_code": True})
+    assert remote.count("trust_remote_code=True") == 2  # the base and the tokenizer; PEFT loads the adapter on it
+    assert "trust_remote_code" not in load_snippet({"model_url": "/r/final", "method": "full"})
     spec = spec_for(tmp_path, [])
     doc = entry(spec, SFT_METRICS) | {"url": "https://reader:hunter2@registry.example/v3.json"}
     card = model_card(spec, doc, MANIFEST, None)

@@ -54,3 +54,21 @@ def test_predictions_are_greedy_completions_of_the_prompt_as_trained(tiny_model,
     if template:  # the rendering must matter, or this case could not tell the two paths apart
         assert greedy(model_dir, tokenizer(prompt, return_tensors="pt")) != expected
     assert served(model_dir, tmp_path / "pyfunc", [prompt]) == [expected]
+
+
+def test_a_model_with_its_own_code_is_served_with_the_trust_it_was_trained_with(tmp_path) -> None:
+    """A remote-code model (tests/published.py per_expert_moe_scaled: auto_map and modeling file beside the weights)
+    saved with trust_remote_code, as the registry mirror saves a run's with model.trust_remote_code: MLflow loads it
+    with its own classes; saved without, transformers refuses to run the code."""
+    import mlflow.pyfunc
+
+    from tests.published import per_expert_moe_scaled
+    from tracking.mlflow_registry import save_pyfunc
+
+    model_dir = per_expert_moe_scaled(tmp_path / "model")
+    save_pyfunc(str(model_dir), str(tmp_path / "trusted"), trust_remote_code=True)
+    loaded = mlflow.pyfunc.load_model(str(tmp_path / "trusted")).unwrap_python_model()
+    assert type(loaded.model).__name__ == "PerExpertMoeForCausalLM"
+    save_pyfunc(str(model_dir), str(tmp_path / "untrusted"))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        mlflow.pyfunc.load_model(str(tmp_path / "untrusted"))

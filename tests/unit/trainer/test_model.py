@@ -4,6 +4,9 @@ else the tokenizer; ZeRO-3's partitioned load only where it applies."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -17,6 +20,7 @@ from trainer.model import (
     load_base,
     lora_targets,
     make_trainable,
+    model_config,
     parameter_count,
     partitioned_load,
 )
@@ -63,6 +67,22 @@ def test_the_pad_id_comes_from_config_json_else_the_tokenizer(tiny_model, tmp_pa
     assert ensure_pad_token_id(model, str(published)) == pad and model.config.pad_token_id == pad
     with pytest.raises(UserError, match=rf"^model.name_or_path {tmp_path}/none: cannot load"):
         load_base(str(tmp_path / "none"), method="full", bf16=False)
+
+
+def test_a_directory_that_ships_its_own_code_loads_only_with_model_trust_remote_code(tmp_path) -> None:
+    """A remote-code model's config.json and code files (tests/fixtures/per_expert_moe, no weights needed to read the
+    config): refused in one line naming the setting without trust_remote_code, read with it."""
+    from tests.published import PER_EXPERT_CODE, PER_EXPERT_MOE
+
+    for code in PER_EXPERT_CODE.glob("*_per_expert_moe.py"):
+        shutil.copy(code, tmp_path / code.name)
+    (tmp_path / "config.json").write_text(json.dumps(PER_EXPERT_MOE))
+    refusal = rf"^model.name_or_path {tmp_path}: its config.json's auto_map names code .* model.trust_remote_code: true"
+    with pytest.raises(UserError, match=refusal):
+        model_config(str(tmp_path))
+    with pytest.raises(UserError, match=refusal):
+        load_base(str(tmp_path), method="lora", bf16=False)
+    assert model_config(str(tmp_path), trust_remote_code=True)["model_type"] == "per_expert_moe"
 
 
 def test_the_partitioned_load_is_for_zero3_full_and_lora_only() -> None:
