@@ -9,7 +9,7 @@ import torch
 
 from config.sections.model_train import TrainConfig
 from core.errors import UserError
-from trainer.moe import adapter_summary, is_router, lora_target_parameters, refuse_qlora
+from trainer.moe import adapter_summary, expert_parameters, is_router, lora_target_parameters, refuse_qlora
 
 log = logging.getLogger(__name__)
 _PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -94,12 +94,17 @@ def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False, 
 
     Under ZeRO-3 (`zero3`), Q-LoRA's packed 4-bit weights are stored in the compute dtype instead of uint8: ZeRO-3
     partitions only floating-point parameters, and one dtype for every parameter lets it flatten them together."""
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
     kwargs["trust_remote_code"] = trust_remote_code
+    own_code = False
     if method == "qlora":
-        refuse_qlora(model_path, model_config(model_path, trust_remote_code=trust_remote_code))
+        config = model_config(model_path, trust_remote_code=trust_remote_code)
+        # A model's own code decides how it holds its experts (one Linear each quantizes): checked once it is built.
+        own_code = trust_remote_code and "auto_map" in config
+        if not own_code:
+            refuse_qlora(model_path, config)
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
@@ -107,6 +112,16 @@ def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False, 
             bnb_4bit_compute_dtype=kwargs["dtype"],
             **({"bnb_4bit_quant_storage": kwargs["dtype"]} if zero3 else {}),
         )
+    model = _from_pretrained(model_path, kwargs)
+    if own_code and expert_parameters(model):
+        refuse_qlora(model_path, config)
+    return model
+
+
+def _from_pretrained(model_path: str, kwargs: dict[str, Any]) -> Any:
+    """AutoModelForCausalLM.from_pretrained, its refusals of the directory as one line."""
+    from transformers import AutoModelForCausalLM
+
     try:
         return AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
     except (OSError, ValueError) as exc:

@@ -79,6 +79,18 @@ def test_qlora_on_a_mixture_of_experts_is_refused_in_one_line_saying_why(qwen3_m
         load_base(qwen3_moe, method="qlora", bf16=False)
 
 
+def test_qlora_quantizes_the_experts_of_a_model_whose_own_code_keeps_one_linear_each(tmp_path) -> None:
+    """A remote-code mixture of experts (tests/published.py per_expert_moe_scaled) keeps each expert's projections as
+    Linear layers, which bitsandbytes quantizes: Q-LoRA is not refused, and the experts are 4-bit."""
+    from tests.published import per_expert_moe_scaled
+
+    model = load_base(str(per_expert_moe_scaled(tmp_path / "moe")), method="qlora", bf16=False, trust_remote_code=True)
+    experts = model.model.layers[0].mlp.experts
+    assert {type(getattr(expert, name)).__name__ for expert in experts for name in ("gate_proj", "down_proj")} == {
+        "Linear4bit"
+    }
+
+
 class SparseMoeBlock(torch.nn.Module):
     """Mixtral's older (and remote-code) layout: a router and one module per expert in a ModuleList."""
 
