@@ -32,6 +32,7 @@ class Dist:
     device: torch.device
     local_world: int = 1  # ranks on this node
     sequence_parallel: int = 1  # train.sequence_parallel_size: ranks that split one sequence
+    averaged_by: int | None = None  # the ranks DeepSpeed divides a gradient by, where not data_world
 
     @property
     def is_main(self) -> bool:
@@ -52,6 +53,12 @@ class Dist:
     def data_world(self) -> int:
         """Ranks that read different rows: one per sequence group (all ranks without sequence parallelism)."""
         return self.layout.data_parallel
+
+    @property
+    def gradient_ranks(self) -> int:
+        """The ranks DeepSpeed divides a summed gradient by, which an objective's loss scale undoes: data_world, except
+        under ZeRO-3 with sequence parallelism (trainer/sequence_parallel.py `gradient_divisor`)."""
+        return self.averaged_by or self.data_world
 
 
 def init(*, deepspeed_backend: bool, timeout_s: int = 300, connect_timeout_s: int | None = None) -> Dist:

@@ -70,7 +70,10 @@ class PartitionedLoad:
     def __init__(self, ds_config: dict[str, Any]) -> None:
         from transformers.integrations import HfDeepSpeedConfig
 
-        self.hf_config = HfDeepSpeedConfig(ds_config)
+        # DeepSpeed checks train_batch_size against micro-batch x accumulation x the whole world; with sequence
+        # parallelism the batch counts data-parallel ranks only (the engine is given the groups), so that check would
+        # refuse a right config here. zero.Init needs the ZeRO settings alone: DeepSpeed derives the batch.
+        self.hf_config = HfDeepSpeedConfig({k: v for k, v in ds_config.items() if k != "train_batch_size"})
 
 
 def partitioned_load(ds_config: dict[str, Any], method: str, enabled: bool = True) -> PartitionedLoad | None:

@@ -6,8 +6,9 @@ checks that DeepSpeed's groups are that layout and says it in the log. DeepSpeed
 (`deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF`) replaces transformers' `sdpa` attention
 process-wide with an all-to-all that trades sequence sharding for head sharding: every rank of a group feeds its
 part of the same rows and attention sees the whole sequence. Its groups are handed to `deepspeed.initialize` (`mpu`),
-so gradients are summed over every rank and divided by the data-parallel ranks: an objective scales its loss by
-those (Dist.data_world), not by the world size.
+so gradients are summed over every rank and divided by the data-parallel ranks under ZeRO-1 and ZeRO-2, and by every
+rank under ZeRO-3 (`gradient_divisor`): an objective scales its loss by what the engine divides by
+(Dist.gradient_ranks).
 
 A micro-batch is cut after its labels are shifted: position i predicts label i + 1, and the last position of a
 part predicts the first token of the next part, which another rank holds. So a part carries one label more than it
@@ -44,7 +45,28 @@ def start(spec: Spec, dist: Dist) -> Dist:
     """This rank's Dist with the run's sequence-parallel size; above 1, DeepSpeed's Ulysses registered with
     transformers and its groups checked against the layout (after the process group, before the model loads)."""
     remote = spec.config.model.trust_remote_code
-    return split_sequences(dist, spec.config.train.sequence_parallel_size, spec.model_path, trust_remote_code=remote)
+    dist = split_sequences(dist, spec.config.train.sequence_parallel_size, spec.model_path, trust_remote_code=remote)
+    return dataclasses.replace(dist, averaged_by=gradient_divisor(dist, spec.deepspeed))
+
+
+def gradient_divisor(dist: Dist, ds_config: dict[str, Any]) -> int | None:
+    """The ranks DeepSpeed 0.19 divides a step's summed gradient by, where that is not the data-parallel ranks (None).
+
+    ZeRO-1 and ZeRO-2 divide by world / size (a sequence group's parts are parts of one gradient), but ZeRO-3's
+    reduce-scatter (`reduce_scatter_coalesced`, its default path) divides by the whole world, sequence groups or not:
+    a loss scaled for the data-parallel ranks would train with half the gradient at size 2 (Adam hides most of it;
+    gradient clipping and its epsilon do not). ZeRO-3 without reduce-scatter divides one way or the other by bucket
+    size, so it is refused with sequence parallelism."""
+    zero = ds_config.get("zero_optimization", {})
+    if dist.sequence_parallel == 1 or int(zero.get("stage", 0)) != 3:
+        return None
+    if not zero.get("reduce_scatter", True):
+        raise UserError(
+            f"train.sequence_parallel_size={dist.sequence_parallel} with ZeRO-3: the DeepSpeed config sets "
+            "zero_optimization.reduce_scatter false, under which DeepSpeed averages some gradient buckets over the "
+            "data-parallel ranks and others over every rank; remove it (reduce_scatter defaults to true)"
+        )
+    return dist.world_size
 
 
 def split_sequences(dist: Dist, size: int, model_path: str, *, trust_remote_code: bool = False) -> Dist:

@@ -32,7 +32,7 @@ SPLIT = ["launch.nproc_per_node=2", "train.sequence_parallel_size=2"]
 ZERO3 = "deepspeed.config=config/deepspeed/zero3.json"
 
 
-@pytest.mark.multirun  # four launches (one refused at start): about 45 s on an idle machine, plus the refusal's
+@pytest.mark.multirun  # five launches (one refused at start): 51 s on an idle machine
 def test_two_ranks_splitting_each_sequence_reproduce_one_rank(staged: Staged) -> None:
     one = train(staged, "sp-one-rank", [*SAME_BATCH, "launch.nproc_per_node=1"])
     split = train(staged, "sp-two-ranks", [*SAME_BATCH, *SPLIT])

@@ -151,8 +151,8 @@ class Sft:
         """The global batch's target tokens."""
         (targets,) = dist_sum([sum(b.target_tokens for b in batches)], dist)
         # DeepSpeed averages gradients over the ranks that read different rows (with sequence parallelism it sums
-        # a sequence group's parts first): dist.data_world, not the world size.
-        return SftScope(targets, dist.data_world * len(batches) / max(targets, 1.0), dist.device)
+        # a sequence group's parts first), except ZeRO-3's reduce-scatter, over every rank: dist.gradient_ranks.
+        return SftScope(targets, dist.gradient_ranks * len(batches) / max(targets, 1.0), dist.device)
 
     def micro_batch(self, model: Any, batch: Batch, scope: SftScope) -> MicroLoss:
         """The micro-batch's summed cross-entropy, scaled by the step's target tokens."""

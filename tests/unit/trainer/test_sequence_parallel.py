@@ -83,3 +83,17 @@ def test_packed_rows_and_unwrapped_attention_are_refused() -> None:
     with pytest.raises(UserError, match="attention 'eager'"):
         check_attention(model, 2)
     check_attention(model, 1)
+
+
+def test_zero3_divides_a_gradient_by_every_rank_and_the_loss_scale_follows() -> None:
+    """DeepSpeed 0.19 divides a summed gradient by the data-parallel ranks under ZeRO-2 but by every rank under ZeRO-3's
+    reduce-scatter: the loss scale (Dist.gradient_ranks) follows the engine, and ZeRO-3 without reduce-scatter, which
+    divides either way by bucket size, is refused. The multirun test shows the trajectory (2 x 2 under ZeRO-3)."""
+    from trainer.sequence_parallel import gradient_divisor
+
+    split = dist(0, 2, world=4)
+    zero2, zero3 = {"zero_optimization": {"stage": 2}}, {"zero_optimization": {"stage": 3}}
+    assert gradient_divisor(split, zero2) is None and split.gradient_ranks == split.data_world == 2
+    assert gradient_divisor(split, zero3) == 4 and gradient_divisor(dist(0, 1, world=4), zero3) is None
+    with pytest.raises(UserError, match=r"zero_optimization\.reduce_scatter false.*remove it"):
+        gradient_divisor(split, {"zero_optimization": {"stage": 3, "reduce_scatter": False}})
