@@ -5,8 +5,9 @@ Liger's kernel applies the output layer and the loss block by block and computes
 so neither the logits nor their gradient exist whole. It reads the output layer's weight directly, not through the
 layer's forward:
 
-- under ZeRO-3 that weight is partitioned (empty on every rank): it is gathered first (deepspeed.zero.
-  GatheredParameters), the failure of Liger's issue 1048 otherwise;
+- under ZeRO-3 that weight is partitioned (empty on every rank): it is gathered (deepspeed.zero.GatheredParameters)
+  for the forward pass and again for the backward pass, where its gradient accumulates (`PartitionedFused`), the
+  failure of Liger's issue 1048 otherwise;
 - an output layer that is not a plain `nn.Linear` (LoRA on the head, a quantized head) would lose its adapter or its
   dequantization: such a head keeps the chunked loss, said in the log.
 
@@ -54,8 +55,38 @@ class LigerLossHead(LossHead):
         """Cross-entropy summed over the predicted positions (labels shifted by one), differentiable."""
         hidden, targets = target_positions(out.hidden_states[-1], labels)
         assert isinstance(self.head, torch.nn.Linear), "of_head keeps plain Linear heads only"
-        with gathered(self.head, self.partitioned):
-            return fused_cross_entropy(hidden, self.head.weight, targets, self.head.bias, reduction="sum")
+        if self.partitioned:
+            loss: torch.Tensor = PartitionedFused.apply(hidden, targets, self.head)
+            return loss
+        return fused_cross_entropy(hidden, self.head.weight, targets, self.head.bias, reduction="sum")
+
+
+class PartitionedFused(torch.autograd.Function):
+    """Liger's fused loss through a ZeRO-3-partitioned output layer. The fused kernel reads the weight directly, not
+    through the layer's forward, so DeepSpeed's hooks never gather it: forward gathers it for the value alone, and
+    backward gathers it again and runs the kernel with autograd, so the weight's gradient accumulates while the
+    weight is whole and reaches ZeRO-3's reduce as a layer's would. Gathered only in forward, the gradient (vocabulary
+    x hidden) would meet an empty partition in backward: Liger's issue 1048."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Linear) -> torch.Tensor:
+        ctx.head = head
+        ctx.save_for_backward(hidden, targets)
+        with gathered(head, True), torch.no_grad():  # detached: the kernel computes no gradient here
+            return fused_cross_entropy(hidden.detach(), head.weight.detach(), targets, _detached(head.bias))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        hidden, targets = ctx.saved_tensors
+        hidden = hidden.detach().requires_grad_()
+        with gathered(ctx.head, True), torch.enable_grad():
+            loss = fused_cross_entropy(hidden, ctx.head.weight, targets, ctx.head.bias)
+            torch.autograd.backward(loss, grad)
+        return hidden.grad, None, None
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
 
 
 def fused_cross_entropy(

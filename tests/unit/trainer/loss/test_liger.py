@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,25 @@ def test_lora_output_layer_keeps_the_chunked_loss() -> None:
     assert type(LigerLossHead.of_head(chunked)) is LossHead
     plain = LossHead.of(tiny.build_model(64, pad_id=0, eos_id=1), 1024)
     assert type(LigerLossHead.of_head(plain)) is LigerLossHead
+
+
+@pytest.mark.multirun
+def test_fused_loss_under_zero3_on_two_ranks_gathers_the_partitioned_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """liger_zero3_ranks.py on 2 gloo ranks under Triton's interpreter: with the output layer partitioned by ZeRO-3,
+    the fused loss and every full gradient equal the chunked loss's on each rank."""
+    import tests.unit.trainer.loss.chunked_zero3_ranks as launcher
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    real = subprocess.Popen
+
+    def popen(args: list[str], **kwargs: Any) -> Any:  # the launcher's module swapped for the Liger ranks'
+        return real(
+            [arg.replace(launcher.__name__, "tests.unit.trainer.loss.liger_zero3_ranks") for arg in args], **kwargs
+        )
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", popen)
+    results = launcher.launch(tmp_path)
+    assert [r["gradients"] for r in results] == [results[0]["gradients"]] * 2 and results[0]["gradients"] > 0
+    assert results[0]["loss"] != results[1]["loss"]  # the ranks' batches differ: each compared its own
