@@ -72,14 +72,14 @@ class PartitionedFused(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Linear) -> torch.Tensor:
         ctx.head = head
         ctx.save_for_backward(hidden, targets)
-        with gathered(head, True), torch.no_grad():  # detached: the kernel computes no gradient here
+        with gathered(head), torch.no_grad():  # detached: the kernel computes no gradient here
             return fused_cross_entropy(hidden.detach(), head.weight.detach(), targets, _detached(head.bias))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
         hidden, targets = ctx.saved_tensors
         hidden = hidden.detach().requires_grad_()
-        with gathered(ctx.head, True), torch.enable_grad():
+        with gathered(ctx.head), torch.enable_grad():
             loss = fused_cross_entropy(hidden, ctx.head.weight, targets, ctx.head.bias)
             torch.autograd.backward(loss, grad)
         return hidden.grad, None, None
@@ -106,12 +106,8 @@ def fused_cross_entropy(
 
 
 @contextlib.contextmanager
-def gathered(head: torch.nn.Module, partitioned: bool) -> Iterator[None]:
-    """The head's whole weight while the fused loss reads it: ZeRO-3 gathers it (read-only, every rank), no-op
-    otherwise."""
-    if not partitioned:
-        yield
-        return
+def gathered(head: torch.nn.Module) -> Iterator[None]:
+    """A ZeRO-3-partitioned head's whole weight while the fused loss reads it (gathered read-only on every rank)."""
     import deepspeed
 
     with deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=None):
