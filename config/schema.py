@@ -19,7 +19,7 @@ from config.objectives import SUPERVISED_DATA
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
 from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
-from config.sections.results import DELTA_PREFIX, EvalConfig, RegisterConfig, TrackConfig
+from config.sections.results import DELTA_PREFIX, TASK_METRICS, EvalConfig, RegisterConfig, TrackConfig
 from config.sections.run_data import PAIRS_UNPACKED, DataConfig, RunConfig
 from config.sequence_parallel import layout_problem
 
@@ -135,6 +135,12 @@ class FinetuneConfig(Section):
         metric = gate.metric.removeprefix(DELTA_PREFIX)
         if metric != gate.metric and not self.eval.compare_base:
             return f"register.gate.metric={gate.metric} compares with the base model: set eval.compare_base=true"
+        if metric.startswith(TASK_METRICS):
+            # Not held to the names: a group's subtasks (mmlu's mmlu_anatomy) have results of their own.
+            if not self.eval.tasks.names:
+                task = metric.split(".")[1]
+                return f"register.gate.metric={gate.metric} is measured by eval.tasks: set eval.tasks.names=[{task}]"
+            return None
         if not metric.startswith("generate."):
             return self.train.objective.gate_problem(metric)
         if not self.eval.generate.enabled:

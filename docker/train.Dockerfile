@@ -45,9 +45,10 @@ RUN DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1
     pip install --no-build-isolation -c constraints.txt deepspeed
 
 # The rest of the pinned stack (transformers, PEFT, bitsandbytes, Prefect, ...) from pyproject.toml, with the
-# tracking extras the pipeline uses when `track` asks for them (MLflow also serves compose.yaml's MLflow server).
+# tracking extras the pipeline uses when `track` asks for them (MLflow also serves compose.yaml's MLflow server),
+# and lm-evaluation-harness for eval.tasks.
 COPY . .
-RUN pip install -c constraints.txt -e ".[mlflow,tensorboard]" \
+RUN pip install -c constraints.txt -e ".[mlflow,tensorboard,tasks]" \
     && python -c "import deepspeed, peft, bitsandbytes, prefect, torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 # A non-root user owns only what runs write inside the checkout (.tandem/: extension cache, log scratch,

@@ -30,7 +30,14 @@ from pipeline.plan import new_run_id
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint
 from storage.location import Location, join
-from storage.metrics import delta_metrics, eval_metric_keys, eval_record, generate_metrics, read_metrics
+from storage.metrics import (
+    delta_metrics,
+    eval_metric_keys,
+    eval_record,
+    generate_metrics,
+    read_metrics,
+    task_metrics,
+)
 from storage.run_lock import RunLock
 from storage.spec import WrittenSpec
 from tasks.assets import record_model_asset
@@ -140,7 +147,8 @@ def track_results(
     tags, the loss curve and the model card as files."""
     spec = written.spec
     evals = {f"eval/{key}": float(metrics[key]) for key in eval_metric_keys(metrics)}
-    evals |= {f"eval/{key}": value for key, value in (generate_metrics(metrics) | delta_metrics(metrics)).items()}
+    figures = generate_metrics(metrics) | task_metrics(metrics) | delta_metrics(metrics)
+    evals |= {f"eval/{key}": value for key, value in figures.items()}
     tags = {**run_tags(spec, lineage(spec, written.digest, checkpoint)), "tandem.registered": registered.message}
     tracker.call(lambda sink: sink.log_metrics(evals, checkpoint.step))
     tracker.call(lambda sink: sink.set_tags(tags))

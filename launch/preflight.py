@@ -6,11 +6,10 @@ Checks: world size (rank mismatch), code version, spec.json digest, master addre
 port free on node 0 / reachable from the others, GPU count and model, the free space on run.storage and this node's
 disk against what the run will write (launch/space.py), the dataset the ranks read verified against its
 manifest (in place, or the node cache's copy, fetched once per node), this node's copy of the base model against the
-run's base_model.json,
-storage writable, the NCCL/GLOO environment applied (echoed), each launch.forward_env name set on this
-node (reported "set"/"missing", never its value), the interface the ranks use (chosen by route to the
-master, or the user's checked), this host's name resolving to a loopback address, and the InfiniBand/RoCE
-fabric.
+run's base_model.json, storage writable, eval.tasks' names known to this node's lm-evaluation-harness, the NCCL/GLOO
+environment applied (echoed), each launch.forward_env name set on this node (reported "set"/"missing", never its
+value), the interface the ranks use (chosen by route to the master, or the user's checked), this host's name resolving
+to a loopback address, and the InfiniBand/RoCE fabric.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from config.lm_tasks import harness_version, task_manager
 from core.checkout import code_version
 from core.errors import RetryableError, UserError
 from core.redact import mask_text
@@ -248,6 +248,19 @@ def check_storage_writable(spec: Spec, plan: NodePlan) -> str:
     return "writable"
 
 
+def check_tasks(spec: Spec, plan: NodePlan) -> str:
+    """eval.tasks' names against this node's lm-evaluation-harness (and eval.tasks.include_path), before training
+    rather than after it; their data is loaded by the evaluation (config/lm_tasks.py)."""
+    cfg = spec.config.eval.tasks
+    if not cfg.names:
+        return "none (eval.tasks)"
+    try:
+        task_manager(cfg)
+    except UserError as exc:
+        raise UserError(f"node {plan.node_rank}: {exc}") from None
+    return f"{', '.join(cfg.names)} known to lm-evaluation-harness {harness_version()}"
+
+
 def check_env(spec: Spec, plan: NodePlan) -> str:
     """The launch.env entries every rank will get (NCCL_SOCKET_IFNAME, ...), echoed (secret-looking values masked,
     though the config refuses them)."""
@@ -285,6 +298,7 @@ def preflight_checks(
         ("memory", lambda: check_fit(spec, plan, gpu_free_bytes=least_free_gpu_bytes())),
         ("dataset", lambda: check_dataset(spec, plan)),
         ("storage", lambda: check_storage_writable(spec, plan)),
+        ("benchmark tasks", lambda: check_tasks(spec, plan)),
         ("environment", lambda: check_env(spec, plan)),
         ("forwarded environment", lambda: check_forwarded(spec.config.launch, plan.node_rank, socket.gethostname())),
         ("interface", lambda: check_interfaces(plan.node_rank, plan.master_addr, user_env)),

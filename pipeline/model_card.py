@@ -14,7 +14,7 @@ from core.redact import mask_text
 from storage import layout
 from storage.adapters import AdapterSummary
 from storage.location import Location
-from storage.metrics import BASE, DELTA, generate_metrics, metric_value
+from storage.metrics import BASE, DELTA, TASKS_DETAIL, generate_metrics, metric_value, task_metrics
 from storage.spec import Spec
 
 METRIC_ROWS = (
@@ -56,6 +56,19 @@ def generate_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
         )
         for key in [*(key for key in GENERATE_ROWS if key in figures), *own]
     ]
+
+
+def task_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's rows of the benchmark tasks' metrics (eval.tasks), each with its standard error when the harness gave
+    one, and the base model's and the delta beside it (none without eval.tasks)."""
+    per_task = metrics.get(TASKS_DETAIL, {}).get("per_task", {})
+    rows = []
+    for key, value in task_metrics(metrics).items():
+        _, task, metric = key.split(".")
+        stderr = per_task.get(task, {}).get("stderr", {}).get(metric)
+        shown = with_base(metrics, key, "{:.4f}", value)
+        rows.append((f"task `{task}`: {metric}", shown if stderr is None else f"{shown} ± {stderr:.4f}"))
+    return rows
 
 
 def with_base(metrics: dict[str, Any], key: str, fmt: str, value: Any) -> str:
@@ -225,7 +238,7 @@ def model_card(
         _table(config_highlights(spec) + ([("adapters", adapters.describe())] if adapters else [])),
         "## Metrics",
         metrics_intro(spec, metrics, lineage["world_size"]),
-        _table(metric_rows(metrics) + generate_rows(metrics)),
+        _table(metric_rows(metrics) + generate_rows(metrics) + task_rows(metrics)),
         *answers_section(answers),
     ]
     if loss_plot:

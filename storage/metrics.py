@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from config.sections.results import GENERATE_DIRECTION, PREFERENCE_METRICS, SFT_METRICS, USER_SCORES
+from config.sections.results import GENERATE_DIRECTION, PREFERENCE_METRICS, SFT_METRICS, TASK_METRICS, USER_SCORES
 from storage import layout
 from storage.fs import exists, read_bytes
 from storage.location import Location, join
@@ -32,12 +32,21 @@ GENERATE = "generate"
 SHOWN_ANSWERS = "answers"
 
 
+# eval.json's benchmark tasks (eval.tasks: trainer/lm_tasks.py): each task's metrics, {task: {metric: value}}, and
+# how they were computed (the harness's version, samples, few-shot, standard errors, directions, seconds).
+TASKS = "tasks"
+TASKS_DETAIL = "tasks_detail"
+
+
 def eval_record(result: dict[str, Any]) -> dict[str, Any]:
-    """What a registry entry and the run's summary keep of an eval.json: the metrics and counts, and the generated
-    answers' figures (not the answers themselves)."""
+    """What a registry entry and the run's summary keep of an eval.json: the metrics and counts, the generated
+    answers' figures (not the answers themselves) and the benchmark tasks'."""
     record = {key: result[key] for key in eval_record_keys(result)}
     if GENERATE in result:
         record[GENERATE] = {key: value for key, value in result[GENERATE].items() if key != SHOWN_ANSWERS}
+    for key in (TASKS, TASKS_DETAIL):
+        if key in result:
+            record[key] = result[key]
     if BASE in result:
         record[BASE], record[DELTA] = eval_record(result[BASE]), result[DELTA]
     return record
@@ -49,16 +58,20 @@ DELTA = "delta"
 
 
 def metric_deltas(trained: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """eval.json's `delta`: trained minus base for each headline metric and each generated-answer score (exact match,
-    ROUGE-L, tool calls, a user scorer's) that both have a value of, nested as in eval.json (generate.exact_match)."""
+    """eval.json's `delta`: trained minus base for each headline metric, each generated-answer score (exact match,
+    ROUGE-L, tool calls, a user scorer's) and each benchmark task's metric that both have a value of, nested as in
+    eval.json (generate.exact_match, tasks.arc_easy.acc)."""
     out: dict[str, Any] = {}
     for key in eval_metric_keys(trained):
         ours, theirs = metric_value(trained, key), metric_value(base, key)
         if ours is not None and theirs is not None:
             out[key] = ours - theirs
     ours_generated, theirs_generated = generate_metrics(trained), generate_metrics(base)
+    ours_generated |= task_metrics(trained)
+    theirs_generated |= task_metrics(base)
     for name, value in ours_generated.items():
-        if (name in GENERATE_DIRECTION or name.startswith(USER_SCORES)) and name in theirs_generated:
+        scored = name in GENERATE_DIRECTION or name.startswith((USER_SCORES, TASK_METRICS))
+        if scored and name in theirs_generated:
             *parents, leaf = name.split(".")
             node = out
             for part in parents:
@@ -101,6 +114,17 @@ def generate_metrics(result: dict[str, Any]) -> dict[str, float]:
     flat = {f"{GENERATE}.{key}": value for key, value in figures.items() if key != "scores"}
     flat |= {f"{GENERATE}.scores.{key}": value for key, value in figures.get("scores", {}).items()}
     return {key: float(value) for key, value in flat.items() if isinstance(value, int | float)}
+
+
+def task_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The benchmark tasks' metrics of an eval.json or a registry entry's metrics as flat dotted names
+    (tasks.arc_easy.acc), the ones with a value."""
+    return {
+        f"{TASKS}.{task}.{metric}": float(value)
+        for task, metrics in result.get(TASKS, {}).items()
+        for metric, value in metrics.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
 
 
 def metric_value(result: dict[str, Any], name: str) -> float | None:

@@ -10,7 +10,7 @@ from launch.phase import run_phase
 from storage import layout
 from storage.fs import read_json
 from storage.location import Location, join
-from storage.metrics import delta_metrics, eval_metric_keys, generate_metrics
+from storage.metrics import delta_metrics, eval_metric_keys, generate_metrics, task_metrics
 from storage.spec import WrittenSpec
 
 
@@ -32,6 +32,9 @@ def evaluate_on_nodes(written: WrittenSpec, model_url: Location) -> dict[str, An
             "generated answers: %s",
             ", ".join(f"{key.removeprefix('generate.')} {value:.4g}" for key, value in generated.items()),
         )
+    if tasks := task_metrics(result):
+        shown = ", ".join(f"{key.removeprefix('tasks.')} {value:.4g}" for key, value in tasks.items())
+        logger.info("benchmark tasks: %s", shown)
     if deltas := delta_metrics(result):
         logger.info(
             "against the base model: %s",

@@ -20,7 +20,7 @@ from storage.checkpoints import CompleteCheckpoint
 from storage.fs import write_bytes_atomic
 from storage.location import Location, join
 from storage.manifest import read_manifest
-from storage.metrics import GENERATE, SHOWN_ANSWERS, delta_metrics, eval_record_keys
+from storage.metrics import GENERATE, SHOWN_ANSWERS, delta_metrics, eval_record_keys, task_metrics
 from storage.registry import promote, read_entry, register_version
 from storage.spec import Spec, WrittenSpec
 
@@ -39,9 +39,11 @@ class Registration:
 
 
 def metrics_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    """The eval-metrics artifact's rows: the metrics and counts, then each delta against the base model."""
+    """The eval-metrics artifact's rows: the metrics and counts, the benchmark tasks' metrics, then each delta against
+    the base model."""
     rows = [{"metric": key, "value": metrics[key]} for key in eval_record_keys(metrics)]
-    return rows + [{"metric": key, "value": value} for key, value in delta_metrics(metrics).items()]
+    figures = task_metrics(metrics) | delta_metrics(metrics)
+    return rows + [{"metric": key, "value": value} for key, value in figures.items()]
 
 
 @task(name="register")

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from config.sections.results import TasksConfig
 from storage import layout
 from storage.digest import digest_bytes
 from storage.fs import exists, read_json, write_json_atomic
@@ -35,7 +36,7 @@ def cache_inputs(spec: Spec) -> dict[str, Any] | None:
     cfg = spec.config
     generate = cfg.eval.generate
     preference = cfg.train.objective.data.preference_rows
-    return {
+    inputs = {
         "base_model_manifest_digest": spec.model_manifest_digest,
         "dataset_manifest_digest": spec.dataset.manifest_digest,
         "objective": cfg.train.objective.name,
@@ -44,6 +45,18 @@ def cache_inputs(spec: Spec) -> dict[str, Any] | None:
         "generate": generate.model_dump(mode="json") if generate.enabled else None,
         "seed": cfg.train.seed if generate.enabled and generate.temperature > 0 else None,
     }
+    if cfg.eval.tasks.names:  # only then: the keys of caches written before eval.tasks existed stay the same
+        inputs["tasks"] = tasks_inputs(cfg.eval.tasks, cfg.train.seed)
+    return inputs
+
+
+def tasks_inputs(cfg: TasksConfig, seed: int) -> dict[str, Any]:
+    """What the benchmark tasks' figures depend on: the settings, the harness's version (its tasks change between
+    releases), your task files' digest (eval.tasks.include_path) and the seed (few-shot examples)."""
+    from config.lm_tasks import harness_version, include_digest
+
+    settings = cfg.model_dump(mode="json", exclude={"include_path"})
+    return {**settings, "harness_version": harness_version(), "include_digest": include_digest(cfg), "seed": seed}
 
 
 def cache_key(inputs: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ packed, or a preference unit) goes to rank i % world_size (each to exactly one r
 reading only its own rows from the memory-mapped shards and summing what the objective's metrics are divided from
 (SFT: loss, predicted target tokens, correct tokens); the sums are all-reduced and divided once, so the result equals
 a single-process evaluation of the same data. Rank 0 writes eval.json (and, with eval.generate_samples, samples.jsonl).
-With eval.compare_base the base model is evaluated the same way after it, or read from its cache (trainer/base_eval.py).
+With eval.tasks, lm-evaluation-harness's tasks run on the same model in memory, shared across the ranks
+(trainer/lm_tasks.py). With eval.compare_base the base model is evaluated the same way after it, or read from its cache
+(trainer/base_eval.py).
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
         raise UserError(f"{spec.dataset_dir}: the eval split is empty; stage the data with data.eval_ratio > 0")
     objective = build(spec.config.train)
     objective.start_evaluation(spec, examples)
+    tasks = task_index(spec)  # a wrong task name stops here, before any model is loaded
     model = load_for_eval(model_url, spec, dist.device, dist)
     result = eval_document(
-        spec, model_url, dist, measure(model, objective, examples, spec, dist) | objective.eval_fields()
+        spec, model_url, dist, measure(model, objective, examples, spec, dist, tasks) | objective.eval_fields()
     )
     # Samples continue a prompt where its reference answer starts: examples have one, preference rows two or a label.
     if spec.config.eval.generate_samples and not objective.objective.data.preference_rows:
@@ -65,16 +68,28 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
         del model  # one model in memory at a time
         from trainer.base_eval import base_figures
 
-        beside_base(result, base_figures(spec, dist, lambda base: measure(base, objective, examples, spec, dist)))
+        beside_base(
+            result, base_figures(spec, dist, lambda base: measure(base, objective, examples, spec, dist, tasks))
+        )
     if dist.is_main:
         write_json_atomic(join(spec.run, layout.EVAL), result)
         log.info(objective.summary(result))
     return result
 
 
-def measure(model: Any, objective: Any, examples: Any, spec: Spec, dist: Dist) -> dict[str, Any]:
-    """The objective's all-reduced metrics of `model` on the eval split, and its generated answers' scores with
-    eval.generate: what eval.json holds of the trained model and of the base model (eval.compare_base)."""
+def task_index(spec: Spec) -> Any:
+    """lm-evaluation-harness's index of eval.tasks' tasks, every name checked (None without eval.tasks)."""
+    if not spec.config.eval.tasks.names:
+        return None
+    from config.lm_tasks import task_manager
+
+    return task_manager(spec.config.eval.tasks)
+
+
+def measure(model: Any, objective: Any, examples: Any, spec: Spec, dist: Dist, tasks: Any = None) -> dict[str, Any]:
+    """The objective's all-reduced metrics of `model` on the eval split, its generated answers' scores with
+    eval.generate, and its benchmark tasks' metrics with eval.tasks (`tasks`: their index): what eval.json holds of
+    the trained model and of the base model (eval.compare_base)."""
     pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
     metrics = objective.evaluate(
         model,
@@ -87,6 +102,14 @@ def measure(model: Any, objective: Any, examples: Any, spec: Spec, dist: Dist) -
     )
     if spec.config.eval.generate.enabled:
         metrics[GENERATE] = generate(model, examples, spec, dist, pad_id)
+    if tasks is not None:
+        from transformers import AutoTokenizer
+
+        from trainer.lm_tasks import run_tasks
+
+        trust = spec.config.model.trust_remote_code
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=trust)
+        metrics |= run_tasks(model, tokenizer, spec.config.eval.tasks, tasks, dist, spec.config.train.seed)
     return dict(metrics)
 
 

@@ -51,6 +51,50 @@ class GenerateConfig(Section):
     )
 
 
+class TasksConfig(Section):
+    """Benchmark tasks of lm-evaluation-harness run on the model under evaluation (docs/evaluation.md)."""
+
+    names: list[str] = Field(
+        default_factory=list,
+        description="lm-evaluation-harness task or group names (arc_easy, hellaswag, mmlu, or your own from "
+        "eval.tasks.include_path); empty: no benchmark tasks. Needs the `tasks` extra on every node "
+        "(pip install 'tandem[tasks]') and each task's data local or in the Hugging Face cache of every node. "
+        "`eval.tasks: [arc_easy]` is short for `eval.tasks.names: [arc_easy]`.",
+    )
+    include_path: str | None = Field(
+        None,
+        min_length=1,
+        description="A directory of your own task YAML files (lm-evaluation-harness's --include_path), at this path "
+        "on every node, with the data files they name; its files are in the base model cache's key.",
+    )
+    num_fewshot: int | None = Field(
+        None, ge=0, le=64, description="Few-shot examples per prompt; empty: each task's own default."
+    )
+    limit: int | None = Field(
+        None,
+        gt=0,
+        description="At most this many documents per task (the first ones): bounds the stage's time; empty: every "
+        "document, as published scores are computed.",
+    )
+    batch_size: int = Field(8, gt=0, description="Requests per forward pass on each rank.")
+    apply_chat_template: bool = Field(
+        False, description="Render each prompt with the model's chat template (for chat and instruction models)."
+    )
+    bootstrap_iters: int = Field(
+        1000,
+        ge=0,
+        description="Resamples for the standard errors of metrics without a closed form (lm-evaluation-harness's "
+        "default is 100000, minutes on one process for some tasks); 0: no standard errors.",
+    )
+
+    @field_validator("names")
+    @classmethod
+    def _distinct(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names) or not all(name.strip() == name and name for name in names):
+            raise ValueError(f"eval.tasks.names must be distinct task names without spaces around them, got {names}")
+        return names
+
+
 class EvalConfig(Section):
     """Evaluation of the trained model on the eval split."""
 
@@ -74,6 +118,11 @@ class EvalConfig(Section):
         "under `base` and trained minus base under `delta` (register.gate can use delta.<metric>). Off by default: "
         "the first run of a base and data pays a second evaluation, and with eval.generate a second generation.",
     )
+    tasks: TasksConfig = Field(
+        default_factory=TasksConfig,
+        description="Benchmark tasks (lm-evaluation-harness) run on the evaluated model (and the base model with "
+        "eval.compare_base), their requests shared across the ranks; into eval.json's `tasks`.",
+    )
     final_eval_rows: int = Field(
         256,
         ge=0,
@@ -82,6 +131,11 @@ class EvalConfig(Section):
         "0: the whole split. A wrong export changes the loss of nearly every token, far beyond the agreement (about "
         "1e-5) of a right one, so a few hundred rows catch it.",
     )
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _task_list(cls, value: object) -> object:
+        return {"names": value} if isinstance(value, list | tuple) else value  # eval.tasks: [arc_easy] is short
 
 
 Metric = Literal[
@@ -125,8 +179,16 @@ GENERATE_DIRECTION: dict[str, str] = {
     "generate.tool_call_accuracy": "max",
 }
 USER_SCORES = "generate.scores."
+# A benchmark task's metric (eval.tasks): tasks.<task>.<metric>, its direction the gate's (each task has its own).
+TASK_METRICS = "tasks."
 # A metric's delta against the base model (eval.compare_base): delta.<metric>, improving the metric's own way.
 DELTA_PREFIX = "delta."
+
+
+def is_task_metric(name: str) -> bool:
+    """tasks.<task>.<metric>: a benchmark task's metric (eval.tasks) as eval.json nests it."""
+    parts = name.split(".")
+    return len(parts) == 3 and parts[0] == TASK_METRICS.rstrip(".") and all(parts[1:])
 
 
 class GateConfig(Section):
@@ -136,12 +198,13 @@ class GateConfig(Section):
         "loss",
         description="Eval metric the gate compares (and the champion is ranked by): an eval.json key, dotted for the "
         f"generated answers' ({', '.join(GENERATE_DIRECTION)}, {USER_SCORES}<name> for eval.generate.scorer's); "
+        f"{TASK_METRICS}<task>.<metric> for a benchmark task's (eval.tasks, e.g. {TASK_METRICS}arc_easy.acc); "
         f"{DELTA_PREFIX}<metric> for trained minus base (eval.compare_base), e.g. {DELTA_PREFIX}generate.exact_match.",
     )
     direction: Literal["min", "max"] | None = Field(
         None,
         description="min: lower is better; max: higher is better; empty: the metric's own (loss min, accuracies "
-        f"max); required for {USER_SCORES}<name>.",
+        f"max); required for {USER_SCORES}<name> and {TASK_METRICS}<task>.<metric>.",
     )
     threshold: float | None = Field(
         None, description="Pass when the metric is at most (min) or at least (max) this value."
@@ -159,15 +222,19 @@ class GateConfig(Section):
             raise ValueError("set exactly one rule in register.gate: threshold, better_than, or min and/or max")
         known = {**METRIC_DIRECTION, **GENERATE_DIRECTION}
         name = self.metric.removeprefix(DELTA_PREFIX)  # a delta improves the way its metric does
-        own = name.startswith(USER_SCORES) and len(name) > len(USER_SCORES)
+        own = (name.startswith(USER_SCORES) and len(name) > len(USER_SCORES)) or is_task_metric(name)
         if name not in known and not own:
             raise ValueError(
-                f"register.gate.metric={self.metric} is not an eval.json metric; use one of {', '.join(known)} or "
-                f"{USER_SCORES}<name> (eval.generate.scorer's), or {DELTA_PREFIX}<one of those> (eval.compare_base)"
+                f"register.gate.metric={self.metric} is not an eval.json metric; use one of {', '.join(known)}, "
+                f"{USER_SCORES}<name> (eval.generate.scorer's), {TASK_METRICS}<task>.<metric> (eval.tasks'), or "
+                f"{DELTA_PREFIX}<one of those> (eval.compare_base)"
             )
         if self.direction is None:
             if own:
-                raise ValueError(f"register.gate.direction: set min or max for {self.metric}, your scorer's score")
+                raise ValueError(
+                    f"register.gate.direction: set min or max for {self.metric} (which way it improves is the "
+                    "scorer's or the task's)"
+                )
             object.__setattr__(self, "direction", known[name])  # sections are frozen: filled in once here
         elif not own and self.direction != known[name]:
             raise ValueError(f"register.gate.direction must be {known[name]} for {self.metric}, got {self.direction}")

@@ -8,15 +8,16 @@ import json
 import pytest
 
 from tests.distributed.harness import TOOL_CALL_DATA, Run, Staged, stage, tool_call_conversations, train
+from tests.lm_tasks import ANSWER_TASK, CHOICE_TASK, write_tasks
 from tests.qwen_configs import QWEN_ZERO3
 
 
 @pytest.fixture(scope="session")
-def reference(staged: Staged) -> Run:
+def reference(staged: Staged, tmp_path_factory) -> Run:
     """2 nodes x 1 rank, ZeRO-2 + LoRA, 12 steps, a checkpoint every 4 keeping the newest 2; its spec also asks
-    the evaluator for 3 greedy samples, eval batches of 4 and 9 generated answers scored (in batches of 2: 5 batches,
-    which 2 and 3 ranks share unevenly), and the trainer's final evaluation for 7 rows of the eval split (eval settings
-    never change the training trajectory).
+    the evaluator for 3 greedy samples, eval batches of 4, 9 generated answers scored (in batches of 2: 5 batches,
+    which 2 and 3 ranks share unevenly) and two benchmark tasks of our own (tests/lm_tasks.py: 7 documents each), and
+    the trainer's final evaluation for 7 rows of the eval split (eval settings never change the training trajectory).
 
     Every trajectory test compares against it (tests/distributed/test_trainer.py, test_s3_checkpoints.py), and the
     evaluator's tests evaluate its checkpoint and export (test_evaluate.py)."""
@@ -34,6 +35,9 @@ def reference(staged: Staged) -> Run:
             "eval.generate.max_records=9",
             "eval.generate.batch_size=2",
             "eval.generate.max_new_tokens=8",
+            f"eval.tasks.names=[{CHOICE_TASK},{ANSWER_TASK}]",
+            f"eval.tasks.include_path={write_tasks(tmp_path_factory.mktemp('lm-tasks'))}",
+            "eval.tasks.batch_size=2",
         ],
     )
 

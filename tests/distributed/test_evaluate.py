@@ -13,6 +13,7 @@ from torch.testing import assert_close
 
 from core.errors import UserError
 from tests.distributed.harness import Run, Staged, evaluate
+from tests.lm_tasks import ANSWER_TASK, CHOICE_TASK, QUESTIONS
 
 METRICS = ("loss", "perplexity", "token_accuracy")
 COUNTS = ("target_tokens", "correct_tokens", "examples")
@@ -84,6 +85,21 @@ def test_generated_answers_score_the_same_on_1_2_and_3_ranks(by_world) -> None:
         result = by_world[world][0]["generate"]
         assert {k: result[k] for k in exact} == {k: single[k] for k in exact}
         assert result["rouge_l_f1"] == pytest.approx(single["rouge_l_f1"], rel=1e-12)  # float sums in another order
+
+
+@pytest.mark.multirun
+def test_benchmark_tasks_score_the_same_on_1_2_and_3_ranks(by_world) -> None:
+    """eval.tasks: lm-evaluation-harness shares each task's 7 documents across the ranks (unevenly: padded) and
+    rank 0 aggregates every document's result, so the figures equal one process's (the 2-rank result is of the
+    checkpoint, the same weights)."""
+    single = by_world[1][0]
+    assert set(single["tasks"]) == {CHOICE_TASK, ANSWER_TASK}
+    per_task = single["tasks_detail"]["per_task"]
+    assert per_task[CHOICE_TASK]["samples"] == per_task[ANSWER_TASK]["samples"] == len(QUESTIONS)
+    for world in (2, 3):
+        assert by_world[world][0]["tasks"] == single["tasks"], world
+        theirs = by_world[world][0]["tasks_detail"]["per_task"]
+        assert {t: theirs[t]["samples"] for t in theirs} == {t: per_task[t]["samples"] for t in per_task}
 
 
 @pytest.mark.multirun
@@ -187,3 +203,9 @@ def test_the_base_model_is_evaluated_once_then_read_from_its_cache(
     assert_close([on_two[k] for k in METRICS], [first["base"][k] for k in METRICS], rtol=1e-7, atol=0)
     exact = ("records", "exact_match", "normalized_exact_match", "new_tokens")
     assert {k: on_two["generate"][k] for k in exact} == {k: first["base"]["generate"][k] for k in exact}
+    # eval.tasks beside the base: the base's task figures are the direct evaluation's, cached, and on 2 ranks the same.
+    assert first["base"]["tasks"] == direct["tasks"] == on_two["tasks"] == second["base"]["tasks"]
+    assert (
+        first["delta"]["tasks"][CHOICE_TASK]["acc"]
+        == first["tasks"][CHOICE_TASK]["acc"] - direct["tasks"][CHOICE_TASK]["acc"]
+    )

@@ -72,3 +72,22 @@ def test_a_broken_driver_is_one_line_naming_nvidia_smi(tmp_path, monkeypatch) ->
         UserError, match=r"nvidia-smi failed on .* \(exit 9: NVIDIA-SMI has failed .*\); fix the GPU driver"
     ):
         check_gpus(plan(1))
+
+
+def test_benchmark_task_names_are_checked_on_the_node_before_training(tmp_path) -> None:
+    """eval.tasks on this node: known names (your own, in eval.tasks.include_path, indexed alone) pass; an
+    include_path this node lacks stops it in one line naming the node (an unknown name's line, which needs the
+    harness's whole index: tests/unit/trainer/test_lm_tasks.py); no tasks, nothing to check."""
+    from launch.preflight import check_tasks
+    from tests.lm_tasks import ANSWER_TASK, CHOICE_TASK, write_tasks
+    from tests.specs import spec_for
+
+    tasks = write_tasks(tmp_path / "tasks")
+    known = spec_for(tmp_path, [f"eval.tasks.names=[{CHOICE_TASK}, {ANSWER_TASK}]", f"eval.tasks.include_path={tasks}"])
+    assert check_tasks(known, plan(1)) == f"{CHOICE_TASK}, {ANSWER_TASK} known to lm-evaluation-harness 0.4.13"
+    assert check_tasks(spec_for(tmp_path, []), plan(1)) == "none (eval.tasks)"
+    missing = spec_for(
+        tmp_path, [f"eval.tasks.names=[{CHOICE_TASK}]", f"eval.tasks.include_path={tmp_path / 'nowhere'}"]
+    )
+    with pytest.raises(UserError, match=r"^node 1: eval.tasks.include_path=.*nowhere: no such directory on "):
+        check_tasks(missing, plan(1))

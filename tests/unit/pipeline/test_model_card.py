@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from config.chat_template import builtin_template, template_digest
 from core.checkout import code_version
 from pipeline.lineage import registry_entry
@@ -191,3 +193,29 @@ def test_with_the_base_model_the_card_lists_each_metrics_base_value_and_delta_an
     rows = card.split("\n## Sample answers\n", 1)[1].split("\n## ", 1)[0].splitlines()
     assert rows[-3].endswith("| output | base model's output |") and rows[-2] == "|---|---|---|---|---|"
     assert rows[-1].endswith("| a ⏎ b | x | x |")
+
+
+def test_benchmark_tasks_are_card_rows_with_their_standard_error_and_the_base_beside_them(tmp_path: Path) -> None:
+    """eval.tasks: the registry entry keeps `tasks` and `tasks_detail`; each task's metric is a Metrics row with its
+    standard error, and with eval.compare_base the base model's value and the delta."""
+    spec = spec_for(tmp_path, ["eval.tasks=[arc_easy, gsm8k]", "eval.compare_base=true"])
+    detail = {
+        "harness_version": "0.4.13",
+        "seconds": 3.0,
+        "limit": None,
+        "apply_chat_template": False,
+        "per_task": {
+            "arc_easy": {"samples": 2376, "num_fewshot": 0, "stderr": {"acc": 0.0102}, "higher_is_better": {}},
+            "gsm8k": {"samples": 1319, "num_fewshot": 5, "stderr": {}, "higher_is_better": {}},
+        },
+    }
+    tasks = {"arc_easy": {"acc": 0.46}, "gsm8k": {"exact_match-strict-match": 0.125}}
+    result = SFT_METRICS | {"tasks": tasks, "tasks_detail": detail}
+    base = SFT_METRICS | {"tasks": {"arc_easy": {"acc": 0.44}, "gsm8k": {"exact_match-strict-match": 0.25}}}
+    beside_base(result, base)
+    doc = entry(spec, result)
+    assert doc["metrics"]["tasks"] == tasks and doc["metrics"]["tasks_detail"] == detail
+    assert doc["metrics"]["delta"]["tasks"]["arc_easy"]["acc"] == pytest.approx(0.02)
+    metrics = table(model_card(spec, doc, MANIFEST, None), "Metrics")
+    assert metrics["task `arc_easy`: acc"] == "0.4600 (base 0.4400, delta +0.02) ± 0.0102"
+    assert metrics["task `gsm8k`: exact_match-strict-match"] == "0.1250 (base 0.2500, delta -0.125)"

@@ -12,6 +12,7 @@ from storage.metrics import (
     generate_metrics,
     metric_value,
     read_metrics,
+    task_metrics,
 )
 
 
@@ -57,3 +58,22 @@ def test_the_generated_answers_figures_flatten_to_dotted_names_and_are_read_back
     assert (
         metric_value(record, "generate.nothing") is None and metric_value({"loss": 1.0}, "generate.exact_match") is None
     )
+
+
+def test_benchmark_task_metrics_are_flat_dotted_names_and_the_record_keeps_them() -> None:
+    result = {
+        "loss": 1.0,
+        "perplexity": 2.7,
+        "token_accuracy": 0.5,
+        "loss_sum": 2.0,
+        "target_tokens": 2,
+        "correct_tokens": 1,
+        "examples": 1,
+        "tasks": {"arc_easy": {"acc": 0.5, "acc_norm": 0.25}, "grp": {"acc": True}},
+        "tasks_detail": {"harness_version": "0.4.13"},
+    }
+    assert task_metrics(result) == {"tasks.arc_easy.acc": 0.5, "tasks.arc_easy.acc_norm": 0.25}  # a bool is no figure
+    assert metric_value(result, "tasks.arc_easy.acc_norm") == 0.25
+    record = eval_record(result)
+    assert record["tasks"] == result["tasks"] and record["tasks_detail"] == result["tasks_detail"]
+    assert task_metrics({"loss": 1.0}) == {}

@@ -71,3 +71,33 @@ def test_bad_gate_and_eval_config_is_one_line_naming_the_key(override: str, expe
 def test_a_gate_on_a_generated_metric_takes_its_direction() -> None:
     cfg = load_config(None, ["eval.generate.enabled=true", "register.gate={metric: generate.rouge_l_f1, min: 0.3}"])
     assert cfg.register.gate is not None and cfg.register.gate.direction == "max" and cfg.register.gate.min == 0.3
+
+
+def test_eval_tasks_take_a_list_and_a_gate_on_a_task_metric_needs_the_tasks_and_a_direction() -> None:
+    cfg = load_config(
+        None,
+        [
+            "eval.tasks=[arc_easy, mmlu]",
+            "eval.compare_base=true",
+            "register.gate={metric: delta.tasks.mmlu_anatomy.acc, direction: max, min: 0}",
+        ],
+    )
+    assert cfg.eval.tasks.names == ["arc_easy", "mmlu"] and cfg.eval.tasks.limit is None
+    assert cfg.register.gate is not None and cfg.register.gate.metric == "delta.tasks.mmlu_anatomy.acc"
+    refusals = {
+        "register.gate={metric: tasks.arc_easy.acc, direction: max, min: 0.5}": (
+            "register.gate.metric=tasks.arc_easy.acc is measured by eval.tasks: set eval.tasks.names=[arc_easy]"
+        ),
+        "eval.tasks=[arc_easy] | register.gate={metric: tasks.arc_easy.acc, min: 0.5}": (
+            "register.gate.direction: set min or max for tasks.arc_easy.acc"
+        ),
+        "eval.tasks=[arc_easy] | register.gate={metric: tasks.arc_easy, direction: max, min: 0.5}": (
+            "register.gate.metric=tasks.arc_easy is not an eval.json metric"
+        ),
+        "eval.tasks=[arc_easy, arc_easy]": "eval.tasks.names must be distinct task names",
+        "eval.tasks.limit=0": "eval.tasks.limit: Input should be greater than 0",
+    }
+    for overrides, expected in refusals.items():
+        with pytest.raises(UserError) as info:
+            load_config(None, overrides.split(" | "))
+        assert expected in str(info.value) and "\n" not in str(info.value) and info.value.exit_code == 2, overrides
