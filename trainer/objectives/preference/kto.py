@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from trainer.distributed import Dist, dist_sum
-from trainer.objectives.base import Sums
+from trainer.objectives.base import Pending
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.losses import kto_losses
 from trainer.objectives.preference.objective import PreferenceObjective, PreferenceScope
@@ -36,7 +36,7 @@ class Kto(PreferenceObjective):
         reference: torch.Tensor | None,
         batch: PreferenceBatch,
         kl: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, Sums]:
+    ) -> tuple[torch.Tensor, torch.Tensor, Pending]:
         """Each answer's loss against the reference point."""
         assert reference is not None and not batch.pairs, "kto trains on labelled answers, with a reference"
         losses = kto_losses(

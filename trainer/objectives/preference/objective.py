@@ -152,7 +152,7 @@ class PreferenceObjective(ABC):
         reference: torch.Tensor | None,
         batch: PreferenceBatch,
         kl: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, Sums]:
+    ) -> tuple[torch.Tensor, torch.Tensor, Pending]:
         """(each unit's loss, the summed chosen-token cross-entropy ORPO adds (0 for the others), the metric sums)
         from the policy's log-probabilities of the batch's sequences and their target counts, and the reference's."""
 
@@ -162,7 +162,7 @@ class PreferenceObjective(ABC):
 
     def unit_losses(
         self, model: Any, batch: PreferenceBatch, scope: PreferenceScope, router: RouterBalance | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, Sums, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, Pending, torch.Tensor | None]:
         """(each unit's loss, ORPO's summed cross-entropy, the metric sums, the `router`'s unweighted load-balancing
         loss or None without one) of a micro-batch: the reference first, then the policy in one forward pass."""
         reference = reference_for(model, batch, scope.device, scope.table) if self.objective.reference else None
@@ -170,8 +170,8 @@ class PreferenceObjective(ABC):
         losses, nll, sums = self.losses(
             policy, counts.clamp(min=1), None if reference is None else reference[0], batch, scope.kl
         )
-        sums["loss_sum"] = float(losses.detach().sum())
-        sums["nll_sum"] = float(nll.detach())
+        sums["loss_sum"] = losses.detach().sum()
+        sums["nll_sum"] = nll.detach()
         sums["nll_tokens"] = self.nll_tokens(batch)
         return losses, nll, sums, aux
 
@@ -187,7 +187,7 @@ class PreferenceObjective(ABC):
         if self.router is not None and aux is not None:
             # DeepSpeed's average over accumulation and ranks makes the weighted auxiliary loss the step's mean of it.
             backward = backward + self.router.coef * aux
-            sums |= {"aux_loss_sum": float(aux.detach()), "micro_batches": 1.0}
+            sums |= {"aux_loss_sum": aux.detach(), "micro_batches": 1.0}
         return MicroLoss(backward, sums)
 
     def point(self, scope: PreferenceScope) -> dict[str, float]:

@@ -15,7 +15,7 @@ from abc import abstractmethod
 
 import torch
 
-from trainer.objectives.base import Sums
+from trainer.objectives.base import Pending
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.losses import dpo_losses, ipo_losses, orpo_ratio_losses
 from trainer.objectives.preference.objective import PreferenceObjective, PreferenceScope
@@ -35,7 +35,7 @@ class PairObjective(PreferenceObjective):
         reference: torch.Tensor | None,
         batch: PreferenceBatch,
         kl: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, Sums]:
+    ) -> tuple[torch.Tensor, torch.Tensor, Pending]:
         """Each pair's loss from its chosen (first n) and rejected (last n) sequences."""
         assert batch.pairs, f"{self.objective.name} trains on pairs: a micro-batch of KTO answers"
         n = batch.units

@@ -2,13 +2,14 @@
 answers (rewards, reward accuracy, log-probabilities and their token counts), added over micro-batches and ranks
 (trainer/objectives/base.py), then `metrics_of`: loss, reward accuracy and margin, the mean rewards, the chosen and
 rejected log-probabilities per token, the units. The same sums serve the optimizer step (metrics.jsonl) and the
-evaluation (eval.json)."""
+evaluation (eval.json). A micro-batch's sums stay on the device (`Pending`), read once a step (base.py `settled`):
+nothing here waits for the device, so the next micro-batch's work is queued behind this one's."""
 
 from __future__ import annotations
 
 import torch
 
-from trainer.objectives.base import Sums
+from trainer.objectives.base import Pending, Sums
 
 # The sums every preference metric is divided from, in this order (all-reduced as one vector).
 SUM_KEYS: tuple[str, ...] = (
@@ -35,38 +36,46 @@ def pair_sums(
     rejected: torch.Tensor,
     chosen_count: torch.Tensor,
     rejected_count: torch.Tensor,
-) -> Sums:
+) -> Pending:
     """The metric sums of a micro-batch of pairs: a pair is right when its chosen answer's reward is the higher."""
     n = len(chosen_reward)
     return {
         "units": n,
-        "correct": float((chosen_reward > rejected_reward).sum()),
-        "chosen_reward_sum": float(chosen_reward.sum()),
+        "correct": (chosen_reward > rejected_reward).sum(),
+        "chosen_reward_sum": chosen_reward.sum(),
         "chosen_count": n,
-        "rejected_reward_sum": float(rejected_reward.sum()),
+        "rejected_reward_sum": rejected_reward.sum(),
         "rejected_count": n,
-        "chosen_logp_sum": float(chosen.sum()),
-        "chosen_tokens": float(chosen_count.sum()),
-        "rejected_logp_sum": float(rejected.sum()),
-        "rejected_tokens": float(rejected_count.sum()),
+        "chosen_logp_sum": chosen.sum(),
+        "chosen_tokens": chosen_count.sum(),
+        "rejected_logp_sum": rejected.sum(),
+        "rejected_tokens": rejected_count.sum(),
     }
 
 
-def feedback_sums(reward: torch.Tensor, policy: torch.Tensor, counts: torch.Tensor, desirable: torch.Tensor) -> Sums:
+def feedback_sums(reward: torch.Tensor, policy: torch.Tensor, counts: torch.Tensor, desirable: torch.Tensor) -> Pending:
     """The metric sums of KTO answers: an answer is right when its reward's sign is its label's (positive for a
-    desirable one); the desirable answers count as chosen, the others as rejected."""
+    desirable one); the desirable answers count as chosen, the others as rejected. Masked sums, not boolean
+    indexing, which would wait for the device to count the selected rows."""
     good = desirable.to(reward.device)
+
+    def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        zero = torch.zeros((), dtype=values.dtype, device=values.device)
+        return torch.where(good, values, zero).sum(), torch.where(good, zero, values).sum()
+
+    (chosen_reward, rejected_reward), (chosen_logp, rejected_logp) = split(reward), split(policy)
+    chosen_tokens, rejected_tokens = split(counts)
     return {
         "units": len(reward),
-        "correct": float(((reward > 0) == good).sum()),
-        "chosen_reward_sum": float(reward[good].sum()),
-        "chosen_count": float(good.sum()),
-        "rejected_reward_sum": float(reward[~good].sum()),
-        "rejected_count": float((~good).sum()),
-        "chosen_logp_sum": float(policy[good].sum()),
-        "chosen_tokens": float(counts[good].sum()),
-        "rejected_logp_sum": float(policy[~good].sum()),
-        "rejected_tokens": float(counts[~good].sum()),
+        "correct": ((reward > 0) == good).sum(),
+        "chosen_reward_sum": chosen_reward,
+        "chosen_count": good.sum(),
+        "rejected_reward_sum": rejected_reward,
+        "rejected_count": (~good).sum(),
+        "chosen_logp_sum": chosen_logp,
+        "chosen_tokens": chosen_tokens,
+        "rejected_logp_sum": rejected_logp,
+        "rejected_tokens": rejected_tokens,
     }
 
 

@@ -23,7 +23,7 @@ from storage.shards import IGNORE_INDEX, PAIR, Row
 from storage.split_reader import Split
 from tests.unit.trainer.objectives.preference.test_batching import pref_row, staged
 from trainer.distributed import Dist
-from trainer.objectives.base import add
+from trainer.objectives.base import Pending, add, settled
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.objective import EvalPasses
 from trainer.objectives.preference.pairs import Orpo
@@ -109,7 +109,7 @@ def test_micro_batches_of_any_size_add_up_to_the_global_batchs_mean_loss(model: 
         scope = objective.begin_step(model, batches, ONE)
         assert (scope.units, scope.accumulation, scope.kl, scope.table) == (4, len(sizes), 0.0, TABLE)
         assert scope.chosen_tokens == sum(b.chosen_tokens for b in batches) == 1 + 2 + 3 + 4
-        sums: dict[str, float] = {}
+        pending: Pending = {}
         total = 0.0  # the step's loss: the backward losses, DeepSpeed's averaging over the accumulation undone
         for batch in batches:
             micro = objective.micro_batch(model, batch, scope)
@@ -118,7 +118,8 @@ def test_micro_batches_of_any_size_add_up_to_the_global_batchs_mean_loss(model: 
             assert backward == pytest.approx(float(losses.detach().sum()) / 4 * len(sizes), rel=1e-6)
             assert micro.backward.requires_grad and micro.sums["nll_tokens"] == 0.0
             total += backward / scope.accumulation
-            add(sums, micro.sums, SUM_KEYS)
+            add(pending, micro.sums, SUM_KEYS)
+        sums = settled(pending)  # the step reads the device's sums once (trainer/objectives/step.py)
         result = objective.end_step(sums, scope)
         assert result.loss == pytest.approx(total, rel=1e-6) == metrics_of(sums)["loss"]
         assert result.target_tokens == int(sums["chosen_tokens"] + sums["rejected_tokens"]) == 10 + 10
