@@ -56,6 +56,17 @@ def ranked_lm(model: Any, tokenizer: Any, dist: Dist, batch_size: int) -> Any:
             if self.world_size > 1:
                 tdist.barrier()
 
+        # Without progress bars: a rank's log is lines, where a bar redrawn 100 times is noise; the stage logs the
+        # tasks' time and figures instead.
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = True) -> list[Any]:
+            return super().loglikelihood(requests, disable_tqdm=True)
+
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = True) -> list[Any]:
+            return super().loglikelihood_rolling(requests, disable_tqdm=True)
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = True) -> list[Any]:
+            return super().generate_until(requests, disable_tqdm=True)
+
     return RankedLM()
 
 

@@ -239,6 +239,18 @@ def test_bench_generate() -> None:
     assert rows[0]["scoring_seconds"] >= 0
 
 
+@bench
+def test_bench_lm_tasks() -> None:
+    """eval.tasks' multiple-choice task on a toy Qwen2 at two request batch sizes: both scored every document, to the
+    same accuracy."""
+    from tests.benchmarks import bench_lm_tasks
+
+    rows = bench_lm_tasks.main(["--shape", "toy", "--documents", "6", "--batch-sizes", "1,4", "--repeats", "1"])
+    assert [row["batch_size"] for row in rows] == [1, 4] and rows[0]["acc"] == rows[1]["acc"]
+    for row in rows:
+        positive(row, "seconds", "peak_gb", "requests_per_s", "ratio_to_batch_1")
+
+
 @pytest.mark.parametrize("script", sorted(path.stem for path in HERE.glob("bench_*.py")))
 def test_every_benchmark_script_imports_and_parses_its_options(script: str, capsys: pytest.CaptureFixture) -> None:
     """In the default run, where the toy runs are not: an import or an option a change broke fails the build. `--help`
