@@ -16,7 +16,8 @@ config/footprint.py (a decoder-only transformer with grouped-KV attention and a 
   sequence-squared term), over this rank's tokens (with train.sequence_parallel_size, its part of each row): two
   RMSNorms (their float32 input and two outputs in the training dtype), the rotated query, key and value, the
   attention output and the output projection's input, and the MLP's gate, activation, up and product (four
-  intermediate-size tensors). LoRA dropout keeps each adapter's dropped input and mask. With gradient
+  intermediate-size tensors; with train.tiled_mlp none of them, and one tile's, about hidden-size tokens, while
+  backward recomputes it). LoRA dropout keeps each adapter's dropped input and mask. With gradient
   checkpointing, each layer's input and one layer's activations while it is recomputed.
 - A mixture of experts (config/footprint.py `moe_experts`): the weights, gradients and optimizer states of every
   expert; the activations of the experts a token is routed to (each one's four intermediate tensors, its gathered
@@ -97,16 +98,17 @@ class MemoryPlan:
         return max(terms, key=lambda t: t.bytes)
 
 
-def _layer_activation_bytes(model: dict[str, Any], w: int, lora_dropout: bool) -> int:
-    """Bytes one decoder layer keeps for backward per token (the module docstring's list)."""
+def _layer_activation_bytes(model: dict[str, Any], w: int, lora_dropout: bool, tiled_mlp: bool = False) -> int:
+    """Bytes one decoder layer keeps for backward per token (the module docstring's list); with train.tiled_mlp a
+    dense MLP keeps none of its intermediate tensors (its input is the norm's output, counted)."""
     shapes = projection_shapes(model)
     hidden = int(model["hidden_size"])
     q_out, kv_out = shapes["q_proj"][1], shapes["k_proj"][1]
     inter = shapes["gate_proj"][1] if "gate_proj" in shapes else 0
     norms = 2 * (4 * hidden + 2 * w * hidden)
     attention = w * (2 * q_out + 2 * kv_out + hidden)  # rotated q, k and v, the attention output, o_proj's input
-    mlp = w * 4 * inter
     experts = moe_experts(model)
+    mlp = 0 if tiled_mlp and experts is None else w * 4 * inter
     if experts is not None:
         # The routed experts a token goes to: each one's four intermediate tensors, its gathered input and weighted
         # output; the router's float32 logits and probabilities over every expert.
@@ -202,13 +204,16 @@ def batch_terms(s: Shape) -> list[Term]:
     # positions for its share of the heads: as many numbers), and takes the loss of its part's targets.
     tokens = -(-train.micro_batch_size * s.cfg.data.max_length // train.sequence_parallel_size)
     layers, hidden, vocab = (int(s.model[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
-    per_layer = _layer_activation_bytes(s.model, s.w, train.lora.dropout > 0)
+    per_layer = _layer_activation_bytes(s.model, s.w, train.lora.dropout > 0, train.tiled_mlp)
+    # A tiled MLP's one tile of intermediates while backward recomputes it (trainer/tiled_mlp.py: hidden-size tiles).
+    inter = projection_shapes(s.model).get("gate_proj", (0, 0))[1]
+    tile = hidden * s.w * 4 * inter if train.tiled_mlp and moe_experts(s.model) is None else 0
     if train.gradient_checkpointing:
-        kept = layers * tokens * hidden * s.w + tokens * per_layer
+        kept = layers * tokens * hidden * s.w + tokens * per_layer + tile
         activations = Term("activations (checkpointed)", kept, "backward", "train.micro_batch_size")
     else:
         shrink = "train.gradient_checkpointing=true, train.micro_batch_size or train.sequence_parallel_size"
-        activations = Term("activations", layers * tokens * per_layer, "backward", shrink)
+        activations = Term("activations", layers * tokens * per_layer + tile, "backward", shrink)
     chunked = train.loss_chunk_tokens > 0 and tokens * vocab * 4 > LOSS_CHUNK_ABOVE
     loss_tokens = min(tokens, train.loss_chunk_tokens) if chunked else tokens
     shrink = "train.loss_chunk_tokens" if chunked or train.loss_chunk_tokens == 0 else "train.micro_batch_size"

@@ -17,7 +17,7 @@ from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
 from storage.node_cache import cache_root
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import compiled, faults, guards, kernels, sequence_parallel
+from trainer import compiled, faults, guards, kernels, sequence_parallel, tiled_mlp
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
 from trainer.cuda_build import plain_arch_list
@@ -81,6 +81,8 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     model = make_trainable(base, train)
     faults.maybe_force_disjoint_routing(model, dist.rank)
     set_zero3_leaves(model, zero_stage(ds))
+    if train.tiled_mlp:
+        tiled_mlp.tile_mlps(model)
     if train.compile:
         compiled.compile_layers(model, cache_root(spec.config.launch.node_cache_dir))
     warmup = math.ceil(train.warmup_ratio * spec.total_steps)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from config.objectives import ObjectiveField
 from config.sections.base import Section
@@ -189,6 +189,14 @@ class TrainConfig(Section):
         "whose times the profiler inflates. The window ends at the run's last step: a run with three steps or fewer "
         "left profiles nothing. 0: off.",
     )
+    tiled_mlp: bool = Field(
+        False,
+        description="Compute each decoder layer's dense MLP a tile of about hidden_size tokens at a time (Arctic "
+        "Long Sequence Training's tiled MLP, DeepSpeed's TiledMLP): its four intermediate-size tensors per token are "
+        "no longer kept for backward, only its input, at the price of the MLP's forward computed again in backward. "
+        "Pays on long sequences (thousands of tokens per rank), with or without sequence parallelism; "
+        "mixture-of-experts blocks are left as they are. Not with train.compile. docs/long-sequences.md.",
+    )
     loss_chunk_tokens: int = Field(
         1024,
         ge=0,
@@ -224,6 +232,15 @@ class TrainConfig(Section):
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     moe: MoeConfig = Field(default_factory=MoeConfig)
+
+    @model_validator(mode="after")
+    def _tiled_mlp_eager(self) -> TrainConfig:
+        if self.tiled_mlp and self.compile:
+            raise ValueError(
+                "train.tiled_mlp and train.compile: DeepSpeed's tiled MLP is not compiled with the layer around it; "
+                "set one of them to false"
+            )
+        return self
 
 
 class DeepSpeedSection(Section):

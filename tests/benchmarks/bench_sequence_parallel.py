@@ -114,6 +114,10 @@ def worker(args: argparse.Namespace) -> None:
     for parameter in model.parameters():
         parameter.data = parameter.data.clone()
     sequence_parallel.check_attention(model, size)
+    if args.tiled_mlp:
+        from trainer.tiled_mlp import tile_mlps
+
+        tile_mlps(model)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets))
     train = TrainConfig(micro_batch_size=1, gradient_accumulation_steps=1, sequence_parallel_size=size)
@@ -156,6 +160,7 @@ def run_case(model: str, length: int, ranks: int, args: argparse.Namespace) -> d
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}"]
     command += [__file__, "--worker", "--model", model, "--length", str(length), "--repeats", str(args.repeats)]
     command += ["--targets", str(args.targets), "--loss-chunk", str(args.loss_chunk)]
+    command += ["--tiled-mlp"] if args.tiled_mlp else []
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -186,6 +191,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--loss-chunk", type=int, default=1024, help="train.loss_chunk_tokens: the tokens whose logits exist at once"
     )
+    parser.add_argument("--tiled-mlp", action="store_true", help="train.tiled_mlp: each MLP a tile at a time")
     parser.add_argument("--toy", action="store_true", help="a tiny model at 256 tokens on 1 and 2 ranks, 1 repeat")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

@@ -1,8 +1,8 @@
 """Sequence parallelism (train.sequence_parallel_size) through the real trainer: DeepSpeed's Ulysses on 2 gloo ranks of
 one node splitting every row in two reproduces one rank's step losses, target tokens and final evaluation at the
-same global batch (float rounding apart), as do 4 ranks on 2 nodes as 2 x 2 under ZeRO-3, and the split run's
-checkpoint resumed by two ranks that do not split sequences continues on the same trajectory, while one rank at size 1
-(another world size) is refused in one line.
+same global batch (float rounding apart), as do 4 ranks on 2 nodes as 2 x 2 under ZeRO-3 (with train.tiled_mlp),
+and the split run's checkpoint resumed by two ranks that do not split sequences continues on the same trajectory,
+while one rank at size 1 (another world size) is refused in one line.
 
 Five launches (one rank, two ranks as one sequence group, four as two, the refusal, the resume): behind `multirun`."""
 
@@ -45,12 +45,15 @@ def test_two_ranks_splitting_each_sequence_reproduce_one_rank(staged: Staged) ->
     assert len(split.losses()) == 4
     # Four ranks on two nodes as 2 data-parallel x 2 sequence-parallel groups, LoRA under ZeRO-3: each data-parallel
     # rank reads half of the global batch, its sequence group splits every row, and the trajectory is one rank's.
-    grid = train(staged, "sp-2x2-zero3", [*SAME_BATCH, *SPLIT, "launch.nnodes=2", ZERO3])
+    # With train.tiled_mlp: its partitioned MLP weights fetched the same number of times on every rank (the ranks
+    # agree on the tile count), and the adapters' gradients reduced once, after the last tile.
+    grid = train(staged, "sp-2x2-zero3", [*SAME_BATCH, *SPLIT, "launch.nnodes=2", ZERO3, "train.tiled_mlp=true"])
     assert [r["target_tokens"] for r in grid.metrics() if "event" not in r] == [r["target_tokens"] for r in steps]
     assert grid.losses() == pytest.approx(one.losses(), rel=2e-5, abs=1e-6)
     grid_log = (grid.run_dir / "nodes" / "0" / "log.txt").read_text()
     assert "2 data-parallel x 2 sequence-parallel; sequence groups (inside a node) [0,1] [2,3]; " in grid_log
     assert "data-parallel groups [0,2] [1,3]" in grid_log
+    assert "train.tiled_mlp: 2 dense MLPs computed in tiles" in grid_log
     # The checkpoint records the layout it was written at; on another world size (one rank, size 1) it is refused
     # at start, before DeepSpeed's conversion (which cannot merge sequence groups) runs.
     manifest = json.loads((split.checkpoint(2) / "manifest.json").read_text())

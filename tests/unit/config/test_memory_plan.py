@@ -180,6 +180,23 @@ def test_sequence_parallelism_divides_a_ranks_activations_and_loss() -> None:
     assert split["the loss's logits"] == alone["the loss's logits"] // 2 > 0
 
 
+def test_a_tiled_mlp_keeps_none_of_its_intermediates_but_one_tiles() -> None:
+    """train.tiled_mlp: the activations lose each layer's four intermediate-size tensors per token and gain one tile's
+    (hidden_size tokens) while backward recomputes it; nothing else changes."""
+    common = ["data.max_length=16384", "train.micro_batch_size=1"]
+    model = shape_of("0.5b")
+    plain, tiled = (
+        {t.what: t.bytes for t in planned([*common, *extra], model, on_gpu=True).device}
+        for extra in ([], ["train.tiled_mlp=true"])
+    )
+    w = 2  # bfloat16 on a GPU
+    layers, hidden, inter = (int(model[k]) for k in ("num_hidden_layers", "hidden_size", "intermediate_size"))
+    assert plain["activations"] - tiled["activations"] == layers * 16384 * w * 4 * inter - hidden * w * 4 * inter
+    assert {k: v for k, v in plain.items() if k != "activations"} == {
+        k: v for k, v in tiled.items() if k != "activations"
+    }
+
+
 def test_the_longest_length_is_the_last_multiple_that_fits() -> None:
     """The search's answer fits the budget and the next multiple of 1,024 does not (checked against the plan
     itself); at sequence-parallel size 2 the longest row is longer; a budget below the weights fits nothing."""
