@@ -39,6 +39,7 @@ from trainer.moe import set_zero3_leaves
 from trainer.objectives.base import TrainObjective, check_rows
 from trainer.objectives.registry import build
 from trainer.objectives.step import optimizer_step
+from trainer.prefetch import StepPrefetcher
 from trainer.profiler import StepProfiler
 from trainer.straggler import StragglerWatch
 
@@ -118,6 +119,7 @@ class Run:
     cancel: CancelWatch
     clock: SaveClock
     partitioned: PartitionedLoad | None = None  # kept alive for the run (ZeRO-3): see trainer/model.py
+    prefetch: StepPrefetcher | None = None  # the next step's micro-batches, dealt while this one runs
 
 
 def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
@@ -198,6 +200,8 @@ def train(spec: Spec, dist: Dist) -> None:
             run.metrics.write({**record, "elapsed_s": time.perf_counter() - loop_started})
         if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
             run.clock.saved()
+    if run.prefetch is not None:
+        run.prefetch.close()
     if start < spec.total_steps:
         result = final_eval(run, spec, dist)
         run.metrics.write({"event": "final_eval", "step": spec.total_steps, **result})
@@ -206,26 +210,33 @@ def train(spec: Spec, dist: Dist) -> None:
 
 def one_step(run: Run, spec: Spec, dist: Dist, step: int) -> tuple[StepStats, dict[str, float], float]:
     """Optimizer step `step` (0-based) of the objective: (its stats, the objective's own step metrics, this rank's
-    seconds to read and batch its rows)."""
+    seconds waiting for its rows to be read and batched: dealt while the step before ran, it is near 0)."""
     started = time.perf_counter()
-    train_cfg = spec.config.train
-    batches = list(
-        run.objective.deal(
-            run.examples,
-            run.order,
-            step=step,
-            micro=train_cfg.micro_batch_size,
-            accum=spec.config.accumulation_steps(dist.world_size),
-            rank=dist.data_rank,  # the ranks of a sequence group read the same rows, each its part of them
-            world=dist.data_world,
-            pad_id=run.pad_id,
-            group_by_length=train_cfg.length_grouping,
+    if run.prefetch is None:
+        run.prefetch = StepPrefetcher(
+            lambda s: deal_step(run, spec, dist, s), spec.total_steps, pin=dist.device.type == "cuda"
         )
-    )
-    batches = [sequence_parallel.shard(batch, dist) for batch in batches]
+    batches = run.prefetch.batches(step)
     data_s = time.perf_counter() - started
     stats, extra = optimizer_step(run.engine, batches, dist, run.heartbeat, step + 1, run.objective)
     return stats, extra, data_s
+
+
+def deal_step(run: Run, spec: Spec, dist: Dist, step: int) -> list[Any]:
+    """This rank's micro-batches of optimizer step `step` (0-based), each cut to its part with sequence parallelism."""
+    train_cfg = spec.config.train
+    batches = run.objective.deal(
+        run.examples,
+        run.order,
+        step=step,
+        micro=train_cfg.micro_batch_size,
+        accum=spec.config.accumulation_steps(dist.world_size),
+        rank=dist.data_rank,  # the ranks of a sequence group read the same rows, each its part of them
+        world=dist.data_world,
+        pad_id=run.pad_id,
+        group_by_length=train_cfg.length_grouping,
+    )
+    return [sequence_parallel.shard(batch, dist) for batch in batches]
 
 
 def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: float, data_s: float) -> dict[str, Any]:
