@@ -60,7 +60,7 @@ def task_manager(cfg: TasksConfig) -> Any:
         where = f" or in {path}" if path else " (your own go in a directory named by eval.tasks.include_path)"
         raise UserError(
             f"eval.tasks.names: no lm-evaluation-harness task or group {', '.join(unknown)} in version "
-            f"{harness_version()}{where}; `python -m lm_eval ls tasks` lists them"
+            f"{harness_version()}{where}; `lm-eval ls tasks` lists them"
         )
     return manager
 

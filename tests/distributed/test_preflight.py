@@ -51,6 +51,7 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
         "memory",
         "dataset",
         "storage",
+        "benchmark tasks",
         "environment",
         "forwarded environment",
         "interface",
@@ -59,6 +60,7 @@ def test_a_healthy_node_passes_and_leaves_a_report(prepared) -> None:
     }
     # On 127.0.0.1 the route goes through the loopback interface, which both variables then name for the ranks.
     assert report["checks"]["interface"] == "lo (routes to 127.0.0.1; set as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)"
+    assert report["checks"]["benchmark tasks"] == "none (eval.tasks)"
     assert not report["checks"]["hostname"].startswith("warning:")  # every node on this machine: nothing to warn
     spec = prepared[0]
     saved = json.loads(Path(str(layout.node_dir(spec.run, 0)), "preflight.json").read_text())

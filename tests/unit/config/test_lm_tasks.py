@@ -20,7 +20,7 @@ def test_an_unknown_task_is_refused_in_one_line_naming_it(tmp_path) -> None:
         task_manager(cfg)
     message = str(refused.value)
     assert "eval.tasks.names: no lm-evaluation-harness task or group no_such_task" in message
-    assert "python -m lm_eval ls tasks" in message and "\n" not in message
+    assert "`lm-eval ls tasks` lists them" in message and "\n" not in message
 
 
 def test_a_missing_include_path_is_refused_and_the_files_key_the_base_cache(tmp_path: Path) -> None:
