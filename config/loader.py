@@ -199,6 +199,11 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     if template is not None and template not in BUILTIN_TEMPLATES:
         template = resolve_local(template)
     storage = cfg.run.storage if "://" in cfg.run.storage else str(Path(cfg.run.storage).resolve())
+    # Absolute, as every node reads it, but not checked here: it must exist on the nodes (their preflight checks it),
+    # not on the machine that reads the config.
+    tasks = cfg.eval.tasks
+    if tasks.include_path is not None:
+        tasks = tasks.model_copy(update={"include_path": resolve_local(os.path.expanduser(tasks.include_path))})
     checks = [("deepspeed.config", ds_config)]
     if model_path not in BUILTIN_MODELS:
         checks.append(("model.name_or_path", model_path))
@@ -216,5 +221,6 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
             "data": cfg.data.model_copy(update={"source": data_source, "eval_source": eval_source, "sources": sources}),
             "model": cfg.model.model_copy(update={"name_or_path": model_path, "chat_template": template}),
             "deepspeed": cfg.deepspeed.model_copy(update={"config": ds_config}),
+            "eval": cfg.eval.model_copy(update={"tasks": tasks}),
         }
     )

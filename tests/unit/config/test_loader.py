@@ -46,6 +46,16 @@ def test_default_preset_loads_with_absolute_existing_paths() -> None:
     assert cfg.world_size == 2
 
 
+def test_the_task_directory_is_made_absolute_but_not_required_where_the_config_is_read(tmp_path, monkeypatch) -> None:
+    """eval.tasks.include_path: every node reads it at the same path, and the nodes check it (preflight), not the
+    machine that reads the config."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["eval.tasks.names=[mine]", "eval.tasks.include_path=my-tasks"])
+    assert cfg.eval.tasks.include_path == str(tmp_path / "my-tasks")
+    home = load_config(None, ["eval.tasks.names=[mine]", "eval.tasks.include_path=~/tasks"]).eval.tasks.include_path
+    assert home is not None and home.startswith("/") and "~" not in home
+
+
 def test_overrides_are_typed() -> None:
     cfg = load_config(None, ["train.max_steps=7", "launch.env={NCCL_SOCKET_IFNAME: eth0}", "run.name=abc"])
     assert cfg.train.max_steps == 7
