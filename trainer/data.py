@@ -19,6 +19,10 @@ those position ids instead of an attention mask, from which Hugging Face's mask 
 every attention implementation (flash-attention reads the same position ids as variable-length sequences).
 The first label of each example after the first is not a target: it would be predicted from the end of the
 previous example. So a packed row's loss is the sum of its examples' losses, as if each ran alone.
+
+With flash-attention's variable-length kernel (trainer/attention.py) a micro-batch is one row, its rows concatenated
+without padding (`collate_flat`), and the examples' boundaries (`cu_seqlens`, the longest example) are computed here,
+once on the host, and handed to the model with it.
 """
 
 from __future__ import annotations
@@ -45,12 +49,16 @@ def split_of(spec: Spec, split: str) -> Split:
 
 @dataclass(frozen=True)
 class Batch:
-    """A padded micro-batch; `position_ids` restart at every example's start when a row holds several."""
+    """A padded micro-batch; `position_ids` restart at every example's start when a row holds several. A flattened
+    one (`collate_flat`) also carries its examples' boundaries: `cu_seqlens` (int32, the offsets of each example's
+    start and of the end) and `max_length` (its longest example's tokens)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
     position_ids: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    max_length: int = 0
 
     def model_inputs(self, device: torch.device) -> dict[str, Any]:
         """The forward pass's arguments: the padding mask, or for packed rows the restarting positions alone
@@ -63,11 +71,18 @@ class Batch:
                 "attention_mask": self.attention_mask.to(device, non_blocking=True),
                 "use_cache": False,
             }
-        return {
+        inputs = {
             "input_ids": self.input_ids.to(device, non_blocking=True),
             "position_ids": self.position_ids.to(device, non_blocking=True),
             "use_cache": False,
         }
+        if self.cu_seqlens is not None:
+            # transformers' flash-attention path takes these as they are (FlashAttentionKwargs), so no layer reads
+            # the boundaries back from the position ids on the device.
+            boundaries = self.cu_seqlens.to(device, non_blocking=True)
+            inputs |= {"cu_seq_lens_q": boundaries, "cu_seq_lens_k": boundaries}
+            inputs |= {"max_length_q": self.max_length, "max_length_k": self.max_length}
+        return inputs
 
     @property
     def target_tokens(self) -> int:
@@ -102,6 +117,20 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
                     labels[index, start] = IGNORE_INDEX  # predicted from the previous example's last token
                 start += length
     return Batch(ids, mask, labels, positions)
+
+
+def collate_flat(rows: list[Row], pad_id: int) -> Batch:
+    """The rows concatenated into one row without padding (the padding-free layout of variable-length attention):
+    positions restart at every example, an example's first label is not a target, and the examples' boundaries come
+    with it. `pad_id` is unused: nothing is padded."""
+    del pad_id
+    lengths = [length for row in rows for length in row.segments]
+    ids = torch.tensor([token for row in rows for token in row.input_ids], dtype=torch.long).unsqueeze(0)
+    labels = torch.tensor([label for row in rows for label in row.labels], dtype=torch.long).unsqueeze(0)
+    positions = torch.cat([torch.arange(length) for length in lengths]).unsqueeze(0)
+    starts = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    labels[0, starts[1:-1].long()] = IGNORE_INDEX  # each predicted from the previous example's last token
+    return Batch(ids, torch.ones_like(ids), labels, positions, starts, max(lengths))
 
 
 @dataclass
@@ -171,16 +200,18 @@ def rank_micro_batches(
     world: int,
     pad_id: int,
     group_by_length: bool = True,
+    flat: bool = False,
 ) -> Iterator[Batch]:
     """This rank's `accum` micro-batches for optimizer step `step` (`order`: the rows' GlobalOrder); only the step's
-    lengths and this rank's rows are read."""
+    lengths and this rank's rows are read. `flat`: each micro-batch one padding-free row (`collate_flat`)."""
     per_rank = micro * accum
     indices = order.step_indices(step, per_rank * world)
     if group_by_length:
         lengths = {i: row_length(rows, i) for i in indices}
         mine = deal_by_length(indices, lengths, micro, accum, world, rotation=step)[rank]
     else:
-        flat = indices[rank * per_rank : (rank + 1) * per_rank]
-        mine = [flat[start : start + micro] for start in range(0, per_rank, micro)]
+        ranks_rows = indices[rank * per_rank : (rank + 1) * per_rank]
+        mine = [ranks_rows[start : start + micro] for start in range(0, per_rank, micro)]
+    layout = collate_flat if flat else collate
     for group in mine:
-        yield collate([rows[i] for i in group], pad_id)
+        yield layout([rows[i] for i in group], pad_id)

@@ -17,7 +17,7 @@ from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
 from storage.node_cache import cache_root
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import compiled, faults, guards, kernels, sequence_parallel, tiled_mlp
+from trainer import attention, compiled, faults, guards, kernels, sequence_parallel, tiled_mlp
 from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
 from trainer.cuda_build import plain_arch_list
@@ -53,6 +53,24 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def load_model(spec: Spec, dist: Dist, *, bf16: bool, zero3: bool) -> Any:
+    """The base model (trainer/model.py `load_base`) computing attention as train.attention resolves on this rank."""
+    train = spec.config.train
+    supervised = not train.objective.data.preference_rows  # preference rows are never flattened
+    attn = attention.resolve(train.attention, dist.device, dist.sequence_parallel, supervised=supervised)
+    base = load_base(
+        spec.model_path,
+        method=train.method,
+        bf16=bf16,
+        zero3=zero3,
+        trust_remote_code=spec.config.model.trust_remote_code,
+        # sdpa is transformers' default, and a model whose own code has no sdpa path falls back to eager there.
+        attention=None if attn is attention.Attention.SDPA else attn.value,
+    )
+    attention.announce(attn)
+    return base
+
+
 def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | None]:
     """(DeepSpeed engine, pad token id, the partitioned load to keep alive under ZeRO-3) for the spec's model and
     method."""
@@ -72,9 +90,7 @@ def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | No
     seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
     partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
     log_memory("before loading the model")
-    base = load_base(
-        spec.model_path, method=train.method, bf16=bf16, zero3=zero_stage(ds) == 3, trust_remote_code=remote
-    )
+    base = load_model(spec, dist, bf16=bf16, zero3=zero_stage(ds) == 3)
     sequence_parallel.check_attention(base, dist.sequence_parallel)
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path, trust_remote_code=remote)

@@ -90,10 +90,19 @@ def parameter_count(model: Any, *, trainable: bool = False) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad or not trainable)
 
 
-def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False, trust_remote_code: bool = False) -> Any:
+def load_base(
+    model_path: str,
+    *,
+    method: str,
+    bf16: bool,
+    zero3: bool = False,
+    trust_remote_code: bool = False,
+    attention: str | None = None,
+) -> Any:
     """The base causal LM in bf16 (GPU) or fp32 (CPU); 4-bit nf4 for Q-LoRA. Partitioned across the ranks while a
     PartitionedLoad is alive. With `trust_remote_code` (model.trust_remote_code) the classes of the directory's own
-    code (config.json's auto_map) are used.
+    code (config.json's auto_map) are used. `attention`: transformers' attn_implementation (trainer/attention.py),
+    None for its default.
 
     Under ZeRO-3 (`zero3`), Q-LoRA's packed 4-bit weights are stored in the compute dtype instead of uint8: ZeRO-3
     partitions only floating-point parameters, and one dtype for every parameter lets it flatten them together."""
@@ -101,6 +110,8 @@ def load_base(model_path: str, *, method: str, bf16: bool, zero3: bool = False, 
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
     kwargs["trust_remote_code"] = trust_remote_code
+    if attention is not None:
+        kwargs["attn_implementation"] = attention
     own_code = False
     if method == "qlora":
         config = model_config(model_path, trust_remote_code=trust_remote_code)

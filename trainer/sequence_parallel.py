@@ -130,5 +130,7 @@ def shard(batch: AnyBatch, dist: Dist) -> AnyBatch:
     labels = F.pad(batch.labels, (0, extra + 1), value=IGNORE_INDEX)
     positions = torch.arange(part * size, dtype=torch.long).expand(rows, -1)
     end = start + part
-    parts = (ids[:, start:end], mask[:, start:end], labels[:, start : end + 1], positions[:, start:end])
-    return cast(AnyBatch, Batch(*(tensor.contiguous() for tensor in parts)))  # gloo sends contiguous tensors only
+    # gloo sends contiguous tensors only
+    cut = (ids[:, start:end], mask[:, start:end], labels[:, start : end + 1], positions[:, start:end])
+    ids, mask, labels, positions = (tensor.contiguous() for tensor in cut)
+    return cast(AnyBatch, Batch(ids, mask, labels, positions))

@@ -180,6 +180,17 @@ class TrainConfig(Section):
         "train.loss_chunk_tokens); auto = liger where it can run, else none. The run logs what it applied. "
         "docs/performance.md.",
     )
+    attention: Literal["auto", "sdpa", "flash", "varlen", "flex"] = Field(
+        "auto",
+        description="The attention implementation (trainer/attention.py): flash = flash-attention's variable-length "
+        "kernel (a CUDA device with flash-attn installed, else the run stops), SFT's micro-batch rows concatenated "
+        "into one row without padding and the examples' boundaries computed on the host; varlen = the same with "
+        "PyTorch's own variable-length flash attention (CUDA, nothing to install; sft only); flex = PyTorch's "
+        "FlexAttention with a document mask (not on a CPU: it has no backward there); sdpa = PyTorch's "
+        "scaled-dot-product attention, packed rows with a block-diagonal mask; auto = flash, else varlen (sft), "
+        "where they can run and sequences are not split (train.sequence_parallel_size 1), else sdpa. The run logs "
+        "what it applied. docs/performance.md.",
+    )
     profile_steps: int = Field(
         0,
         ge=0,
@@ -232,6 +243,20 @@ class TrainConfig(Section):
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     moe: MoeConfig = Field(default_factory=MoeConfig)
+
+    @model_validator(mode="after")
+    def _split_attention(self) -> TrainConfig:
+        if self.attention == "varlen" and self.objective.data.preference_rows:
+            raise ValueError(
+                f"train.attention=varlen with train.objective={self.objective.name}: its preference rows are not "
+                "flattened into one row; set train.attention to auto, flash or sdpa"
+            )
+        if self.sequence_parallel_size > 1 and self.attention not in ("auto", "sdpa"):
+            raise ValueError(
+                f"train.attention={self.attention} with train.sequence_parallel_size={self.sequence_parallel_size}: "
+                "DeepSpeed's Ulysses wraps sdpa attention here; set train.attention to auto or sdpa"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tiled_mlp_eager(self) -> TrainConfig:

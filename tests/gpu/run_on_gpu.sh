@@ -67,12 +67,14 @@ if [[ $PLAN == issue54 ]]; then
         --cases $SAVES
     echo "== (f) Q-LoRA 1.5B's peak against the plan, (g) the Qwen3-MoE shape: no step yet" | tee -a "$OUT_DIR/log.txt"
 elif [[ $PLAN == kernels ]]; then
-    # The unnamed Tandem variant is train.kernels=auto (Liger where installed, its log says): the two named ones are
-    # what is compared.
-    step "lora-1.5b-2048 packed: Tandem built-in against Tandem with Liger" 330 python3 $B --cases lora-1.5b-2048 \
-        --repeats 3 --steps 14 --torch-adam --packing --micro-batch 4 --no-hf --variant train.kernels=none \
+    # Each fast path on and off, interleaved: neither (padded rows through sdpa, the built-in loss), variable-length
+    # attention alone (train.attention=auto: flash-attn's where installed, else PyTorch's), both with Liger.
+    step "lora-1.5b-2048 packed: Tandem plain, with variable-length attention, with Liger too" 330 python3 $B \
+        --cases lora-1.5b-2048 --repeats 3 --steps 10 --torch-adam --packing --micro-batch 4 --no-hf \
+        --loss-chunk-tokens '' --variant "train.kernels=none train.attention=sdpa" --variant train.kernels=none \
         --variant train.kernels=liger --work /tmp/tandem-bench-work --out "$OUT_DIR/packed_lora_kernels.json"
-    step "gpu suite: the kernels" 120 python3 -m pytest -m gpu tests/gpu/test_kernels.py -p no:cacheprovider -q -rA
+    step "gpu suite: the kernels and attention" 120 python3 -m pytest -m gpu tests/gpu/test_kernels.py \
+        tests/gpu/test_attention.py -p no:cacheprovider -q -rA
 elif [[ $PLAN == first ]]; then
     # DeepSpeed's fused Adam (the default JSON's optimizer, which the gpu suite runs) compiles at first use: meanwhile.
     (python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" \

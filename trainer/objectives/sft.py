@@ -25,7 +25,8 @@ from core.errors import UserError
 from storage.shards import Row
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer.data import Batch, GlobalOrder, collate, rank_micro_batches
+from trainer import attention
+from trainer.data import Batch, GlobalOrder, collate, collate_flat, rank_micro_batches
 from trainer.distributed import Dist, dist_sum
 from trainer.kernels import Kernels, resolve
 from trainer.loss.chunked import LossHead
@@ -55,6 +56,7 @@ def local_sums(
     loss_chunk_tokens: int,
     lockstep: bool = False,
     part: Callable[[Batch], Batch] = lambda batch: batch,
+    flat: bool = False,
 ) -> tuple[float, int, int, int]:
     """(summed loss, target tokens, correct tokens, examples) over this rank's share of the rows `indices` of
     `examples` (the split's rows; a packed row counts each of its examples).
@@ -62,16 +64,18 @@ def local_sums(
     With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
     forward passes (and of the chunked loss's output-layer calls, which LossHead.eval_sums agrees across ranks):
     ranks with fewer rows run throw-away passes so nobody waits forever. `part`: what of a batch this rank computes
-    (a sequence-parallel rank's part of its rows: trainer/sequence_parallel.py `shard`).
+    (a sequence-parallel rank's part of its rows: trainer/sequence_parallel.py `shard`). `flat`: each pass's rows as
+    one padding-free row (variable-length attention, trainer/attention.py).
     """
     mine = indices[rank::world]
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
     passes = math.ceil(math.ceil(len(indices) / world) / batch_size) if lockstep else len(batches)
     loss_sum, targets, correct, count = 0.0, 0, 0, 0
     loss = LossHead.of(model, loss_chunk_tokens)
+    layout = collate_flat if flat else collate
     for index in range(passes):
         rows = [examples[i] for i in (batches[index] if index < len(batches) else indices[:1])]
-        batch = part(collate(rows, pad_id))
+        batch = part(layout(rows, pad_id))
         out = model(**batch.model_inputs(device), **loss.forward_kwargs(device))
         # A throw-away pass takes its sums too, and drops them: under ZeRO-3 the chunked loss's output layer is a
         # collective as well, called as often on every rank.
@@ -120,6 +124,8 @@ class Sft:
     chunk_tokens: int  # train.loss_chunk_tokens
     aux_loss_coef: float | None = None  # train.moe.aux_loss_coef
     kernels: str = "none"  # train.kernels, resolved for the device in start
+    attention: str = "sdpa"  # train.attention, resolved for the device in start
+    flat: bool = False  # micro-batches as one padding-free row each (variable-length attention)
     head: LossHead | None = None
     router: RouterBalance | None = None  # a mixture of experts' load balance (trainer/moe.py)
     sum_keys: tuple[str, ...] = ("loss_sum",)
@@ -127,12 +133,13 @@ class Sft:
     @classmethod
     def of(cls, train: TrainConfig) -> Sft:
         """SFT with train's loss settings."""
-        return cls(train.objective, train.loss_chunk_tokens, train.moe.aux_loss_coef, train.kernels)
+        return cls(train.objective, train.loss_chunk_tokens, train.moe.aux_loss_coef, train.kernels, train.attention)
 
     def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
         """The loss head of the engine's model (Liger's fused loss with train.kernels' Liger, trainer/loss/liger.py);
-        a mixture of experts' router balance."""
+        a mixture of experts' router balance; the layout of micro-batches the attention takes."""
         self.head = LossHead.of(engine, self.chunk_tokens)
+        self.flat = attention.resolve(self.attention, dist.device, dist.sequence_parallel).varlen
         if resolve(self.kernels, dist.device) is Kernels.LIGER:
             self.head = LigerLossHead.of_head(self.head)
         model_config = getattr(engine, "module", engine).config  # an engine's own .config is DeepSpeed's
@@ -144,8 +151,8 @@ class Sft:
         """Nothing to prepare: evaluate builds the head of the model it is given."""
 
     def deal(self, rows: Split, order: GlobalOrder, **dealing: Any) -> Iterator[Batch]:
-        """This rank's micro-batches of supervised rows (trainer/data.py)."""
-        return rank_micro_batches(rows, order, **dealing)
+        """This rank's micro-batches of supervised rows (trainer/data.py), flattened for variable-length attention."""
+        return rank_micro_batches(rows, order, flat=self.flat, **dealing)
 
     def begin_step(self, model: Any, batches: Sequence[Batch], dist: Dist) -> SftScope:
         """The global batch's target tokens."""
@@ -202,6 +209,7 @@ class Sft:
             loss_chunk_tokens=self.chunk_tokens,
             lockstep=lockstep,
             part=functools.partial(shard, dist=dist),
+            flat=self.flat,
         )
         # Losses, targets and correct predictions are of each rank's part; a group's examples are counted once.
         first_part = dist.layout.sequence_rank(dist.rank) == 0
