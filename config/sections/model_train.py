@@ -211,9 +211,10 @@ class TrainConfig(Section):
     loss_chunk_tokens: int = Field(
         1024,
         ge=0,
-        description="The loss (training and evaluation) takes the logits of target tokens only, from "
-        "the last hidden states (trainer/loss/chunked.py). A micro-batch whose target logits in float32 (target "
-        "tokens x vocabulary x 4 bytes) would exceed 256 MiB is chunked: the output layer is applied to this many "
+        description="The loss (training and evaluation), and the preference objectives' log-probabilities, take "
+        "the logits of target tokens only, from the last hidden states (trainer/loss/chunked.py). A micro-batch "
+        "whose target logits in float32 (target tokens x vocabulary x 4 bytes) would exceed 256 MiB is chunked: "
+        "the output layer is applied to this many "
         "target tokens at a time and recomputed in backward, so its full-vocabulary logits never exist at once; a "
         "smaller one (any micro-batch of a small vocabulary) takes them in one pass, without recomputation. 0: the "
         "model's own full logits. Qwen2, Qwen3, Llama, Mistral and Gemma models only (others use full logits); "

@@ -2,6 +2,12 @@
 
     python tests/benchmarks/bench_loss_memory.py                        # 1 x 2,048 tokens, chunks 0 (full) and 1024
     python tests/benchmarks/bench_loss_memory.py --rows 2 --seq 2048 --chunks 0,4096,1024,256
+    python tests/benchmarks/bench_loss_memory.py --logps --rows 4 --seq 1024 --repeats 3   # 2 pairs, DPO's path
+
+`--logps` takes each row's log-probability instead (what DPO, IPO, KTO and ORPO compare: trainer/loss/logps.py from
+full logits, LossHead.sequence_logps from the hidden states), its backward through a DPO-like weighting of the rows.
+`--repeats` times the forward and backward that many times in each variant's process and prints the median and the
+spread (min..max) of the seconds; the peak is the largest over the repeats.
 
 One forward and backward of a one-layer Qwen2 (hidden 256) with a 151,936-row output layer, every position but the
 first a target, through trainer/loss/chunked.py's LossHead, each variant in a fresh process (a variant with chunks
@@ -34,8 +40,11 @@ def resident_gb() -> float:
     return pages * resource.getpagesize() / 2**30
 
 
-def one(chunk: int, rows: int, seq: int) -> dict:
+def one(chunk: int, rows: int, seq: int, *, logps: bool = False, repeats: int = 1) -> dict:
     """Measure one variant in this process."""
+    import statistics
+    import time
+
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -62,8 +71,20 @@ def one(chunk: int, rows: int, seq: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     else:
         before = resident_gb()
-    loss = head.summed(model(input_ids=ids, **head.forward_kwargs(device)), ids)
-    loss.backward()
+    seconds = []
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        out = model(input_ids=ids, **head.forward_kwargs(device))
+        if logps:  # chosen rows first, then rejected: a DPO-like margin, so every row's gradient is used
+            values, _ = head.sequence_logps(out, ids)
+            loss = -torch.nn.functional.logsigmoid(0.1 * (values[: rows // 2].sum() - values[rows // 2 :].sum()))
+        else:
+            loss = head.summed(out, ids)
+        loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2**30
@@ -77,6 +98,9 @@ def one(chunk: int, rows: int, seq: int) -> dict:
         "peak_added_gb": round(peak - before, 3),
         "loss": float(loss),
         "chunked": head.head is not None and not head.fits(rows * (seq - 1)),
+        "what": "logps" if logps else "loss",
+        "seconds_median": round(statistics.median(seconds), 3),
+        "seconds_spread": [round(min(seconds), 3), round(max(seconds), 3)],
     }
 
 
@@ -86,15 +110,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--chunks", default="0,1024", help="train.loss_chunk_tokens values (0: full logits)")
+    parser.add_argument("--logps", action="store_true", help="each row's log-probability (preference objectives)")
+    parser.add_argument("--repeats", type=int, default=1, help="forward and backward passes timed per variant")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process of one variant
     options = parser.parse_args(argv)
     if options.one is not None:
-        print(json.dumps(one(options.one, options.rows, options.seq)))
+        print(json.dumps(one(options.one, options.rows, options.seq, logps=options.logps, repeats=options.repeats)))
         return []
+    shape = ["--rows", str(options.rows), "--seq", str(options.seq), "--repeats", str(options.repeats)]
+    extra = [*shape, *(["--logps"] if options.logps else [])]
     rows = []
     for chunk in (int(c) for c in options.chunks.split(",")):
         out = subprocess.run(
-            [sys.executable, __file__, "--one", str(chunk), "--rows", str(options.rows), "--seq", str(options.seq)],
+            [sys.executable, __file__, "--one", str(chunk), *extra],
             check=True,
             capture_output=True,
             text=True,
@@ -103,8 +131,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(
             f"loss_chunk_tokens={chunk:<6} {rows[-1]['rows']} x {rows[-1]['seq']} tokens on {rows[-1]['device']}: "
-            f"peak added {rows[-1]['peak_added_gb']:.2f} GB (loss {rows[-1]['loss']:.4f}, "
-            f"{'chunked' if rows[-1]['chunked'] else 'one pass'})",
+            f"{rows[-1]['what']}: peak added {rows[-1]['peak_added_gb']:.2f} GB, {rows[-1]['seconds_median']:.2f} s "
+            f"(spread {rows[-1]['seconds_spread'][0]:.2f}..{rows[-1]['seconds_spread'][1]:.2f}, loss "
+            f"{rows[-1]['loss']:.4f}, {'chunked' if rows[-1]['chunked'] else 'one pass'})",
             flush=True,
         )
     return rows

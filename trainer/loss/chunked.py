@@ -5,7 +5,9 @@ The unfused loss takes the model's full logits, batch x sequence x vocabulary, a
 Qwen2.5's 151,936-token vocabulary at micro-batch 2 x 2,048 tokens that is 2.5 GB in one tensor, and its gradient
 as much again. Here the model stops short of its output layer (`logits_to_keep` selects no position) and hands back
 its last hidden states; positions whose label is IGNORE_INDEX (prompts, padding) get no logits at all (their loss is
-zero either way), and the output layer is applied to the target positions only.
+zero either way), and the output layer is applied to the target positions only. The same path gives each row's
+summed log-probability of its targets (`sequence_logps`: what the preference objectives compare), the chunks' losses
+added per row instead of over the micro-batch.
 
 Chunking is chosen by the size of the logits, per micro-batch: when its target positions' logits in float32 (target
 tokens x vocabulary x 4 bytes) fit in ONE_PASS_MAX_BYTES (256 MiB), the output layer runs once over all of them and
@@ -49,6 +51,7 @@ from torch.utils.checkpoint import checkpoint
 
 from storage.shards import IGNORE_INDEX
 from trainer.loss.cross_entropy import cross_entropy, shift
+from trainer.loss.logps import sequence_logps
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class LossHead:
             log.info("loss: from full logits (train.loss_chunk_tokens=0)")
             return cls(None, 0)
         inner = getattr(model, "module", model)  # a DeepSpeed engine's own .config is DeepSpeed's, not the model's
-        model_type = getattr(inner.config, "model_type", "")
+        model_type = getattr(getattr(inner, "config", None), "model_type", "")
         if model_type not in PLAIN_HEAD_MODEL_TYPES:
             log.info(
                 "loss: from full logits (train.loss_chunk_tokens: %r models are not in %s)",
@@ -122,6 +125,23 @@ class LossHead:
         if self.head is None:
             return cross_entropy(*shift(out.logits, labels), reduction="sum")
         hidden, targets = target_positions(out.hidden_states[-1], labels)
+        return self.through_head(hidden, targets, Rows.none())
+
+    def sequence_logps(self, out: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each row's summed log-probability of its targets, differentiable, and its target count): what the
+        preference objectives compare (trainer/loss/logps.py from full logits), here through the same head and
+        chunks as the loss, so no micro-batch's full-vocabulary logits exist."""
+        if self.head is None:
+            return sequence_logps(out.logits, labels)
+        hidden, targets = target_positions(out.hidden_states[-1], labels)
+        rows = Rows.of(labels, hidden.device)
+        assert rows.counts is not None, "Rows.of counts each row's targets"
+        return -self.through_head(hidden, targets, rows), rows.counts
+
+    def through_head(self, hidden: torch.Tensor, targets: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """The summed cross-entropy of `targets` from their `hidden` states (per row with `rows.index`): in one pass
+        or in chunks, and under ZeRO-3 through `PartitionedChunks`."""
+        assert self.head is not None, "the fused loss needs the output layer"
         # At least one (empty) chunk when nothing is a target, so the loss still reaches the output layer and the
         # model's output: DeepSpeed's backward needs both. Chunks past this rank's targets are empty (loss 0).
         size, starts = self.chunks(len(targets), hidden.device, at_least_one=True)
@@ -130,15 +150,20 @@ class LossHead:
                 # The function's backward runs only if an input asks for a gradient: when nothing before the
                 # output layer trains (LoRA on it alone), a stand-in does; the gradient it gets goes nowhere.
                 hidden = hidden.detach().requires_grad_()
-            return PartitionedChunks.apply(hidden, targets, self.head, starts, size)
+            return PartitionedChunks.apply(hidden, targets, self.head, starts, size, rows)
         if self.fits(len(targets)):
             # Logits this small are kept for the backward pass, as the model's own loss keeps its own: recomputing
             # them would cost a pass of the output layer and save little memory.
-            return chunk_loss(self.head, hidden, targets)
+            return chunk_loss(self.head, hidden, targets, rows)
         # Non-reentrant: it saves nothing the chunk's inputs do not hold already. Summed in chunk order.
         parts = [
             checkpoint(
-                chunk_loss, self.head, hidden[start : start + size], targets[start : start + size], use_reentrant=False
+                chunk_loss,
+                self.head,
+                hidden[start : start + size],
+                targets[start : start + size],
+                rows.part(start, size),
+                use_reentrant=False,
             )
             for start in starts
         ]
@@ -188,17 +213,25 @@ class PartitionedChunks(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, starts: range, size: int
+        ctx: Any,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        head: torch.nn.Module,
+        starts: range,
+        size: int,
+        rows: Rows,
     ) -> torch.Tensor:
-        ctx.head, ctx.starts, ctx.size = head, starts, size
+        ctx.head, ctx.starts, ctx.size, ctx.rows = head, starts, size, rows
         ctx.save_for_backward(hidden, targets)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        total = torch.zeros((rows.count,) if rows.index is not None else (), dtype=torch.float32, device=hidden.device)
         for start in starts:  # autograd is off here: each chunk's logits go as soon as its loss is taken
-            total += chunk_loss(head, hidden[start : start + size], targets[start : start + size])
+            total += chunk_loss(
+                head, hidden[start : start + size], targets[start : start + size], rows.part(start, size)
+            )
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None, None]:
         hidden, targets = ctx.saved_tensors
         hidden = hidden.detach().requires_grad_()
         params = [p for p in ctx.head.parameters() if p.requires_grad]
@@ -209,12 +242,12 @@ class PartitionedChunks(torch.autograd.Function):
                     param.ds_grad_is_ready = index == last
                 end = start + ctx.size
                 with torch.enable_grad():
-                    part = chunk_loss(ctx.head, hidden[start:end], targets[start:end])
+                    part = chunk_loss(ctx.head, hidden[start:end], targets[start:end], ctx.rows.part(start, ctx.size))
                 torch.autograd.backward(part, grad)
         finally:
             for param in params:
                 param.ds_grad_is_ready = True
-        return hidden.grad, None, None, None, None
+        return hidden.grad, None, None, None, None, None
 
 
 def target_positions(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,6 +268,36 @@ def agreed_max(count: int, device: torch.device) -> int:
     return int(largest.item())
 
 
-def chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of one chunk: its logits exist, in float32, only while this runs."""
-    return F.cross_entropy(head(hidden).float(), targets, reduction="sum")
+@dataclass(frozen=True)
+class Rows:
+    """Which row of the micro-batch each target position belongs to (`index`, in target order), the number of rows
+    (`count`) and each row's targets (`counts`): for sums per row; `index` None sums over the whole micro-batch."""
+
+    index: torch.Tensor | None
+    count: int = 0
+    counts: torch.Tensor | None = None
+
+    @classmethod
+    def none(cls) -> Rows:
+        """One sum over every target."""
+        return cls(None)
+
+    @classmethod
+    def of(cls, labels: torch.Tensor, device: torch.device) -> Rows:
+        """The rows of `labels`' targets (labels shifted by one, in `target_positions`' order)."""
+        mask = labels[:, 1:].to(device) != IGNORE_INDEX
+        index = torch.arange(labels.shape[0], device=device).unsqueeze(1).expand_as(mask)[mask]
+        return cls(index, labels.shape[0], mask.sum(dim=1))
+
+    def part(self, start: int, size: int) -> Rows:
+        """The rows of the targets start .. start + size."""
+        return self if self.index is None else Rows(self.index[start : start + size], self.count)
+
+
+def chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """Summed cross-entropy of one chunk (a sum per row with `rows.index`): its logits exist, in float32, only while
+    this runs."""
+    if rows.index is None:
+        return F.cross_entropy(head(hidden).float(), targets, reduction="sum")
+    per_target = F.cross_entropy(head(hidden).float(), targets, reduction="none")
+    return per_target.new_zeros(rows.count).index_add(0, rows.index, per_target)

@@ -25,7 +25,7 @@ class Kto(PreferenceObjective):
     def reference_point(self, model: Any, batches: Iterable[PreferenceBatch], counted: int, dist: Dist) -> float:
         """z0 over every rank's first `counted` micro-batches (the others are throw-away passes, run all the same:
         under ZeRO-3 every rank runs as many), clamped at 0."""
-        local = [kl_sums(model, batch, dist.device) for batch in batches][:counted]
+        local = [kl_sums(model, batch, dist.device, self.loss_head(model)) for batch in batches][:counted]
         total, count = dist_sum([sum(s for s, _ in local), sum(n for _, n in local)], dist)
         return max(total / max(count, 1.0), 0.0)
 

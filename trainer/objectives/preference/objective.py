@@ -30,6 +30,7 @@ from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import GlobalOrder
 from trainer.distributed import Dist, dist_sum
+from trainer.loss.chunked import LossHead
 from trainer.moe import RouterBalance
 from trainer.objectives.base import MicroLoss, Pending, StepResult, Sums, add, reduced
 from trainer.objectives.preference.batching import PreferenceBatch, collate_preference, rank_preference_batches
@@ -93,17 +94,31 @@ class PreferenceObjective(ABC):
     sum_keys: tuple[str, ...] = SUM_KEYS
 
     def __init__(
-        self, objective: Objective, settings: PreferenceConfig, method: str, aux_loss_coef: float | None = None
+        self,
+        objective: Objective,
+        settings: PreferenceConfig,
+        method: str,
+        aux_loss_coef: float | None = None,
+        chunk_tokens: int = 0,
     ) -> None:
         self.objective, self.settings, self.method = objective, settings, method
         self.aux_loss_coef = aux_loss_coef
+        self.chunk_tokens = chunk_tokens  # train.loss_chunk_tokens: how log-probabilities are taken (LossHead)
+        self.head: LossHead | None = None  # the model's, built by start (training) and evaluate
         self.tables: dict[str, ReferenceTable] = {}
         self.router: RouterBalance | None = None
 
     @classmethod
     def of(cls, train: TrainConfig) -> Self:
         """The objective of train, with its settings."""
-        return cls(train.objective, train.preference, train.method, train.moe.aux_loss_coef)
+        return cls(train.objective, train.preference, train.method, train.moe.aux_loss_coef, train.loss_chunk_tokens)
+
+    def loss_head(self, model: Any) -> LossHead:
+        """How `model`'s log-probabilities are taken (from its last hidden states in chunks, or full logits): the
+        head start or evaluate built, else `model`'s, built now."""
+        if self.head is None:
+            self.head = LossHead.of(model, self.chunk_tokens)
+        return self.head
 
     @property
     def beta(self) -> float:
@@ -117,7 +132,8 @@ class PreferenceObjective(ABC):
 
     def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
         """Full fine-tuning's reference tables, read or computed by the base before any checkpoint is resumed; a
-        mixture of experts' router balance (trainer/moe.py)."""
+        mixture of experts' router balance (trainer/moe.py); the loss head the log-probabilities are taken through."""
+        self.head = LossHead.of(engine, self.chunk_tokens)
         model_config = getattr(getattr(engine, "module", engine), "config", None)  # an engine's own is DeepSpeed's
         self.router = RouterBalance.of(model_config, self.aux_loss_coef, dist)
         if self.router is not None:
@@ -165,8 +181,9 @@ class PreferenceObjective(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor, Pending, torch.Tensor | None]:
         """(each unit's loss, ORPO's summed cross-entropy, the metric sums, the `router`'s unweighted load-balancing
         loss or None without one) of a micro-batch: the reference first, then the policy in one forward pass."""
-        reference = reference_for(model, batch, scope.device, scope.table) if self.objective.reference else None
-        policy, counts, aux = policy_logps(model, batch.sequences, scope.device, router)
+        head = self.loss_head(model)
+        reference = reference_for(model, batch, scope.device, scope.table, head) if self.objective.reference else None
+        policy, counts, aux = policy_logps(model, batch.sequences, scope.device, head, router)
         losses, nll, sums = self.losses(
             policy, counts.clamp(min=1), None if reference is None else reference[0], batch, scope.kl
         )
@@ -218,6 +235,7 @@ class PreferenceObjective(ABC):
         """The preference metrics over the rows `indices` of the eval split: sums all-reduced and divided once (so
         equal to one process's). KTO's reference point comes from the same rows, each with the answer of the next
         row as its mismatched sequence."""
+        self.head = LossHead.of(model, self.chunk_tokens)  # the model given here (the evaluate stage loads its own)
         plan = EvalPasses.of(rows, indices, dist, batch_size, pad_id, lockstep)
         kl = self.reference_point(model, (plan.batch(k) for k in range(plan.passes)), len(plan.groups), dist)
         scope = PreferenceScope(0.0, 0.0, kl, 1, dist.device, self.tables.get("eval"))

@@ -22,7 +22,7 @@ from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import Batch, split_of
 from trainer.distributed import Dist
-from trainer.loss.logps import sequence_logps
+from trainer.loss.chunked import LossHead
 from trainer.moe import RouterBalance
 from trainer.objectives.preference import reference_table
 from trainer.objectives.preference.batching import PreferenceBatch
@@ -39,45 +39,48 @@ def adapters_off(model: Any) -> Iterator[None]:
         yield
 
 
-def logps(model: Any, batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed target log-probability, target count) of every sequence of `batch`, in one forward pass."""
-    out = model(**batch.model_inputs(device))
-    return sequence_logps(out.logits, batch.labels)
+def logps(model: Any, batch: Batch, device: torch.device, head: LossHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed target log-probability, target count) of every sequence of `batch`, in one forward pass, through the
+    loss `head` (trainer/loss/chunked.py: from the last hidden states a chunk of targets at a time, or full logits)."""
+    out = model(**batch.model_inputs(device), **head.forward_kwargs(device))
+    return head.sequence_logps(out, batch.labels)
 
 
 def policy_logps(
-    model: Any, batch: Batch, device: torch.device, router: RouterBalance | None
+    model: Any, batch: Batch, device: torch.device, head: LossHead, router: RouterBalance | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`logps` of the policy, and with a mixture of experts' `router` its unweighted load-balancing loss (the routed
     tokens counted for the step's load), from the same forward pass; None without a router."""
     if router is None:
-        return *logps(model, batch, device), None
-    out = model(**batch.model_inputs(device), **router.forward_kwargs)
-    return *sequence_logps(out.logits, batch.labels), router.observe(out, batch.attention_mask)
+        return *logps(model, batch, device, head), None
+    out = model(**batch.model_inputs(device), **head.forward_kwargs(device), **router.forward_kwargs)
+    return *head.sequence_logps(out, batch.labels), router.observe(out, batch.attention_mask)
 
 
-def reference_logps(model: Any, batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_logps(
+    model: Any, batch: Batch, device: torch.device, head: LossHead
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference model's log-probabilities of `batch`, without gradients."""
     with torch.no_grad(), adapters_off(model):
-        return logps(model, batch, device)
+        return logps(model, batch, device, head)
 
 
 def reference_for(
-    model: Any, batch: PreferenceBatch, device: torch.device, table: ReferenceTable | None
+    model: Any, batch: PreferenceBatch, device: torch.device, table: ReferenceTable | None, head: LossHead
 ) -> tuple[torch.Tensor, ...]:
     """The reference log-probabilities of a micro-batch's sequences (first of the tuple): looked up in full
     fine-tuning's `table`, else computed by the model with its adapters disabled."""
     if table is not None:
         return (table.logps(batch.indices, device),)
-    return reference_logps(model, batch.sequences, device)
+    return reference_logps(model, batch.sequences, device, head)
 
 
-def kl_sums(model: Any, batch: PreferenceBatch, device: torch.device) -> tuple[float, int]:
+def kl_sums(model: Any, batch: PreferenceBatch, device: torch.device, head: LossHead) -> tuple[float, int]:
     """KTO: (summed policy - reference log-probability of the mismatched sequences, their count), no gradients."""
     assert batch.mismatched is not None, "KTO micro-batch without its mismatched sequences"
     with torch.no_grad():
-        policy, _ = logps(model, batch.mismatched, device)
-    reference, _ = reference_logps(model, batch.mismatched, device)
+        policy, _ = logps(model, batch.mismatched, device, head)
+    reference, _ = reference_logps(model, batch.mismatched, device, head)
     return float((policy - reference).sum()), batch.units
 
 
@@ -90,9 +93,10 @@ def run_tables(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Re
         rows = split_of(spec, split)
         if len(rows):
             lockstep = zero_stage(spec.deepspeed) == 3
+            head = LossHead.of(engine, spec.config.train.loss_chunk_tokens)
             batching = {"batch_size": spec.config.train.micro_batch_size, "pad_id": pad_id, "lockstep": lockstep}
             cache = cache_root(spec.config.launch.node_cache_dir)  # where a table on S3 is copied to be mapped
-            tables[split] = load_or_compute(engine, spec.run, split, rows, dist, cache, **batching)
+            tables[split] = load_or_compute(engine, spec.run, split, rows, dist, cache, head=head, **batching)
     engine.train()
     return tables
 

@@ -41,7 +41,7 @@ from storage.node_cache import REFERENCE, cache_root, filling
 from storage.retry import with_retries
 from storage.split_reader import Split
 from trainer.distributed import Dist, barrier, dist_sum, gather_to_main
-from trainer.loss.logps import sequence_logps
+from trainer.loss.chunked import LossHead
 from trainer.objectives.preference.batching import collate_preference
 
 log = logging.getLogger(__name__)
@@ -82,10 +82,11 @@ def pass_count(rows: int, world: int, batch_size: int) -> int:
 
 @torch.no_grad()
 def rank_logps(
-    model: Any, rows: Split, dist: Dist, *, batch_size: int, pad_id: int, lockstep: bool
+    model: Any, rows: Split, dist: Dist, *, batch_size: int, pad_id: int, lockstep: bool, head: LossHead
 ) -> Iterator[tuple[range, np.ndarray]]:
-    """(this rank's rows, their (n, 2) log-probabilities) of each pass: row i on rank i % world, in micro-batches.
-    `lockstep` (ZeRO-3): a rank out of rows runs a throw-away pass over row 0; otherwise it yields no rows."""
+    """(this rank's rows, their (n, 2) log-probabilities) of each pass: row i on rank i % world, in micro-batches,
+    through the loss `head` (trainer/loss/chunked.py). `lockstep` (ZeRO-3): a rank out of rows runs a throw-away pass
+    over row 0; otherwise it yields no rows."""
     mine = range(dist.rank, len(rows), dist.world_size)
     for k in range(pass_count(len(rows), dist.world_size, batch_size)):
         group = mine[k * batch_size : (k + 1) * batch_size]
@@ -94,8 +95,8 @@ def rank_logps(
             continue
         taken = list(group) or [0]
         batch = collate_preference([rows[i] for i in taken], [rows.feedback(i) for i in taken], pad_id)
-        out = model(**batch.sequences.model_inputs(dist.device))
-        values, _ = sequence_logps(out.logits, batch.sequences.labels)
+        out = model(**batch.sequences.model_inputs(dist.device), **head.forward_kwargs(dist.device))
+        values, _ = head.sequence_logps(out, batch.sequences.labels)
         logps = values.double().cpu().numpy()
         n = len(taken)
         yield group, np.stack([logps[:n], logps[n : 2 * n]], axis=1)[: len(group)]
@@ -152,7 +153,7 @@ class Blocks:
 
 def compute(model: Any, rows: Split, dist: Dist, out: np.ndarray | None, **batching: Any) -> None:
     """Every row's reference log-probabilities, written into rank 0's `out` ((rows, 2) float64; None on the other
-    ranks), each rank computing its share (`batching`: batch_size, pad_id, lockstep: see rank_logps)."""
+    ranks), each rank computing its share (`batching`: batch_size, pad_id, lockstep, head: see rank_logps)."""
     parts = rank_logps(model, rows, dist, **batching)
     written = collect(parts, out, dist, rows_per_pass=batching["batch_size"])
     if dist.is_main and written != len(rows):

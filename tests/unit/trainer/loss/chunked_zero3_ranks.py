@@ -3,13 +3,14 @@ batches have different numbers of target tokens, so each rank's own chunk count 
 the count is agreed across ranks: under ZeRO-3 every call of the output layer is an all-gather).
 
 The rank side of test_chunked.py's ZeRO test, and its launcher. One launch of 2 processes (this file run as a
-module, one per rank) builds an engine per stage and method (LoRA with the
-output layer among its targets, full fine-tuning) on tests/unit/trainer/loss/test_chunked.py's tiny model, and compares
-on every rank the summed loss and every trainable parameter's full gradient (averaged over the ranks, read after
-backward and before the step) with the full-logits ones at rtol 1e-5 in float32: chunked (forced: the tiny vocabulary
-takes one pass at the default threshold), in one pass, and at a threshold between the two ranks' target logits, where
-each rank alone would choose differently (under ZeRO-3 the choice is agreed, or the ranks' all-gathers mismatch); and,
-under ZeRO-3, the evaluation sums, chunked, one rank having no target at all."""
+module, one per rank) builds an engine per stage and method (LoRA with the output layer among its targets, full
+fine-tuning) on tests/unit/trainer/loss/test_chunked.py's tiny model, and compares on every rank the summed loss and
+every trainable parameter's full gradient (averaged over the ranks, read after backward and before the step) with the
+full-logits ones at rtol 1e-5 in float32, and the same for each row's log-probability (the preference objectives'
+path, weighted by row so that a target counted in another row shows): chunked (forced: the tiny vocabulary takes one
+pass at the default threshold), in one pass, and at a threshold between the two ranks' target logits, where each rank
+alone would choose differently (under ZeRO-3 the choice is agreed, or the ranks' all-gathers mismatch); and, under
+ZeRO-3, the evaluation sums, chunked, one rank having no target at all."""
 
 from __future__ import annotations
 
@@ -122,18 +123,21 @@ def engine_for(stage: int, method: str) -> Any:
 
 
 def loss_and_grads(
-    engine: Any, chunk_tokens: int, inputs: tuple, one_pass_max_bytes: int | None = 0
+    engine: Any, chunk_tokens: int, inputs: tuple, one_pass_max_bytes: int | None = 0, *, per_row: bool = False
 ) -> tuple[Any, dict[str, Any]]:
-    """The summed loss and every trainable parameter's full gradient after DeepSpeed's backward (before the step)."""
+    """The summed loss and every trainable parameter's full gradient after DeepSpeed's backward (before the step);
+    `per_row`: instead of the loss, the rows' log-probabilities weighted by row (test_chunked.py `weighted_logps`),
+    the preference objectives' path."""
     from deepspeed.utils import safe_get_full_grad
 
-    from tests.unit.trainer.loss.test_chunked import head_of
+    from tests.unit.trainer.loss.test_chunked import head_of, weighted_logps
 
     ids, mask, labels = inputs
     head = head_of(engine, chunk_tokens, one_pass_max_bytes)
     assert (head.head is None) == (chunk_tokens == 0)
     assert head.partitioned == (chunk_tokens > 0 and engine.zero_optimization_stage() == 3)
-    loss = head.summed(engine(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device)), labels)
+    out = engine(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device))
+    loss = weighted_logps(head, out, labels) if per_row else head.summed(out, labels)
     engine.backward(loss)
     grads = {
         name: safe_get_full_grad(param).clone()
@@ -148,17 +152,19 @@ def loss_and_grads(
 
 
 def compare_training(engine: Any, inputs: tuple) -> int:
-    """Chunked, one pass, and a threshold the ranks alone would disagree on, each vs full logits on one engine; the
-    number of gradients compared."""
+    """Chunked, one pass, and a threshold the ranks alone would disagree on, each vs full logits on one engine, for
+    the loss and for the rows' log-probabilities; the number of gradients compared."""
+    import itertools
+
     import torch
 
     from tests.unit.trainer.loss.test_chunked import CHUNK, CHUNKED, ONE_PASS, VOCAB
     from trainer.loss.chunked import LOGIT_BYTES
 
-    full_loss, full_grads = loss_and_grads(engine, 0, inputs)
     between = target_count(rank_batch(1)[2]) * VOCAB * LOGIT_BYTES  # rank 1's own logits fit, rank 0's do not
-    for one_pass_max_bytes in (CHUNKED, ONE_PASS, between):
-        loss, grads = loss_and_grads(engine, CHUNK, inputs, one_pass_max_bytes)
+    for per_row, one_pass_max_bytes in itertools.product((False, True), (CHUNKED, ONE_PASS, between)):
+        full_loss, full_grads = loss_and_grads(engine, 0, inputs, per_row=per_row)
+        loss, grads = loss_and_grads(engine, CHUNK, inputs, one_pass_max_bytes, per_row=per_row)
         torch.testing.assert_close(loss, full_loss, rtol=1e-5, atol=0)
         assert grads.keys() == full_grads.keys() and full_grads
         for name, grad in full_grads.items():
@@ -168,7 +174,7 @@ def compare_training(engine: Any, inputs: tuple) -> int:
                 grad,
                 rtol=1e-5,
                 atol=1e-5 * float(grad.abs().max()),
-                msg=f"{name}, one_pass_max_bytes={one_pass_max_bytes}",
+                msg=f"{name}, one_pass_max_bytes={one_pass_max_bytes}, per_row={per_row}",
             )
     return len(full_grads)
 

@@ -98,6 +98,38 @@ def test_chunked_loss_and_gradients_equal_the_full_logits_ones(
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()), msg=name)
 
 
+def weighted_logps(head: LossHead, out: Any, labels: torch.Tensor) -> torch.Tensor:
+    """Each row's log-probability of its targets (the preference objectives' path), weighted 1, 2, 3, ... by row and
+    summed, so that a target's log-probability counted in another row changes the value and the gradients."""
+    logps, counts = head.sequence_logps(out, labels)
+    assert counts.tolist() == (labels[:, 1:] != IGNORE_INDEX).sum(dim=1).tolist()
+    return (logps * torch.arange(1, len(logps) + 1, device=logps.device)).sum()
+
+
+@pytest.mark.parametrize("one_pass_max_bytes", [CHUNKED, ONE_PASS], ids=["chunked", "one-pass"])
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_each_rows_log_probability_and_its_gradients_equal_the_full_logits_ones(
+    method: str, one_pass_max_bytes: int | None
+) -> None:
+    """What DPO, IPO, KTO and ORPO compare (trainer/loss/logps.py from full logits), through the head in chunks."""
+    model = build(method)
+    ids, mask, labels = batch()
+    results = []
+    for chunk, threshold in ((0, CHUNKED), (CHUNK, one_pass_max_bytes)):
+        model.zero_grad(set_to_none=True)
+        head = head_of(model, chunk, threshold)
+        out = model(input_ids=ids, attention_mask=mask, **head.forward_kwargs(ids.device))
+        logps, _ = head.sequence_logps(out, labels)
+        weighted_logps(head, out, labels).backward()
+        results.append((logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (full, full_grads), (chunked, chunked_grads) = results
+    assert bool((full < 0).all()) and len(full) == 3
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=0)
+    for name, grad in full_grads.items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()), msg=name)
+
+
 @pytest.mark.parametrize("one_pass_max_bytes", [CHUNKED, ONE_PASS], ids=["chunked", "one-pass"])
 def test_chunked_evaluation_sums_equal_the_full_logits_ones(one_pass_max_bytes: int | None) -> None:
     model = build("lora").eval()

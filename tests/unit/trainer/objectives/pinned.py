@@ -1,7 +1,8 @@
 """Every objective's numbers on one fixed batch, pinned: SFT's summed loss (from full logits, and from the last hidden
 states in one pass and in chunks), the evaluation's sums and metrics (loss, perplexity, token accuracy), and DPO's,
 IPO's, KTO's and ORPO's losses with their metrics (rewards, reward accuracy and margin, log-probabilities per token,
-KTO's reference point), each the evaluation of a real split of preference rows in micro-batches of unequal widths.
+KTO's reference point), each the evaluation of a real split of preference rows in micro-batches of unequal widths,
+their log-probabilities taken from full logits and from the last hidden states (the same literals).
 
 The model is the built-in tiny model's shape with LoRA (its B seeded away from zero, so that the policy is not its
 reference), in float32 on the CPU, seeded; the rows are seeded too, part random tokens and part the model's own greedy
@@ -124,11 +125,13 @@ def measure_sft_eval(model: Any, rows: list[Row], chunk_tokens: int) -> dict[str
     return objective.evaluate(model, rows, range(len(rows)), ONE, batch_size=2, pad_id=0, lockstep=False)
 
 
-def measure_preference(model: Any, split: Split, name: str) -> dict[str, Any]:
-    """The objective's evaluation of every row of `split`."""
+def measure_preference(model: Any, split: Split, name: str, chunk_tokens: int) -> dict[str, Any]:
+    """The objective's evaluation of every row of `split`, its log-probabilities taken as train.loss_chunk_tokens
+    `chunk_tokens` says (0: from full logits; else from the last hidden states)."""
     settings = {"beta": BETA, "label_smoothing": SMOOTHING if name == "dpo" else 0.0}
     settings |= {"desirable_weight": W_D, "undesirable_weight": W_U}
-    objective = build_objective(TrainConfig.model_validate({"objective": name, "preference": settings}))
+    config = {"objective": name, "preference": settings, "loss_chunk_tokens": chunk_tokens}
+    objective = build_objective(TrainConfig.model_validate(config))
     return objective.evaluate(model, split, range(len(split)), ONE, batch_size=EVAL_BATCH, pad_id=0, lockstep=False)
 
 

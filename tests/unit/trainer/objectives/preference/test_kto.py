@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.unit.trainer.objectives.pinned import assert_pinned, measure_preference, preference_split
+import pytest
+
+from tests.unit.trainer.objectives.pinned import CHUNK, assert_pinned, measure_preference, preference_split
 
 PINNED: dict[str, Any] = {
     "loss": 0.49152108033498126,
@@ -23,6 +25,7 @@ PINNED: dict[str, Any] = {
 }
 
 
-def test_kto_is_pinned(pinned_model: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk_tokens", [0, CHUNK], ids=["full-logits", "hidden-states"])
+def test_kto_is_pinned(pinned_model: Any, tmp_path: Path, chunk_tokens: int) -> None:
     split = preference_split(tmp_path, pairs=False)
-    assert_pinned(measure_preference(pinned_model, split, "kto"), PINNED)
+    assert_pinned(measure_preference(pinned_model, split, "kto", chunk_tokens), PINNED)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.trainer.objectives.pinned import assert_pinned, measure_preference, preference_split
+from tests.unit.trainer.objectives.pinned import CHUNK, assert_pinned, measure_preference, preference_split
 
 # DPO and IPO share their rewards (beta times the log-ratio to the reference) and differ in the loss; ORPO's rewards
 # are beta times the mean log-probabilities.
@@ -51,7 +51,8 @@ PINNED: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.parametrize("chunk_tokens", [0, CHUNK], ids=["full-logits", "hidden-states"])
 @pytest.mark.parametrize("name", sorted(PINNED))
-def test_pair_objectives_are_pinned(pinned_model: Any, tmp_path: Path, name: str) -> None:
+def test_pair_objectives_are_pinned(pinned_model: Any, tmp_path: Path, name: str, chunk_tokens: int) -> None:
     split = preference_split(tmp_path, pairs=True)
-    assert_pinned(measure_preference(pinned_model, split, name), PINNED[name])
+    assert_pinned(measure_preference(pinned_model, split, name, chunk_tokens), PINNED[name])

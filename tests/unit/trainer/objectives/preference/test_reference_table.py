@@ -25,6 +25,7 @@ from storage.node_cache import REFERENCE
 from storage.shards import PAIR, Row
 from trainer import tiny
 from trainer.distributed import Dist, barrier, init, shutdown
+from trainer.loss.chunked import LossHead
 from trainer.loss.logps import sequence_logps
 from trainer.objectives.preference import reference_table
 from trainer.objectives.preference.batching import collate_preference
@@ -139,7 +140,7 @@ def test_a_table_on_an_object_store_is_fetched_once_per_node_and_mapped(s3_bucke
 
 def test_the_base_models_log_probabilities_fill_the_table() -> None:
     """compute() on one rank: each row's summed log-probabilities of its two answers, as one pass over that row alone
-    gives them, in micro-batches of 3 (the last short)."""
+    gives them from full logits, in micro-batches of 3 (the last short), taken in chunks of the last hidden states."""
     model = tiny.build_model(tiny.RECIPE["vocab_size"], pad_id=0, eos_id=1).eval()
     generator = torch.Generator().manual_seed(1)
     rows = Rows()
@@ -148,7 +149,8 @@ def test_the_base_models_log_probabilities_fill_the_table() -> None:
         ids = torch.randint(2, tiny.RECIPE["vocab_size"], (p + c + r,), generator=generator).tolist()
         rows.append(Row(ids, [-100] * p + ids[p:], [p, c, r]))
     out = np.zeros((7, 2))
-    compute(model, rows, ONE, out, batch_size=3, pad_id=0, lockstep=False)
+    head = LossHead.of(model, 8, one_pass_max_bytes=0)  # in chunks, against full logits below
+    compute(model, rows, ONE, out, batch_size=3, pad_id=0, lockstep=False, head=head)
     for i, row in enumerate(rows):
         batch = collate_preference([row], [PAIR], 0).sequences
         with torch.no_grad():
