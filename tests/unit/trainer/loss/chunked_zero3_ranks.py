@@ -6,11 +6,11 @@ The rank side of test_chunked.py's ZeRO test, and its launcher. One launch of 2 
 module, one per rank) builds an engine per stage and method (LoRA with the output layer among its targets, full
 fine-tuning) on tests/unit/trainer/loss/test_chunked.py's tiny model, and compares on every rank the summed loss and
 every trainable parameter's full gradient (averaged over the ranks, read after backward and before the step) with the
-full-logits ones at rtol 1e-5 in float32, and the same for each row's log-probability (the preference objectives'
-path, weighted by row so that a target counted in another row shows): chunked (forced: the tiny vocabulary takes one
-pass at the default threshold), in one pass, and at a threshold between the two ranks' target logits, where each rank
-alone would choose differently (under ZeRO-3 the choice is agreed, or the ranks' all-gathers mismatch); and, under
-ZeRO-3, the evaluation sums, chunked, one rank having no target at all."""
+full-logits ones at rtol 1e-5 in float32: chunked (forced: the tiny vocabulary takes one pass at the default
+threshold), in one pass, and at a threshold between the two ranks' target logits, where each rank alone would choose
+differently (under ZeRO-3 the choice is agreed, or the ranks' all-gathers mismatch); chunked, the same for each row's
+log-probability (the preference objectives' path, weighted by row so that a target counted in another row shows);
+and, under ZeRO-3, the evaluation sums, chunked, one rank having no target at all."""
 
 from __future__ import annotations
 
@@ -153,17 +153,19 @@ def loss_and_grads(
 
 def compare_training(engine: Any, inputs: tuple) -> int:
     """Chunked, one pass, and a threshold the ranks alone would disagree on, each vs full logits on one engine, for
-    the loss and for the rows' log-probabilities; the number of gradients compared."""
-    import itertools
-
+    the loss, and chunked for the rows' log-probabilities; the number of gradients compared."""
     import torch
 
     from tests.unit.trainer.loss.test_chunked import CHUNK, CHUNKED, ONE_PASS, VOCAB
     from trainer.loss.chunked import LOGIT_BYTES
 
     between = target_count(rank_batch(1)[2]) * VOCAB * LOGIT_BYTES  # rank 1's own logits fit, rank 0's do not
-    for per_row, one_pass_max_bytes in itertools.product((False, True), (CHUNKED, ONE_PASS, between)):
-        full_loss, full_grads = loss_and_grads(engine, 0, inputs, per_row=per_row)
+    full = {per_row: loss_and_grads(engine, 0, inputs, per_row=per_row) for per_row in (False, True)}
+    # The rows' log-probabilities share the chunks' machinery with the loss: compared chunked, the case where each
+    # chunk's sums go to their rows through a checkpoint (ZeRO-2) or PartitionedChunks (ZeRO-3); in one process also
+    # in one pass (test_chunked.py).
+    for per_row, one_pass_max_bytes in [(False, CHUNKED), (False, ONE_PASS), (False, between), (True, CHUNKED)]:
+        full_loss, full_grads = full[per_row]
         loss, grads = loss_and_grads(engine, CHUNK, inputs, one_pass_max_bytes, per_row=per_row)
         torch.testing.assert_close(loss, full_loss, rtol=1e-5, atol=0)
         assert grads.keys() == full_grads.keys() and full_grads
