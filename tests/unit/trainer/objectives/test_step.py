@@ -5,7 +5,8 @@ the ranks' backward passes, before the optimizer step) equal the published equat
 1e-5 of its tensor's largest). The global batch of 4 units is dealt 2 micro-batches of 1 per rank on 2 ranks and 2 of 2
 on 1 rank, so the ranks' losses, the accumulation and KTO's all-reduced reference point all take part.
 
-Each launch runs this file as a module, one process per rank, as tests/unit/trainer/loss/chunked_zero3_ranks.py does."""
+Each launch runs this file as a module, one process per rank, as tests/unit/trainer/loss/chunked_zero3_ranks.py does;
+the 1-rank launch is in the multirun suite (the default run's budget)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ CASES = [(stage, objective) for stage in (2, 3) for objective in ("dpo", "ipo", 
 UNITS = 4
 
 
-@pytest.mark.parametrize("world", [1, 2])
+# One rank (2 micro-batches of 2) in the multirun suite: the 2-rank launch, in the default run, holds the collectives
+# (ZeRO-3's partitioned output layer, the all-reduced reference point) that one rank has none of.
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.multirun), 2])
 def test_preference_loss_and_gradients_equal_the_published_ones_under_zero2_and_zero3(
     tmp_path: Path, world: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
