@@ -141,7 +141,8 @@ def adapter_params(
 ) -> int:
     """LoRA parameters: r x (in + out) per targeted projection of every layer (every projection by default), and a
     mixture of experts' adapted fused weights, r x experts x (in + out) each (`parameters`: train.lora.
-    target_parameters; every expert weight by default, as trainer/moe.py chooses); `active`: those one token uses
+    target_parameters; every expert weight by default, as trainer/parallel/moe.py chooses); `active`: those one token
+    uses
     (its routed experts' adapters only)."""
     shapes = projection_shapes(model)
     names = [name for name in (targets or PROJECTIONS) if name in shapes]

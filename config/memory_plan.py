@@ -114,7 +114,7 @@ def _layer_activation_bytes(model: dict[str, Any], w: int, lora_dropout: bool, t
         # output; the router's float32 logits and probabilities over every expert.
         k = experts.per_token
         mlp += w * (4 * k * experts.intermediate + 2 * k * hidden) + 8 * experts.count
-        lora_dropout = False  # PEFT applies none with expert weights adapted (trainer/model.py)
+        lora_dropout = False  # PEFT applies none with expert weights adapted (trainer/model/load.py)
     dropout = (w + 1) * sum(shapes[p][0] for p in PROJECTIONS if p in shapes) if lora_dropout else 0
     return norms + attention + mlp + dropout
 
@@ -205,7 +205,8 @@ def batch_terms(s: Shape) -> list[Term]:
     tokens = -(-train.micro_batch_size * s.cfg.data.max_length // train.sequence_parallel_size)
     layers, hidden, vocab = (int(s.model[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
     per_layer = _layer_activation_bytes(s.model, s.w, train.lora.dropout > 0, train.tiled_mlp)
-    # A tiled MLP's one tile of intermediates while backward recomputes it (trainer/tiled_mlp.py: hidden-size tiles).
+    # A tiled MLP's one tile of intermediates while backward recomputes it (trainer/model/tiled_mlp.py: hidden-size
+    # tiles).
     inter = projection_shapes(s.model).get("gate_proj", (0, 0))[1]
     tile = hidden * s.w * 4 * inter if train.tiled_mlp and moe_experts(s.model) is None else 0
     if train.gradient_checkpointing:

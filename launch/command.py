@@ -95,7 +95,7 @@ def rank_environment(
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env[layout.RANK_PROCESS_ENV] = "1"  # the ranks keep MLflow out of their start (trainer/lean_imports.py)
+    env[layout.RANK_PROCESS_ENV] = "1"  # the ranks keep MLflow out of their start (trainer/model/lean_imports.py)
     env.update(node_environment(launch, extra))
     if master_addr is not None:
         env.update(interface_environment(master_addr, env))

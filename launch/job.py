@@ -16,7 +16,7 @@ from storage.location import Location
 from storage.spec import WrittenSpec
 
 # phase -> the module torchrun runs on every rank ("probe": only the network probe, e.g. to test a cluster's links)
-MODULES = {"train": "trainer", "eval": "trainer.evaluate", "probe": "trainer.probe"}
+MODULES = {"train": "trainer", "eval": "trainer.evaluate", "probe": "trainer.watch.probe"}
 
 Info = Callable[[str], None]
 OnProgress = Callable[[dict[str, Any]], None]

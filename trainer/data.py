@@ -20,7 +20,8 @@ every attention implementation (flash-attention reads the same position ids as v
 The first label of each example after the first is not a target: it would be predicted from the end of the
 previous example. So a packed row's loss is the sum of its examples' losses, as if each ran alone.
 
-With flash-attention's variable-length kernel (trainer/attention.py) a micro-batch is one row, its rows concatenated
+With flash-attention's variable-length kernel (trainer/model/attention.py) a micro-batch is one row, its rows
+concatenated
 without padding (`collate_flat`), and the examples' boundaries (`cu_seqlens`, the longest example) are computed here,
 once on the host, and handed to the model with it.
 """

@@ -14,16 +14,17 @@ from core.rank_log import ERROR_LOGGER
 from core.redact import install_log_masking
 from storage.location import Location
 from storage.spec import Spec, load_spec
-from trainer.crash import crash_exit_code, crash_line, storage_full_on_rank
-from trainer.distributed import Dist
+from trainer.parallel.distributed import Dist
+from trainer.watch.crash import crash_exit_code, crash_line, storage_full_on_rank
 
 
 def run_rank(spec_url: Location, body: Callable[[Spec, Dist], object], *, deepspeed_backend: bool) -> int:
     """Run `body(spec, dist)` on this rank, for the spec.json at `spec_url` (its --spec: reached with the options its
     launcher gave with it); returns the process exit code (0, or the error's)."""
-    from trainer import distributed, faults
-    from trainer.lean_imports import skip_unused_libraries
     from trainer.logging_setup import configure
+    from trainer.model.lean_imports import skip_unused_libraries
+    from trainer.parallel import distributed
+    from trainer.watch import faults
 
     spec: Spec | None = None
     try:

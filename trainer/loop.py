@@ -17,17 +17,14 @@ from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
 from storage.node_cache import cache_root
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import attention, compiled, faults, guards, kernels, sequence_parallel, tiled_mlp
-from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
 from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
-from trainer.cuda_build import plain_arch_list
 from trainer.data import GlobalOrder, split_of
-from trainer.distributed import Dist
-from trainer.evaluate import sample_rows
-from trainer.heartbeat import Heartbeat
-from trainer.lean_imports import import_muon_uncompiled_unless_configured
+from trainer.evaluation.stage import sample_rows
 from trainer.metrics import MetricsWriter, StepStats, log_memory, peak_device_memory
-from trainer.model import (
+from trainer.model import attention, compiled, kernels, tiled_mlp
+from trainer.model.cuda_build import plain_arch_list
+from trainer.model.lean_imports import import_muon_uncompiled_unless_configured
+from trainer.model.load import (
     PartitionedLoad,
     ensure_pad_token_id,
     load_base,
@@ -35,13 +32,18 @@ from trainer.model import (
     model_config,
     partitioned_load,
 )
-from trainer.moe import set_zero3_leaves
 from trainer.objectives.base import TrainObjective, check_rows
 from trainer.objectives.registry import build
-from trainer.objectives.step import optimizer_step
+from trainer.parallel import sequence_parallel
+from trainer.parallel.distributed import Dist
+from trainer.parallel.moe import set_zero3_leaves
 from trainer.prefetch import StepPrefetcher
-from trainer.profiler import StepProfiler
-from trainer.straggler import StragglerWatch
+from trainer.step import optimizer_step
+from trainer.watch import faults, guards
+from trainer.watch.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
+from trainer.watch.heartbeat import Heartbeat
+from trainer.watch.profiler import StepProfiler
+from trainer.watch.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ def seed_everything(seed: int) -> None:
 
 
 def load_model(spec: Spec, dist: Dist, *, bf16: bool, zero3: bool) -> Any:
-    """The base model (trainer/model.py `load_base`) computing attention as train.attention resolves on this rank."""
+    """The base model (trainer/model/load.py `load_base`) computing attention as train.attention resolves on this
+    rank."""
     train = spec.config.train
     supervised = not train.objective.data.preference_rows  # preference rows are never flattened
     attn = attention.resolve(train.attention, dist.device, dist.sequence_parallel, supervised=supervised)
@@ -134,7 +137,7 @@ class Run:
     checkpointer: Checkpointer
     cancel: CancelWatch
     clock: SaveClock
-    partitioned: PartitionedLoad | None = None  # kept alive for the run (ZeRO-3): see trainer/model.py
+    partitioned: PartitionedLoad | None = None  # kept alive for the run (ZeRO-3): see trainer/model/load.py
     prefetch: StepPrefetcher | None = None  # the next step's micro-batches, dealt while this one runs
 
 
@@ -275,7 +278,7 @@ def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: f
 
 def final_eval(run: Run, spec: Spec, dist: Dist) -> dict[str, Any]:
     """The objective's eval metrics of the in-memory trained model on eval.final_eval_rows rows of the eval split (the
-    exported model must reproduce them on the same rows: trainer/evaluate.py sample_rows)."""
+    exported model must reproduce them on the same rows: trainer/evaluation/stage.py sample_rows)."""
     run.engine.eval()
     examples = split_of(spec, "eval")
     result = run.objective.evaluate(

@@ -174,7 +174,8 @@ class TrainConfig(Section):
     )
     kernels: Literal["auto", "liger", "none"] = Field(
         "auto",
-        description="Fused kernels (trainer/kernels.py): liger = Liger Kernel's RMSNorm, SwiGLU and RoPE in Qwen2, "
+        description="Fused kernels (trainer/model/kernels.py): liger = Liger Kernel's RMSNorm, SwiGLU and RoPE in "
+        "Qwen2, "
         "Qwen3, Qwen3-MoE and Llama models, and its fused linear cross-entropy as SFT's training loss (on a CUDA "
         "device, with liger-kernel installed; otherwise the run stops); none = the built-in path (the chunked loss, "
         "train.loss_chunk_tokens); auto = liger where it can run, else none. The run logs what it applied. "
@@ -182,7 +183,8 @@ class TrainConfig(Section):
     )
     attention: Literal["auto", "sdpa", "flash", "varlen", "flex"] = Field(
         "auto",
-        description="The attention implementation (trainer/attention.py): flash = flash-attention's variable-length "
+        description="The attention implementation (trainer/model/attention.py): flash = flash-attention's "
+        "variable-length "
         "kernel (a CUDA device with flash-attn installed, else the run stops), SFT's micro-batch rows concatenated "
         "into one row without padding and the examples' boundaries computed on the host; varlen = the same with "
         "PyTorch's own variable-length flash attention (CUDA, nothing to install; sft only); flex = PyTorch's "

@@ -172,7 +172,7 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
     from staging.stage import stage_dataset
     from storage import layout
     from tests.benchmarks.bench_train import make_data, make_model
-    from trainer import tiny
+    from trainer.model import tiny
 
     tokenizer_dir = work / "tiny"
     tiny.materialize(tokenizer_dir, ROOT / "data" / "sample" / "conversations.json")

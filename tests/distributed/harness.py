@@ -138,9 +138,9 @@ def eval_exported(run: Run) -> float:
 
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
-    from trainer.eval_model import load_for_eval
-    from trainer.evaluate import sample_rows
-    from trainer.model import ensure_pad_token_id
+    from trainer.evaluation.load import load_for_eval
+    from trainer.evaluation.stage import sample_rows
+    from trainer.model.load import ensure_pad_token_id
     from trainer.objectives.sft import local_sums
 
     model = load_for_eval(layout.final_dir(run.spec.run), run.spec, torch.device("cpu"))

@@ -121,7 +121,7 @@ def test_full_fine_tuning_takes_the_base_models_log_probabilities_as_its_referen
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
     from trainer.loss.logps import sequence_logps
-    from trainer.model import ensure_pad_token_id, load_base
+    from trainer.model.load import ensure_pad_token_id, load_base
     from trainer.objectives.preference.batching import collate_preference
 
     spec = full_dpo.spec

@@ -125,7 +125,7 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
     from storage.spec import load_spec
-    from trainer.model import ensure_pad_token_id
+    from trainer.model.load import ensure_pad_token_id
     from trainer.objectives.sft import local_sums
 
     spec, _ = load_spec(Location(str(Path(run_url) / "spec.json")))

@@ -244,7 +244,8 @@ class NoPrefect:
         if name.split(".")[0] == "prefect":
             raise ImportError("Prefect is not installed on this machine")
 sys.meta_path.insert(0, NoPrefect())
-for module in ("trainer.__main__", "trainer.loop", "trainer.evaluate", "trainer.samples", "trainer.tiny",
+for module in ("trainer.__main__", "trainer.loop", "trainer.evaluation.stage", "trainer.evaluation.samples",
+"trainer.model.tiny",
                "tests.benchmarks.bench_gpu", "tests.benchmarks.bench_train", "staging.stage", "pipeline.plan",
                "pipeline.models", "config.loader"):
     importlib.import_module(module)

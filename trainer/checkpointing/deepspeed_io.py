@@ -40,7 +40,7 @@ from storage.location import Location, is_local, join, local_path
 from storage.retry import with_retries
 from trainer.checkpointing.snapshot import Pending, Snapshot, SnapshotEngine
 from trainer.checkpointing.writer import SaveJob
-from trainer.distributed import Dist, barrier
+from trainer.parallel.distributed import Dist, barrier
 
 log = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.pt"

@@ -20,13 +20,13 @@ from storage import layout
 from storage.checkpoints import model_manifest
 from storage.fs import exists, read_json
 from storage.location import Location, join
-from trainer import faults
 from trainer.checkpointing.deepspeed_io import publish_dir
 from trainer.checkpointing.streamed_export import merge_streamed, write_partitioned
-from trainer.distributed import Dist, barrier, gather_objects
 from trainer.metrics import log_memory
-from trainer.model import parameter_count
-from trainer.moe import adapter_summary
+from trainer.model.load import parameter_count
+from trainer.parallel.distributed import Dist, barrier, gather_objects
+from trainer.parallel.moe import adapter_summary
+from trainer.watch import faults
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from trainer.checkpointing.reshard import check_sequence_groups, load_resharded
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint
 from trainer.checkpointing.snapshot import SnapshotEngine
 from trainer.checkpointing.writer import BackgroundSave, SaveResult
-from trainer.distributed import Dist, dist_sum, side_group
+from trainer.parallel.distributed import Dist, dist_sum, side_group
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from storage.checkpoints import CompleteCheckpoint, inspect, read_complete, step
 from storage.digest import digest_url
 from storage.fs import exists, filesystem
 from storage.location import Location, join
-from trainer.distributed import Dist, barrier, gather_objects
+from trainer.parallel.distributed import Dist, barrier, gather_objects
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from storage.digest import CHUNK, hasher
 from storage.fs import put_file, size
 from storage.full import full_storage_is_one_line, removed_on_error
 from storage.location import Location, join
-from trainer import faults
 from trainer.checkpointing.snapshot import Snapshot
-from trainer.distributed import Dist, gather_objects
+from trainer.parallel.distributed import Dist, gather_objects
+from trainer.watch import faults
 
 log = logging.getLogger(__name__)
 WRITER_NICE = 10  # the writer thread's niceness (Linux: a thread's own)

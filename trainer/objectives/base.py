@@ -1,5 +1,5 @@
-"""The objective contract: what the step loop (trainer/loop.py, trainer/objectives/step.py) and the evaluation
-(trainer/evaluate.py) ask of an objective, and the one check that the staged rows are what it trains on.
+"""The objective contract: what the step loop (trainer/loop.py, trainer/step.py) and the evaluation
+(trainer/evaluation/stage.py) ask of an objective, and the one check that the staged rows are what it trains on.
 
 An objective is one object per run, built by trainer/objectives/registry.py from the config's objective
 (config/objectives.py: its name, the data it trains on, its metrics, its reference model, its model card text) and its
@@ -36,7 +36,7 @@ from storage.shards import PAIR
 from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import GlobalOrder
-from trainer.distributed import Dist, dist_sum
+from trainer.parallel.distributed import Dist, dist_sum
 
 # An objective's metric sums (numerators and denominators), added over micro-batches and all-reduced, divided once.
 Sums = dict[str, float]

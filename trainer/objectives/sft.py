@@ -25,15 +25,15 @@ from core.errors import UserError
 from storage.shards import Row
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import attention
 from trainer.data import Batch, GlobalOrder, collate, collate_flat, rank_micro_batches
-from trainer.distributed import Dist, dist_sum
-from trainer.kernels import Kernels, resolve
 from trainer.loss.chunked import LossHead
 from trainer.loss.liger import LigerLossHead
-from trainer.moe import RouterBalance
+from trainer.model import attention
+from trainer.model.kernels import Kernels, resolve
 from trainer.objectives.base import MicroLoss, StepResult, Sums
-from trainer.sequence_parallel import shard
+from trainer.parallel.distributed import Dist, dist_sum
+from trainer.parallel.moe import RouterBalance
+from trainer.parallel.sequence_parallel import shard
 
 
 def summed_loss(model: Any, batch: Batch, device: torch.device, loss: LossHead) -> torch.Tensor:
@@ -64,8 +64,9 @@ def local_sums(
     With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
     forward passes (and of the chunked loss's output-layer calls, which LossHead.eval_sums agrees across ranks):
     ranks with fewer rows run throw-away passes so nobody waits forever. `part`: what of a batch this rank computes
-    (a sequence-parallel rank's part of its rows: trainer/sequence_parallel.py `shard`). `flat`: each pass's rows as
-    one padding-free row (variable-length attention, trainer/attention.py).
+    (a sequence-parallel rank's part of its rows: trainer/parallel/sequence_parallel.py `shard`). `flat`: each pass's
+    rows as
+    one padding-free row (variable-length attention, trainer/model/attention.py).
     """
     mine = indices[rank::world]
     batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
@@ -127,7 +128,7 @@ class Sft:
     attention: str = "sdpa"  # train.attention, resolved for the device in start
     flat: bool = False  # micro-batches as one padding-free row each (variable-length attention)
     head: LossHead | None = None
-    router: RouterBalance | None = None  # a mixture of experts' load balance (trainer/moe.py)
+    router: RouterBalance | None = None  # a mixture of experts' load balance (trainer/parallel/moe.py)
     sum_keys: tuple[str, ...] = ("loss_sum",)
 
     @classmethod

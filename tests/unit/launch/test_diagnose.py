@@ -89,7 +89,8 @@ def test_a_rank_that_crashed_connecting_is_told_why_with_both_ends() -> None:
     """Since a rank's uncaught exception is its own error line, gloo's words come back through it: said with both
     ends and the likely cause, not as the exception's text."""
     crash = (
-        "2026-11-23 18:58:45,000 [rank 1/2 vm] ERROR trainer: RuntimeError in init (trainer/distributed.py:80): Gloo "
+        "2026-11-23 18:58:45,000 [rank 1/2 vm] ERROR trainer: RuntimeError in init "
+        "(trainer/parallel/distributed.py:80): Gloo "
         "connectFullMesh failed with [/gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection "
         "refused, remote=[127.0.0.1]:11170$1\n"
     )
@@ -140,7 +141,8 @@ def test_a_crash_is_one_line_pointing_at_the_traceback() -> None:
 def test_a_rank_killed_outright_is_the_cause_not_its_peers_lost_connection() -> None:
     """Rank 1 was killed (no line of its own); rank 0 then lost its connection and said so: an echo, not the cause."""
     echo = (
-        "2026-11-25 18:01:45,519 [rank 0/2 vm] ERROR trainer: RuntimeError in dist_sum (trainer/distributed.py:82): "
+        "2026-11-25 18:01:45,519 [rank 0/2 vm] ERROR trainer: RuntimeError in dist_sum "
+        "(trainer/parallel/distributed.py:82): "
         "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:44470: Connection reset by peer\n"
     )
     message = failure_message("train", 0, echo + torchrun_report((0, 75), (1, 137)), Location("/r/nodes/0/log.txt"))

@@ -170,7 +170,7 @@ def test_packing_is_fixed_by_the_dataset_id(both, tmp_path, tiny_model) -> None:
 
 @pytest.fixture(scope="module")
 def model(tiny_model):
-    from trainer.model import load_base
+    from trainer.model.load import load_base
 
     return load_base(tiny_model, method="full", bf16=False).eval()
 

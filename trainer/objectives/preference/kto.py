@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
-from trainer.distributed import Dist, dist_sum
 from trainer.objectives.base import Pending
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.losses import kto_losses
 from trainer.objectives.preference.objective import PreferenceObjective, PreferenceScope
 from trainer.objectives.preference.reference import kl_sums
 from trainer.objectives.preference.sums import feedback_sums
+from trainer.parallel.distributed import Dist, dist_sum
 
 
 class Kto(PreferenceObjective):

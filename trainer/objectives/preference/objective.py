@@ -29,14 +29,14 @@ from storage.shards import PAIR
 from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import GlobalOrder
-from trainer.distributed import Dist, dist_sum
 from trainer.loss.chunked import LossHead
-from trainer.moe import RouterBalance
 from trainer.objectives.base import MicroLoss, Pending, StepResult, Sums, add, reduced
 from trainer.objectives.preference.batching import PreferenceBatch, collate_preference, rank_preference_batches
 from trainer.objectives.preference.reference import eval_tables, policy_logps, reference_for, run_tables
 from trainer.objectives.preference.reference_table import ReferenceTable
 from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
+from trainer.parallel.distributed import Dist, dist_sum
+from trainer.parallel.moe import RouterBalance
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,8 @@ class PreferenceObjective(ABC):
 
     def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
         """Full fine-tuning's reference tables, read or computed by the base before any checkpoint is resumed; a
-        mixture of experts' router balance (trainer/moe.py); the loss head the log-probabilities are taken through."""
+        mixture of experts' router balance (trainer/parallel/moe.py); the loss head the log-probabilities are taken
+        through."""
         self.head = LossHead.of(engine, self.chunk_tokens)
         model_config = getattr(getattr(engine, "module", engine), "config", None)  # an engine's own is DeepSpeed's
         self.router = RouterBalance.of(model_config, self.aux_loss_coef, dist)

@@ -21,12 +21,12 @@ from storage.node_cache import cache_root
 from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import Batch, split_of
-from trainer.distributed import Dist
 from trainer.loss.chunked import LossHead
-from trainer.moe import RouterBalance
 from trainer.objectives.preference import reference_table
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.reference_table import ReferenceTable, load_or_compute
+from trainer.parallel.distributed import Dist
+from trainer.parallel.moe import RouterBalance
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from storage.checkpoints import read_complete
 from storage.location import Location
 from tests.checkpoints import save_checkpoint, shard_path
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint, verify_shared
-from trainer.distributed import Dist
+from trainer.parallel.distributed import Dist
 
 ONE = Dist(0, 0, 1, 0, "host", torch.device("cpu"))
 

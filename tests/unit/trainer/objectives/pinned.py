@@ -34,13 +34,13 @@ from config.sections.model_train import TrainConfig
 from storage.location import Location
 from storage.shards import IGNORE_INDEX, PAIR, PreferenceWriter, Row
 from storage.split_reader import Shard, Split
-from trainer import tiny
 from trainer.data import collate
-from trainer.distributed import Dist
 from trainer.loss.chunked import LossHead
-from trainer.model import make_trainable
+from trainer.model import tiny
+from trainer.model.load import make_trainable
 from trainer.objectives.registry import build as build_objective
 from trainer.objectives.sft import summed_loss
+from trainer.parallel.distributed import Dist
 
 RELATIVE = 1e-6  # float32 rounding of sums over a few hundred tokens
 ABSOLUTE = 4e-6  # two units in the last place of a float32 log-probability sum of 16 to 32, which differences keep

@@ -69,7 +69,7 @@ def moe_step(dist: Any, coef: float | None) -> dict[str, Any]:
     micro = sft.micro_batch(model, batch, scope)
     counts = sft.router.counts.clone()  # type: ignore[union-attr]
     sums = {key: float(micro.sums[key]) for key in sft.sum_keys}
-    from trainer.distributed import dist_sum
+    from trainer.parallel.distributed import dist_sum
 
     reduced = dict(zip(sft.sum_keys, dist_sum(list(sums.values()), dist), strict=True))
     result = sft.end_step(reduced, scope)

@@ -4,7 +4,7 @@ mismatched answers) and ORPO. The loss and every trainable gradient agree within
 tiny model's shape with LoRA (its reference: the same model with the adapters disabled), and for ORPO under full
 fine-tuning too; an element of a gradient near zero gets an absolute tolerance of 1e-5 of its tensor's largest element
 (the padded batch sums in another order). In process; the same objectives under DeepSpeed ZeRO-2 and ZeRO-3 on 1 and 2
-ranks are tests/unit/trainer/objectives/test_step.py's, through real torchrun tests/distributed/test_preference.py's."""
+ranks are tests/unit/trainer/test_step.py's, through real torchrun tests/distributed/test_preference.py's."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import torch
 
 from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX, PAIR, Row
-from trainer import tiny
-from trainer.distributed import Dist
-from trainer.model import make_trainable
+from trainer.model import tiny
+from trainer.model.load import make_trainable
 from trainer.objectives.base import add
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.reference import adapters_off
 from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
 from trainer.objectives.registry import build as build_objective
+from trainer.parallel.distributed import Dist
 
 VOCAB = tiny.RECIPE["vocab_size"]
 BETA, SMOOTHING, W_D, W_U = 0.3, 0.1, 1.3, 0.7

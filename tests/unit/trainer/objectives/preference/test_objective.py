@@ -22,7 +22,6 @@ from core.errors import UserError
 from storage.shards import IGNORE_INDEX, PAIR, Row
 from storage.split_reader import Split
 from tests.unit.trainer.objectives.preference.test_batching import pref_row, staged
-from trainer.distributed import Dist
 from trainer.objectives.base import Pending, add, settled
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.objective import EvalPasses
@@ -30,6 +29,7 @@ from trainer.objectives.preference.pairs import Orpo
 from trainer.objectives.preference.reference_table import ReferenceTable
 from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
 from trainer.objectives.registry import build
+from trainer.parallel.distributed import Dist
 
 CPU, VOCAB = torch.device("cpu"), 50
 ONE = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="test", device=CPU)
@@ -119,7 +119,7 @@ def test_micro_batches_of_any_size_add_up_to_the_global_batchs_mean_loss(model: 
             assert micro.backward.requires_grad and micro.sums["nll_tokens"] == 0.0
             total += backward / scope.accumulation
             add(pending, micro.sums, SUM_KEYS)
-        sums = settled(pending)  # the step reads the device's sums once (trainer/objectives/step.py)
+        sums = settled(pending)  # the step reads the device's sums once (trainer/step.py)
         result = objective.end_step(sums, scope)
         assert result.loss == pytest.approx(total, rel=1e-6) == metrics_of(sums)["loss"]
         assert result.target_tokens == int(sums["chosen_tokens"] + sums["rejected_tokens"]) == 10 + 10

@@ -18,13 +18,13 @@ from config.sections.model_train import TrainConfig
 from core.errors import UserError
 from storage.shards import IGNORE_INDEX, PAIR, Row
 from tests.specs import spec_for
-from trainer import tiny
-from trainer.distributed import Dist
 from trainer.loss.chunked import LossHead
-from trainer.model import make_trainable
+from trainer.model import tiny
+from trainer.model.load import make_trainable
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.reference import adapters_off, eval_tables, kl_sums, logps, reference_for
 from trainer.objectives.preference.reference_table import ReferenceTable, write
+from trainer.parallel.distributed import Dist
 
 VOCAB, CPU = tiny.RECIPE["vocab_size"], torch.device("cpu")
 ONE = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="test", device=CPU)

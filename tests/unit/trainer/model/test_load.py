@@ -1,0 +1,92 @@
+"""The trainable part of the base model: LoRA adapters on the model family's projections (or the configured ones, a
+missing one named), every weight for full fine-tuning; the pad id a micro-batch is padded with, from config.json or
+else the tokenizer; ZeRO-3's partitioned load only where it applies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from config.sections.model_train import LoraConfig, TrainConfig
+from core.errors import UserError
+from tests.published import tiny_as_published
+from trainer.model import tiny
+from trainer.model.load import (
+    LORA_TARGETS,
+    ensure_pad_token_id,
+    load_base,
+    lora_targets,
+    make_trainable,
+    model_config,
+    parameter_count,
+    partitioned_load,
+)
+
+
+def small_model():
+    return tiny.build_model(tiny.RECIPE["vocab_size"], pad_id=0, eos_id=1)
+
+
+def test_lora_trains_the_adapters_of_every_projection_and_full_trains_everything() -> None:
+    lora = make_trainable(small_model(), TrainConfig(method="lora"))
+    trainable = {name for name, p in lora.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    assert {name.split(".")[-4] for name in trainable} == set(LORA_TARGETS["qwen2"])
+    assert 0 < parameter_count(lora, trainable=True) < parameter_count(lora) // 5
+    full = make_trainable(small_model(), TrainConfig(method="full"))
+    assert parameter_count(full, trainable=True) == parameter_count(full)
+
+
+def test_configured_targets_are_checked_against_the_model() -> None:
+    only = make_trainable(small_model(), TrainConfig(lora=LoraConfig(target_modules=["q_proj"])))
+    assert {name.split(".")[-4] for name, p in only.named_parameters() if p.requires_grad} == {"q_proj"}
+    with pytest.raises(UserError, match=r"train.lora.target_modules: \['qkv'\] not found in the model; use module"):
+        make_trainable(small_model(), TrainConfig(lora=LoraConfig(target_modules=["qkv"])))
+
+
+def test_a_family_we_do_not_know_gets_every_linear_but_the_output_layer() -> None:
+    class Unknown(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = type("Config", (), {"model_type": "somenet"})()
+            self.attn, self.ffn, self.lm_head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 8)
+
+    assert lora_targets(Unknown(), None) == ["attn", "ffn"] and lora_targets(Unknown(), ["ffn"]) == ["ffn"]
+
+
+def test_the_pad_id_comes_from_config_json_else_the_tokenizer(tiny_model, tmp_path) -> None:
+    published = tiny_as_published(tiny_model, tmp_path / "published")  # Qwen ships no pad_token_id
+    model = load_base(str(published), method="lora", bf16=False)
+    assert model.config.pad_token_id is None
+    from transformers import AutoTokenizer
+
+    pad = AutoTokenizer.from_pretrained(published).pad_token_id
+    assert ensure_pad_token_id(model, str(published)) == pad and model.config.pad_token_id == pad
+    with pytest.raises(UserError, match=rf"^model.name_or_path {tmp_path}/none: cannot load"):
+        load_base(str(tmp_path / "none"), method="full", bf16=False)
+
+
+def test_a_directory_that_ships_its_own_code_loads_only_with_model_trust_remote_code(tmp_path) -> None:
+    """A remote-code model's config.json and code files (tests/fixtures/per_expert_moe, no weights needed to read the
+    config): refused in one line naming the setting without trust_remote_code, read with it."""
+    from tests.published import PER_EXPERT_CODE, PER_EXPERT_MOE
+
+    for code in PER_EXPERT_CODE.glob("*_per_expert_moe.py"):
+        shutil.copy(code, tmp_path / code.name)
+    (tmp_path / "config.json").write_text(json.dumps(PER_EXPERT_MOE))
+    refusal = rf"^model.name_or_path {tmp_path}: its config.json's auto_map names code .* model.trust_remote_code: true"
+    with pytest.raises(UserError, match=refusal):
+        model_config(str(tmp_path))
+    with pytest.raises(UserError, match=refusal):
+        load_base(str(tmp_path), method="lora", bf16=False)
+    assert model_config(str(tmp_path), trust_remote_code=True)["model_type"] == "per_expert_moe"
+
+
+def test_the_partitioned_load_is_for_zero3_full_and_lora_only() -> None:
+    zero2, zero3 = {"zero_optimization": {"stage": 2}}, {"zero_optimization": {"stage": 3}}
+    assert partitioned_load(zero2, "lora") is None
+    assert partitioned_load(zero3, "qlora") is None  # bitsandbytes' 4-bit weights are not partitioned
+    assert partitioned_load(zero3, "full", enabled=False) is None  # deepspeed.zero3_init: false
