@@ -16,6 +16,7 @@ from storage.location import ARGUMENT_FORM, location_argument
 if TYPE_CHECKING:
     from storage.spec import Spec
     from trainer.parallel.distributed import Dist
+    from trainer.watch.faults import Faults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.loop import train
     from trainer.watch.probe import run_probe
 
-    def probe_then_train(spec: Spec, dist: Dist) -> None:
+    def probe_then_train(spec: Spec, dist: Dist, faults: Faults) -> None:
         run_probe(spec, dist)
-        train(spec, dist)
+        train(spec, dist, faults)
 
     return run_rank(args.spec, probe_then_train, deepspeed_backend=True)
 

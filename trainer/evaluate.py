@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # The model is under the run's storage: reached with its options.
     return run_rank(
-        args.spec, lambda spec, dist: evaluate(spec, spec.run.with_url(args.model), dist), deepspeed_backend=False
+        args.spec,
+        lambda spec, dist, _faults: evaluate(spec, spec.run.with_url(args.model), dist),
+        deepspeed_backend=False,
     )
 
 

@@ -139,23 +139,16 @@ def eval_exported(run: Run) -> float:
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
     from trainer.evaluation.load import load_for_eval
-    from trainer.evaluation.stage import sample_rows
+    from trainer.data import sample_rows
     from trainer.model.load import ensure_pad_token_id
-    from trainer.objectives.sft import local_sums
+    from trainer.objectives.base import EvalOptions
+    from trainer.objectives.sft import EvalRows, local_sums
 
     model = load_for_eval(layout.final_dir(run.spec.run), run.spec, torch.device("cpu"))
     split = open_split(run.spec.dataset_dir, "eval", node_cache(run.spec.config.launch))
-    sums = local_sums(
-        model,
-        split,
-        sample_rows(len(split), run.spec.config.eval.final_eval_rows),
-        rank=0,
-        world=1,
-        batch_size=8,
-        pad_id=ensure_pad_token_id(model, run.spec.model_path),
-        device=torch.device("cpu"),
-        loss_chunk_tokens=0,
-    )
+    rows = EvalRows(sample_rows(len(split), run.spec.config.eval.final_eval_rows), 0, 1)
+    options = EvalOptions(8, ensure_pad_token_id(model, run.spec.model_path))
+    sums = local_sums(model, split, rows, options, torch.device("cpu"), 0)
     return sums[0] / sums[1]
 
 

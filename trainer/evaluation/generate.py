@@ -4,7 +4,8 @@ The prompt of an eval example is the conversation up to its last assistant turn,
 staging; the reference is that turn. At most eval.generate.max_records examples are answered, from rows spread
 evenly over the split. They are ordered by prompt length (less padding) and cut into batches of
 eval.generate.batch_size; batch j is generated on rank j % world_size, left-padded, with the KV cache, stopping at the
-model's stop tokens. A batch is the same whatever the number of ranks, so each answer is too; every rank sums its
+model's stop tokens (the generation service, trainer/model/generation.py; sampled answers each with a seed of their
+own). A batch is the same whatever the number of ranks, so each answer is too; every rank sums its
 answers' scores (trainer/evaluation/scoring.py) and the sums are all-reduced and divided once: the figures equal one
 process's.
 """
@@ -15,11 +16,10 @@ import logging
 import time
 from typing import Any
 
-import torch
-
 from config.sections.results import GenerateConfig
 from storage.shards import IGNORE_INDEX, Row, examples_of
 from trainer.evaluation.scoring import SUMS, Sums, figures, load_scorer
+from trainer.model.generation import Generator, Sampling, row_seed
 from trainer.parallel.distributed import Dist, dist_sum, gather_objects
 
 log = logging.getLogger(__name__)
@@ -62,54 +62,22 @@ def batches_of(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
     return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
-def stop_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The model's stop tokens: its generation config's EOS ids and the tokenizer's EOS."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = configured if isinstance(configured, list) else [configured]
-    return sorted({int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None})
-
-
-@torch.no_grad()
-def generate_batch(
-    model: Any, batch: list[Prompt], cfg: GenerateConfig, ids: tuple[int, list[int]], seed: int
-) -> list[list[int]]:
-    """Each prompt's new tokens up to (not including) its first stop token; `ids`: (pad id, stop ids)."""
-    pad_id, stops = ids
-    width = max(len(p[1]) for p in batch)
-    device = next(model.parameters()).device
-    input_ids = torch.tensor([[pad_id] * (width - len(p[1])) + p[1] for p in batch], device=device)
-    mask = torch.tensor([[0] * (width - len(p[1])) + [1] * len(p[1]) for p in batch], device=device)
-    sampling = {"do_sample": True, "temperature": cfg.temperature} if cfg.temperature > 0 else {"do_sample": False}
-    torch.manual_seed(seed)
-    out = model.generate(
-        input_ids=input_ids,
-        attention_mask=mask,
-        max_new_tokens=cfg.max_new_tokens,
-        eos_token_id=stops,
-        pad_token_id=pad_id,
-        **sampling,
-    )
-    answers = []
-    for row in out[:, width:].tolist():
-        cut = next((i for i, token in enumerate(row) if token in stops), len(row))
-        answers.append(row[:cut])
-    return answers
-
-
 def generate_and_score(
     model: Any, prompts: list[Prompt], cfg: GenerateConfig, dist: Dist, ids: tuple[int, Any], seed: int = 0
 ) -> dict[str, Any]:
-    """eval.json's `generate`: the all-reduced scores of the answers to these prompts; `ids`: (pad id, tokenizer);
-    batch j samples (eval.generate.temperature > 0) from seed + j."""
+    """eval.json's `generate`: the all-reduced scores of the answers to these prompts (`ids`: (pad id, tokenizer)),
+    from the generation service (trainer/model/generation.py) on the model given; with eval.generate.temperature > 0
+    answer i is sampled with its own seed, from `seed` and i."""
     pad_id, tokenizer = ids
     scorer = load_scorer(cfg.scorer)
-    stops = stop_ids(model, tokenizer)
+    generator = Generator.of(model, tokenizer, pad_id)
+    sampling = Sampling(cfg.max_new_tokens, cfg.temperature)
     sums, shown, new_tokens = Sums(), [], 0
     started = time.perf_counter()
     for j, batch in enumerate(batches_of(prompts, cfg.batch_size)):
         if j % dist.world_size != dist.rank:
             continue
-        answers = generate_batch(model, batch, cfg, (pad_id, stops), seed + j)
+        answers = generator.generate([p[1] for p in batch], sampling, [row_seed(seed, p[0]) for p in batch])
         for (index, prompt, reference), answer in zip(batch, answers, strict=True):
             texts = (tokenizer.decode(prompt), *tokenizer.batch_decode([reference, answer], skip_special_tokens=True))
             sums.add(texts[0], texts[1].strip(), texts[2].strip(), scorer)

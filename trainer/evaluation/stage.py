@@ -17,6 +17,8 @@ import itertools
 import logging
 from typing import Any
 
+import torch
+
 from core.errors import UserError
 from storage import layout
 from storage.fs import write_json_atomic
@@ -24,21 +26,15 @@ from storage.location import Location, join
 from storage.metrics import GENERATE, beside_base
 from storage.shards import examples_of
 from storage.spec import Spec
-from trainer.data import split_of
+from storage.split_reader import Split
+from trainer.data import sample_rows, split_of
 from trainer.evaluation.load import is_checkpoint, load_for_eval
 from trainer.model.load import ensure_pad_token_id
+from trainer.objectives.base import EvalOptions, TrainObjective
 from trainer.objectives.registry import build
 from trainer.parallel.distributed import Dist
 
 log = logging.getLogger(__name__)
-
-
-def sample_rows(rows: int, count: int) -> list[int]:
-    """`count` row indices spread evenly over a split of `rows` rows (every row when count is 0 or not smaller): the
-    rows the trainer's final evaluation uses, so that the exported model can be held to it on the same rows."""
-    if count == 0 or count >= rows:
-        return list(range(rows))
-    return [i * rows // count for i in range(count)]
 
 
 def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
@@ -83,20 +79,20 @@ def task_index(spec: Spec) -> Any:
     return task_manager(spec.config.eval.tasks)
 
 
-def measure(model: Any, objective: Any, examples: Any, spec: Spec, dist: Dist, tasks: Any = None) -> dict[str, Any]:
+def measure(
+    model: torch.nn.Module,
+    objective: TrainObjective[Any, Any, Any],
+    examples: Split,
+    spec: Spec,
+    dist: Dist,
+    tasks: Any = None,
+) -> dict[str, Any]:
     """The objective's all-reduced metrics of `model` on the eval split, its generated answers' scores with
     eval.generate, and its benchmark tasks' metrics with eval.tasks (`tasks`: their index): what eval.json holds of
     the trained model and of the base model (eval.compare_base)."""
     pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
-    metrics = objective.evaluate(
-        model,
-        examples,
-        range(len(examples)),
-        dist,
-        batch_size=spec.config.eval.batch_size,
-        pad_id=pad_id,
-        lockstep=False,
-    )
+    options = EvalOptions(spec.config.eval.batch_size, pad_id)
+    metrics: dict[str, Any] = dict(objective.evaluate(model, examples, range(len(examples)), dist, options))
     if spec.config.eval.generate.enabled:
         metrics[GENERATE] = generate(model, examples, spec, dist, pad_id)
     if tasks is not None:
@@ -110,7 +106,7 @@ def measure(model: Any, objective: Any, examples: Any, spec: Spec, dist: Dist, t
     return dict(metrics)
 
 
-def generate(model: Any, examples: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
+def generate(model: torch.nn.Module, examples: Split, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
     """eval.json's `generate`: answers to the prompts of rows spread over the split, scored
     (trainer/evaluation/generate.py)."""
     from transformers import AutoTokenizer

@@ -122,16 +122,14 @@ def varlen_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    *,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    sliding_window: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function: causal attention within each example of a flattened micro-batch (query
     (1, heads, tokens, dim), key and value with the model's key-value heads), by the boundaries the model was handed
-    (`cu_seq_lens_q`, `max_length_q`: trainer/data.py `collate_flat`); returns (1, tokens, heads, dim)."""
+    (`cu_seq_lens_q`, `max_length_q`: trainer/data.py `collate_flat`), with the layer's `scaling`, `dropout` and
+    `sliding_window` among the keyword arguments; returns (1, tokens, heads, dim)."""
     bounds = kwargs.get("cu_seq_lens_q")
+    scaling, dropout, sliding_window = kwargs.get("scaling"), kwargs.get("dropout", 0.0), kwargs.get("sliding_window")
     if bounds is None or query.shape[0] != 1 or attention_mask is not None:
         raise UserError(
             "train.attention=varlen: the model was called without a flattened micro-batch's boundaries (only "

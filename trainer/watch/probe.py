@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from trainer.harness import run_rank
 
-    return run_rank(args.spec, run_probe, deepspeed_backend=False)
+    return run_rank(args.spec, lambda spec, dist, _faults: run_probe(spec, dist), deepspeed_backend=False)
 
 
 if __name__ == "__main__":

@@ -88,9 +88,11 @@ def compare(stage: int, name: str, dist: Any) -> int:
     from deepspeed.utils import safe_get_full_grad
 
     from tests.unit.trainer.objectives.preference.test_losses import build, published_loss, rows_for, settings_of
+    from trainer.objectives.policy import Policy
     from trainer.objectives.preference.batching import collate_preference
     from trainer.objectives.registry import build as build_objective
-    from trainer.step import optimizer_step
+    from trainer.step import StepTools, optimizer_step
+    from trainer.watch.faults import NO_FAULTS
     from trainer.watch.heartbeat import Heartbeat
 
     method = "lora"
@@ -118,7 +120,8 @@ def compare(stage: int, name: str, dist: Any) -> int:
 
     engine.step = capture_then_step
     objective = build_objective(settings_of(name))
-    stats, _ = optimizer_step(engine, batches, dist, Heartbeat(dist.rank), 1, objective)
+    tools = StepTools(dist, Heartbeat(dist.rank), NO_FAULTS)
+    stats, _ = optimizer_step(engine, Policy(engine, dist.device), batches, objective, tools, 1)
     assert stats.loss == pytest.approx(float(expected_loss.detach()), rel=1e-5), (stage, name)
     assert grads.keys() == expected.keys() and expected
     for n, grad in expected.items():
@@ -151,3 +154,95 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # as tests/unit/trainer/loss/chunked_zero3_ranks.py: skip a teardown that may abort after the result
+
+
+# ---- a mixture of experts' load balance, added once by the step for every objective ----
+
+
+class Recorder:
+    """An engine stand-in that keeps what the step hands to backward (the optimizer is not what is checked)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def backward(self, loss: Any) -> None:
+        self.losses.append(float(loss.detach()))
+        loss.backward()
+
+    def step(self) -> None:
+        pass
+
+
+def moe_step(dist: Any, coef: float | None) -> dict[str, Any]:
+    """One SFT step of one micro-batch of a small Qwen3-MoE on this rank (rows differ by rank), through the step."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    from config.sections.model_train import TrainConfig
+    from storage.shards import Row
+    from tests.published import QWEN3_30B_A3B, QWEN3_MOE_SCALED
+    from trainer.data import collate
+    from trainer.loss.chunked import LossHead
+    from trainer.objectives.policy import Policy
+    from trainer.objectives.sft import Sft
+    from trainer.parallel.moe import RouterBalance
+    from trainer.step import StepTools, optimizer_step
+    from trainer.watch.faults import NO_FAULTS
+    from trainer.watch.heartbeat import Heartbeat
+
+    torch.manual_seed(0)
+    fields = {k: v for k, v in {**QWEN3_30B_A3B, **QWEN3_MOE_SCALED}.items() if k not in ("architectures",)}
+    model = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**{**fields, "vocab_size": 256}))
+    router = RouterBalance.of(model.config, coef, dist)
+    assert router is not None
+    seen: dict[str, Any] = {"aux": []}
+    observe, end_step = router.observe, router.end_step
+
+    def observed(out: Any, mask: Any) -> Any:
+        seen["aux"].append(float(observe(out, mask).detach()))
+        return out.aux_loss
+
+    def ended() -> dict[str, float]:
+        seen["counts"] = router.counts.clone()  # type: ignore[union-attr]
+        return end_step()
+
+    router.observe, router.end_step = observed, ended  # type: ignore[method-assign]
+    sft = Sft.of(TrainConfig())
+    sft.head = LossHead.of(model, 0)
+    generator = torch.Generator().manual_seed(10 + dist.rank)
+    rows = [
+        Row(ids, ids, [len(ids)]) for ids in (torch.randint(1, 256, (n,), generator=generator).tolist() for n in (9, 5))
+    ]
+    engine = Recorder()
+    tools = StepTools(dist, Heartbeat(dist.rank), NO_FAULTS)
+    stats, metrics = optimizer_step(engine, Policy(model, dist.device, router), [collate(rows, 0)], sft, tools, 1)
+    return {
+        "metrics": metrics,
+        "loss": stats.loss,
+        "counts": seen["counts"],
+        "aux": seen["aux"],
+        "backward": engine.losses,
+    }
+
+
+# Two launches of 2 gloo ranks (the coefficient on, then off): about a minute, so in the multirun suite.
+@pytest.mark.multirun
+def test_a_mixture_of_experts_adds_its_weighted_balancing_loss_and_reports_it_and_the_load_apart() -> None:
+    """2 gloo ranks, each routing its own rows: the load-balancing loss, weighted by the config's
+    router_aux_loss_coef (0.001), is added by the step to backward only; metrics.jsonl gets it and the load over both
+    ranks."""
+    from tests.gloo import on_ranks
+
+    ranks, off = on_ranks(moe_step, 2, None), on_ranks(moe_step, 2, 0.0)
+    counts = ranks[0]["counts"] + ranks[1]["counts"]  # (layers, experts), the padding of the shorter row left out
+    assert counts.shape == (2, 8) and counts.sum(dim=1).tolist() == [2 * 14 * 2] * 2  # 14 real tokens, 2 experts each
+    mean = counts.mean(dim=1)
+    for rank, unweighted in zip(ranks, off, strict=True):
+        [aux] = rank["aux"]
+        # The same model and rows without the weight: the difference is the weighted balancing loss alone.
+        assert rank["backward"][0] == pytest.approx(unweighted["backward"][0] + 0.001 * aux, rel=1e-6)
+        assert rank["metrics"]["aux_loss"] == pytest.approx((ranks[0]["aux"][0] + ranks[1]["aux"][0]) / 2)
+        assert rank["metrics"]["expert_load_max"] == pytest.approx(float((counts.max(dim=1).values / mean).max()))
+        assert rank["metrics"]["experts_idle"] == float((counts == 0).sum())
+        assert rank["loss"] == ranks[0]["loss"] == unweighted["loss"]  # the language model's loss alone
+    assert off[0]["metrics"]["aux_loss"] > 0

@@ -1,7 +1,7 @@
 """trainer/evaluation/generate.py without ranks: the prompt and reference cut from a staged example (its last assistant
-turn),
-batches that are the same on any number of ranks, and batched left-padded generation on the built-in tiny model
-giving each prompt the answer it gets alone, scored (the 1-and-3-rank proof is tests/distributed/test_evaluate.py)."""
+turn), batches that are the same on any number of ranks, and the answers of the generation service
+(trainer/model/generation.py) on the built-in tiny model scored (the 1-and-3-rank proof is
+tests/distributed/test_evaluate.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from config.sections.results import GenerateConfig
 from storage.shards import IGNORE_INDEX, Row, row
-from trainer.evaluation.generate import batches_of, generate_and_score, generate_batch, last_turn, prompts_of, stop_ids
+from trainer.evaluation.generate import batches_of, generate_and_score, last_turn, prompts_of
+from trainer.model.generation import Generator, Sampling
 from trainer.parallel.distributed import Dist
 
 X = IGNORE_INDEX
@@ -42,7 +43,7 @@ def tiny(path: str) -> tuple[object, object]:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
 
 
-def test_batched_left_padded_answers_equal_one_at_a_time_and_are_scored(tiny_model) -> None:
+def test_the_answers_are_scored_in_prompt_order_with_their_cost(tiny_model) -> None:
     model, tokenizer = tiny(tiny_model)
     texts = ["What is the capital of France?", "Hi", "Name three colours of the rainbow, please."]
     rendered = [
@@ -50,14 +51,10 @@ def test_batched_left_padded_answers_equal_one_at_a_time_and_are_scored(tiny_mod
         for t in texts
     ]
     prompts = [(i, tokenizer(text, add_special_tokens=False)["input_ids"], [5, 6]) for i, text in enumerate(rendered)]
-    cfg = GenerateConfig(enabled=True, max_new_tokens=6, batch_size=3)
+    cfg = GenerateConfig(enabled=True, max_new_tokens=6, batch_size=2)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids = (pad, stop_ids(model, tokenizer))
-    together = generate_batch(model, prompts, cfg, ids, seed=0)
-    alone = [generate_batch(model, [p], cfg, ids, seed=0)[0] for p in prompts]
-    assert together == alone and all(0 < len(a) <= 6 for a in alone)
-    assert not any(token in ids[1] for answer in alone for token in answer)  # cut before the stop token
-    result = generate_and_score(model, prompts, cfg.model_copy(update={"batch_size": 2}), ONE, (ids[0], tokenizer))
+    alone = [Generator.of(model, tokenizer, pad).generate([p[1]], Sampling(6), [0])[0] for p in prompts]
+    result = generate_and_score(model, prompts, cfg, ONE, (pad, tokenizer))
     assert result["records"] == 3 and result["new_tokens"] == sum(map(len, alone))
     assert [a["index"] for a in result["answers"]] == [0, 1, 2]
     assert [a["output"] for a in result["answers"]] == tokenizer.batch_decode(alone, skip_special_tokens=True)

@@ -17,7 +17,8 @@ from storage import layout
 from storage.location import Location
 from tests.checkpoints import save_checkpoint
 from tests.specs import spec_for
-from trainer.evaluation.stage import eval_document, sample_rows
+from trainer.data import sample_rows
+from trainer.evaluation.stage import eval_document
 from trainer.parallel.distributed import Dist
 
 

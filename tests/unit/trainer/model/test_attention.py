@@ -213,24 +213,21 @@ def test_the_training_loss_and_its_gradients_are_the_padded_micro_batchs() -> No
 
 
 def test_sft_deals_flattened_micro_batches_for_variable_length_attention() -> None:
-    from tests.unit.trainer.objectives.pinned import ONE
-    from trainer.data import GlobalOrder
+    from trainer.data import Dealing, GlobalOrder
     from trainer.objectives.sft import Sft
 
     sft = Sft.of(TrainConfig())
-    sft.start(model_with("sdpa"), None, ONE, 0)  # type: ignore[arg-type]  # SFT's start reads no spec
-    assert not sft.flat
-    sft.flat = True  # what start sets where variable-length attention runs (a CUDA device)
-    dealing: dict[str, Any] = {"step": 0, "micro": 2, "accum": 1, "rank": 0, "world": 1, "pad_id": 0}
-    (batch,) = sft.deal(rows(), GlobalOrder(3, 0), **{**dealing, "micro": 3, "group_by_length": True})  # type: ignore[arg-type]
+    sft.flat = True  # what start sets where the run's choices are variable-length attention (a CUDA device)
+    (batch,) = sft.deal(rows(), GlobalOrder(3, 0), Dealing(0, 3, 1, 0, 1, 0, True))  # type: ignore[arg-type]
     assert batch.input_ids.shape == (1, 34) and batch.cu_seqlens is not None and len(batch.cu_seqlens) == 6
 
 
 def test_sfts_evaluation_of_flattened_rows_gives_the_padded_rows_sums() -> None:
-    from trainer.objectives.sft import local_sums
+    from trainer.objectives.base import EvalOptions
+    from trainer.objectives.sft import EvalRows, local_sums
 
-    settings: dict[str, Any] = {"rank": 0, "world": 1, "batch_size": 2, "pad_id": 0, "device": CPU}
-    flat = local_sums(model_with(VARLEN), rows(), range(3), **settings, loss_chunk_tokens=8, flat=True)
-    padded = local_sums(model_with("sdpa"), rows(), range(3), **settings, loss_chunk_tokens=8)
+    options = EvalOptions(2, 0)
+    flat = local_sums(model_with(VARLEN), rows(), EvalRows(range(3), 0, 1, flat=True), options, CPU, 8)
+    padded = local_sums(model_with("sdpa"), rows(), EvalRows(range(3), 0, 1), options, CPU, 8)
     assert flat[1:] == padded[1:] == (flat[1], flat[2], 5) and flat[1] > 0
     assert flat[0] == pytest.approx(padded[0], rel=1e-5)
