@@ -138,8 +138,8 @@ def eval_exported(run: Run) -> float:
 
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
-    from trainer.evaluation.load import load_for_eval
     from trainer.data import sample_rows
+    from trainer.evaluation.load import load_for_eval
     from trainer.model.load import ensure_pad_token_id
     from trainer.objectives.base import EvalOptions
     from trainer.objectives.sft import EvalRows, local_sums

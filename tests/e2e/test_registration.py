@@ -132,7 +132,8 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     spec, _ = load_spec(Location(str(Path(run_url) / "spec.json")))
     split = open_split(spec.dataset_dir, "eval", node_cache(spec.config.launch))
     options = EvalOptions(3, ensure_pad_token_id(model, spec.model_path))
-    loss_sum, targets, _, examples = local_sums(model, split, EvalRows(range(len(split)), 0, 1), options, torch.device("cpu"), 0)
+    every = EvalRows(range(len(split)), 0, 1)
+    loss_sum, targets, _, examples = local_sums(model, split, every, options, torch.device("cpu"), 0)
     # Full logits here, the chunked loss (train.loss_chunk_tokens) in the pipeline's evaluation: the same figure.
     assert (targets, examples) == (entry["metrics"]["target_tokens"], entry["metrics"]["examples"])
     assert_close(loss_sum / targets, entry["metrics"]["loss"], rtol=1e-7, atol=0)

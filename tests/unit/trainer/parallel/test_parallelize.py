@@ -59,5 +59,5 @@ def test_disjoint_routing_sends_every_token_of_a_rank_to_its_own_experts() -> No
 def test_sequence_parallelism_refuses_an_attention_ulysses_does_not_wrap() -> None:
     model = dense()
     model.config._attn_implementation = "eager"
-    with pytest.raises(UserError, match="train.sequence_parallel_size=2: the model loaded with attention 'eager'"):
+    with pytest.raises(UserError, match=r"train\.sequence_parallel_size=2: the model loaded with attention 'eager'"):
         parallelize(model, TrainConfig(), dataclasses.replace(ONE, sequence_parallel=2), 2, NO_FAULTS)
