@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
 from launch.forward import forward_env
-from launch.job import NodePlan
+from launch.job import NodePlan, Phase
 from launch.network import interface_environment, source_address
 from storage import layout
 from storage.location import Location, is_local, local_path
@@ -120,6 +120,6 @@ def node_scratch(run_url: Location, node_rank: int) -> str:
     return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
 
 
-def heartbeat_dir(run_url: Location, node_rank: int, phase: str) -> str:
+def heartbeat_dir(run_url: Location, node_rank: int, phase: Phase) -> str:
     """Where the ranks of a node touch their heartbeat files during a phase."""
-    return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase}")
+    return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase.name}")

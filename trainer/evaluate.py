@@ -22,18 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model",
         required=True,
-        help="URL of an exported model (final/) or a checkpoint (checkpoints/step-N), with COMPLETE",
+        type=location_argument,
+        help=f"an exported model (final/) or a checkpoint (checkpoints/step-N), with COMPLETE: {ARGUMENT_FORM}",
     )
     args = parser.parse_args(argv)
     from trainer.evaluation.stage import evaluate
     from trainer.harness import run_rank
 
-    # The model is under the run's storage: reached with its options.
-    return run_rank(
-        args.spec,
-        lambda spec, dist, _faults: evaluate(spec, spec.run.with_url(args.model), dist),
-        deepspeed_backend=False,
-    )
+    return run_rank(args.spec, lambda spec, dist, _faults: evaluate(spec, args.model, dist), deepspeed_backend=False)
 
 
 if __name__ == "__main__":

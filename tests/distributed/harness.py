@@ -17,7 +17,7 @@ from config.sections.launch import LaunchConfig
 from config.sections.run_data import RunConfig
 from launch.backend import run_job
 from launch.backends.local import LocalBackend
-from launch.job import PhaseJob
+from launch.job import EVAL, TRAIN, PhaseJob
 from pipeline.models import resolve_model
 from pipeline.plan import build_spec, record_model
 from staging.stage import stage_dataset
@@ -125,7 +125,7 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
     digest = record_model(cfg, name, staged.model_path)
     written = publish_spec(build_spec(cfg, name, staged.model_path, staged.dataset, digest))
     # `env` reaches the ranks as the job's own (PhaseJob.env), as a retry's transport debug levels do.
-    run_job(LocalBackend(), PhaseJob(written, "train", env=env or {}), lambda _: None, on_progress=lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, TRAIN, env=env or {}), lambda _: None, on_progress=lambda _: None)
     return Run(written.spec, written.url)
 
 
@@ -239,5 +239,5 @@ def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
     # The ranks read the run's spec.json; only the launcher sees this world size (no preflight before eval).
     spec = run.spec.model_copy(update={"config": run.spec.config.model_copy(update={"launch": launch})})
     written = WrittenSpec(spec, run.spec_url, load_spec(run.spec_url)[1])
-    run_job(LocalBackend(), PhaseJob(written, "eval", str(model_url)), lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, EVAL, spec.run.with_url(str(model_url))), lambda _: None)
     return json.loads((run.run_dir / "eval.json").read_text())
