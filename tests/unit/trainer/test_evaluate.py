@@ -25,7 +25,7 @@ def test_the_model_is_a_location_with_the_options_its_launcher_gave(
 
     seen: dict[str, object] = {}
     monkeypatch.setattr(stage, "evaluate", lambda spec, model, dist: seen.update(model=model))
-    monkeypatch.setattr(harness, "run_rank", lambda spec, body, deepspeed_backend: body(None, None) or 0)
+    monkeypatch.setattr(harness, "run_rank", lambda spec, body, deepspeed_backend: body(None, None, None) or 0)
     model = Location("s3://b/runs/r/final", {"endpoint_url": "http://minio:9000"})
     assert main(["--spec", "/s/runs/r/spec.json", "--model", model.argument()]) == 0
     evaluated = seen["model"]
