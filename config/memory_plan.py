@@ -146,9 +146,9 @@ def resolve_shape(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any]
         cfg=cfg,
         model=model,
         params=params,
-        trained=params
-        if method == "full"
-        else adapter_params(model, lora.r, lora.target_modules, lora.target_parameters),
+        trained=adapter_params(model, lora.r, lora.target_modules, lora.target_parameters)
+        if method.trains_adapters
+        else params,
         projections=int(model["num_hidden_layers"]) * sum(i * o for i, o in projection_shapes(model).values()),
         embedding=int(model["vocab_size"]) * int(model["hidden_size"]),
         w=2 if on_gpu else 4,
@@ -161,7 +161,7 @@ def resolve_shape(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any]
 
 def weight_terms(s: Shape) -> tuple[list[Term], list[Term]]:
     """(device, host) terms of the weights."""
-    if s.cfg.train.method == "qlora":
+    if s.cfg.train.method.quantizes_base:
         weights = int(s.projections * NF4_BYTES) + (s.params - s.projections) * 4
         what = "base weights (nf4 projections, float32 embeddings and norms)"
     else:
@@ -172,7 +172,7 @@ def weight_terms(s: Shape) -> tuple[list[Term], list[Term]]:
         return [], [Term(f"{what}, offloaded", share, "always", "more ranks")]
     if s.stage < 3:
         return [Term(what, share, "always", "deepspeed.config: ZeRO-3 (zero3.json), or train.method qlora")], []
-    embedding = s.embedding * (4 if s.cfg.train.method == "qlora" else s.w)
+    embedding = s.embedding * (4 if s.cfg.train.method.quantizes_base else s.w)
     return [
         Term(f"{what}, this rank's share", share, "always", "more ranks"),
         Term("the embedding gathered whole", embedding, "always", "a smaller vocabulary"),
@@ -192,7 +192,7 @@ def optimizer_terms(s: Shape) -> tuple[list[Term], list[Term]]:
         Term("gradients", gradients, "backward", "deepspeed.config: ZeRO-2 or 3"),
         Term("gradients", gradients, "step", "deepspeed.config: ZeRO-2 or 3"),
     ]
-    if s.stage == 3 and s.cfg.train.method == "full":
+    if s.stage == 3 and not s.cfg.train.method.trains_adapters:
         device.append(Term("the embedding's gradient, whole", s.embedding * s.w, "backward", "a smaller vocabulary"))
     return (device, moved) if s.offload_optimizer else (device + moved, [])
 
@@ -224,7 +224,7 @@ def batch_terms(s: Shape) -> list[Term]:
 
 def host_terms(s: Shape) -> list[Term]:
     """The process, the model while it loads, and a background save's copy."""
-    if s.stage == 3 and s.cfg.deepspeed.zero3_init and s.cfg.train.method != "qlora":
+    if s.stage == 3 and s.cfg.deepspeed.zero3_init and s.cfg.train.method.loads_partitioned:
         load = s.params * s.w // s.world + s.embedding * s.w
     else:  # whole in the training dtype (Q-LoRA's base too: bitsandbytes quantizes it as it moves to the GPU)
         load = s.params * s.w

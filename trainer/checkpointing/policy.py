@@ -203,7 +203,7 @@ class DeepSpeedIO:
     def __init__(self, engine: Any, spec: Spec, dist: Dist, *, zero_stage: int) -> None:
         self.engine, self.spec, self.dist = engine, spec, dist
         train = spec.config.train
-        self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method != "full"
+        self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method.trains_adapters
         self.algorithm = spec.config.data.digest_algorithm  # writers use the configured digest
         # Every checkpoint file's digest is in its manifest and checked on resume; the zip CRC32 that torch.save
         # computes for each record is a second check that costs as much CPU as the write itself.
@@ -239,7 +239,7 @@ class DeepSpeedIO:
             step=step,
             meta={
                 "zero_stage": self.zero_stage,
-                "method": self.method,
+                "method": self.method.name,
                 "sequence_parallel_size": self.dist.sequence_parallel,
             },
             dist=self.dist,

@@ -237,7 +237,7 @@ def test_the_qwen3_30b_a3b_preset_fits_its_nodes_by_the_plan() -> None:
     tree = yaml.safe_load((ROOT / "config" / "presets" / "qwen3-30b-a3b-lora.yaml").read_text())
     tree["deepspeed"]["config"] = str(ROOT / tree["deepspeed"]["config"])  # the loader resolves it so
     cfg = FinetuneConfig.model_validate(tree)  # (its data.source and model directory are the cluster's)
-    assert (cfg.train.method, cfg.world_size, cfg.train.lora.target_parameters) == ("lora", 16, None)
+    assert (cfg.train.method.name, cfg.world_size, cfg.train.lora.target_parameters) == ("lora", 16, None)
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     assert ds["zero_optimization"]["stage"] == 3
     memory = plan(cfg, ds, QWEN3_30B_A3B, on_gpu=True)

@@ -21,6 +21,7 @@ from typing import Any, Self
 
 import torch
 
+from config.methods import Method
 from config.objectives import Objective
 from config.sections.model_train import TrainConfig
 from config.sections.preference import PreferenceConfig
@@ -97,7 +98,7 @@ class PreferenceObjective(ABC):
         self,
         objective: Objective,
         settings: PreferenceConfig,
-        method: str,
+        method: Method,
         aux_loss_coef: float | None = None,
         chunk_tokens: int = 0,
     ) -> None:
@@ -128,7 +129,7 @@ class PreferenceObjective(ABC):
     @property
     def reads_tables(self) -> bool:
         """Whether its reference comes from tables: a reference model under full fine-tuning."""
-        return self.objective.reference and self.method == "full"
+        return self.objective.reference and not self.method.trains_adapters
 
     def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
         """Full fine-tuning's reference tables, read or computed by the base before any checkpoint is resumed; a
