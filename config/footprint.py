@@ -173,7 +173,7 @@ def estimate(
     knows."""
     try:
         params = model_params(model)
-        lora = cfg.train.method != "full"
+        lora = cfg.train.method.trains_adapters
         lora_cfg = cfg.train.lora
         trained = (
             adapter_params(model, lora_cfg.r, lora_cfg.target_modules, lora_cfg.target_parameters) if lora else params

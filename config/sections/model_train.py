@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from config.methods import MethodField
 from config.objectives import ObjectiveField
 from config.sections.base import Section
 from config.sections.preference import PreferenceConfig
@@ -97,7 +98,7 @@ def size_in_bytes(size: str) -> int:
 class TrainConfig(Section):
     """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
 
-    method: Literal["full", "lora", "qlora"] = Field("lora", description="Which parameters are trained.")
+    method: MethodField = Field("lora", validate_default=True, description="Which parameters are trained.")
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0, description="Peak learning rate.")
     max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
     epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")

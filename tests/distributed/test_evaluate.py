@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from config.methods import FULL
 from core.errors import UserError
 from tests.distributed.harness import Run, Staged, evaluate
 from tests.lm_tasks import ANSWER_TASK, CHOICE_TASK, QUESTIONS
@@ -134,7 +135,7 @@ def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
     full_spec = lora.spec.model_copy(
         update={
             "config": lora.spec.config.model_copy(
-                update={"train": lora.spec.config.train.model_copy(update={"method": "full"})}
+                update={"train": lora.spec.config.train.model_copy(update={"method": FULL})}
             )
         }
     )

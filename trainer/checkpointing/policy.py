@@ -204,7 +204,7 @@ class DeepSpeedIO:
     def __init__(self, engine: Any, spec: Spec, dist: Dist, faults: Faults, *, zero_stage: int) -> None:
         self.engine, self.spec, self.dist, self.faults = engine, spec, dist, faults
         train = spec.config.train
-        self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method != "full"
+        self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method.trains_adapters
         self.algorithm = spec.config.data.digest_algorithm  # writers use the configured digest
         # Every checkpoint file's digest is in its manifest and checked on resume; the zip CRC32 that torch.save
         # computes for each record is a second check that costs as much CPU as the write itself.
@@ -235,7 +235,7 @@ class DeepSpeedIO:
     def start_save(self, step: int) -> InFlight:
         meta = {
             "zero_stage": self.zero_stage,
-            "method": self.method,
+            "method": self.method.name,
             "sequence_parallel_size": self.dist.sequence_parallel,
         }
         saving = Saving(self.spec.run, self.dist, self.algorithm, self.adapters, meta, self.snapshots, self.faults)

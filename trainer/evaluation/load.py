@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from config.methods import METHODS
 from core.errors import UserError
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint, read_complete
@@ -100,10 +101,10 @@ def load_checkpoint_for_eval(ckpt: CompleteCheckpoint, spec: Spec, device: torch
     """Base model (+ LoRA wrapper) with the checkpoint's trained weights loaded into it."""
     from trainer.model.load import load_base, make_trainable
 
-    method = ckpt.manifest["method"]
-    if method != spec.config.train.method:
+    written, method = ckpt.manifest["method"], spec.config.train.method  # the manifest names its method
+    if METHODS.get(written) is not method:
         raise UserError(
-            f"--model {ckpt.url}: a {method} checkpoint, but the spec trains {spec.config.train.method}; "
+            f"--model {ckpt.url}: a {written} checkpoint, but the spec trains {method}; "
             "evaluate it with the spec.json of the run that wrote it"
         )
     if dist is not None:
@@ -112,9 +113,7 @@ def load_checkpoint_for_eval(ckpt: CompleteCheckpoint, spec: Spec, device: torch
             raise UserError(f"--model {ckpt.url}: {problem}; the checkpoint is corrupt, evaluate another one")
     state = trained_state_dict(ckpt)
     # Q-LoRA's adapter is evaluated on the full-precision base, exactly as its final/ export is.
-    train = spec.config.train.model_copy(
-        update={"method": "full" if method == "full" else "lora", "gradient_checkpointing": False}
-    )
+    train = spec.config.train.model_copy(update={"method": method.evaluated_as, "gradient_checkpointing": False})
     remote = spec.config.model.trust_remote_code
     model = make_trainable(load_base(spec.model_path, method=train.method, bf16=False, trust_remote_code=remote), train)
     expected = {name for name, p in model.named_parameters() if p.requires_grad}

@@ -11,6 +11,8 @@ import importlib
 import sys
 from typing import Any
 
+from config.methods import Method
+
 BITSANDBYTES = "bitsandbytes"
 MLFLOW = "mlflow"
 DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
@@ -24,7 +26,7 @@ def skip_tracking_libraries() -> None:
         sys.modules[MLFLOW] = None  # type: ignore[assignment]
 
 
-def skip_unused_libraries(method: str) -> None:
+def skip_unused_libraries(method: Method) -> None:
     """Keep a rank from importing what it never uses. A None entry in sys.modules is how Python marks a module as
     absent: the importer takes its "not installed" path, as on a machine without it. Call before anything imports
     DeepSpeed or PEFT.
@@ -34,7 +36,7 @@ def skip_unused_libraries(method: str) -> None:
     - MLflow: DeepSpeed's autotuner imports it whenever it is installed (the `mlflow` extra), ~1.1 s; a rank never
       tracks anything (the pipeline's process does)."""
     skip_tracking_libraries()
-    if method != "qlora" and BITSANDBYTES not in sys.modules:
+    if not method.quantizes_base and BITSANDBYTES not in sys.modules:
         sys.modules[BITSANDBYTES] = None  # type: ignore[assignment]
 
 

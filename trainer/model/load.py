@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from config.methods import Method
 from config.sections.model_train import TrainConfig
 from core.errors import UserError
 from trainer.parallel.moe import adapter_summary, expert_parameters, is_router, lora_target_parameters, refuse_qlora
@@ -76,11 +77,11 @@ class PartitionedLoad:
         self.hf_config = HfDeepSpeedConfig({k: v for k, v in ds_config.items() if k != "train_batch_size"})
 
 
-def partitioned_load(ds_config: dict[str, Any], method: str, enabled: bool = True) -> PartitionedLoad | None:
+def partitioned_load(ds_config: dict[str, Any], method: Method, enabled: bool = True) -> PartitionedLoad | None:
     """The partitioned load for a ZeRO-3 config (full and LoRA) unless disabled (deepspeed.zero3_init); None
     otherwise. Q-LoRA's 4-bit base is loaded whole: bitsandbytes' quantized weights are not partitioned by
     zero.Init."""
-    if not enabled or int(ds_config.get("zero_optimization", {}).get("stage", 0)) != 3 or method == "qlora":
+    if not enabled or int(ds_config.get("zero_optimization", {}).get("stage", 0)) != 3 or not method.loads_partitioned:
         return None
     return PartitionedLoad(ds_config)
 
@@ -93,7 +94,7 @@ def parameter_count(model: Any, *, trainable: bool = False) -> int:
 def load_base(
     model_path: str,
     *,
-    method: str,
+    method: Method,
     bf16: bool,
     zero3: bool = False,
     trust_remote_code: bool = False,
@@ -113,7 +114,7 @@ def load_base(
     if attention is not None:
         kwargs["attn_implementation"] = attention
     own_code = False
-    if method == "qlora":
+    if method.quantizes_base:
         config = model_config(model_path, trust_remote_code=trust_remote_code)
         # A model's own code decides how it holds its experts (one Linear each quantizes): checked once it is built.
         own_code = trust_remote_code and "auto_map" in config
@@ -183,11 +184,11 @@ def make_trainable(model: Any, train: TrainConfig) -> Any:
     if train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    if train.method == "full":
+    if not train.method.trains_adapters:
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if train.method == "qlora":
+    if train.method.quantizes_base:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=train.gradient_checkpointing)
     targets = lora_targets(model, train.lora.target_modules)
     missing = [m for m in targets if not any(n.endswith(m) for n, _ in model.named_modules())]

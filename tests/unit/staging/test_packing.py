@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from config.methods import FULL
 from config.sections.launch import LaunchConfig
 from config.sections.run_data import DataConfig
 from flows.prepare import summary_rows
@@ -174,7 +175,7 @@ def test_packing_is_fixed_by_the_dataset_id(both, tmp_path, tiny_model) -> None:
 def model(tiny_model):
     from trainer.model.load import load_base
 
-    return load_base(tiny_model, method="full", bf16=False).eval()
+    return load_base(tiny_model, method=FULL, bf16=False).eval()
 
 
 @pytest.mark.parametrize("chunk_tokens", [0, 64])  # full logits, and the chunked loss (train.loss_chunk_tokens)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Self
 
 import torch
 
+from config.methods import Method
 from config.objectives import Objective
 from config.sections.model_train import TrainConfig
 from config.sections.preference import PreferenceConfig
@@ -105,7 +106,7 @@ class PreferenceObjective(ABC):
 
     sums_type: type[PreferenceSums] = PreferenceSums
 
-    def __init__(self, objective: Objective, settings: PreferenceConfig, method: str, chunk_tokens: int = 0) -> None:
+    def __init__(self, objective: Objective, settings: PreferenceConfig, method: Method, chunk_tokens: int = 0) -> None:
         self.objective, self.settings, self.method = objective, settings, method
         self.chunk_tokens = chunk_tokens  # train.loss_chunk_tokens: how log-probabilities are taken (LossHead)
         self.head: LossHead | None = None  # the model's, built by start (training) and evaluate
@@ -119,7 +120,7 @@ class PreferenceObjective(ABC):
     @property
     def reads_tables(self) -> bool:
         """Whether its reference comes from tables: a reference model under full fine-tuning."""
-        return self.objective.reference and self.method == "full"
+        return self.objective.reference and not self.method.trains_adapters
 
     def loss_head(self, model: torch.nn.Module) -> LossHead:
         """How `model`'s log-probabilities are taken (from its last hidden states in chunks, or full logits): the

@@ -12,8 +12,9 @@ from tests.conftest import ROOT
 
 PROBE = """
 import sys
+from config.methods import METHODS
 from trainer.model.lean_imports import skip_unused_libraries
-skip_unused_libraries({method!r})
+skip_unused_libraries(METHODS[{method!r}])
 for name in ("mlflow", "bitsandbytes", "numpy"):
     print(name, "absent" if name in sys.modules and sys.modules[name] is None else "importable")
 try:

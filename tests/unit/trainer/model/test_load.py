@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from config.methods import FULL, LORA, QLORA
 from config.sections.model_train import LoraConfig, TrainConfig
 from core.errors import UserError
 from tests.published import tiny_as_published
@@ -59,14 +60,14 @@ def test_a_family_we_do_not_know_gets_every_linear_but_the_output_layer() -> Non
 
 def test_the_pad_id_comes_from_config_json_else_the_tokenizer(tiny_model, tmp_path) -> None:
     published = tiny_as_published(tiny_model, tmp_path / "published")  # Qwen ships no pad_token_id
-    model = load_base(str(published), method="lora", bf16=False)
+    model = load_base(str(published), method=LORA, bf16=False)
     assert model.config.pad_token_id is None
     from transformers import AutoTokenizer
 
     pad = AutoTokenizer.from_pretrained(published).pad_token_id
     assert ensure_pad_token_id(model, str(published)) == pad and model.config.pad_token_id == pad
     with pytest.raises(UserError, match=rf"^model.name_or_path {tmp_path}/none: cannot load"):
-        load_base(str(tmp_path / "none"), method="full", bf16=False)
+        load_base(str(tmp_path / "none"), method=FULL, bf16=False)
 
 
 def test_a_directory_that_ships_its_own_code_loads_only_with_model_trust_remote_code(tmp_path) -> None:
@@ -81,12 +82,12 @@ def test_a_directory_that_ships_its_own_code_loads_only_with_model_trust_remote_
     with pytest.raises(UserError, match=refusal):
         model_config(str(tmp_path))
     with pytest.raises(UserError, match=refusal):
-        load_base(str(tmp_path), method="lora", bf16=False)
+        load_base(str(tmp_path), method=LORA, bf16=False)
     assert model_config(str(tmp_path), trust_remote_code=True)["model_type"] == "per_expert_moe"
 
 
 def test_the_partitioned_load_is_for_zero3_full_and_lora_only() -> None:
     zero2, zero3 = {"zero_optimization": {"stage": 2}}, {"zero_optimization": {"stage": 3}}
-    assert partitioned_load(zero2, "lora") is None
-    assert partitioned_load(zero3, "qlora") is None  # bitsandbytes' 4-bit weights are not partitioned
-    assert partitioned_load(zero3, "full", enabled=False) is None  # deepspeed.zero3_init: false
+    assert partitioned_load(zero2, LORA) is None
+    assert partitioned_load(zero3, QLORA) is None  # bitsandbytes' 4-bit weights are not partitioned
+    assert partitioned_load(zero3, FULL, enabled=False) is None  # deepspeed.zero3_init: false

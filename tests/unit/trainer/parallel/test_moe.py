@@ -7,6 +7,7 @@ import logging
 import pytest
 import torch
 
+from config.methods import FULL, LORA, QLORA
 from config.sections.model_train import LoraConfig, TrainConfig
 from core.errors import UserError
 from trainer.model.load import load_base, lora_targets, make_trainable
@@ -27,7 +28,7 @@ def adapted(model) -> tuple[set[str], set[str]]:
 
 def test_lora_adapts_the_fused_experts_and_attention_by_default_never_the_router(qwen3_moe, caplog) -> None:
     caplog.set_level(logging.INFO, logger="trainer.model.load")
-    model = make_trainable(load_base(qwen3_moe, method="lora", bf16=False), TrainConfig(method="lora"))
+    model = make_trainable(load_base(qwen3_moe, method=LORA, bf16=False), TrainConfig(method="lora"))
     modules, parameters = adapted(model)
     assert modules == {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert parameters == {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}
@@ -43,13 +44,13 @@ def test_lora_adapts_the_fused_experts_and_attention_by_default_never_the_router
 
 def test_attention_only_is_an_explicit_choice(qwen3_moe) -> None:
     lora = LoraConfig(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], target_parameters=[])
-    model = make_trainable(load_base(qwen3_moe, method="lora", bf16=False), TrainConfig(lora=lora))
+    model = make_trainable(load_base(qwen3_moe, method=LORA, bf16=False), TrainConfig(lora=lora))
     assert adapted(model) == ({"q_proj", "k_proj", "v_proj", "o_proj"}, set())
     assert model.peft_config["default"].lora_dropout == 0.05  # dropout stays where PEFT can apply it
 
 
 def test_configured_parameters_are_checked_and_the_error_names_the_experts(qwen3_moe) -> None:
-    base = load_base(qwen3_moe, method="lora", bf16=False)
+    base = load_base(qwen3_moe, method=LORA, bf16=False)
     assert lora_target_parameters(base, ["mlp.experts.down_proj"]) == ["mlp.experts.down_proj"]
     with pytest.raises(
         UserError,
@@ -82,7 +83,7 @@ def test_qlora_on_a_mixture_of_experts_is_refused_in_one_line_saying_why(qwen3_m
         match=r"^train.method qlora: .* is a mixture of 8 experts whose expert weights are "
         r"fused 3-D parameters, which bitsandbytes does not quantize .*use train.method lora",
     ):
-        load_base(qwen3_moe, method="qlora", bf16=False)
+        load_base(qwen3_moe, method=QLORA, bf16=False)
 
 
 def test_qlora_quantizes_the_experts_of_a_model_whose_own_code_keeps_one_linear_each(tmp_path) -> None:
@@ -90,7 +91,7 @@ def test_qlora_quantizes_the_experts_of_a_model_whose_own_code_keeps_one_linear_
     Linear layers, which bitsandbytes quantizes: Q-LoRA is not refused, and the experts are 4-bit."""
     from tests.published import per_expert_moe_scaled
 
-    model = load_base(str(per_expert_moe_scaled(tmp_path / "moe")), method="qlora", bf16=False, trust_remote_code=True)
+    model = load_base(str(per_expert_moe_scaled(tmp_path / "moe")), method=QLORA, bf16=False, trust_remote_code=True)
     experts = model.model.layers[0].mlp.experts
     assert {type(getattr(expert, name)).__name__ for expert in experts for name in ("gate_proj", "down_proj")} == {
         "Linear4bit"
@@ -122,5 +123,5 @@ def test_zero3_makes_every_per_expert_block_a_leaf_module_and_leaves_fused_exper
         SwitchTransformersConfig(vocab_size=32, num_experts=2, num_sparse_encoder_layers=1, **small)
     )
     assert [c.__name__ for c in set_zero3_leaves(switch, 3)] == ["SwitchTransformersSparseMLP"]
-    fused = load_base(qwen3_moe, method="full", bf16=False)
+    fused = load_base(qwen3_moe, method=FULL, bf16=False)
     assert per_expert_blocks(fused) == [] and set_zero3_leaves(fused, 3) == []

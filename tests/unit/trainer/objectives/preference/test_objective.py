@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from config.methods import FULL, LORA
 from config.objectives import DPO, objective_named
 from config.sections.model_train import TrainConfig
 from core.errors import UserError
@@ -80,7 +81,7 @@ def test_only_a_reference_under_full_fine_tuning_reads_tables() -> None:
     methods = [("dpo", "full"), ("ipo", "full"), ("dpo", "lora"), ("kto", "qlora"), ("orpo", "full")]
     assert [of(*pair).reads_tables for pair in methods] == [True, True, False, False, False]
     lora = of("dpo", "lora")
-    assert (lora.beta, lora.method) == (0.4, "lora")
+    assert (lora.beta, lora.method) == (0.4, LORA)
     lora.start(SimpleNamespace(engine=None, pad_id=0), None, ONE)  # nothing to read: no engine, no spec asked for
     lora.start_evaluation(None, None)
     assert lora.tables == {}
@@ -146,7 +147,7 @@ def test_an_evaluation_is_the_same_in_any_batch_size_and_without_throw_away_pass
         f"eval dpo loss {whole['loss']:.4f} reward accuracy {whole['reward_accuracy']:.4f} "
         f"reward margin {whole['reward_margin']:.4f} over 6 units"
     )
-    assert objective.eval_fields() == {"reference": DPO.reference_words("full")}
+    assert objective.eval_fields() == {"reference": DPO.reference_words(FULL)}
 
 
 # A mixture of experts (Qwen3-30B-A3B scaled down, tests/published.py, vocabulary 256): the router's load-balancing
