@@ -67,7 +67,7 @@ def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats:
 
     from config.sections.model_train import TrainConfig
     from storage.shards import IGNORE_INDEX, Row
-    from trainer.model.load import make_trainable
+    from trainer.model.adapters import make_trainable
     from trainer.objectives.preference.batching import collate_preference
     from trainer.objectives.registry import build
     from trainer.parallel.distributed import Dist

@@ -99,7 +99,8 @@ def _from_pretrained(directory: str, spec: Spec, device: torch.device) -> Any:
 
 def load_checkpoint_for_eval(ckpt: CompleteCheckpoint, spec: Spec, device: torch.device, dist: Dist | None) -> Any:
     """Base model (+ LoRA wrapper) with the checkpoint's trained weights loaded into it."""
-    from trainer.model.load import load_base, make_trainable
+    from trainer.model.adapters import make_trainable
+    from trainer.model.load import load_base
 
     written, method = ckpt.manifest["method"], spec.config.train.method  # the manifest names its method
     if METHODS.get(written) is not method:

@@ -12,8 +12,9 @@ from storage.node_cache import cache_root
 from storage.spec import Spec
 from trainer.metrics import log_memory
 from trainer.model import attention, compiled, kernels, tiled_mlp
+from trainer.model.adapters import make_trainable
 from trainer.model.choices import Choices
-from trainer.model.load import ensure_pad_token_id, load_base, make_trainable
+from trainer.model.load import ensure_pad_token_id, load_base
 
 log = logging.getLogger(__name__)
 

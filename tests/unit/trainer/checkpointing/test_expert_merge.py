@@ -16,7 +16,8 @@ from storage import layout
 from storage.adapters import AdapterSummary
 from trainer.checkpointing.expert_merge import ExpertDelta, merge_expert_weight, split_expert_pairs
 from trainer.checkpointing.export import merge_adapter, save_weights
-from trainer.model.load import load_base, make_trainable
+from trainer.model.adapters import make_trainable
+from trainer.model.load import load_base
 
 
 def logits(model, ids: torch.Tensor) -> torch.Tensor:

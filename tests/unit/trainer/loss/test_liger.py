@@ -22,7 +22,7 @@ from config.sections.model_train import TrainConfig
 from trainer.loss.chunked import LossHead
 from trainer.loss.liger import LigerLossHead
 from trainer.model import tiny
-from trainer.model.load import make_trainable
+from trainer.model.adapters import make_trainable
 
 ROOT = Path(__file__).resolve().parents[4]
 # Float32 throughout: Liger's blockwise log-sum-exp against one F.cross_entropy over the same logits (2e-6 was seen

@@ -16,7 +16,7 @@ from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX
 from trainer.loss.chunked import LossHead
 from trainer.model import compiled, tiny
-from trainer.model.load import make_trainable
+from trainer.model.adapters import make_trainable
 
 VOCAB = 128
 STEPS = 3

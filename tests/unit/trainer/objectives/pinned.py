@@ -37,7 +37,7 @@ from storage.split_reader import Shard, Split
 from trainer.data import collate
 from trainer.loss.chunked import LossHead
 from trainer.model import tiny
-from trainer.model.load import make_trainable
+from trainer.model.adapters import make_trainable
 from trainer.objectives.base import EvalOptions
 from trainer.objectives.policy import Policy
 from trainer.objectives.registry import build as build_objective

@@ -10,7 +10,8 @@ import torch
 from config.methods import FULL, LORA, QLORA
 from config.sections.model_train import LoraConfig, TrainConfig
 from core.errors import UserError
-from trainer.model.load import load_base, lora_targets, make_trainable
+from trainer.model.adapters import lora_targets, make_trainable
+from trainer.model.load import load_base
 from trainer.parallel.moe import (
     expert_parameters,
     is_router,

@@ -9,7 +9,7 @@ import torch.distributed as torch_dist
 
 from core.errors import EXIT_RETRYABLE, EXIT_USER_ERROR
 from core.rank_log import CRASH
-from trainer.model.load import lora_targets
+from trainer.model.adapters import lora_targets
 from trainer.watch.crash import crash_exit_code, crash_line
 
 

@@ -17,7 +17,7 @@ import torch
 from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX, PAIR, Row
 from trainer.model import tiny
-from trainer.model.load import make_trainable
+from trainer.model.adapters import make_trainable
 from trainer.objectives.policy import Policy
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.reference import adapters_off

@@ -20,7 +20,7 @@ from storage.shards import IGNORE_INDEX, PAIR, Row
 from tests.specs import spec_for
 from trainer.loss.chunked import LossHead
 from trainer.model import tiny
-from trainer.model.load import make_trainable
+from trainer.model.adapters import make_trainable
 from trainer.objectives.policy import Policy
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.reference import (
