@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from config.footprint import adapter_params, model_params
+from config.methods import Method
 
 
 def active_params(model: dict[str, Any]) -> int:
@@ -22,12 +23,12 @@ def active_params(model: dict[str, Any]) -> int:
     return model_params({**model, "tie_word_embeddings": True}, active=True)
 
 
-def flops_per_token(model: dict[str, Any], method: str, seq: int, lora_r: int = 16) -> float:
-    """Training FLOPs per token (the module docstring's count); `method` "full" or "lora" (adapters on every
-    projection and, for a mixture of experts, every expert weight: Tandem's default targets)."""
+def flops_per_token(model: dict[str, Any], method: Method, seq: int, lora_r: int = 16) -> float:
+    """Training FLOPs per token (the module docstring's count); a method that trains adapters has them on every
+    projection and, for a mixture of experts, every expert weight (Tandem's default targets)."""
     heads = int(model["num_attention_heads"])
     head_dim = int(model.get("head_dim") or int(model["hidden_size"]) // heads)
     attention = 12 * int(model["num_hidden_layers"]) * heads * head_dim * seq
-    if method == "full":
+    if not method.trains_adapters:
         return float(6 * active_params(model) + attention)
     return float(4 * active_params(model) + 6 * adapter_params(model, lora_r, None, active=True) + attention)

@@ -141,7 +141,8 @@ def adapter_params(
 ) -> int:
     """LoRA parameters: r x (in + out) per targeted projection of every layer (every projection by default), and a
     mixture of experts' adapted fused weights, r x experts x (in + out) each (`parameters`: train.lora.
-    target_parameters; every expert weight by default, as trainer/moe.py chooses); `active`: those one token uses
+    target_parameters; every expert weight by default, as trainer/parallel/moe.py chooses); `active`: those one token
+    uses
     (its routed experts' adapters only)."""
     shapes = projection_shapes(model)
     names = [name for name in (targets or PROJECTIONS) if name in shapes]
@@ -172,7 +173,7 @@ def estimate(
     knows."""
     try:
         params = model_params(model)
-        lora = cfg.train.method != "full"
+        lora = cfg.train.method.trains_adapters
         lora_cfg = cfg.train.lora
         trained = (
             adapter_params(model, lora_cfg.r, lora_cfg.target_modules, lora_cfg.target_parameters) if lora else params

@@ -1,7 +1,7 @@
 """Benchmark tasks' index (`eval.tasks`): lm-evaluation-harness installed, eval.tasks.include_path a directory of
 this node, and every task name known to it; and the digest of your task files. Torch-free, so that each node's
 preflight (launch/preflight.py) refuses a wrong name before training, and the evaluate stage again before it loads
-a model; the tasks themselves run on the ranks (trainer/lm_tasks.py).
+a model; the tasks themselves run on the ranks (trainer/evaluation/lm_tasks.py).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def task_manager(cfg: TasksConfig) -> Any:
 
 def include_digest(cfg: TasksConfig) -> str | None:
     """sha256 over eval.tasks.include_path's files (relative paths and contents): your tasks and their data are part
-    of what the base model's cached figures depend on (trainer/base_eval.py)."""
+    of what the base model's cached figures depend on (trainer/evaluation/base_model.py)."""
     path = include_dir(cfg)
     if path is None:
         return None

@@ -38,6 +38,7 @@ made then, not a guess).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from config.deepspeed import zero_stage
@@ -53,13 +54,22 @@ LOSS_CHUNK_ABOVE = 256 * 2**20  # float32 target logits above which the loss is 
 PLAN_ERROR = 0.25
 
 
+class Phase(Enum):
+    """When a term is held: always, or during one of the phases that come and go (never two of them at once)."""
+
+    ALWAYS = "always"
+    BACKWARD = "backward"  # activations, the loss's logits, the gradients as they are computed
+    STEP = "step"  # the optimizer step
+    LOAD = "load"  # on the host, while the model loads
+
+
 @dataclass(frozen=True)
 class Term:
     """One part of a peak: what it is, its bytes, when it is held and the setting that shrinks it."""
 
     what: str
     bytes: int
-    phase: str  # "always", "backward" (activations, loss) or "step" (the optimizer step); "load" on the host
+    phase: Phase
     shrink: str
 
 
@@ -76,9 +86,9 @@ class MemoryPlan:
     @staticmethod
     def peak(terms: list[Term], *, besides: int = 0) -> int:
         """What is always held, plus the largest of the phases that come and go (`besides`: one more such phase)."""
-        always = sum(t.bytes for t in terms if t.phase == "always")
-        phases = {t.phase for t in terms} - {"always"}
-        return always + max([besides, *(sum(t.bytes for t in terms if t.phase == p) for p in phases)])
+        always = sum(t.bytes for t in terms if t.phase is Phase.ALWAYS)
+        phases = {t.phase for t in terms} - {Phase.ALWAYS}
+        return always + max([besides, *(sum(t.bytes for t in terms if t.phase is p) for p in phases)])
 
     @property
     def device_bytes(self) -> int:
@@ -114,7 +124,7 @@ def _layer_activation_bytes(model: dict[str, Any], w: int, lora_dropout: bool, t
         # output; the router's float32 logits and probabilities over every expert.
         k = experts.per_token
         mlp += w * (4 * k * experts.intermediate + 2 * k * hidden) + 8 * experts.count
-        lora_dropout = False  # PEFT applies none with expert weights adapted (trainer/model.py)
+        lora_dropout = False  # PEFT applies none with expert weights adapted (trainer/model/load.py)
     dropout = (w + 1) * sum(shapes[p][0] for p in PROJECTIONS if p in shapes) if lora_dropout else 0
     return norms + attention + mlp + dropout
 
@@ -146,9 +156,9 @@ def resolve_shape(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any]
         cfg=cfg,
         model=model,
         params=params,
-        trained=params
-        if method == "full"
-        else adapter_params(model, lora.r, lora.target_modules, lora.target_parameters),
+        trained=adapter_params(model, lora.r, lora.target_modules, lora.target_parameters)
+        if method.trains_adapters
+        else params,
         projections=int(model["num_hidden_layers"]) * sum(i * o for i, o in projection_shapes(model).values()),
         embedding=int(model["vocab_size"]) * int(model["hidden_size"]),
         w=2 if on_gpu else 4,
@@ -161,7 +171,7 @@ def resolve_shape(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any]
 
 def weight_terms(s: Shape) -> tuple[list[Term], list[Term]]:
     """(device, host) terms of the weights."""
-    if s.cfg.train.method == "qlora":
+    if s.cfg.train.method.quantizes_base:
         weights = int(s.projections * NF4_BYTES) + (s.params - s.projections) * 4
         what = "base weights (nf4 projections, float32 embeddings and norms)"
     else:
@@ -169,13 +179,13 @@ def weight_terms(s: Shape) -> tuple[list[Term], list[Term]]:
         what = f"weights ({'bf16' if s.w == 2 else 'float32'})"
     share = weights // s.world if s.stage == 3 else weights
     if s.offload_params:
-        return [], [Term(f"{what}, offloaded", share, "always", "more ranks")]
+        return [], [Term(f"{what}, offloaded", share, Phase.ALWAYS, "more ranks")]
     if s.stage < 3:
-        return [Term(what, share, "always", "deepspeed.config: ZeRO-3 (zero3.json), or train.method qlora")], []
-    embedding = s.embedding * (4 if s.cfg.train.method == "qlora" else s.w)
+        return [Term(what, share, Phase.ALWAYS, "deepspeed.config: ZeRO-3 (zero3.json), or train.method qlora")], []
+    embedding = s.embedding * (4 if s.cfg.train.method.quantizes_base else s.w)
     return [
-        Term(f"{what}, this rank's share", share, "always", "more ranks"),
-        Term("the embedding gathered whole", embedding, "always", "a smaller vocabulary"),
+        Term(f"{what}, this rank's share", share, Phase.ALWAYS, "more ranks"),
+        Term("the embedding gathered whole", embedding, Phase.ALWAYS, "a smaller vocabulary"),
     ], []
 
 
@@ -183,17 +193,19 @@ def optimizer_terms(s: Shape) -> tuple[list[Term], list[Term]]:
     """(device, host) terms of the optimizer's states and the gradients."""
     divide = s.world if s.stage >= 1 else 1
     moved: list[Term] = [
-        Term("float32 master copy and Adam's moments", s.trained * 12 // divide, "always", "more ranks, or offload")
+        Term("float32 master copy and Adam's moments", s.trained * 12 // divide, Phase.ALWAYS, "more ranks, or offload")
     ]
     if s.w == 2:
-        moved.append(Term("float32 gradients for the step", s.trained * 4 // divide, "step", "more ranks"))
+        moved.append(Term("float32 gradients for the step", s.trained * 4 // divide, Phase.STEP, "more ranks"))
     gradients = s.trained * s.w // (s.world if s.stage >= 2 else 1)
     device = [
-        Term("gradients", gradients, "backward", "deepspeed.config: ZeRO-2 or 3"),
-        Term("gradients", gradients, "step", "deepspeed.config: ZeRO-2 or 3"),
+        Term("gradients", gradients, Phase.BACKWARD, "deepspeed.config: ZeRO-2 or 3"),
+        Term("gradients", gradients, Phase.STEP, "deepspeed.config: ZeRO-2 or 3"),
     ]
-    if s.stage == 3 and s.cfg.train.method == "full":
-        device.append(Term("the embedding's gradient, whole", s.embedding * s.w, "backward", "a smaller vocabulary"))
+    if s.stage == 3 and not s.cfg.train.method.trains_adapters:
+        device.append(
+            Term("the embedding's gradient, whole", s.embedding * s.w, Phase.BACKWARD, "a smaller vocabulary")
+        )
     return (device, moved) if s.offload_optimizer else (device + moved, [])
 
 
@@ -205,36 +217,37 @@ def batch_terms(s: Shape) -> list[Term]:
     tokens = -(-train.micro_batch_size * s.cfg.data.max_length // train.sequence_parallel_size)
     layers, hidden, vocab = (int(s.model[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
     per_layer = _layer_activation_bytes(s.model, s.w, train.lora.dropout > 0, train.tiled_mlp)
-    # A tiled MLP's one tile of intermediates while backward recomputes it (trainer/tiled_mlp.py: hidden-size tiles).
+    # A tiled MLP's one tile of intermediates while backward recomputes it (trainer/model/tiled_mlp.py: hidden-size
+    # tiles).
     inter = projection_shapes(s.model).get("gate_proj", (0, 0))[1]
     tile = hidden * s.w * 4 * inter if train.tiled_mlp and moe_experts(s.model) is None else 0
     if train.gradient_checkpointing:
         kept = layers * tokens * hidden * s.w + tokens * per_layer + tile
-        activations = Term("activations (checkpointed)", kept, "backward", "train.micro_batch_size")
+        activations = Term("activations (checkpointed)", kept, Phase.BACKWARD, "train.micro_batch_size")
     else:
         shrink = "train.gradient_checkpointing=true, train.micro_batch_size or train.sequence_parallel_size"
-        activations = Term("activations", layers * tokens * per_layer + tile, "backward", shrink)
+        activations = Term("activations", layers * tokens * per_layer + tile, Phase.BACKWARD, shrink)
     chunked = train.loss_chunk_tokens > 0 and tokens * vocab * 4 > LOSS_CHUNK_ABOVE
     loss_tokens = min(tokens, train.loss_chunk_tokens) if chunked else tokens
     shrink = "train.loss_chunk_tokens" if chunked or train.loss_chunk_tokens == 0 else "train.micro_batch_size"
     what = "the loss's logits" + (" (chunked)" if chunked else "")
-    return [activations, Term(what, loss_tokens * vocab * (s.w + 8), "backward", shrink)]
+    return [activations, Term(what, loss_tokens * vocab * (s.w + 8), Phase.BACKWARD, shrink)]
 
 
 def host_terms(s: Shape) -> list[Term]:
     """The process, the model while it loads, and a background save's copy."""
-    if s.stage == 3 and s.cfg.deepspeed.zero3_init and s.cfg.train.method != "qlora":
+    if s.stage == 3 and s.cfg.deepspeed.zero3_init and s.cfg.train.method.loads_partitioned:
         load = s.params * s.w // s.world + s.embedding * s.w
     else:  # whole in the training dtype (Q-LoRA's base too: bitsandbytes quantizes it as it moves to the GPU)
         load = s.params * s.w
     terms = [
-        Term("the process (Python, torch, DeepSpeed)", PROCESS_BYTES, "always", ""),
-        Term("the model while it loads", load, "load", "deepspeed.config: ZeRO-3 (partitioned load)"),
+        Term("the process (Python, torch, DeepSpeed)", PROCESS_BYTES, Phase.ALWAYS, ""),
+        Term("the model while it loads", load, Phase.LOAD, "deepspeed.config: ZeRO-3 (partitioned load)"),
     ]
     footprint = estimate(s.cfg, s.model, 1, s.world, bf16=s.w == 2) if s.cfg.train.async_save else None
     if footprint is not None:
         copy = "a background save's copy of this rank's checkpoint share"
-        terms.append(Term(copy, footprint.checkpoint // s.world, "always", "train.async_save=false"))
+        terms.append(Term(copy, footprint.checkpoint // s.world, Phase.ALWAYS, "train.async_save=false"))
     return terms
 
 

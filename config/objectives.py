@@ -28,6 +28,7 @@ from typing import Annotated
 from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from config.methods import Method
 from config.sections.preference import PreferenceConfig
 from config.sections.results import PREFERENCE_METRICS, SFT_METRICS, Metric
 from config.sections.run_data import SUPERVISED_PREFERENCE, PreferenceMode
@@ -75,23 +76,23 @@ class Objective:
         """Its settings with their values (`beta 0.1, label smoothing 0`); empty for an objective without any."""
         return ", ".join(f"{label} {getattr(preference, field):g}" for label, field in self.settings)
 
-    def card(self, preference: PreferenceConfig, method: str, model_path: str) -> str:
+    def card(self, preference: PreferenceConfig, method: Method, model_path: str) -> str:
         """The model card's `objective` row: the objective, its settings and its reference model."""
         head = f"{self.name} ({self.settings_text(preference) or self.summary})"
         if not self.reference:
             return head + ("; no reference model" if self.data.preference_rows else "")
-        if method == "full":
+        if not method.trains_adapters:
             return (
                 f"{head}; reference: the base model `{model_path}`'s log-probabilities of every pair, computed before "
                 "training (the run's reference/)"
             )
         return f"{head}; reference: the base model `{model_path}` (the adapters disabled)"
 
-    def reference_words(self, method: str) -> str | None:
+    def reference_words(self, method: Method) -> str | None:
         """The reference model it compared with, in words (eval.json's `reference`); None without one."""
         if not self.reference:
             return None
-        if method == "full":
+        if not method.trains_adapters:
             return "the base model's log-probabilities, computed before training (reference/ in the run directory)"
         return f"the base model ({method} adapters disabled)"
 
@@ -115,10 +116,10 @@ class Objective:
             f"{', '.join(self.metrics)}"
         )
 
-    def method_problem(self, method: str) -> str | None:
+    def method_problem(self, method: Method) -> str | None:
         """Why train.method cannot train it (None: it can)."""
-        if method == "full" and self.full_refusal:
-            return f"train.objective={self.name} with train.method=full: {self.full_refusal}"
+        if not method.trains_adapters and self.full_refusal:
+            return f"train.objective={self.name} with train.method={method.name}: {self.full_refusal}"
         return None
 
 

@@ -23,9 +23,6 @@ from config.sections.results import DELTA_PREFIX, TASK_METRICS, EvalConfig, Regi
 from config.sections.run_data import PAIRS_UNPACKED, DataConfig, RunConfig
 from config.sequence_parallel import layout_problem
 
-# The backends that can start an attempt on fewer (or more) nodes than the last one (launch/elastic.py).
-ELASTIC_BACKENDS = ("local", "ssh", "kubernetes")
-
 # `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
 # deprecated classmethod of that name, which this model never uses.
 warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
@@ -78,11 +75,6 @@ class FinetuneConfig(Section):
             raise ValueError(
                 f"launch.min_nnodes={low} <= launch.nnodes={self.launch.nnodes} <= launch.max_nnodes="
                 f"{high} does not hold; set them in that order"
-            )
-        if (low, high) != (self.launch.nnodes, self.launch.nnodes) and self.launch.backend not in ELASTIC_BACKENDS:
-            raise ValueError(
-                f"launch.min_nnodes/max_nnodes: only launch.backend=local, ssh or kubernetes picks the surviving "
-                f"nodes so far, not {self.launch.backend}; leave them empty (every node must come back)"
             )
         if self.launch.backend == "ssh" and high > self.launch.nnodes:
             raise ValueError(

@@ -6,7 +6,8 @@ DeepSpeed's Ulysses (`deepspeed.runtime.sequence_parallel`) builds its sequence 
 `[i * size, (i + 1) * size)`, and torchrun numbers ranks node by node, so a size that divides the ranks per node keeps
 each sequence group inside one node (its all-to-alls on the node's fast links) and spreads data parallelism across
 nodes; a size that is a multiple of the ranks per node spans whole nodes. Any other size would put a group across a
-node boundary for some groups and not others: refused. The trainer (trainer/sequence_parallel.py) holds DeepSpeed's
+node boundary for some groups and not others: refused. The trainer (trainer/parallel/sequence_parallel.py) holds
+DeepSpeed's
 groups to this layout, so what is printed at start is what runs.
 
 Ulysses swaps sequence sharding for head sharding around attention, so the attention heads must divide by the size;

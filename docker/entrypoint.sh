@@ -2,7 +2,7 @@
 # Entry point of the training image. One container per node:
 #   worker QUEUE [POOL]   a Prefect process worker serving QUEUE (node-0, node-1, ... or default) of POOL
 #                         (default tandem-nodes): the `prefect` launch backend sends node r's run to node-r
-#   node [ARGS]           python -m flows.node ARGS, with NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT from the
+#   node [ARGS]           python -m launch.node ARGS, with NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT from the
 #                         environment (by hand or from another scheduler)
 #   anything else         run as given (python -m flows.finetune ..., bash, ...)
 set -euo pipefail
@@ -12,7 +12,7 @@ case "${1:---help}" in
         exec prefect worker start --pool "${3:-tandem-nodes}" --work-queue "$queue" ;;
     node)
         shift
-        exec python -m flows.node "$@" ;;
+        exec python -m launch.node "$@" ;;
     --help|-h|help)
         sed -n '2,8p' "$0" ;;
     *)

@@ -15,13 +15,16 @@ from config.loader import DEFAULT_PRESET, check_paths, load_config
 from config.schema import FinetuneConfig
 from core.errors import TandemError
 from core.redact import install_log_masking, mask_text
+from launch.phase import run_backend
 from storage.full import full_errno, full_storage_is_one_line
 
 
 def enter(config: FinetuneConfig) -> FinetuneConfig:
-    """The flow boundary, passed once per run: the config's local paths made absolute and checked (a config from
-    the UI form has not been through the loader), and the log masking of launch.forward_env installed."""
+    """The flow boundary, passed once per run: the config's local paths made absolute and checked and its launch
+    backend held to what it asks (a config from the UI form has not been through the loader, nor the command line's
+    check), and the log masking of launch.forward_env installed."""
     cfg = check_paths(config)
+    run_backend(cfg)  # before anything starts: an elastic node range on a backend that cannot run one stops here
     install_log_masking(cfg.launch.forward_env)  # Prefect's handlers exist by now, the run logger's included
     return cfg
 
@@ -117,11 +120,12 @@ def config_yaml(document: dict[str, Any]) -> str:
 
 def run_config_cli(args: argparse.Namespace, overrides: Sequence[str], body: Callable[[FinetuneConfig], int]) -> int:
     """Load the command line's config as a run does (the preset, the overrides, validation, local paths made
-    absolute and checked) and run `body` with it; with --print-config print it as YAML instead and run nothing.
-    Errors as `run_cli`: one line, exit 2 for a bad value."""
+    absolute and checked, what its launch backend can do: launch/phase.py `run_backend`) and run `body` with it; with
+    --print-config print it as YAML instead and run nothing. Errors as `run_cli`: one line, exit 2 for a bad value."""
 
     def load_and_run() -> int:
         cfg = load_config(args.config, list(overrides))
+        run_backend(cfg)
         if args.print_config:
             print(config_yaml(cfg.model_dump(mode="json")), end="")
             return 0

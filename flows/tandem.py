@@ -1,12 +1,13 @@
 """The `tandem` command: one word per flow, each exactly its `python -m flows.*` form (the same parser, the same exit
-codes), so a newcomer types what peers' tools taught them (`llamafactory-cli train`, `axolotl train`):
+codes), and `node`, one node of a job as `python -m launch.node` (no Prefect), so a newcomer types what peers' tools
+taught them (`llamafactory-cli train`, `axolotl train`):
 
     tandem finetune --config tiny-cpu --set train.max_steps=50     # python -m flows.finetune ...
     tandem plan --config qwen-7b-lora                              # python -m flows.finetune --plan ...
     tandem prepare --config tiny-cpu                               # python -m flows.prepare ...
     tandem registry list tandem-tiny                               # python -m flows.registry ...
     tandem submit finetune/manual --wait                           # python -m flows.submit ...
-    tandem node --spec RUN/spec.json --node-rank 1 ...             # python -m flows.node ...
+    NODE_RANK=1 NNODES=2 ... tandem node --spec RUN/spec.json      # python -m launch.node ...
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "prepare": ("flows.prepare", (), "stage a dataset (and write a run's spec for launching by hand)"),
     "registry": ("flows.registry", (), "list, show and mirror registered models"),
     "submit": ("flows.submit", (), "start a run of a deployed pipeline, as the UI's form does"),
-    "node": ("flows.node", (), "run one node of a job by hand (its spec.json)"),
+    "node": ("launch.node", (), "run one node of a job by hand (its spec.json)"),
 }
 
 
@@ -56,7 +57,7 @@ def installed_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `tandem COMMAND ARGS...` as `python -m flows.COMMAND ARGS...`."""
+    """Run `tandem COMMAND ARGS...` as `python -m MODULE ARGS...` (COMMANDS: flows.COMMAND, launch.node)."""
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(usage())

@@ -34,7 +34,7 @@ from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
 from launch.command import AGENT_TAG_ENV, heartbeat_dir, node_scratch, rank_environment, torchrun_command
 from launch.diagnose import error_for, failure_message, failure_summary, read_from
-from launch.job import NodePlan
+from launch.job import NodePlan, Phase
 from launch.preflight import gpus
 from launch.signals import death_of
 from launch.supervise import Failure, Poller, supervise
@@ -105,7 +105,7 @@ def tagged_processes(tag: str, variable: str = AGENT_TAG_ENV) -> list[int]:
     return found
 
 
-def _publish_node_files(run_url: Location, agent: Agent, phase: str) -> None:
+def _publish_node_files(run_url: Location, agent: Agent, phase: Phase) -> None:
     """Write status.json, and upload the log when the run's storage is not local."""
     node_url = layout.node_dir(run_url, agent.node_rank)
     if not is_local(run_url):
@@ -114,7 +114,7 @@ def _publish_node_files(run_url: Location, agent: Agent, phase: str) -> None:
         join(node_url, layout.STATUS),
         {
             "node_rank": agent.node_rank,
-            "phase": phase,
+            "phase": phase.name,
             "exit_code": agent.process.returncode,
             "host": socket.gethostname(),
             "started_at": agent.started_at,
@@ -156,7 +156,7 @@ def start_agent(
     launch: LaunchConfig,
     module: str,
     args: list[str],
-    phase: str,
+    phase: Phase,
     env: Mapping[str, str] | None = None,
 ) -> Agent:
     """Start this node's torchrun agent in its own session, logging to the node's log; `env` is added to its ranks'
@@ -187,7 +187,7 @@ class AgentMember:
     """A node's agent as a member of the supervise loop: its node files published once it exited, its failure read
     from its part of the log."""
 
-    def __init__(self, agent: Agent, spec: Spec, phase: str) -> None:
+    def __init__(self, agent: Agent, spec: Spec, phase: Phase) -> None:
         self.agent, self.spec, self.run_url, self.phase = agent, spec, spec.run, phase
         self.ended_at: float | None = None
 
@@ -211,6 +211,6 @@ class AgentMember:
         return Failure(error, rank_code, self.ended_at or time.monotonic())
 
 
-def supervise_agent(agent: Agent, spec: Spec, phase: str, pollers: list[Poller]) -> None:
+def supervise_agent(agent: Agent, spec: Spec, phase: Phase, pollers: list[Poller]) -> None:
     """Follow the agent until it exited 0; raise its failure, or what a poller raises (a stall, the node's claim)."""
     supervise([AgentMember(agent, spec, phase)], pollers)

@@ -6,8 +6,9 @@ parameters, the sbatch script, the ssh commands, the Kubernetes objects; `--dry-
 it on every node) and hands back the submission, which is followed to the end (the one supervise loop,
 launch/supervise.py, or the SLURM job's own) and then cancelled: whatever of it still runs is stopped with the grace
 of a failure or of a cancel, and what it holds is released, so that nothing outlives the phase and a retry never
-overlaps the attempt before it. What an elastic run needs of a backend is part of the interface too: how a node slot
-is probed before an attempt, and the launch section of an attempt on the slots that passed (launch/elastic.py).
+overlaps the attempt before it. What an elastic run needs of a backend is part of the interface too: whether it can
+run one at all (`elastic`), how a node slot is probed before an attempt, and the launch section of an attempt on the
+slots that passed (launch/elastic.py).
 
 `launch/phase.py` maps `launch.backend` names to these objects; nothing else knows a backend by its name.
 """
@@ -40,6 +41,12 @@ class Submitted(Protocol):
 
 class Backend(Protocol):
     """One way of getting a phase onto every node (`launch.backend`)."""
+
+    @property
+    def elastic(self) -> bool:
+        """Whether it starts an elastic run's attempt on the nodes that passed its probe, fewer (or more) than the last
+        attempt's (launch.min_nnodes/max_nnodes); a backend that cannot needs every node back."""
+        ...
 
     def describe(self, job: PhaseJob) -> str:
         """What `submit` would run for `job`, as text a user reads; starts nothing and writes nothing."""

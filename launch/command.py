@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
 from launch.forward import forward_env
-from launch.job import NodePlan
+from launch.job import NodePlan, Phase
 from launch.network import interface_environment, source_address
 from storage import layout
 from storage.location import Location, is_local, local_path
@@ -95,7 +95,7 @@ def rank_environment(
     env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".tandem" / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env[layout.RANK_PROCESS_ENV] = "1"  # the ranks keep MLflow out of their start (trainer/lean_imports.py)
+    env[layout.RANK_PROCESS_ENV] = "1"  # the ranks keep MLflow out of their start (trainer/model/lean_imports.py)
     env.update(node_environment(launch, extra))
     if master_addr is not None:
         env.update(interface_environment(master_addr, env))
@@ -120,6 +120,6 @@ def node_scratch(run_url: Location, node_rank: int) -> str:
     return str(PROJECT_ROOT / ".tandem" / "scratch" / run_id / "nodes" / str(node_rank))
 
 
-def heartbeat_dir(run_url: Location, node_rank: int, phase: str) -> str:
+def heartbeat_dir(run_url: Location, node_rank: int, phase: Phase) -> str:
     """Where the ranks of a node touch their heartbeat files during a phase."""
-    return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase}")
+    return os.path.join(node_scratch(run_url, node_rank), f"heartbeat-{phase.name}")

@@ -8,6 +8,7 @@ import signal
 
 from core.errors import EXIT_USER_ERROR, RetryableError, UserError
 from core.rank_log import CRASH, rank_errors
+from launch.job import Phase
 from launch.signals import Death, killed_by
 from storage import layout
 from storage.fs import exists, read_bytes
@@ -138,7 +139,7 @@ def ranks_failed(text: str) -> list[tuple[int, int]]:
     return list(seen.items())
 
 
-def failure_message(phase: str, node_rank: int, text: str, log_url: Location, death: Death | None = None) -> str:
+def failure_message(phase: Phase, node_rank: int, text: str, log_url: Location, death: Death | None = None) -> str:
     """The error of a failed node from its log text: one line when a rank said why it failed (where its log, and a
     crash's traceback, are) or died by a signal (which, and the likely cause), else that line and the log's last
     lines without torchrun's report of the failure."""

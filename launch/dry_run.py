@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from config.schema import FinetuneConfig
-from launch.job import PhaseJob
-from launch.phase import backend_for
+from launch.job import EVAL, TRAIN, Phase, PhaseJob
+from launch.phase import run_backend
 from storage import layout
 from storage.location import join
 from storage.spec import Spec, WrittenSpec
@@ -20,10 +20,10 @@ from storage.spec import Spec, WrittenSpec
 PLANNED_RUN = "RUN-ID"
 PLANNED_DIGEST = "SPEC-DIGEST"
 PLANNED_MODEL = "MODEL"
-PHASES = ("train", "eval")  # what a pipeline launches, in order (the network probe runs inside train's preflight)
+PHASES = (TRAIN, EVAL)  # what a pipeline launches, in order (the network probe runs inside train's preflight)
 
 
-def planned_job(cfg: FinetuneConfig, phase: str) -> PhaseJob:
+def planned_job(cfg: FinetuneConfig, phase: Phase) -> PhaseJob:
     """`phase` of a run of `cfg` as the pipeline would launch it, with the placeholders above."""
     run_id = cfg.run.name or PLANNED_RUN
     run = layout.run_dir(cfg.run, run_id)
@@ -32,13 +32,13 @@ def planned_job(cfg: FinetuneConfig, phase: str) -> PhaseJob:
     # those fields are left unset rather than made up, so a description that read one fails its test.
     known: dict[str, Any] = {"run_id": run_id, "run": run, "config": cfg}
     spec = Spec.model_construct(**known)
-    model = str(join(run, PLANNED_MODEL)) if phase == "eval" else None
+    model = join(run, PLANNED_MODEL) if phase.takes_model else None
     return PhaseJob(WrittenSpec(spec, join(run, layout.SPEC), PLANNED_DIGEST), phase, model)
 
 
 def dry_run_text(cfg: FinetuneConfig) -> str:
     """Every phase of a run of `cfg` as its backend would launch it, with a header saying what the placeholders are."""
-    backend = backend_for(cfg.launch.backend)
+    backend = run_backend(cfg)
     head = (
         f"# Dry run of launch.backend={cfg.launch.backend}: nothing was started or written. Each phase as it would "
         f"be launched; {PLANNED_RUN} is the run id (run.name when set), {PLANNED_DIGEST} spec.json's sha256, "

@@ -1,29 +1,52 @@
-"""One node of a job, whatever started it (a thread of the local backend, a per-node flow, srun, ssh, by hand): its
-claim on its rank, preflight before training, then the node's torchrun agent, supervised until it exits. A node that
-fails records why in its status.json and leaves the note that stops the other nodes (launch/claim.py)."""
+"""One node of a job, whatever started it (a thread of the local backend, the `node` flow a Prefect worker runs, srun,
+ssh, a pod, by hand): its claim on its rank, preflight before training, then the node's torchrun agent, supervised
+until it exits. A node that fails records why in its status.json and leaves the note that stops the other nodes
+(launch/claim.py).
+
+Every node process runs this module, `python -m launch.node` (srun, ssh, a pod; `tandem node` by hand), which imports
+no Prefect. By hand (or from another scheduler), exactly like Qwen's finetune_lora_ds.sh reads its variables:
+
+    NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.5 MASTER_PORT=6001 python -m launch.node --spec SPEC   # on node 0
+    NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.5 MASTER_PORT=6001 python -m launch.node --spec SPEC   # on node 1
+
+Defaults: NNODES=1, NODE_RANK=0, MASTER_ADDR=localhost, MASTER_PORT=6001, GPUS_PER_NODE=all visible GPUs (on a
+machine without GPUs: launch.nproc_per_node of the spec). In a Kubeflow Trainer TrainJob's pod the PET_* variables its
+controller injects stand in for unset ones, and in an indexed Job's pod JOB_COMPLETION_INDEX is the node rank
+(launch/node_env.py reads them). `--dry-run` prints this node's place and the torchrun line it would start, and starts
+nothing. Two hosts started with the same NODE_RANK both stop within seconds, naming each other; when one node fails,
+the others stop within seconds too ({run}/nodes/stop.json). `--phase probe` runs the preflight and the network probe
+only (no training): a quick test of the links between the nodes. `--phase eval --model LOCATION` evaluates a model.
+
+Exit codes: 0 done, 2 bad config, data or arguments (a retry cannot help), 75 retryable, 1 anything else.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shlex
+import sys
 import threading
 from collections.abc import Callable, Mapping
 
 from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
 from core.errors import EXIT_USER_ERROR, TandemError
+from core.redact import install_log_masking, mask_text
 from launch.agent import Agent, grace_for, kill, start_agent, supervise_agent
 from launch.claim import NodeClaim
 from launch.command import environment_lines, rank_environment, torchrun_command
-from launch.job import Info, NodePlan, PhaseJob
+from launch.job import NODE_MODULE, PHASES, TRAIN, Info, NodePlan, Phase, PhaseJob, phase_argument
 from launch.liveness import PipelineWatch
 from launch.network import source_address
+from launch.node_env import node_job, plan_from_environment
 from launch.preflight import run_preflight
 from launch.supervise import Poller, poll_each
 from storage import layout
 from storage.fs import exists, read_json, write_json_atomic
-from storage.location import Location, join
+from storage.full import full_storage_is_one_line
+from storage.location import ARGUMENT_FORM, Location, join, location_argument
 
 log = logging.getLogger(__name__)
 # status.json's record of why a node failed: the exit code of its error (2: retrying cannot help).
@@ -61,7 +84,7 @@ def start_node(
     launch: LaunchConfig,
     module: str,
     args: list[str],
-    phase: str,
+    phase: Phase,
     preflight: Callable[[NodePlan], object] | None,
     env: Mapping[str, str] | None = None,
 ) -> Agent:
@@ -80,7 +103,7 @@ def describe_node(job: PhaseJob, plan: NodePlan) -> str:
     launch = spec.config.launch
     env = rank_environment(launch, plan.master_addr, job.env)
     added = {name: value for name, value in env.items() if os.environ.get(name) != value}
-    steps = "claims its rank, preflight, then starts" if job.phase in ("train", "probe") else "claims its rank, starts"
+    steps = "claims its rank, preflight, then starts" if job.phase.preflights else "claims its rank, starts"
     command = torchrun_command(plan, launch.rdzv_timeout, job.module, job.args)
     return "\n".join(
         [
@@ -97,7 +120,7 @@ def job_preflight(
     job: PhaseJob, info: Info, poll: Callable[[], None] | None = None
 ) -> Callable[[NodePlan], object] | None:
     """The preflight of a job's nodes: every check before training (and the probe alone), none before eval."""
-    if job.phase not in ("train", "probe"):
+    if not job.phase.preflights:
         return None
     written = job.written
     return lambda plan: run_preflight(
@@ -190,11 +213,11 @@ def _address_towards(master_addr: str) -> str:
         return ""
 
 
-def record_failure(run_url: Location, node_rank: int, phase: str, exit_code: int) -> None:
+def record_failure(run_url: Location, node_rank: int, phase: Phase, exit_code: int) -> None:
     """Add the exit code of a node's error to its status.json (written there when its agent exited)."""
     url = status_url(run_url, node_rank)
     status = read_json(url) if exists(url) else {"node_rank": node_rank}
-    write_json_atomic(url, {**status, "phase": phase, ERROR_EXIT_CODE: exit_code})
+    write_json_atomic(url, {**status, "phase": phase.name, ERROR_EXIT_CODE: exit_code})
 
 
 def clear_failure(run_url: Location, node_rank: int) -> None:
@@ -215,7 +238,7 @@ def status_url(run_url: Location, node_rank: int) -> Location:
     return join(layout.node_dir(run_url, node_rank), layout.STATUS)
 
 
-def recorded_end(run_url: Location, node_rank: int, phase: str) -> int | None:
+def recorded_end(run_url: Location, node_rank: int, phase: Phase) -> int | None:
     """How this node's agent ended this phase by its own record: 0 when it finished well, its error's exit code (or
     its agent's) when it failed, None while it has recorded no end (or storage cannot say)."""
     try:
@@ -223,6 +246,73 @@ def recorded_end(run_url: Location, node_rank: int, phase: str) -> int | None:
         status = read_json(url) if exists(url) else None
     except Exception:  # noqa: BLE001 - storage unreadable too: no news
         return None
-    if status is None or status.get("phase") != phase or status.get("exit_code") is None:
+    if status is None or status.get("phase") != phase.name or status.get("exit_code") is None:
         return None
     return status.get(ERROR_EXIT_CODE) or status["exit_code"]
+
+
+def node_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m launch.node` (and of `tandem node`, `python -m flows.node`)."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {NODE_MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--spec",
+        required=True,
+        type=location_argument,
+        help=f"the run's spec.json (written by flows.finetune or flows.prepare --write-spec): {ARGUMENT_FORM}",
+    )
+    parser.add_argument("--phase", type=phase_argument, default=TRAIN, help=f"one of {', '.join(PHASES)}")
+    parser.add_argument(
+        "--model",
+        type=location_argument,
+        default=None,
+        help=f"the model to evaluate (--phase eval), final/ or checkpoints/step-N of the run: {ARGUMENT_FORM}",
+    )
+    parser.add_argument("--spec-digest", default=None, help="sha256 the pipeline recorded for spec.json (checked)")
+    parser.add_argument("--dry-run", action="store_true", help="print what this node would run, then exit")
+    return parser
+
+
+def one_line_errors(body: Callable[[], None]) -> int:
+    """Run `body`: 0, or a TandemError (a full disk among them) as one line on stderr and its exit code, never a
+    traceback; Ctrl-C is 130."""
+    install_log_masking()
+    try:
+        with full_storage_is_one_line():
+            body()
+        return 0
+    except TandemError as exc:
+        first_line, _, rest = mask_text(str(exc)).partition("\n")
+        print(f"error: {first_line}", file=sys.stderr)
+        if rest:
+            print(rest, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: run this node of the job described by --spec (or only print it, --dry-run)."""
+    parser = node_parser()
+    args = parser.parse_args(argv)
+    if args.model is not None and not args.phase.takes_model:
+        parser.error(f"--model: --phase {args.phase} evaluates no model; leave --model out")
+    if args.model is None and args.phase.takes_model:
+        parser.error(f"--phase {args.phase} needs --model, the model to evaluate (final/ or checkpoints/step-N)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
+
+    def body() -> None:
+        job = node_job(args.spec, args.phase, args.model, args.spec_digest)
+        plan = plan_from_environment(job.written.spec.config.launch.nproc_per_node)
+        if args.dry_run:
+            print(describe_node(job, plan))
+        else:
+            run_node(job, plan)
+
+    return one_line_errors(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
-"""What a node started as a process of its own is given (`python -m flows.node`: under srun, over ssh, as a pod's
-container, by a Prefect worker, by hand): its job, read back from `--spec`, and its place in the job, from the
-environment.
+"""What a node started as a process of its own is given (`python -m launch.node`: under srun, over ssh, as a pod's
+container, by hand; the `node` flow a Prefect worker runs): its job, read back from `--spec`, and its place in the
+job, from the environment.
 
 The place is read as Qwen's finetune_lora_ds.sh reads it: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, GPUS_PER_NODE,
 with its defaults (one node, rank 0, localhost, port 6001, every visible GPU; on a machine without GPUs the spec's
@@ -15,7 +15,7 @@ import os
 from core.errors import UserError
 from core.redact import install_log_masking
 from launch.command import DEFAULT_MASTER_PORT
-from launch.job import NodePlan, PhaseJob
+from launch.job import NodePlan, Phase, PhaseJob
 from launch.preflight import visible_gpus
 from storage.location import Location
 from storage.spec import WrittenSpec, load_spec
@@ -31,7 +31,7 @@ ALTERNATIVES = {
 }
 
 
-def node_job(spec_url: Location, phase: str, model_url: str | None, expected_spec_digest: str | None) -> PhaseJob:
+def node_job(spec_url: Location, phase: Phase, model: Location | None, expected_spec_digest: str | None) -> PhaseJob:
     """This node's part of a phase: spec.json read back for a node process."""
     # spec.json is read with the options its --spec carries (none when started by hand with a plain URL: then the
     # environment's AWS_ENDPOINT_URL and profile reach the store); everything else through the spec's run location.
@@ -39,7 +39,9 @@ def node_job(spec_url: Location, phase: str, model_url: str | None, expected_spe
     install_log_masking(spec.config.launch.forward_env)
     # Preflight checks the bytes this node reads against the digest the pipeline recorded, when it sent one.
     written = WrittenSpec(spec, spec.run.with_url(spec_url.url), expected_spec_digest or digest)
-    return PhaseJob(written, phase, model_url)
+    if model is not None and not model.options:
+        model = spec.run.with_url(model.url)  # a plain URL (by hand): under the run's storage, with its options
+    return PhaseJob(written, phase, model)
 
 
 def from_environment(name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:

@@ -17,6 +17,7 @@ from typing import Any
 from config.sections.launch import LaunchConfig
 from core.errors import RetryableError
 from launch.command import heartbeat_dir
+from launch.job import Phase
 from storage import layout
 from storage.fs import exists, read_bytes
 from storage.location import Location, join
@@ -87,7 +88,7 @@ def metrics_url(run_url: Location) -> Location:
 
 
 def phase_watch(
-    run_url: Location, launch: LaunchConfig, phase: str, on_progress: Callable[[dict[str, Any]], None] | None
+    run_url: Location, launch: LaunchConfig, phase: Phase, on_progress: Callable[[dict[str, Any]], None] | None
 ) -> Watch | None:
     """The watch of a phase on launch.nnodes nodes (every backend uses this), or None when nobody follows
     progress (evaluation)."""

@@ -51,7 +51,7 @@ def registry_entry(
         "evaluated_url": metrics["model_url"],
         "base_model": spec.model_path,
         "trust_remote_code": spec.config.model.trust_remote_code,
-        "method": spec.config.train.method,
+        "method": spec.config.train.method.name,
         "run_url": str(spec.run),
         "lineage": lineage(spec, spec_digest, checkpoint, flow_run_id),
     }

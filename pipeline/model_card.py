@@ -10,6 +10,7 @@ from typing import Any
 
 from config.chat_template import template_digest
 from config.deepspeed import zero_stage
+from config.methods import LORA, METHODS
 from core.redact import mask_text
 from storage import layout
 from storage.adapters import AdapterSummary
@@ -130,7 +131,8 @@ def load_snippet(entry: dict[str, Any]) -> str:
     ]
     # A model trained with model.trust_remote_code loads with its own code, as it trained.
     remote = ", trust_remote_code=True" if entry.get("trust_remote_code") else ""
-    if entry.get("method", "lora") in ("lora", "qlora"):
+    method = METHODS.get(entry.get("method", LORA.name))  # an entry that names no method: an adapter
+    if method is not None and method.trains_adapters:
         lines[1:1] = ["from peft import PeftModel"]
         lines += [
             f'base = AutoModelForCausalLM.from_pretrained("{entry["base_model"]}", dtype=dtype{remote})',
@@ -185,7 +187,7 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
     ]
     if spec.attempts:  # an elastic run: each launch's nodes, world size and starting step
         rows.append(("attempts", "; ".join(a.describe() for a in spec.attempts)))
-    if train.method != "full":
+    if train.method.trains_adapters:
         rows.insert(1, ("LoRA", f"r {train.lora.r}, alpha {train.lora.alpha}, dropout {train.lora.dropout:g}"))
     return rows
 

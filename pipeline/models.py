@@ -34,7 +34,7 @@ def registry_name(cfg: FinetuneConfig) -> str:
 
 def model_name_of(name_or_path: str) -> str:
     """A model's directory or hub repository name, lowercased (Qwen/Qwen2.5-0.5B-Instruct: qwen2.5-0.5b-instruct);
-    tandem-<name> for a built-in model, by its name or a directory trainer.tiny built."""
+    tandem-<name> for a built-in model, by its name or a directory trainer.model.tiny built."""
     if name_or_path in BUILTIN_MODELS:
         return BUILTIN_PREFIX + name_or_path
     if built := builtin_in(Path(name_or_path)):
@@ -61,7 +61,8 @@ def toy_length_note(cfg: FinetuneConfig) -> str | None:
 
 
 def builtin_in(directory: Path) -> str | None:
-    """Which built-in model a directory holds, from the COMPLETE marker trainer.tiny writes last (None: another)."""
+    """Which built-in model a directory holds, from the COMPLETE marker trainer.model.tiny writes last (None:
+    another)."""
     try:
         marker = json.loads((directory / layout.COMPLETE).read_text())
     except (OSError, ValueError):
@@ -77,8 +78,8 @@ def tiny_model_url(storage: Location, model: str = "tiny") -> Location:
     cache; the build is deterministic, so every machine that builds it gets the same bytes.
     """
     sources = [
-        PROJECT_ROOT / "trainer" / "tiny.py",
-        PROJECT_ROOT / "trainer" / "tiny_qwen.py",
+        PROJECT_ROOT / "trainer" / "model" / "tiny.py",
+        PROJECT_ROOT / "trainer" / "model" / "tiny_qwen.py",
         TINY_CORPUS,
         TEMPLATE_DIR / "qwen2.5.jinja",
     ]
@@ -100,7 +101,7 @@ def resolve_model(cfg: FinetuneConfig) -> str:
             [
                 sys.executable,
                 "-m",
-                "trainer.tiny",
+                "trainer.model.tiny",
                 "--out",
                 local_path(url),
                 "--corpus",

@@ -71,7 +71,7 @@ def shard_name(split: str, index: int) -> str:
 
 def base_eval_url(storage: Location, key: str) -> Location:
     """{storage}/eval-cache/base/{key}.json: the base model's evaluation (eval.compare_base), shared by every run of
-    the same base model, eval data and evaluation settings (trainer/base_eval.py `cache_key`)."""
+    the same base model, eval data and evaluation settings (trainer/evaluation/base_model.py `cache_key`)."""
     return join(storage, "eval-cache", "base", f"{key}.json")
 
 
@@ -145,5 +145,6 @@ def champion_url(storage: Location, model: str) -> Location:
 HEARTBEAT_ENV = "TANDEM_HEARTBEAT_DIR"
 # ... and the address of this node's interface that routes to node 0 (how the network probe names a node).
 NODE_ADDR_ENV = "TANDEM_NODE_ADDR"
-# ... and "1", which tells a process it is a rank: the trainer package then keeps MLflow out (trainer/lean_imports.py).
+# ... and "1", which tells a process it is a rank: the trainer package then keeps MLflow out
+# (trainer/model/lean_imports.py).
 RANK_PROCESS_ENV = "TANDEM_RANK_PROCESS"

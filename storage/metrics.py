@@ -27,12 +27,14 @@ def eval_record_keys(result: dict[str, Any]) -> tuple[str, ...]:
     return (*eval_metric_keys(result), *(PREFERENCE_COUNTS if "reward_accuracy" in result else SFT_COUNTS))
 
 
-# eval.json's `generate` (eval.generate: trainer/generate.py): its figures, and the answers shown to a person.
+# eval.json's `generate` (eval.generate: trainer/evaluation/generate.py): its figures, and the answers shown to a
+# person.
 GENERATE = "generate"
 SHOWN_ANSWERS = "answers"
 
 
-# eval.json's benchmark tasks (eval.tasks: trainer/lm_tasks.py): each task's metrics, {task: {metric: value}}, and
+# eval.json's benchmark tasks (eval.tasks: trainer/evaluation/lm_tasks.py): each task's metrics, {task: {metric:
+# value}}, and
 # how they were computed (the harness's version, samples, few-shot, standard errors, directions, seconds).
 TASKS = "tasks"
 TASKS_DETAIL = "tasks_detail"
@@ -52,7 +54,8 @@ def eval_record(result: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-# eval.json's base model figures (eval.compare_base: trainer/base_eval.py) and each metric's delta, trained minus base.
+# eval.json's base model figures (eval.compare_base: trainer/evaluation/base_model.py) and each metric's delta, trained
+# minus base.
 BASE = "base"
 DELTA = "delta"
 

@@ -16,7 +16,7 @@ redo work the node already did.
   (trainer/objectives/preference/reference_table.py), one file per table URL and version, fetched once per node (under
   the same `{name}.fill` lock) and renamed into place, for the node's ranks to memory-map; 16 bytes a pair, not counted
   in `launch.node_cache_max_gb`.
-- `compile/`: torch.compile's caches for train.compile (trainer/compiled.py): inductor's compiled code
+- `compile/`: torch.compile's caches for train.compile (trainer/model/compiled.py): inductor's compiled code
   (`compile/inductor`, TORCHINDUCTOR_CACHE_DIR) and Triton's kernels (`compile/triton`, TRITON_CACHE_DIR), so a second
   run of the same model on the node loads its layers' code instead of compiling it; not counted in
   `launch.node_cache_max_gb`.

@@ -6,6 +6,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from launch.job import EVAL
 from launch.phase import run_phase
 from storage import layout
 from storage.fs import read_json
@@ -15,15 +16,15 @@ from storage.spec import WrittenSpec
 
 
 @task(name="evaluate")
-def evaluate_on_nodes(written: WrittenSpec, model_url: Location) -> dict[str, Any]:
-    """Exact eval metrics of the model at `model_url` (final/ or checkpoints/step-N) on the eval split."""
+def evaluate_on_nodes(written: WrittenSpec, model: Location) -> dict[str, Any]:
+    """Exact eval metrics of `model` (final/ or checkpoints/step-N, reached with its options) on the eval split."""
     logger = get_run_logger()
-    run_phase(written, "eval", logger.info, model_url=str(model_url))
+    run_phase(written, EVAL, logger.info, model=model)
     result = read_json(join(written.spec.run, layout.EVAL))
     logger.info(
         "eval of the %s %s: %s (%d ranks)",
         result["model_kind"],
-        model_url,
+        model,
         ", ".join(f"{key} {result[key]:.4f}" for key in eval_metric_keys(result)),
         result["world_size"],
     )

@@ -17,6 +17,7 @@ from core.errors import RetryableError, TooFewNodes
 from launch.api_outage import fail_fast, unreachable
 from launch.command import transport_debug_env
 from launch.elastic import attempt_on, is_elastic
+from launch.job import TRAIN
 from launch.phase import backend_for, run_phase
 from pipeline.plan import build_spec
 from storage import layout
@@ -65,7 +66,7 @@ def train_attempts(
         written = start_attempt(written, info)
     while True:
         try:
-            run_phase(written, "train", info, on_progress=on_progress, env=env)
+            run_phase(written, TRAIN, info, on_progress=on_progress, env=env)
             return written
         except TooFewNodes as short:
             # fewer than the attempt had, and no fewer than the least the run may use; so every turn shrinks

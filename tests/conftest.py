@@ -127,7 +127,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
         [
             sys.executable,
             "-m",
-            "trainer.tiny",
+            "trainer.model.tiny",
             "--out",
             str(out),
             "--corpus",
@@ -172,7 +172,7 @@ def qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> str:
 def qwen25_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tokenizer of the built-in tiny-qwen2.5 model (Qwen's BPE, Qwen2.5's tokens and template), saved as the
     model build saves it; no model weights (the template and masking tests need none)."""
-    from trainer.tiny_qwen import build_qwen25_tokenizer
+    from trainer.model.tiny_qwen import build_qwen25_tokenizer
 
     out = tmp_path_factory.mktemp("qwen25") / "tokenizer"
     build_qwen25_tokenizer().save_pretrained(out)
@@ -222,6 +222,23 @@ def s3_stoppable(s3_endpoint: str) -> Iterator:
         yield endpoint, bucket
     finally:
         endpoint.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With TANDEM_CPU_REPORT=FILE, each test's wall time and CPU seconds (its process and every process below it) go
+    to FILE (tests/cpu_report.py)."""
+    path = os.environ.get("TANDEM_CPU_REPORT")
+    if not path:
+        yield
+        return
+    import time
+
+    from tests.cpu_report import Recorder, cpu_now
+
+    started = (time.perf_counter(), cpu_now())
+    yield
+    Recorder(path).measure(item.nodeid, started)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent under `-p no:xdist`

@@ -1,5 +1,6 @@
 """A function run on a few real gloo ranks, each a fresh process joining the process group as a torchrun rank does
-(trainer/distributed.py `init`), for the unit tests of what is collective: each rank's return value comes back."""
+(trainer/parallel/distributed.py `init`), for the unit tests of what is collective: each rank's return value comes
+back."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _rank(
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.update(LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node), OMP_NUM_THREADS="1")
-    from trainer.distributed import init, shutdown
+    from trainer.parallel.distributed import init, shutdown
 
     dist = init(deepspeed_backend=False, timeout_s=COLLECTIVE_TIMEOUT_S)
     try:

@@ -217,7 +217,7 @@ def tiny_as_published(tiny_model: str | Path, out: Path, *, max_shard_size: str 
 def qwen3_moe_scaled(out: Path, *, max_shard_size: str | None = "4MB") -> Path:
     """Qwen3-30B-A3B as published (its config keys and values, sharded bf16 safetensors with an index, Qwen3's
     generation config and tokenizer) with its sizes scaled down (QWEN3_MOE_SCALED: 2 layers of 8 experts)."""
-    from trainer.tiny_qwen import qwen_tokenizer_dir
+    from trainer.model.tiny_qwen import qwen_tokenizer_dir
 
     config = {**QWEN3_30B_A3B, **QWEN3_MOE_SCALED}
     return write_published(out, config, QWEN3_GENERATION, qwen_tokenizer_dir(), max_shard_size=max_shard_size)
@@ -231,7 +231,7 @@ def per_expert_moe_scaled(out: Path, *, max_shard_size: str = "4MB") -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.tiny_qwen import qwen_tokenizer_dir
+    from trainer.model.tiny_qwen import qwen_tokenizer_dir
 
     out.mkdir(parents=True, exist_ok=True)
     for name in ("configuration_per_expert_moe.py", "modeling_per_expert_moe.py"):

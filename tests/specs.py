@@ -8,8 +8,9 @@ from pipeline.plan import build_spec
 from storage.spec import DatasetRef, Spec
 
 
-def spec_for(tmp_path, overrides: list[str]) -> Spec:
-    """The spec of run `r` on `tmp_path`: a global batch of 12 in micro-batches of 2, 8 steps, then `overrides`."""
+def spec_for(tmp_path, overrides: list[str], model: str | None = None) -> Spec:
+    """The spec of run `r` on `tmp_path`: a global batch of 12 in micro-batches of 2, 8 steps, then `overrides`; the
+    model at `model` (a directory: the `tiny_model` fixture's), else `tmp_path` itself."""
     cfg = load_config(
         None,
         [
@@ -23,6 +24,6 @@ def spec_for(tmp_path, overrides: list[str]) -> Spec:
     return build_spec(
         cfg,
         "r",
-        str(tmp_path),
+        model or str(tmp_path),
         DatasetRef(dataset_id="d", url=str(tmp_path), manifest_digest="x", split_records={"train": 100}),
     )

@@ -1,10 +1,10 @@
 """The "by hand" path of docs/launching.md, command for command: `python -m flows.prepare --write-spec` writes the run's
-spec.json, `python -m flows.node --spec SPEC --dry-run` shows what a node would run, then `python -m flows.node
+spec.json, `python -m launch.node --spec SPEC --dry-run` shows what a node would run, then `python -m launch.node
 --spec SPEC` on each node with Qwen's NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT variables trains the run to a complete
 final checkpoint.
 
 The prepare step runs as on a machine with no Prefect server (Prefect's temporary server: the one test of that
-path); the nodes report to the session's server, as on a cluster that has one."""
+path); the nodes import no Prefect at all (tests/unit/launch/test_node.py holds that)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_s
     }
     # What node 1 would run, as its environment places it; it starts nothing (no claim taken).
     shown = subprocess.run(
-        [sys.executable, "-m", "flows.node", "--spec", spec_url, "--dry-run"],
+        [sys.executable, "-m", "launch.node", "--spec", spec_url, "--dry-run"],
         cwd=ROOT,
         env={**common, "NODE_RANK": "1"},
         capture_output=True,
@@ -67,7 +67,7 @@ def test_write_spec_then_start_each_node_by_hand(tmp_path, tiny_model, prefect_s
     assert not (storage / "runs" / "r1" / "nodes").exists()
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "flows.node", "--spec", spec_url],
+            [sys.executable, "-m", "launch.node", "--spec", spec_url],
             cwd=ROOT,
             env={**common, "NODE_RANK": str(rank)},
             stdout=subprocess.PIPE,

@@ -27,7 +27,7 @@ class TandemModel(mlflow.pyfunc.PythonModel):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = context.artifacts["model"]
-        # The precision Tandem evaluated in (trainer/eval_model.py): published bases are stored in bf16, which
+        # The precision Tandem evaluated in (trainer/evaluation/load.py): published bases are stored in bf16, which
         # transformers would otherwise keep on a CPU too, and the served model would not be the one evaluated.
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
         # A model trained with model.trust_remote_code runs its own code again here (saved with it by save_pyfunc).

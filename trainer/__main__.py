@@ -15,7 +15,8 @@ from storage.location import ARGUMENT_FORM, location_argument
 
 if TYPE_CHECKING:
     from storage.spec import Spec
-    from trainer.distributed import Dist
+    from trainer.parallel.distributed import Dist
+    from trainer.watch.faults import Faults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from trainer.harness import run_rank
     from trainer.loop import train
-    from trainer.probe import run_probe
+    from trainer.watch.probe import run_probe
 
-    def probe_then_train(spec: Spec, dist: Dist) -> None:
+    def probe_then_train(spec: Spec, dist: Dist, faults: Faults) -> None:
         run_probe(spec, dist)
-        train(spec, dist)
+        train(spec, dist, faults)
 
     return run_rank(args.spec, probe_then_train, deepspeed_backend=True)
 

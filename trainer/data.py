@@ -20,7 +20,8 @@ every attention implementation (flash-attention reads the same position ids as v
 The first label of each example after the first is not a target: it would be predicted from the end of the
 previous example. So a packed row's loss is the sum of its examples' losses, as if each ran alone.
 
-With flash-attention's variable-length kernel (trainer/attention.py) a micro-batch is one row, its rows concatenated
+With flash-attention's variable-length kernel (trainer/model/attention.py) a micro-batch is one row, its rows
+concatenated
 without padding (`collate_flat`), and the examples' boundaries (`cu_seqlens`, the longest example) are computed here,
 once on the host, and handed to the model with it.
 """
@@ -45,6 +46,14 @@ from storage.split_reader import Split
 def split_of(spec: Spec, split: str) -> Split:
     """A split of the spec's dataset as this rank reads it (in place, or the node cache's copy)."""
     return open_split(spec.dataset_dir, split, node_cache(spec.config.launch), spec.dataset.manifest_digest)
+
+
+def sample_rows(rows: int, count: int) -> list[int]:
+    """`count` row indices spread evenly over a split of `rows` rows (every row when count is 0 or not smaller): the
+    rows the trainer's final evaluation uses, so that the exported model can be held to it on the same rows."""
+    if count == 0 or count >= rows:
+        return list(range(rows))
+    return [i * rows // count for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -189,29 +198,37 @@ def deal_by_length(
     return dealt
 
 
+@dataclass(frozen=True)
+class Dealing:
+    """How an optimizer step's rows are dealt: the step (0-based), rows per micro-batch, micro-batches per rank, this
+    rank's place among the ranks that read different rows (`rank` of `world`), the pad id, and whether rows are
+    grouped by length (train.length_grouping)."""
+
+    step: int
+    micro: int
+    accum: int
+    rank: int
+    world: int
+    pad_id: int
+    group_by_length: bool = True
+
+    def groups(self, rows: Sequence[Row], order: GlobalOrder) -> tuple[list[int], list[list[int]]]:
+        """(the step's global row indices, this rank's micro-batches of them); only the step's lengths are read."""
+        per_rank = self.micro * self.accum
+        indices = order.step_indices(self.step, per_rank * self.world)
+        if self.group_by_length:
+            lengths = {i: row_length(rows, i) for i in indices}
+            mine = deal_by_length(indices, lengths, self.micro, self.accum, self.world, rotation=self.step)
+            return indices, mine[self.rank]
+        ranks_rows = indices[self.rank * per_rank : (self.rank + 1) * per_rank]
+        return indices, [ranks_rows[start : start + self.micro] for start in range(0, per_rank, self.micro)]
+
+
 def rank_micro_batches(
-    rows: Sequence[Row],
-    order: GlobalOrder,
-    *,
-    step: int,
-    micro: int,
-    accum: int,
-    rank: int,
-    world: int,
-    pad_id: int,
-    group_by_length: bool = True,
-    flat: bool = False,
+    rows: Sequence[Row], order: GlobalOrder, dealing: Dealing, *, flat: bool = False
 ) -> Iterator[Batch]:
-    """This rank's `accum` micro-batches for optimizer step `step` (`order`: the rows' GlobalOrder); only the step's
+    """This rank's micro-batches for the step `dealing` names (`order`: the rows' GlobalOrder); only the step's
     lengths and this rank's rows are read. `flat`: each micro-batch one padding-free row (`collate_flat`)."""
-    per_rank = micro * accum
-    indices = order.step_indices(step, per_rank * world)
-    if group_by_length:
-        lengths = {i: row_length(rows, i) for i in indices}
-        mine = deal_by_length(indices, lengths, micro, accum, world, rotation=step)[rank]
-    else:
-        ranks_rows = indices[rank * per_rank : (rank + 1) * per_rank]
-        mine = [ranks_rows[start : start + micro] for start in range(0, per_rank, micro)]
     layout = collate_flat if flat else collate
-    for group in mine:
-        yield layout([rows[i] for i in group], pad_id)
+    for group in dealing.groups(rows, order)[1]:
+        yield layout([rows[i] for i in group], dealing.pad_id)

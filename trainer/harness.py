@@ -14,16 +14,21 @@ from core.rank_log import ERROR_LOGGER
 from core.redact import install_log_masking
 from storage.location import Location
 from storage.spec import Spec, load_spec
-from trainer.crash import crash_exit_code, crash_line, storage_full_on_rank
-from trainer.distributed import Dist
+from trainer.parallel.distributed import Dist
+from trainer.watch.crash import crash_exit_code, crash_line, storage_full_on_rank
+from trainer.watch.faults import Faults
+
+# What a rank runs once it has its spec, its place in the job and the faults a test injects (none in production).
+Body = Callable[[Spec, Dist, Faults], object]
 
 
-def run_rank(spec_url: Location, body: Callable[[Spec, Dist], object], *, deepspeed_backend: bool) -> int:
-    """Run `body(spec, dist)` on this rank, for the spec.json at `spec_url` (its --spec: reached with the options its
-    launcher gave with it); returns the process exit code (0, or the error's)."""
-    from trainer import distributed, faults
-    from trainer.lean_imports import skip_unused_libraries
+def run_rank(spec_url: Location, body: Body, *, deepspeed_backend: bool) -> int:
+    """Run `body(spec, dist, faults)` on this rank, for the spec.json at `spec_url` (its --spec: reached with the
+    options its launcher gave with it); returns the process exit code (0, or the error's). The faults a test injects
+    are read from the environment once, here (trainer/watch/faults.py)."""
     from trainer.logging_setup import configure
+    from trainer.model.lean_imports import skip_unused_libraries
+    from trainer.parallel import distributed
 
     spec: Spec | None = None
     try:
@@ -37,8 +42,9 @@ def run_rank(spec_url: Location, body: Callable[[Spec, Dist], object], *, deepsp
         )
         configure(dist)
         install_log_masking(spec.config.launch.forward_env)
-        faults.maybe_record_env_digest(spec.run, dist.node_rank, dist.rank)
-        body(spec, dist)
+        faults = Faults.from_environment(os.environ)
+        faults.record_env_digest(spec.run, dist.node_rank, dist.rank)
+        body(spec, dist, faults)
     except TandemError as exc:
         logging.getLogger(ERROR_LOGGER).error("%s", exc)
         return exc.exit_code

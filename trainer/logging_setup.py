@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from core.rank_log import line_format
-from trainer.distributed import Dist
+from trainer.parallel.distributed import Dist
 
 
 def configure(dist: Dist) -> None:

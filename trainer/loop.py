@@ -1,262 +1,200 @@
-"""The training loop: the run's objective (trainer/objectives/) one optimizer step at a time, metrics, the watches;
-checkpoints and the export through the checkpointer (trainer/checkpointing/policy.py)."""
+"""The training loop: the run built (trainer/build.py), the run's objective (trainer/objectives/) one optimizer step
+at a time (trainer/step.py), metrics, the watches (trainer/watch/); checkpoints and the export through the
+checkpointer (trainer/checkpointing/policy.py).
+
+    train       build, start (resume), every step, finish
+    start_run   the engine, the objective, the checkpointer, the data's order, the watches, the step prefetch
+    run_step    cancel, faults, the step under the out-of-memory guard, the loss guard, metrics, a checkpoint
+    finish      the final evaluation on the in-memory model, the last save and the export
+"""
 
 from __future__ import annotations
 
 import logging
-import math
-import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
-
-from config.deepspeed import ModelShape, resolve_from_runtime, zero_stage
-from storage.node_cache import cache_root
+from config.sections.model_train import TrainConfig
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import attention, compiled, faults, guards, kernels, sequence_parallel, tiled_mlp
-from trainer.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
-from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO, Policy
-from trainer.cuda_build import plain_arch_list
-from trainer.data import GlobalOrder, split_of
-from trainer.distributed import Dist
-from trainer.evaluate import sample_rows
-from trainer.heartbeat import Heartbeat
-from trainer.lean_imports import import_muon_uncompiled_unless_configured
-from trainer.metrics import MetricsWriter, StepStats, log_memory, peak_device_memory
-from trainer.model import (
-    PartitionedLoad,
-    ensure_pad_token_id,
-    load_base,
-    make_trainable,
-    model_config,
-    partitioned_load,
-)
-from trainer.moe import set_zero3_leaves
-from trainer.objectives.base import TrainObjective, check_rows
+from trainer.build import Built, build_engine, seed_everything
+from trainer.checkpointing.policy import Checkpointer, DeepSpeedIO
+from trainer.checkpointing.policy import Policy as SavePolicy
+from trainer.data import Dealing, GlobalOrder, sample_rows, split_of
+from trainer.metrics import MetricsWriter, StepStats, peak_device_memory
+from trainer.objectives.base import EvalOptions, Metrics, TrainObjective, check_rows
+from trainer.objectives.policy import Policy
 from trainer.objectives.registry import build
-from trainer.objectives.step import optimizer_step
+from trainer.parallel import sequence_parallel
+from trainer.parallel.distributed import Dist
 from trainer.prefetch import StepPrefetcher
-from trainer.profiler import StepProfiler
-from trainer.straggler import StragglerWatch
+from trainer.step import StepTools, optimizer_step
+from trainer.watch import guards
+from trainer.watch.cancel import EXIT_CANCELLED, CancelWatch, SaveClock
+from trainer.watch.faults import Faults
+from trainer.watch.heartbeat import Heartbeat
+from trainer.watch.profiler import StepProfiler
+from trainer.watch.straggler import StragglerWatch
 
 log = logging.getLogger(__name__)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+@dataclass
+class Watches:
+    """What watches the steps: stragglers, heartbeats, a cancel (SIGTERM), the wall-clock saves, the profiler."""
 
+    straggler: StragglerWatch
+    heartbeat: Heartbeat
+    cancel: CancelWatch
+    clock: SaveClock
+    profiler: StepProfiler
 
-def load_model(spec: Spec, dist: Dist, *, bf16: bool, zero3: bool) -> Any:
-    """The base model (trainer/model.py `load_base`) computing attention as train.attention resolves on this rank."""
-    train = spec.config.train
-    supervised = not train.objective.data.preference_rows  # preference rows are never flattened
-    attn = attention.resolve(train.attention, dist.device, dist.sequence_parallel, supervised=supervised)
-    base = load_base(
-        spec.model_path,
-        method=train.method,
-        bf16=bf16,
-        zero3=zero3,
-        trust_remote_code=spec.config.model.trust_remote_code,
-        # sdpa is transformers' default, and a model whose own code has no sdpa path falls back to eager there.
-        attention=None if attn is attention.Attention.SDPA else attn.value,
-    )
-    attention.announce(attn)
-    return base
-
-
-def build_engine(spec: Spec, dist: Dist) -> tuple[Any, int, PartitionedLoad | None]:
-    """(DeepSpeed engine, pad token id, the partitioned load to keep alive under ZeRO-3) for the spec's model and
-    method."""
-    import deepspeed
-    from transformers import get_scheduler
-
-    train = spec.config.train
-    remote = spec.config.model.trust_remote_code
-    fused = kernels.resolve(train.kernels, dist.device)  # before the model loads: a kernel that cannot run stops here
-    bf16 = dist.device.type == "cuda"
-    if bf16:
-        plain_arch_list()
-    shape = ModelShape.of(model_config(spec.model_path, trust_remote_code=remote))
-    ds = resolve_from_runtime(spec.deepspeed, bf16=bf16, shape=shape)
-    # Each rank saves under its own tag (rank-{r}); DeepSpeed's cross-rank tag check would flag that.
-    ds.setdefault("checkpoint", {})["tag_validation"] = "Ignore"
-    seed_everything(train.seed)  # the same initial weights (LoRA's random A) on every rank
-    partitioned = partitioned_load(ds, train.method, spec.config.deepspeed.zero3_init)
-    log_memory("before loading the model")
-    base = load_model(spec, dist, bf16=bf16, zero3=zero_stage(ds) == 3)
-    sequence_parallel.check_attention(base, dist.sequence_parallel)
-    log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
-    pad_id = ensure_pad_token_id(base, spec.model_path, trust_remote_code=remote)
-    kernels.announce(base, fused)  # on the transformers model, before PEFT wraps it
-    model = make_trainable(base, train)
-    faults.maybe_force_disjoint_routing(model, dist.rank)
-    set_zero3_leaves(model, zero_stage(ds))
-    if train.tiled_mlp:
-        tiled_mlp.tile_mlps(model)
-    if train.compile:
-        compiled.compile_layers(model, cache_root(spec.config.launch.node_cache_dir))
-    warmup = math.ceil(train.warmup_ratio * spec.total_steps)
-
-    def scheduler(optimizer: Any) -> Any:
-        return get_scheduler(
-            train.lr_scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=spec.total_steps
+    @classmethod
+    def of(cls, spec: Spec, dist: Dist, start: int) -> Watches:
+        """The run's watches, from train and launch's settings."""
+        train = spec.config.train
+        return cls(
+            StragglerWatch(train.straggler_check_steps, train.straggler_factor, dist),
+            Heartbeat(dist.rank),
+            CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train.preempt_grace_s)),
+            SaveClock(train.save_every_minutes),
+            StepProfiler(train.profile_steps, start, spec.total_steps, spec.run, dist.rank),
         )
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    import_muon_uncompiled_unless_configured(ds)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=params, config=ds, lr_scheduler=scheduler, mpu=sequence_parallel.groups(dist)
-    )
-    log_memory("engine built")
-    return engine, pad_id, partitioned
 
 
 @dataclass
 class Run:
-    """What the step loop works with besides the spec: the engine, the objective, and everything that watches or
-    records a step."""
+    """What the step loop works with besides the spec: the built engine, the objective, the rows and their order,
+    the metrics, the watches, the checkpointer, the step prefetch, and the first step (after a resume)."""
 
-    engine: Any
-    pad_id: int
-    objective: TrainObjective
+    spec: Spec
+    dist: Dist
+    faults: Faults
+    built: Built
+    objective: TrainObjective[Any, Any, Any]
     examples: Split
     order: GlobalOrder
-    metrics: MetricsWriter
-    straggler: StragglerWatch
-    heartbeat: Heartbeat
     checkpointer: Checkpointer
-    cancel: CancelWatch
-    clock: SaveClock
-    partitioned: PartitionedLoad | None = None  # kept alive for the run (ZeRO-3): see trainer/model.py
-    prefetch: StepPrefetcher | None = None  # the next step's micro-batches, dealt while this one runs
+    start: int
+    metrics: MetricsWriter = field(init=False)
+    watches: Watches = field(init=False)
+    prefetch: StepPrefetcher = field(init=False)
+    policy: Policy = field(init=False)
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.metrics = MetricsWriter(self.spec.run, enabled=self.dist.is_main, start_step=self.start)
+        self.watches = Watches.of(self.spec, self.dist, self.start)
+        self.prefetch = StepPrefetcher(self.deal, self.spec.total_steps, pin=self.dist.device.type == "cuda")
+        self.policy = Policy(self.built.engine, self.dist.device, self.built.router)
+
+    @property
+    def train(self) -> TrainConfig:
+        """The run's train section."""
+        return self.spec.config.train
+
+    def deal(self, step: int) -> list[Any]:
+        """This rank's micro-batches of optimizer step `step` (0-based), each cut to its part with sequence
+        parallelism; the prefetch's worker calls it a step ahead."""
+        dealing = Dealing(
+            step,
+            self.train.micro_batch_size,
+            self.spec.config.accumulation_steps(self.dist.world_size),
+            self.dist.data_rank,  # the ranks of a sequence group read the same rows, each its part of them
+            self.dist.data_world,
+            self.built.pad_id,
+            self.train.length_grouping,
+        )
+        return [sequence_parallel.shard(b, self.dist) for b in self.objective.deal(self.examples, self.order, dealing)]
 
 
-def start_run(spec: Spec, dist: Dist) -> tuple[Run, int]:
-    """Build the engine and the objective, resume (train.resume), and set up metrics and the watches; returns (run,
-    first step)."""
+def train(spec: Spec, dist: Dist, faults: Faults) -> None:
+    """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
+    dist = sequence_parallel.start(spec, dist)
+    run = start_run(spec, dist, faults)
+    for step in range(run.start, spec.total_steps):
+        run_step(run, step)
+    finish(run)
+
+
+def start_run(spec: Spec, dist: Dist, faults: Faults) -> Run:
+    """Build the engine and the objective, resume (train.resume), and set up the rows, metrics and the watches."""
     train_cfg = spec.config.train
     objective = build(train_cfg)
     examples = split_of(spec, "train")
     check_rows(examples, objective.objective)  # before the model loads: rows staged for another objective stop here
-    engine, pad_id, partitioned = build_engine(spec, dist)
-    objective.start(engine, spec, dist, pad_id)  # by the base (a reference table): before any checkpoint is resumed
+    built = build_engine(spec, dist, faults)
+    objective.start(built, spec, dist)  # by the base (a reference table): before any checkpoint is resumed
     seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
-    io = DeepSpeedIO(engine, spec, dist, zero_stage=zero_stage(spec.deepspeed))
+    io = DeepSpeedIO(built.engine, spec, dist, faults, zero_stage=built.choices.zero_stage)
     checkpointer = Checkpointer(
-        io, Policy(train_cfg.save_steps, spec.total_steps, train_cfg.keep_latest_k), is_main=dist.is_main
+        io, SavePolicy(train_cfg.save_steps, spec.total_steps, train_cfg.keep_latest_k), is_main=dist.is_main
     )
     start = checkpointer.resume()
-    metrics = MetricsWriter(spec.run, enabled=dist.is_main, start_step=start)
     order = GlobalOrder(len(examples), train_cfg.seed)
     order.epoch(start * spec.config.global_batch(dist.world_size) // max(len(examples), 1))  # before the first step
-    run = Run(
-        engine,
-        pad_id,
-        objective,
-        examples,
-        order,
-        metrics,
-        StragglerWatch(train_cfg.straggler_check_steps, train_cfg.straggler_factor, dist),
-        Heartbeat(dist.rank),
-        checkpointer,
-        CancelWatch(spec.config.launch.checkpoint_on_cancel or bool(train_cfg.preempt_grace_s)),
-        SaveClock(train_cfg.save_every_minutes),
-        partitioned,
-    )
-    return run, start
-
-
-def train(spec: Spec, dist: Dist) -> None:
-    """Run the spec's optimizer steps (resuming if asked), logging, checkpointing and exporting."""
-    dist = sequence_parallel.start(spec, dist)
-    run, start = start_run(spec, dist)
+    run = Run(spec, dist, faults, built, objective, examples, order, checkpointer, start)
     log.info(
         "training %d rows (%d examples) with %s, steps %d..%d on %d ranks",
-        len(run.examples),
-        run.examples.examples,
-        run.objective.objective,
+        len(examples),
+        examples.examples,
+        objective.objective,
         start + 1,
         spec.total_steps,
         dist.world_size,
     )
-    profiler = StepProfiler(spec.config.train.profile_steps, start, spec.total_steps, spec.run, dist.rank)
-    loop_started = time.perf_counter()
-    for step in range(start, spec.total_steps):
-        if run.cancel.should_stop(dist):
-            run.checkpointer.cancelled(
-                step, run.cancel.seconds_since_signal(), spec.config.train.preempt_grace_s, run.metrics.write
-            )
-            raise SystemExit(EXIT_CANCELLED)
-        if faults.fires_at(dist.rank, step + 1):
-            run.checkpointer.wait(run.metrics.write)
-        faults.maybe_exit(dist.rank, step + 1)
-        profiler.before(step + 1)
-        started = time.perf_counter()
-        with guards.out_of_memory_named(dist, step + 1):
-            stats, extra, data_s = one_step(run, spec, dist, step)
-        elapsed, done = time.perf_counter() - started, step + 1
-        if step == start and spec.config.train.compile:
-            log.info("train.compile: the first step took %.1f s, compiling the decoder layers included", elapsed)
-        profiler.after(done, run.metrics.write)
-        guards.check_loss(stats.loss, done)
-        run.straggler.observe(stats.compute_s)
-        for event in run.straggler.check(done):
-            run.metrics.write(event)
-        if done % spec.config.train.log_steps == 0 or done == spec.total_steps:
-            record = step_record(run.engine, stats, done, spec.total_steps, elapsed, data_s) | extra
-            if profiler.profiles(done):
-                record["profiled"] = True  # its time includes the profiler's
-            run.metrics.write({**record, "elapsed_s": time.perf_counter() - loop_started})
-        if run.checkpointer.step_done(done, run.metrics.write, also=run.clock.due(dist)):
-            run.clock.saved()
-    if run.prefetch is not None:
-        run.prefetch.close()
-    if start < spec.total_steps:
-        result = final_eval(run, spec, dist)
-        run.metrics.write({"event": "final_eval", "step": spec.total_steps, **result})
-    run.checkpointer.finish(run.metrics.write)
+    return run
 
 
-def one_step(run: Run, spec: Spec, dist: Dist, step: int) -> tuple[StepStats, dict[str, float], float]:
+def run_step(run: Run, step: int) -> None:
+    """Optimizer step `step` (0-based) with everything around it: a cancel first, a test's fault, the profiler, the
+    step, the loss guard, the straggler watch, its metrics.jsonl line and a checkpoint when due."""
+    spec, dist, watches, done = run.spec, run.dist, run.watches, step + 1
+    if watches.cancel.should_stop(dist):
+        run.checkpointer.cancelled(
+            step, watches.cancel.seconds_since_signal(), run.train.preempt_grace_s, run.metrics.write
+        )
+        raise SystemExit(EXIT_CANCELLED)
+    if run.faults.fires_at(dist.rank, done):
+        run.checkpointer.wait(run.metrics.write)
+    run.faults.at_step(dist.rank, done)
+    watches.profiler.before(done)
+    started = time.perf_counter()
+    with guards.out_of_memory_named(dist, done):
+        stats, extra, data_s = one_step(run, step)
+    elapsed = time.perf_counter() - started
+    if step == run.start and run.train.compile:
+        log.info("train.compile: the first step took %.1f s, compiling the decoder layers included", elapsed)
+    watches.profiler.after(done, run.metrics.write)
+    guards.check_loss(stats.loss, done)
+    watches.straggler.observe(stats.compute_s)
+    for event in watches.straggler.check(done):
+        run.metrics.write(event)
+    if done % run.train.log_steps == 0 or done == spec.total_steps:
+        record = step_record(run.built.engine, stats, (done, spec.total_steps), elapsed, data_s) | extra
+        if watches.profiler.profiles(done):
+            record["profiled"] = True  # its time includes the profiler's
+        run.metrics.write({**record, "elapsed_s": time.perf_counter() - run.started})
+    if run.checkpointer.step_done(done, run.metrics.write, also=watches.clock.due(dist)):
+        watches.clock.saved()
+
+
+def one_step(run: Run, step: int) -> tuple[StepStats, dict[str, float], float]:
     """Optimizer step `step` (0-based) of the objective: (its stats, the objective's own step metrics, this rank's
     seconds waiting for its rows to be read and batched: dealt while the step before ran, it is near 0)."""
     started = time.perf_counter()
-    if run.prefetch is None:
-        run.prefetch = StepPrefetcher(
-            lambda s: deal_step(run, spec, dist, s), spec.total_steps, pin=dist.device.type == "cuda"
-        )
     batches = run.prefetch.batches(step)
     data_s = time.perf_counter() - started
-    stats, extra = optimizer_step(run.engine, batches, dist, run.heartbeat, step + 1, run.objective)
+    tools = StepTools(run.dist, run.watches.heartbeat, run.faults)
+    stats, extra = optimizer_step(run.built.engine, run.policy, batches, run.objective, tools, step + 1)
     return stats, extra, data_s
 
 
-def deal_step(run: Run, spec: Spec, dist: Dist, step: int) -> list[Any]:
-    """This rank's micro-batches of optimizer step `step` (0-based), each cut to its part with sequence parallelism."""
-    train_cfg = spec.config.train
-    batches = run.objective.deal(
-        run.examples,
-        run.order,
-        step=step,
-        micro=train_cfg.micro_batch_size,
-        accum=spec.config.accumulation_steps(dist.world_size),
-        rank=dist.data_rank,  # the ranks of a sequence group read the same rows, each its part of them
-        world=dist.data_world,
-        pad_id=run.pad_id,
-        group_by_length=train_cfg.length_grouping,
-    )
-    return [sequence_parallel.shard(batch, dist) for batch in batches]
-
-
-def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: float, data_s: float) -> dict[str, Any]:
-    """The metrics.jsonl line of a logged step (`data_s`: this rank's time to read and batch the step's rows)."""
+def step_record(engine: Any, stats: StepStats, steps: tuple[int, int], elapsed: float, data_s: float) -> dict[str, Any]:
+    """The metrics.jsonl line of a logged step (`steps`: (done, total); `data_s`: this rank's time to read and batch
+    the step's rows)."""
+    done, total = steps
     return {
         "step": done,
         "max_steps": total,
@@ -273,19 +211,23 @@ def step_record(engine: Any, stats: StepStats, done: int, total: int, elapsed: f
     }
 
 
-def final_eval(run: Run, spec: Spec, dist: Dist) -> dict[str, Any]:
+def finish(run: Run) -> None:
+    """After the last step: the final evaluation (when this process trained), the last save, and the export."""
+    run.prefetch.close()
+    if run.start < run.spec.total_steps:
+        result = final_eval(run)
+        run.metrics.write({"event": "final_eval", "step": run.spec.total_steps, **result})
+    run.checkpointer.finish(run.metrics.write)
+
+
+def final_eval(run: Run) -> Metrics:
     """The objective's eval metrics of the in-memory trained model on eval.final_eval_rows rows of the eval split (the
-    exported model must reproduce them on the same rows: trainer/evaluate.py sample_rows)."""
-    run.engine.eval()
-    examples = split_of(spec, "eval")
-    result = run.objective.evaluate(
-        run.engine,
-        examples,
-        sample_rows(len(examples), spec.config.eval.final_eval_rows),
-        dist,
-        batch_size=spec.config.eval.batch_size,
-        pad_id=run.pad_id,
-        lockstep=zero_stage(spec.deepspeed) == 3,
-    )
-    run.engine.train()
+    exported model must reproduce them on the same rows: trainer/data.py `sample_rows`)."""
+    engine, eval_cfg = run.built.engine, run.spec.config.eval
+    engine.eval()
+    examples = split_of(run.spec, "eval")
+    rows = sample_rows(len(examples), eval_cfg.final_eval_rows)
+    options = EvalOptions(eval_cfg.batch_size, run.built.pad_id, lockstep=run.built.choices.zero3)
+    result = run.objective.evaluate(engine, examples, rows, run.dist, options)
+    engine.train()
     return result

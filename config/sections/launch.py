@@ -27,7 +27,7 @@ class LaunchConfig(Section):
         "local",
         description="local: every node is a torchrun agent on this machine; prefect: one node flow run per node, "
         "on work queue {queue_prefix}{rank}, served by a process worker on that node; slurm: one sbatch job; "
-        "ssh: `python -m flows.node` on every host of launch.hosts / launch.hostfile over OpenSSH; kubernetes: one "
+        "ssh: `python -m launch.node` on every host of launch.hosts / launch.hostfile over OpenSSH; kubernetes: one "
         "pod per node, a Kubeflow Trainer TrainJob or an indexed Job (launch.kubernetes).",
     )
     queue_prefix: str = Field("node-", min_length=1, description="prefect backend: node r's work queue is prefix + r.")

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from config.methods import MethodField
 from config.objectives import ObjectiveField
 from config.sections.base import Section
 from config.sections.preference import PreferenceConfig
@@ -97,7 +98,7 @@ def size_in_bytes(size: str) -> int:
 class TrainConfig(Section):
     """Optimisation. Defaults mirror Qwen's finetune_lora_ds.sh."""
 
-    method: Literal["full", "lora", "qlora"] = Field("lora", description="Which parameters are trained.")
+    method: MethodField = Field("lora", validate_default=True, description="Which parameters are trained.")
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0, description="Peak learning rate.")
     max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run; empty: from train.epochs.")
     epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the train split, used when max_steps is empty.")
@@ -174,7 +175,8 @@ class TrainConfig(Section):
     )
     kernels: Literal["auto", "liger", "none"] = Field(
         "auto",
-        description="Fused kernels (trainer/kernels.py): liger = Liger Kernel's RMSNorm, SwiGLU and RoPE in Qwen2, "
+        description="Fused kernels (trainer/model/kernels.py): liger = Liger Kernel's RMSNorm, SwiGLU and RoPE in "
+        "Qwen2, "
         "Qwen3, Qwen3-MoE and Llama models, and its fused linear cross-entropy as SFT's training loss (on a CUDA "
         "device, with liger-kernel installed; otherwise the run stops); none = the built-in path (the chunked loss, "
         "train.loss_chunk_tokens); auto = liger where it can run, else none. The run logs what it applied. "
@@ -182,7 +184,8 @@ class TrainConfig(Section):
     )
     attention: Literal["auto", "sdpa", "flash", "varlen", "flex"] = Field(
         "auto",
-        description="The attention implementation (trainer/attention.py): flash = flash-attention's variable-length "
+        description="The attention implementation (trainer/model/attention.py): flash = flash-attention's "
+        "variable-length "
         "kernel (a CUDA device with flash-attn installed, else the run stops), SFT's micro-batch rows concatenated "
         "into one row without padding and the examples' boundaries computed on the host; varlen = the same with "
         "PyTorch's own variable-length flash attention (CUDA, nothing to install; sft only); flex = PyTorch's "

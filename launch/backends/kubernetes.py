@@ -1,5 +1,5 @@
 """`launch.backend: kubernetes`: each phase as a Kubeflow Trainer TrainJob or an indexed Job with a headless Service
-(launch/backends/kubernetes_render.py), one pod per node running `python -m flows.node`, submitted, followed and
+(launch/backends/kubernetes_render.py), one pod per node running `python -m launch.node`, submitted, followed and
 deleted through the official client (launch/backends/kubernetes_api.py).
 
 The phase is followed by polling the job's conditions and its pods (launch/backends/kubernetes_status.py reads them):
@@ -64,6 +64,8 @@ def pod_job(job: PhaseJob, owner: Owner | None = None, suffix: str | None = None
 
 class KubernetesBackend:
     """`launch.backend: kubernetes`: one pod per node, through the cluster's API server."""
+
+    elastic = True  # an attempt asks for its nodes; the next starts on as many as the cluster placed
 
     def describe(self, job: PhaseJob) -> str:
         """The phase's objects as YAML documents, as they are submitted."""

@@ -2,7 +2,7 @@
 Kubeflow Trainer `TrainJob` of `launch.kubernetes.runtime`, or on a bare cluster an indexed `batch/v1` Job (the
 completion index is the node rank) with a headless Service whose name gives node 0's pod a DNS name.
 
-One pod per node runs `python -m flows.node`, as srun and ssh do, which reads its place from the environment: Qwen's
+One pod per node runs `python -m launch.node`, as srun and ssh do, which reads its place from the environment: Qwen's
 NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT / GPUS_PER_NODE here, the PET_* variables Kubeflow Trainer's torch
 plugin injects into a TrainJob's pods (launch/node_env.py `ALTERNATIVES`). Credentials are references to the Secret
 `launch.kubernetes.secret` (secretKeyRef), never values: the manifests hold no secret. Pure: nothing here talks to a
@@ -18,6 +18,7 @@ from typing import Any
 
 from config.schema import FinetuneConfig
 from launch.command import DEFAULT_MASTER_PORT
+from launch.job import NODE_MODULE, Phase
 from storage.location import Location
 from storage.node_cache import CACHE_ENV
 
@@ -57,23 +58,23 @@ class Owner:
 
 @dataclass(frozen=True)
 class PodJob:
-    """What every pod of one phase runs: the config, where the run is, the phase and `flows.node`'s arguments."""
+    """What every pod of one phase runs: the config, where the run is, the phase and `launch.node`'s arguments."""
 
     config: FinetuneConfig
     run_id: str
     run: Location
-    phase: str
+    phase: Phase
     node_args: list[str]
     suffix: str  # distinguishes the submissions of one run's phase (retries): 4 hex
     owner: Owner | None = None  # None: the pipeline runs outside the objects' namespace (or outside the cluster)
     env: dict[str, str] = field(default_factory=dict)  # what the job adds to the ranks' environment (PhaseJob.env)
 
 
-def object_name(run_id: str, phase: str, suffix: str) -> str:
+def object_name(run_id: str, phase: Phase, suffix: str) -> str:
     """A DNS-1035 label for a phase's objects: tandem-{run}-{phase}-{suffix}, cut with a digest of the run id when
     longer than MAX_NAME."""
     run = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
-    tail = f"-{phase}-{suffix}"
+    tail = f"-{phase.name}-{suffix}"
     name = f"tandem-{run}{tail}"
     if len(name) > MAX_NAME:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:6]
@@ -99,7 +100,7 @@ def labels(job: PodJob) -> dict[str, str]:
         "app.kubernetes.io/name": "tandem",
         "app.kubernetes.io/managed-by": "tandem",
         RUN_LABEL: label_value(job.run_id),
-        PHASE_LABEL: job.phase,
+        PHASE_LABEL: job.phase.name,
     }
 
 
@@ -176,7 +177,7 @@ def place(job: PodJob) -> list[dict[str, Any]]:
 
 def node_command(job: PodJob) -> list[str]:
     kube = job.config.launch.kubernetes
-    return [kube.python, "-m", "flows.node", *job.node_args]
+    return [kube.python, "-m", NODE_MODULE, *job.node_args]
 
 
 def resources(job: PodJob) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from core.errors import RetryableError, TandemError, TooFewNodes, UserError
 from launch.backends.kubernetes_render import COMPLETION_INDEX, CONTAINER, PodJob
+from launch.job import Phase
 
 # A pod's waiting reasons that no wait cures: the image, its name or the container's configuration.
 BAD_IMAGE = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -122,7 +123,7 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def job_failure(phase: str, failed: dict[str, Any]) -> TandemError:
+def job_failure(phase: Phase, failed: dict[str, Any]) -> TandemError:
     """A job the cluster ended with no pod failing: its deadline (exit 2), or another reason (retryable)."""
     reason, message = failed.get("reason", "Failed"), failed.get("message", "")
     if reason == "DeadlineExceeded":

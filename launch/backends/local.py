@@ -78,6 +78,8 @@ class LocalNode:
 class LocalBackend:
     """`launch.backend: local`: the nodes are threads of this process, each running `run_node`."""
 
+    elastic = True  # an attempt runs on the slots that pass preflight's node-local checks
+
     def describe(self, job: PhaseJob) -> str:
         """Each node's steps, its ranks' environment and its agent's torchrun line."""
         launch = job.written.spec.config.launch

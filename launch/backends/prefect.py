@@ -37,7 +37,7 @@ from launch.backend import started
 from launch.command import DEFAULT_MASTER_PORT
 from launch.diagnose import error_for, is_one_line, log_tail
 from launch.elastic import resized
-from launch.job import Info, OnProgress, PhaseJob
+from launch.job import Info, OnProgress, Phase, PhaseJob
 from launch.liveness import STALE_S
 from launch.node import failure_exit_code, recorded_end, status_url
 from launch.preflight import probe_node
@@ -67,14 +67,16 @@ def node_parameters(job: PhaseJob, node_rank: int, port: int) -> dict[str, Any]:
         "nproc_per_node": launch.nproc_per_node,
         "master_addr": launch.rendezvous_addr,
         "master_port": port,
-        "phase": job.phase,
-        "model_url": job.model_url,
-        "expected_spec_digest": job.written.digest if job.phase == "train" else None,
+        "phase": job.phase.name,
+        "model": job.model.argument() if job.model is not None else None,
+        "expected_spec_digest": job.written.digest if job.phase.preflights else None,
     }
 
 
 class PrefectBackend:
     """`launch.backend: prefect`: a flow run of the node deployment per node, on that node's work queue."""
+
+    elastic = False  # each node is its own work queue: no attempt picks the surviving ones (yet)
 
     def describe(self, job: PhaseJob) -> str:
         """The node deployment, and each node's work queue, flow run name and parameters."""
@@ -178,7 +180,7 @@ class NodeFlowRun:
     run_id: UUID
     client: SyncPrefectClient
     run_url: Location
-    phase: str
+    phase: Phase
     outage: ApiOutage
     state: State | None = None
     ended_at: float | None = None  # when its record of a good end was first seen while its flow run was not final
@@ -240,7 +242,7 @@ class NodeFlowRun:
         return Failure(error_for(code, message), code, self.state.timestamp.timestamp())
 
 
-def _follow(children: dict[int, UUID], run_url: Location, phase: str, watch: Watch | None, outage_s: float) -> None:
+def _follow(children: dict[int, UUID], run_url: Location, phase: Phase, watch: Watch | None, outage_s: float) -> None:
     """Poll the children's states until all completed; raise for the failure that caused the others."""
     outage = ApiOutage(outage_s, "the nodes go on, followed through their records on storage")
     with fail_fast(), get_client(sync_client=True) as client:

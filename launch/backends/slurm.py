@@ -1,4 +1,4 @@
-"""`launch.backend: slurm`: one sbatch job, one task per node; `srun` starts `python -m flows.node` on
+"""`launch.backend: slurm`: one sbatch job, one task per node; `srun` starts `python -m launch.node` on
 every node with Qwen's variables (MASTER_ADDR = the allocation's first host, NODE_RANK = SLURM_NODEID).
 
 The job is submitted with `sbatch --parsable`, followed with `squeue` (running) and `sacct`, falling back to
@@ -23,7 +23,7 @@ from core.errors import RetryableError, UserError
 from launch.command import DEFAULT_MASTER_PORT
 from launch.diagnose import error_for, is_one_line, tail, without_torchrun_report
 from launch.elastic import resized
-from launch.job import Info, OnProgress, PhaseJob
+from launch.job import NODE_MODULE, Info, OnProgress, Phase, PhaseJob
 from launch.preflight import probe_node
 from launch.watch import phase_watch
 from storage.fs import makedirs
@@ -40,7 +40,7 @@ def render_sbatch(job: PhaseJob, *, output: str) -> str:
     """The batch script for one phase of a run."""
     spec, phase = job.written.spec, job.phase
     launch = spec.config.launch
-    node_command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "flows.node", *job.node_args])
+    node_command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", NODE_MODULE, *job.node_args])
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted({**job.env, **launch.env}.items()))
     extra = "".join(f"#SBATCH {arg}\n" for arg in launch.slurm_args)
     return f"""#!/bin/bash
@@ -111,6 +111,8 @@ def _squeue_knows(job_id: str) -> bool:
 
 class SlurmBackend:
     """`launch.backend: slurm`: one sbatch job over launch.nnodes nodes, its script in {run}/slurm/."""
+
+    elastic = False  # the allocation is the job's: no attempt picks the surviving nodes (yet)
 
     def describe(self, job: PhaseJob) -> str:
         """The sbatch line and the job script."""
@@ -183,7 +185,7 @@ def _follow(job: PhaseJob, job_id: str, output: str, on_progress: OnProgress | N
         time.sleep(POLL_S)
 
 
-def _failure(phase: str, job_id: str, state: str, code: str, output: str) -> UserError | RetryableError:
+def _failure(phase: Phase, job_id: str, state: str, code: str, output: str) -> UserError | RetryableError:
     """The error of a job that ended badly: the nodes' first error line and the end of the job's output."""
     text = _read(output)
     errors = [line[len("error: ") :] for line in text.splitlines() if line.startswith("error: ")]

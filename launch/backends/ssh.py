@@ -1,4 +1,4 @@
-"""`launch.backend: ssh`: `python -m flows.node` on every host of launch.hosts / launch.hostfile, over the system's
+"""`launch.backend: ssh`: `python -m launch.node` on every host of launch.hosts / launch.hostfile, over the system's
 OpenSSH client (the setup of Qwen's PBS recipe and DeepSpeed's hostfile launcher: machines that reach each other
 over password-less SSH, nothing else).
 
@@ -53,7 +53,7 @@ DESCRIBED_CONTROL_DIR = "/tmp/tandem-ssh-XXXXXXXX"
 
 @dataclass
 class SshNode:
-    """One host's `flows.node` over ssh, and the last lines it printed; a member of the supervise loop."""
+    """One host's `launch.node` over ssh, and the last lines it printed; a member of the supervise loop."""
 
     node_rank: int
     host: Host
@@ -146,7 +146,9 @@ class Heartbeats:
 
 
 class SshBackend:
-    """`launch.backend: ssh`: `python -m flows.node` on every host of launch.hosts, over OpenSSH."""
+    """`launch.backend: ssh`: `python -m launch.node` on every host of launch.hosts, over OpenSSH."""
+
+    elastic = True  # an attempt runs on the hosts that answer the probe
 
     def describe(self, job: PhaseJob) -> str:
         """Each host's check and start commands, and the JSON line the start sends over the connection's stdin
@@ -236,7 +238,7 @@ class SshPhase:
 
 
 def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: Info) -> SshNode:
-    """Start `flows.node` on one host: the environment and the plan go over stdin; its output is relayed."""
+    """Start `launch.node` on one host: the environment and the plan go over stdin; its output is relayed."""
     process = subprocess.Popen(
         ssh.command(host, start_command(ssh)),
         stdin=subprocess.PIPE,
@@ -256,7 +258,7 @@ def start(ssh: Ssh, job: PhaseJob, plan: NodePlan, host: Host, tag: str, info: I
 
 def request(job: PhaseJob, plan: NodePlan, tag: str) -> dict[str, Any]:
     """What the bootstrap reads first (its contract: docs/architecture.md, Launching): the node's environment (the
-    run's, the job's and its place), `flows.node`'s arguments, its tag, and the graces of a cancel, of a failure and of
+    run's, the job's and its place), `launch.node`'s arguments, its tag, and the graces of a cancel, of a failure and of
     a lost link."""
     launch = job.written.spec.config.launch
     return {

@@ -1,6 +1,6 @@
 """The remote end of the `ssh` backend: `python -m launch.backends.ssh_bootstrap`, started by ssh on each host.
 
-It reads one JSON line from stdin, {"env": {...}, "argv": [...], "tag": "..."}, and runs `python -m flows.node
+It reads one JSON line from stdin, {"env": {...}, "argv": [...], "tag": "..."}, and runs `python -m launch.node
 ARGV` with that environment added: the run's variables (storage credentials among them) travel inside the SSH
 connection, never on a command line that `ps` shows. Then it keeps reading stdin: end of file means the launcher
 went away (cancelled, killed, connection lost), and the node is stopped (SIGTERM, so it kills its agents and
@@ -25,6 +25,7 @@ import threading
 import time
 
 from launch.agent import tagged_processes
+from launch.job import NODE_MODULE
 
 TAG_ENV = "TANDEM_SSH_TAG"
 _PR_SET_PDEATHSIG = 1
@@ -63,7 +64,7 @@ def main() -> int:
     request = json.loads(sys.stdin.readline() or "{}")
     env = {**os.environ, **request["env"], TAG_ENV: request["tag"]}
     process = subprocess.Popen(
-        [sys.executable, "-m", "flows.node", *request["argv"]],
+        [sys.executable, "-m", NODE_MODULE, *request["argv"]],
         env=env,
         start_new_session=True,
         preexec_fn=_die_with_parent,

@@ -68,7 +68,7 @@ def model_dir(shape: str, work: Path) -> str:
             subprocess_build(work / "tiny")
             tiny_as_published(work / "tiny", work / "tiny-published")
         return str(work / "tiny-published")
-    from trainer.tiny_qwen import build_qwen25_tokenizer
+    from trainer.model.tiny_qwen import build_qwen25_tokenizer
 
     config = dict(QWEN25_05B_INSTRUCT)
     if shape == "qwen2.5-0.5b-4l":

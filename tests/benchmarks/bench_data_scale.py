@@ -303,7 +303,7 @@ def rss_anon_gb() -> float:
 def act_train(spec: dict[str, Any]) -> dict[str, Any]:
     """Write a spec for the staged dataset and train it on the local backend (the code of the tree on sys.path)."""
     from config.loader import load_config
-    from launch.job import PhaseJob
+    from launch.job import TRAIN, PhaseJob
     from pipeline.plan import build_spec, record_model
     from storage.spec import DatasetRef, publish_spec
 
@@ -317,9 +317,9 @@ def act_train(spec: dict[str, Any]) -> dict[str, Any]:
     except ImportError:  # the baseline's tree, from before the launch interface: its local backend was a function
         from launch.backends.local import run_local_job
 
-        run_local_job(PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
+        run_local_job(PhaseJob(written, TRAIN), lambda _: None, on_progress=lambda _: None)
     else:
-        run_job(LocalBackend(), PhaseJob(written, "train"), lambda _: None, on_progress=lambda _: None)
+        run_job(LocalBackend(), PhaseJob(written, TRAIN), lambda _: None, on_progress=lambda _: None)
     return {"spec_url": str(written.url)}
 
 

@@ -1,5 +1,6 @@
-"""eval.generate's cost: batched, left-padded generation with the KV cache (trainer/generate.py) against one prompt at
-a time, at Qwen2.5-0.5B's shape, and the scoring of the answers (trainer/scoring.py) beside it.
+"""eval.generate's cost: batched, left-padded generation with the KV cache (trainer/evaluation/generate.py) against one
+prompt at
+a time, at Qwen2.5-0.5B's shape, and the scoring of the answers (trainer/evaluation/scoring.py) beside it.
 
     python tests/benchmarks/bench_generate.py                          # 0.5B shape, 32 prompts, 64 new tokens
     python tests/benchmarks/bench_generate.py --records 64 --batch-sizes 1,8,32 --max-new-tokens 128
@@ -53,7 +54,7 @@ def peak_gb(device: object) -> float:
 def timed(model: object, prompts: list, batch_size: int, max_new_tokens: int, repeats: int) -> dict:
     """Median seconds (and spread) to answer every prompt in batches of `batch_size`, and the tokens generated."""
     from config.sections.results import GenerateConfig
-    from trainer.generate import batches_of, generate_batch
+    from trainer.evaluation.generate import batches_of, generate_batch
 
     cfg = GenerateConfig(enabled=True, max_new_tokens=max_new_tokens, batch_size=batch_size)
     seconds, tokens = [], 0
@@ -69,7 +70,7 @@ def timed(model: object, prompts: list, batch_size: int, max_new_tokens: int, re
 
 def scoring_seconds(records: int, words: int) -> float:
     """Seconds to score `records` answers of `words` words against references as long (ROUGE-L dominates)."""
-    from trainer.scoring import Sums
+    from trainer.evaluation.scoring import Sums
 
     answer = " ".join(f"w{i % 50}" for i in range(words))
     reference = " ".join(f"w{i % 37}" for i in range(words))

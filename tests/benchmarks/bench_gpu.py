@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from config.flops import flops_per_token  # after the checkout is on sys.path
+from config.methods import METHODS
 from tests.benchmarks.gpu_trainers import ratios, run_once, summary, trainers
 
 # Published configuration values (config.json of Qwen/Qwen2.5-0.5B, -1.5B and -7B; a size's own values win).
@@ -172,7 +173,7 @@ def prepare(work: Path, case: Case, options: argparse.Namespace) -> tuple[str, o
     from staging.stage import stage_dataset
     from storage import layout
     from tests.benchmarks.bench_train import make_data, make_model
-    from trainer import tiny
+    from trainer.model import tiny
 
     tokenizer_dir = work / "tiny"
     tiny.materialize(tokenizer_dir, ROOT / "data" / "sample" / "conversations.json")
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
 def case_result(case: Case, options: argparse.Namespace, figures: dict, peak: float | None) -> dict:
     """A case's entry of the JSON document: its settings, FLOPs per token, each trainer's figures with MFU, Tandem's
     ratios to the HF Trainer plain and at its best, and to --anchor's published figure where given."""
-    flops = flops_per_token(shape_of(case.size), case.method, case.seq)
+    flops = flops_per_token(shape_of(case.size), METHODS[case.method], case.seq)
     for row in figures.values():
         row["mfu"] = row["tokens_per_s"] * flops / peak if peak and row["tokens_per_s"] else None
     result = {

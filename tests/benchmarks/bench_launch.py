@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.errors import RetryableError
 from launch.command import free_port, rank_environment, torchrun_command
-from launch.job import NodePlan, trainer_args
+from launch.job import TRAIN, NodePlan, trainer_args
 from pipeline.plan import build_spec
 from storage import layout
 from storage.location import join
@@ -47,7 +47,7 @@ def bare_torchrun(staged: Staged, name: str) -> float:
     started = time.perf_counter()
     procs = [
         subprocess.Popen(
-            torchrun_command(NodePlan(n, 2, 1, "127.0.0.1", port), 60, "trainer", trainer_args(url, "train")),
+            torchrun_command(NodePlan(n, 2, 1, "127.0.0.1", port), 60, "trainer", trainer_args(url, TRAIN)),
             cwd=ROOT,
             env=rank_environment(cfg.launch),
             stdout=subprocess.DEVNULL,

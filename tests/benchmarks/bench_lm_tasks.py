@@ -1,4 +1,5 @@
-"""eval.tasks' cost: an lm-evaluation-harness multiple-choice task run through trainer/lm_tasks.py (the harness's HF
+"""eval.tasks' cost: an lm-evaluation-harness multiple-choice task run through trainer/evaluation/lm_tasks.py (the
+harness's HF
 backend on the model in memory) at Qwen2.5-0.5B's shape, at several request batch sizes (eval.tasks.batch_size).
 
     python tests/benchmarks/bench_lm_tasks.py                        # 0.5B shape, 32 documents x 4 choices
@@ -81,9 +82,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from config.lm_tasks import task_manager
     from config.sections.results import TasksConfig
-    from trainer.distributed import Dist
-    from trainer.lm_tasks import run_tasks
-    from trainer.tiny_qwen import build_qwen25_tokenizer
+    from trainer.evaluation.lm_tasks import run_tasks
+    from trainer.model.tiny_qwen import build_qwen25_tokenizer
+    from trainer.parallel.distributed import Dist
 
     tokenizer = build_qwen25_tokenizer()
     model, device = build(options.shape, len(tokenizer))

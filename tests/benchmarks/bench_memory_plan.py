@@ -84,7 +84,7 @@ def shape_dir(shape: str, work: Path, layers: int | None = None) -> str:
             raise SystemExit("--layers applies to --shape qwen3-moe only")
         return model_dir(shape, work)
     from tests.published import QWEN3_30B_A3B, QWEN3_GENERATION, write_published
-    from trainer.tiny_qwen import qwen_tokenizer_dir
+    from trainer.model.tiny_qwen import qwen_tokenizer_dir
 
     sizes = {**QWEN3_30B_A3B, **MOE_SHAPE}
     if layers is not None:

@@ -160,7 +160,7 @@ def model_dir(shape: str, work: Path) -> str:
         tiny = work / "tiny"
         subprocess_build(tiny)
         return str(tiny_as_published(tiny, work / "tiny-published"))
-    from trainer.tiny_qwen import build_qwen25_tokenizer
+    from trainer.model.tiny_qwen import build_qwen25_tokenizer
 
     return str(write_published(work / "qwen05", QWEN25_05B_INSTRUCT, QWEN25_GENERATION, build_qwen25_tokenizer()))
 
@@ -168,7 +168,7 @@ def model_dir(shape: str, work: Path) -> str:
 def subprocess_build(out: Path) -> None:
     """The built-in tiny model, built as the pipeline builds it."""
     corpus = ROOT / "data" / "sample" / "conversations.json"
-    subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out), "--corpus", str(corpus)], check=True)
+    subprocess.run([sys.executable, "-m", "trainer.model.tiny", "--out", str(out), "--corpus", str(corpus)], check=True)
 
 
 def table(results: dict[tuple[int, bool], dict[str, float]]) -> str:

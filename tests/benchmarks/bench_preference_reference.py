@@ -8,7 +8,7 @@ training (trainer/objectives/preference/reference_table.py), against ORPO's, and
     python tests/benchmarks/bench_preference_reference.py --method full
 
 One micro-batch of pairs (chosen and rejected in one forward pass) through the objective's `micro_batch`
-(trainer/objectives/preference/) and a backward pass, on a random Qwen2-shaped model with LoRA (trainer/model.py
+(trainer/objectives/preference/) and a backward pass, on a random Qwen2-shaped model with LoRA (trainer/model/load.py
 `make_trainable`), float32 on a CPU, bfloat16 on a GPU. Each objective runs in a fresh process: `--repeats` timed steps
 after one warm-up step (the median is reported), then the peak memory the step added (GPU:
 torch.cuda.max_memory_allocated above what was allocated before; CPU: the peak resident memory above the resident memory
@@ -50,8 +50,8 @@ def reference_table(model, rows: Rows, device) -> tuple[object, float]:
     """(full fine-tuning's reference table of `rows`, the seconds the base took to compute it)."""
     import numpy as np
 
-    from trainer.distributed import Dist
     from trainer.objectives.preference.reference_table import ReferenceTable, compute
+    from trainer.parallel.distributed import Dist
 
     dist = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="bench", device=device)
     started = time.perf_counter()
@@ -67,10 +67,10 @@ def one(objective: str, pairs: int, seq: int, layers: int, hidden: int, repeats:
 
     from config.sections.model_train import TrainConfig
     from storage.shards import IGNORE_INDEX, Row
-    from trainer.distributed import Dist
-    from trainer.model import make_trainable
+    from trainer.model.adapters import make_trainable
     from trainer.objectives.preference.batching import collate_preference
     from trainer.objectives.registry import build
+    from trainer.parallel.distributed import Dist
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

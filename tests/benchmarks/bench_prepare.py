@@ -361,7 +361,7 @@ def run(
     if model is None:
         model = str(tmp / "tiny")
         subprocess.run(
-            [sys.executable, "-m", "trainer.tiny", "--out", model, "--corpus", str(SAMPLE)],
+            [sys.executable, "-m", "trainer.model.tiny", "--out", model, "--corpus", str(SAMPLE)],
             cwd=ROOT,
             check=True,
             capture_output=True,

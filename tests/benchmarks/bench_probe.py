@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from config.sections.launch import LaunchConfig
+from launch.job import TRAIN
 from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
@@ -41,7 +42,7 @@ def launch(staged: Staged, name: str, probe_mb: float) -> tuple[float, float | N
     spec = build_spec(cfg, name, staged.model_path, staged.dataset)
     written = WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))
     started = time.perf_counter()
-    run_phase(written, "train", lambda _: None)
+    run_phase(written, TRAIN, lambda _: None)
     wall = time.perf_counter() - started
     report = json.loads((staged.storage / "runs" / name / "nodes" / "0" / layout.PREFLIGHT).read_text())
     probe = report["checks"].get("bandwidth")

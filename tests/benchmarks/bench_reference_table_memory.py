@@ -80,8 +80,8 @@ def new_way(run: Any, split: str, rows: int, micro: int, dist: Any, cache: Path)
     """Gather in blocks to rank 0, which fills a mapped file and renames it; every rank maps it."""
     import numpy as np
 
-    from trainer.distributed import barrier
     from trainer.objectives.preference.reference_table import collect, pass_count, write, written_table
+    from trainer.parallel.distributed import barrier
 
     def parts() -> Iterator[tuple[range, Any]]:
         mine = range(dist.rank, rows, dist.world_size)
@@ -100,8 +100,8 @@ def old_way(run: Any, split: str, rows: int, micro: int, dist: Any, cache: Path)
     import numpy as np
 
     from storage.fs import read_bytes, write_bytes_atomic
-    from trainer.distributed import barrier, gather_objects
     from trainer.objectives.preference.reference_table import ReferenceTable, table_url
+    from trainer.parallel.distributed import barrier, gather_objects
 
     mine = list(range(dist.rank, rows, dist.world_size))
     found: dict[int, tuple[float, float]] = {}
@@ -128,7 +128,7 @@ def rank(way: str, rows: int, micro: int, folder: str) -> dict:
     import numpy as np
 
     from storage.location import Location
-    from trainer.distributed import barrier, init, shutdown
+    from trainer.parallel.distributed import barrier, init, shutdown
 
     dist = init(deepspeed_backend=False)
     run, cache = Location(os.path.join(folder, "run")), Path(folder) / "cache" / str(dist.rank)

@@ -15,7 +15,8 @@ model's weights into its own memory (file pages of the safetensors until written
 rank and count on a rank receiving DeepSpeed's broadcast).
 
 Each case is one torchrun launch of `--ranks` ranks on this machine running the trainer's own pieces: DeepSpeed's
-Ulysses registered and its groups checked (trainer/sequence_parallel.py), the project's ZeRO-2 JSON resolved for
+Ulysses registered and its groups checked (trainer/parallel/sequence_parallel.py), the project's ZeRO-2 JSON resolved
+for
 the size, the row cut into each rank's part, the loss through the trainer's loss head. The row's last `--targets`
 tokens are the answer (the loss's targets), so the output layer over 151,936 words does not hide the model's own
 cost. A sampler thread reads the rank's RssAnon (/proc/self/status) every 20 ms; the table gives the largest rank's
@@ -100,10 +101,10 @@ def worker(args: argparse.Namespace) -> None:
     from config.deepspeed import ModelShape, read_deepspeed_json, resolve_from_runtime, resolve_from_train
     from config.sections.model_train import TrainConfig
     from storage.shards import IGNORE_INDEX, Row
-    from trainer import distributed, sequence_parallel
     from trainer.data import collate
     from trainer.loss.chunked import LossHead
-    from trainer.model import model_config
+    from trainer.model.load import model_config
+    from trainer.parallel import distributed, sequence_parallel
 
     size = int(os.environ["WORLD_SIZE"])
     dist = sequence_parallel.split_sequences(distributed.init(deepspeed_backend=True), size, args.model)
@@ -115,7 +116,7 @@ def worker(args: argparse.Namespace) -> None:
         parameter.data = parameter.data.clone()
     sequence_parallel.check_attention(model, size)
     if args.tiled_mlp:
-        from trainer.tiled_mlp import tile_mlps
+        from trainer.model.tiled_mlp import tile_mlps
 
         tile_mlps(model)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -40,7 +40,7 @@ from config.loader import load_config
 from launch.backend import run_job
 from launch.backends.local import LocalBackend
 from launch.command import free_port, rank_environment, torchrun_command
-from launch.job import NodePlan, PhaseJob
+from launch.job import TRAIN, NodePlan, PhaseJob
 from pipeline.plan import build_spec
 from staging.stage import stage_dataset
 from storage import layout
@@ -197,7 +197,7 @@ def ours_steps(
 ) -> list[dict]:
     """Train with Tandem's trainer on every node of `base`; its metrics.jsonl step rows after the warm-up."""
     _, written = spec_for(model, dataset, base, name, [f"train.max_steps={steps}", f"train.save_steps={steps}", *extra])
-    run_job(LocalBackend(), PhaseJob(written, "train"), lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, TRAIN), lambda _: None)
     rows = [json.loads(line) for line in (Path(written.spec.run.url) / layout.METRICS).read_text().splitlines()]
     return [r for r in rows if "event" not in r and r["step"] > WARMUP_STEPS]
 
@@ -265,7 +265,7 @@ def checkpoint_seconds_per_gb(model: str, dataset: object, base: list[str]) -> t
         "ckpt-full",
         ["train.method=full", "train.max_steps=6", "train.save_steps=2", "train.learning_rate=1e-4"],
     )
-    run_job(LocalBackend(), PhaseJob(written, "train"), lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, TRAIN), lambda _: None)
     rows = [json.loads(line) for line in (Path(written.spec.run.url) / layout.METRICS).read_text().splitlines()]
     saves = [r for r in rows if r.get("event") == "checkpoint"]
     return statistics.median(r["seconds"] / (r["bytes"] / 1e9) for r in saves), saves[0]["bytes"]

@@ -44,7 +44,8 @@ from storage.node_cache import node_cache
 from storage.shards import Row
 from storage.spec import load_spec
 from trainer.data import collate
-from trainer.model import ensure_pad_token_id, load_base, make_trainable
+from trainer.model.adapters import make_trainable
+from trainer.model.load import ensure_pad_token_id, load_base
 
 
 class StepClock(TrainerCallback):

@@ -17,7 +17,7 @@ from config.sections.launch import LaunchConfig
 from config.sections.run_data import RunConfig
 from launch.backend import run_job
 from launch.backends.local import LocalBackend
-from launch.job import PhaseJob
+from launch.job import EVAL, TRAIN, PhaseJob
 from pipeline.models import resolve_model
 from pipeline.plan import build_spec, record_model
 from staging.stage import stage_dataset
@@ -125,7 +125,7 @@ def train(staged: Staged, name: str, overrides: list[str] = (), *, env: dict[str
     digest = record_model(cfg, name, staged.model_path)
     written = publish_spec(build_spec(cfg, name, staged.model_path, staged.dataset, digest))
     # `env` reaches the ranks as the job's own (PhaseJob.env), as a retry's transport debug levels do.
-    run_job(LocalBackend(), PhaseJob(written, "train", env=env or {}), lambda _: None, on_progress=lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, TRAIN, env=env or {}), lambda _: None, on_progress=lambda _: None)
     return Run(written.spec, written.url)
 
 
@@ -138,24 +138,17 @@ def eval_exported(run: Run) -> float:
 
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
-    from trainer.eval_model import load_for_eval
-    from trainer.evaluate import sample_rows
-    from trainer.model import ensure_pad_token_id
-    from trainer.objectives.sft import local_sums
+    from trainer.data import sample_rows
+    from trainer.evaluation.load import load_for_eval
+    from trainer.model.load import ensure_pad_token_id
+    from trainer.objectives.base import EvalOptions
+    from trainer.objectives.sft import EvalRows, local_sums
 
     model = load_for_eval(layout.final_dir(run.spec.run), run.spec, torch.device("cpu"))
     split = open_split(run.spec.dataset_dir, "eval", node_cache(run.spec.config.launch))
-    sums = local_sums(
-        model,
-        split,
-        sample_rows(len(split), run.spec.config.eval.final_eval_rows),
-        rank=0,
-        world=1,
-        batch_size=8,
-        pad_id=ensure_pad_token_id(model, run.spec.model_path),
-        device=torch.device("cpu"),
-        loss_chunk_tokens=0,
-    )
+    rows = EvalRows(sample_rows(len(split), run.spec.config.eval.final_eval_rows), 0, 1)
+    options = EvalOptions(8, ensure_pad_token_id(model, run.spec.model_path))
+    sums = local_sums(model, split, rows, options, torch.device("cpu"), 0)
     return sums[0] / sums[1]
 
 
@@ -246,5 +239,5 @@ def evaluate(run: Run, model_url: str | Path, nproc: int) -> dict:
     # The ranks read the run's spec.json; only the launcher sees this world size (no preflight before eval).
     spec = run.spec.model_copy(update={"config": run.spec.config.model_copy(update={"launch": launch})})
     written = WrittenSpec(spec, run.spec_url, load_spec(run.spec_url)[1])
-    run_job(LocalBackend(), PhaseJob(written, "eval", str(model_url)), lambda _: None)
+    run_job(LocalBackend(), PhaseJob(written, EVAL, spec.run.with_url(str(model_url))), lambda _: None)
     return json.loads((run.run_dir / "eval.json").read_text())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from config.loader import load_config
+from launch.job import EVAL, TRAIN
 from launch.phase import run_phase
 from pipeline.lineage import registry_entry
 from pipeline.plan import build_spec
@@ -46,7 +47,7 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
     # Evaluate the old checkpoint: the same all-reduced sums as the code that wrote it.
     checkpoint = latest_complete(run_url)
     assert checkpoint is not None and checkpoint.step == 4
-    run_phase(WrittenSpec(spec, spec_url, spec_digest), "eval", lambda _: None, model_url=str(checkpoint.url))
+    run_phase(WrittenSpec(spec, spec_url, spec_digest), EVAL, lambda _: None, model=checkpoint.url)
     metrics = read_json(join(run_url, layout.EVAL))
     assert metrics["schema"] == layout.EVAL_SCHEMA
     for key in ("target_tokens", "correct_tokens", "examples", "world_size"):
@@ -73,7 +74,7 @@ def test_old_run_directory_evaluates_registers_and_resumes(tmp_path: Path) -> No
     )
     resumed = build_spec(cfg, RUN, spec.model_path, dataset)
     digest = write_spec(resumed)
-    run_phase(WrittenSpec(resumed, spec_url, digest), "train", lambda _: None)
+    run_phase(WrittenSpec(resumed, spec_url, digest), TRAIN, lambda _: None)
     lines = [json.loads(line) for line in (storage / "runs" / RUN / layout.METRICS).read_text().splitlines()]
     steps = [r["step"] for r in lines if "event" not in r]
     assert steps == [1, 2, 3, 4, 5, 6]

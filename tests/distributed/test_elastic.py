@@ -88,7 +88,7 @@ def test_two_ranks_resume_on_three_and_three_on_two(staged: Staged, two_ranks: R
     import torch
 
     from trainer.checkpointing.reshard import universal_form
-    from trainer.distributed import Dist
+    from trainer.parallel.distributed import Dist
 
     marker = up.checkpoint(8) / "universal" / "COMPLETE"
     written_at = marker.stat().st_mtime_ns

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from config.methods import FULL
 from core.errors import UserError
 from tests.distributed.harness import Run, Staged, evaluate
 from tests.lm_tasks import ANSWER_TASK, CHOICE_TASK, QUESTIONS
@@ -122,7 +123,7 @@ def test_checkpoint_eval_equals_final_eval_zero3(zero3: Run) -> None:
 
 def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
     from storage.location import Location
-    from trainer.eval_model import load_for_eval
+    from trainer.evaluation.load import load_for_eval
 
     partial = tmp_path / "step-00000012"
     shutil.copytree(lora.checkpoint(12), partial, symlinks=True)
@@ -134,7 +135,7 @@ def test_an_incomplete_or_foreign_model_is_refused(lora: Run, tmp_path) -> None:
     full_spec = lora.spec.model_copy(
         update={
             "config": lora.spec.config.model_copy(
-                update={"train": lora.spec.config.train.model_copy(update={"method": "full"})}
+                update={"train": lora.spec.config.train.model_copy(update={"method": FULL})}
             )
         }
     )
@@ -154,9 +155,9 @@ def test_the_base_model_is_evaluated_once_then_read_from_its_cache(
 
     from storage.location import Location
     from storage.spec import publish_spec
-    from trainer import base_eval
-    from trainer.distributed import Dist
-    from trainer.evaluate import evaluate as evaluate_here
+    from trainer.evaluation import base_model
+    from trainer.evaluation.stage import evaluate as evaluate_here
+    from trainer.parallel.distributed import Dist
 
     def spec_of(name: str, compare_base: bool, storage: Path = tmp_path):
         cfg = lora.spec.config
@@ -171,13 +172,13 @@ def test_the_base_model_is_evaluated_once_then_read_from_its_cache(
         )
 
     loads = []
-    real_load = base_eval.load_base_for_eval
+    real_load = base_model.load_base_for_eval
     dist = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="h", device=torch.device("cpu"))
     final = Location(str(lora.run_dir / "final"))
     monkeypatch.setattr(
-        base_eval, "load_base_for_eval", lambda spec, d: loads.append(spec.run_id) or real_load(spec, d)
+        base_model, "load_base_for_eval", lambda spec, d: loads.append(spec.run_id) or real_load(spec, d)
     )
-    with caplog.at_level(logging.INFO, logger="trainer.base_eval"):
+    with caplog.at_level(logging.INFO, logger="trainer.evaluation.base_model"):
         first, second = (evaluate_here(spec_of(name, True), final, dist) for name in ("one", "two"))
     assert loads == ["one"] and [len(list((tmp_path / "eval-cache" / "base").iterdir()))] == [1]
     assert "cache miss" in caplog.text and "cache hit" in caplog.text

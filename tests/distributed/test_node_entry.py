@@ -1,4 +1,4 @@
-"""`python -m flows.node --spec SPEC` on each node, driven by Qwen's NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT/
+"""`python -m launch.node --spec SPEC` on each node, driven by Qwen's NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT/
 GPUS_PER_NODE variables, as users launch nodes by hand or from another scheduler. The whole by-hand path
 (prepare --write-spec, then two nodes training to COMPLETE) is tests/test_nodes_by_hand_cli.py."""
 
@@ -20,7 +20,7 @@ from tests.distributed.harness import Staged, config
 def launch(spec_url: str, **variables: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **variables}
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.node", "--spec", spec_url],
+        [sys.executable, "-m", "launch.node", "--spec", spec_url],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

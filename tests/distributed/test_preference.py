@@ -17,6 +17,7 @@ import pytest
 from torch.testing import assert_close
 
 from config.loader import load_config
+from config.methods import METHODS
 from core.errors import UserError
 from storage.location import Location
 from tests.distributed.harness import Run, Staged, evaluate, stage, train
@@ -121,14 +122,14 @@ def test_full_fine_tuning_takes_the_base_models_log_probabilities_as_its_referen
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
     from trainer.loss.logps import sequence_logps
-    from trainer.model import ensure_pad_token_id, load_base
+    from trainer.model.load import ensure_pad_token_id, load_base
     from trainer.objectives.preference.batching import collate_preference
 
     spec = full_dpo.spec
     rows = open_split(spec.dataset_dir, "train", node_cache(spec.config.launch))
     table = np.load(full_dpo.run_dir / "reference" / "train.npy")
     assert table.shape == (len(rows), 2) and (table < 0).all()
-    model = load_base(spec.model_path, method="full", bf16=False).eval()
+    model = load_base(spec.model_path, method=METHODS["full"], bf16=False).eval()
     pad_id = ensure_pad_token_id(model, spec.model_path)
     for i in (0, len(rows) - 1):
         batch = collate_preference([rows[i]], [rows.feedback(i)], pad_id).sequences

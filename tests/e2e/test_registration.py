@@ -125,22 +125,15 @@ def assert_reproduces_eval(model, run_url: str, entry: dict) -> None:
     from storage.local_dataset import open_split
     from storage.node_cache import node_cache
     from storage.spec import load_spec
-    from trainer.model import ensure_pad_token_id
-    from trainer.objectives.sft import local_sums
+    from trainer.model.load import ensure_pad_token_id
+    from trainer.objectives.base import EvalOptions
+    from trainer.objectives.sft import EvalRows, local_sums
 
     spec, _ = load_spec(Location(str(Path(run_url) / "spec.json")))
     split = open_split(spec.dataset_dir, "eval", node_cache(spec.config.launch))
-    loss_sum, targets, _, examples = local_sums(
-        model,
-        split,
-        range(len(split)),
-        rank=0,
-        world=1,
-        batch_size=3,
-        pad_id=ensure_pad_token_id(model, spec.model_path),
-        device=torch.device("cpu"),
-        loss_chunk_tokens=0,
-    )
+    options = EvalOptions(3, ensure_pad_token_id(model, spec.model_path))
+    every = EvalRows(range(len(split)), 0, 1)
+    loss_sum, targets, _, examples = local_sums(model, split, every, options, torch.device("cpu"), 0)
     # Full logits here, the chunked loss (train.loss_chunk_tokens) in the pipeline's evaluation: the same figure.
     assert (targets, examples) == (entry["metrics"]["target_tokens"], entry["metrics"]["examples"])
     assert_close(loss_sum / targets, entry["metrics"]["loss"], rtol=1e-7, atol=0)

@@ -41,7 +41,7 @@ def state_name(run_id) -> str:
 
 
 # Each backend once, and each value of launch.checkpoint_on_cancel once: the save on cancel happens in the ranks
-# (trainer/cancel.py) whichever backend stopped them, so the two cases cover every path.
+# (trainer/watch/cancel.py) whichever backend stopped them, so the two cases cover every path.
 @pytest.mark.parametrize(("backend", "save"), [("local", False), ("prefect", True)])
 def test_cancel_while_training_leaves_no_process(
     pipeline_worker, tmp_path, tiny_model, backend: str, save: bool

@@ -65,12 +65,13 @@ def start(
 # kill: how the ssh and slurm backends' kill -9 tests start their pipeline.
 PHASE_PIPELINE = """
 import sys
+from launch.job import TRAIN
 from launch.phase import run_phase
 from storage.location import Location
 from storage.spec import WrittenSpec, load_spec
 spec_url = Location.parse(sys.argv[1])
 spec, digest = load_spec(spec_url)
-run_phase(WrittenSpec(spec, spec_url, digest), "train", print, on_progress=lambda _: None)
+run_phase(WrittenSpec(spec, spec_url, digest), TRAIN, print, on_progress=lambda _: None)
 """
 
 

@@ -1,9 +1,10 @@
-"""Variable-length attention on a real GPU (train.attention, trainer/attention.py): a micro-batch flattened into one
+"""Variable-length attention on a real GPU (train.attention, trainer/model/attention.py): a micro-batch flattened into
+one
 padding-free row (trainer/data.py `collate_flat`) through PyTorch's variable-length flash attention, and through
 flash-attn's where it is installed, gives each example the loss it has alone, and the padded micro-batch's loss and
 gradients through sdpa. bfloat16, as training runs on a GPU: losses within 1% (attention's bf16 reductions run over
 different shapes). Skipped without CUDA (CI); the CPU tests run the same code with a stand-in for the kernel
-(tests/unit/trainer/test_attention.py)."""
+(tests/unit/trainer/model/test_attention.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import pytest
 import torch
 
 from storage.shards import Row
-from tests.unit.trainer.test_attention import example_losses, model_with, rows, split_examples
-from trainer import attention
-from trainer.attention import Attention
+from tests.unit.trainer.model.test_attention import example_losses, model_with, rows, split_examples
 from trainer.data import collate, collate_flat
 from trainer.loss.chunked import LossHead
+from trainer.model import attention
+from trainer.model.attention import Attention
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -1,4 +1,4 @@
-"""Liger's kernels on a real GPU (train.kernels=liger, trainer/kernels.py): a tiny Qwen2-shaped model patched with
+"""Liger's kernels on a real GPU (train.kernels=liger, trainer/model/kernels.py): a tiny Qwen2-shaped model patched with
 Liger's RMSNorm, SwiGLU and RoPE, its loss taken by Liger's fused linear cross-entropy (trainer/loss/liger.py),
 gives the unpatched model's chunked loss and gradients on the same batch, in float32. Skipped without CUDA (CI)."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tests.unit.trainer.loss.liger_interpreted import VOCAB, loss_and_grads
-from trainer import kernels, tiny
-from trainer.kernels import Kernels
 from trainer.loss.chunked import LossHead
 from trainer.loss.liger import LigerLossHead
+from trainer.model import kernels, tiny
+from trainer.model.kernels import Kernels
 
 pytestmark = pytest.mark.gpu
 

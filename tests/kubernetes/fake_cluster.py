@@ -13,7 +13,7 @@ docker/train.Dockerfile lays it out (its entrypoint, its Python first on PATH, T
 Scheduling is one number, `capacity` (the nodes with room for a pod; None: room for all): a pod past it stays Pending
 with the scheduler's Unschedulable condition, and a job under a Kueue queue label gets pods only when all of them
 fit (Kueue's gang admission), else none. What it does not do: pull images, enforce resources, reschedule a pending
-pod, run controllers beyond these two objects' pods. Tests say which part is real: the pods' processes (flows.node,
+pod, run controllers beyond these two objects' pods. Tests say which part is real: the pods' processes (launch.node,
 torchrun, the ranks), storage, the pipeline and the client.
 """
 

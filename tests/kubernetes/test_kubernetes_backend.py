@@ -1,5 +1,5 @@
 """launch.backend=kubernetes, run for real up to the cluster: the official client submits, follows and deletes the
-objects through HTTP, and every pod's container runs as rendered (flows.node, torchrun and the ranks, real storage).
+objects through HTTP, and every pod's container runs as rendered (launch.node, torchrun and the ranks, real storage).
 
 Mocked, because no Kubernetes API server or container runtime can run here: the API server and the kubelet are
 tests/kubernetes/fake_cluster.py, which answers the client's calls, runs each pod's command with the environment the
@@ -26,6 +26,7 @@ from core.checkout import PROJECT_ROOT
 from core.errors import RetryableError, TooFewNodes, UserError
 from launch.backends import kubernetes_api
 from launch.command import free_port
+from launch.job import PROBE, TRAIN
 from launch.phase import run_phase
 from pipeline.plan import build_spec, record_model
 from storage import layout
@@ -156,7 +157,7 @@ def final_state(flow_run_id: Any) -> Any:
 def test_a_trainjobs_pods_take_their_place_from_the_trainer_variables(cluster: FakeCluster, staged: Staged) -> None:
     job = written(staged, "k8s-trainjob", ["launch.kubernetes.runtime=torch-distributed"])
     lines: list[str] = []
-    run_phase(job, "probe", lines.append)
+    run_phase(job, PROBE, lines.append)
     assert [what.split()[0] for method, what in cluster.requests if method == "POST"] == ["TrainJob"]
     logs = "".join(path.read_text() for path in cluster.root.glob("*.log"))
     assert "node 0/2: probe started" in logs and "node 1/2: probe started" in logs
@@ -178,7 +179,7 @@ def test_a_failing_rank_is_its_nodes_error_line_with_its_exit_class(
     cluster.objects[("Pod", "default", "pipeline-7xk2p")] = owner
     job = written(staged, "k8s-fail", ["train.max_steps=8", "launch.env={TANDEM_TEST_EXIT_AT_STEP: '1:3'}"])
     with pytest.raises(RetryableError) as info:
-        run_phase(job, "train", lambda _: None)
+        run_phase(job, TRAIN, lambda _: None)
     message = str(info.value)
     assert message.startswith("train: ") and "rank 1 exited with code 137" in message, message
     assert "(pod tandem-k8s-fail-train-" in message and "\n" not in message
@@ -233,7 +234,7 @@ def test_a_queue_that_admits_nothing_is_one_node_fewer_and_below_the_minimum_one
     ]
     job = written(staged, "k8s-queue", settings)
     with pytest.raises(TooFewNodes) as info:
-        run_phase(job, "probe", lambda _: None)
+        run_phase(job, PROBE, lambda _: None)
     assert info.value.nodes == 1 and str(info.value) == (
         "probe: not every pod runs after 3 s (queue gpus admitted none of the 2 pods); free the nodes or raise "
         "launch.kubernetes.schedule_timeout_s"
@@ -247,7 +248,7 @@ def test_an_image_that_cannot_be_pulled_is_one_line_and_nothing_is_left(cluster:
     cluster.unpullable.add("registry.example/tandem:missing")
     job = written(staged, "k8s-image", ["launch.kubernetes.image=registry.example/tandem:missing"])
     with pytest.raises(UserError) as info:
-        run_phase(job, "train", lambda _: None)
+        run_phase(job, TRAIN, lambda _: None)
     assert str(info.value).startswith("pod tandem-k8s-image-train-")
     assert "image 'registry.example/tandem:missing' cannot be pulled (ErrImagePull" in str(info.value)
     assert "fix launch.kubernetes.image" in str(info.value)

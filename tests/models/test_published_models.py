@@ -39,7 +39,7 @@ def alpaca(n: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def qwen25_05b(tmp_path_factory) -> Path:
     """Qwen2.5-0.5B-Instruct as published, with random weights (494M parameters, 988 MB of bf16; about 20 s)."""
-    from trainer.tiny_qwen import build_qwen25_tokenizer
+    from trainer.model.tiny_qwen import build_qwen25_tokenizer
 
     out = tmp_path_factory.mktemp("published") / "Qwen2.5-0.5B-Instruct"
     write_published(out, QWEN25_05B_INSTRUCT, QWEN25_GENERATION, build_qwen25_tokenizer())
@@ -121,7 +121,7 @@ def test_qwen3_shape_trains_and_exports(tmp_path, sft_data) -> None:
     """Qwen3-0.6B's published hidden size, heads, head_dim, vocabulary and tying with 2 layers, Qwen's Qwen3
     tokenizer files (its chat template and <think> tokens): LoRA under ZeRO-2 on 1 rank, trained and exported."""
     from tests.distributed.harness import stage, train
-    from trainer.tiny_qwen import qwen_tokenizer_dir
+    from trainer.model.tiny_qwen import qwen_tokenizer_dir
 
     model = write_published(
         tmp_path / "Qwen3-0.6B-2-layers",

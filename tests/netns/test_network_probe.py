@@ -9,6 +9,7 @@ import json
 import pytest
 
 from core.errors import UserError
+from launch.job import PROBE
 from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
@@ -38,7 +39,7 @@ def probe(staged: Staged, machines: Machines, name: str, overrides: list[str]) -
     written = WrittenSpec(spec, join(spec.run, layout.SPEC), write_spec(spec))
     lines: list[str] = []
     try:
-        run_phase(written, "probe", lines.append)
+        run_phase(written, PROBE, lines.append)
     finally:
         print("\n".join(lines))
         assert machines.strays() == {}

@@ -18,6 +18,7 @@ import pytest
 
 from config.loader import load_config
 from core.errors import RetryableError, UserError
+from launch.job import TRAIN
 from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
@@ -257,7 +258,7 @@ def test_a_killed_node_fails_the_job_within_seconds_naming_its_host(staged: Stag
 
     def pipeline() -> None:
         try:
-            run_phase(written, "train", lambda _: None, on_progress=lambda _: None)
+            run_phase(written, TRAIN, lambda _: None, on_progress=lambda _: None)
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             outcome["error"], outcome["at"] = exc, time.monotonic()
 
@@ -287,7 +288,7 @@ def test_an_ssh_refusal_is_one_line_naming_the_host_and_the_fix(staged: Staged, 
     hosts = [machines.machines[0].addr, f"nobody@{machines.machines[1].addr}"]
     written = ssh_spec(staged, machines, "ssh-refused", hosts, [])
     with pytest.raises(UserError) as refused:
-        run_phase(written, "train", lambda _: None)
+        run_phase(written, TRAIN, lambda _: None)
     assert str(refused.value) == (
         f"node 1 (nobody@{machines.machines[1].addr}): Permission denied (publickey). — "
         "install this machine's key on it (ssh-copy-id), or name the key with "
@@ -308,7 +309,7 @@ def test_duplicate_node_ranks_by_hand_stop_every_node_within_seconds(staged: Sta
     for machine, rank in zip(machines.machines, (0, 1, 1), strict=True):
         command = (
             f"cd {ROOT} && NNODES=3 NODE_RANK={rank} MASTER_ADDR={first} MASTER_PORT=29411 "
-            f"{sys.executable} -m flows.node --spec {spec_url}"
+            f"{sys.executable} -m launch.node --spec {spec_url}"
         )
         nodes.append(
             subprocess.Popen(
@@ -358,7 +359,7 @@ def test_a_cancelled_launch_leaves_nothing_running_on_any_host(staged: Staged, m
 
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        run_phase(written, "train", lambda _: None, on_progress=interrupt)
+        run_phase(written, TRAIN, lambda _: None, on_progress=interrupt)
     print(f"cancel: every host clean {time.monotonic() - started:.1f} s after the launch started")
     assert machines.strays() == {}
     assert not list(Path("/tmp").glob("tandem-ssh-*/*"))  # no shared connection left behind

@@ -246,14 +246,14 @@ def rendered_sbatch(world: World) -> str:
     import os
 
     from launch.backends.slurm import render_sbatch, sbatch_command
-    from launch.job import PhaseJob
+    from launch.job import TRAIN, PhaseJob
     from storage.spec import WrittenSpec, load_spec
 
     url = Location(str(world.storage / "runs" / "canary-local" / "spec.json"))
     spec, digest = load_spec(url)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(NAME, world.canary)
-        script = render_sbatch(PhaseJob(WrittenSpec(spec, url, digest), "train"), output="/x/%j.out")
+        script = render_sbatch(PhaseJob(WrittenSpec(spec, url, digest), TRAIN), output="/x/%j.out")
         assert "--export=ALL" in sbatch_command("/x/train.sbatch", spec.config.launch)
         assert os.environ[NAME] == world.canary
     return script

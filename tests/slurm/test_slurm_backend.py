@@ -15,7 +15,7 @@ from config.loader import load_config
 from core.errors import RetryableError
 from launch.backends.slurm import render_sbatch
 from launch.command import free_port
-from launch.job import PhaseJob
+from launch.job import TRAIN, PhaseJob
 from launch.phase import run_phase
 from pipeline.plan import build_spec
 from storage import layout
@@ -41,7 +41,7 @@ def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
     )
     spec = build_spec(cfg, "render", staged.model_path, staged.dataset)
     script = render_sbatch(
-        PhaseJob(WrittenSpec(spec, Location("/shared/runs/render/spec.json"), "ab" * 32), "train"),
+        PhaseJob(WrittenSpec(spec, Location("/shared/runs/render/spec.json"), "ab" * 32), TRAIN),
         output="/shared/out-%j.txt",
     )
     lines = script.splitlines()
@@ -62,7 +62,7 @@ def test_the_script_mirrors_qwens_slurm_recipe(staged: Staged) -> None:
     srun = script[script.index("srun") :]
     assert "--nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1" in srun
     assert "export NODE_RANK=$SLURM_NODEID; exec" in srun
-    assert "-m flows.node --spec /shared/runs/render/spec.json --phase train --spec-digest " + "ab" * 32 in srun
+    assert "-m launch.node --spec /shared/runs/render/spec.json --phase train --spec-digest " + "ab" * 32 in srun
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0  # valid bash
 
 
@@ -107,7 +107,7 @@ def test_a_failing_rank_fails_the_job_with_its_output(slurm_cluster, staged: Sta
     spec = build_spec(cfg, "slurm-fail", staged.model_path, staged.dataset)
     digest = write_spec(spec)
     with pytest.raises(RetryableError) as info:
-        run_phase(WrittenSpec(spec, join(spec.run, layout.SPEC), digest), "train", lambda _: None)
+        run_phase(WrittenSpec(spec, join(spec.run, layout.SPEC), digest), TRAIN, lambda _: None)
     message = str(info.value)
     assert (
         message.startswith("train: SLURM job ")
@@ -119,7 +119,7 @@ def test_a_failing_rank_fails_the_job_with_its_output(slurm_cluster, staged: Sta
 
 @pytest.mark.orphans
 def test_kill_9_of_the_pipeline_ends_the_slurm_job_and_leaves_no_rank(slurm_cluster, staged: Staged) -> None:
-    """The pipeline killed outright while its SLURM job trains: the node (flows.node under srun) sees the pipeline's
+    """The pipeline killed outright while its SLURM job trains: the node (launch.node under srun) sees the pipeline's
     liveness record go stale, its ranks save and stop, and the job ends; nothing of the run is left running and the
     checkpoint saved on the way out is whole. Marker `orphans` (make test-suites)."""
     cfg = config(

@@ -41,6 +41,8 @@ THIRD_PARTY = {
 }
 MAX_FUNCTION_LINES = 50
 MAX_MODULE_LINES = 400
+# A function of the trainer takes values, not long lists of loose ones (self and cls not counted).
+MAX_TRAINER_PARAMETERS = 7
 
 
 def sources() -> Iterator[tuple[str, Path]]:
@@ -228,6 +230,41 @@ def test_functions_are_short() -> None:
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+def parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's parameters, every kind counted (*args and **kwargs one each), self and cls not."""
+    args = node.args
+    names = [a.arg for a in [*args.posonlyargs, *args.args]]
+    count = len(names) + len(args.kwonlyargs) + (args.vararg is not None) + (args.kwarg is not None)
+    return count - (1 if names and names[0] in ("self", "cls") else 0)
+
+
+def test_trainer_functions_take_values_not_long_parameter_lists() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({parameter_count(node)} parameters)"
+        for package, path in sources()
+        if package == "trainer"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and parameter_count(node) > MAX_TRAINER_PARAMETERS
+    ]
+    assert not long, f"trainer functions over {MAX_TRAINER_PARAMETERS} parameters: make a value of them: {long}"
+
+
+def test_the_parameter_count_counts_every_kind() -> None:
+    (node,) = ast.parse("def f(self, a, /, b, *c, d, **e): pass").body
+    assert isinstance(node, ast.FunctionDef) and parameter_count(node) == 5
+
+
+def test_the_trainer_reads_the_test_faults_in_one_place() -> None:
+    """Fault injection is a value read once at a rank's start (trainer/watch/faults.py), never an environment variable
+    read where training runs."""
+    readers = [
+        str(path.relative_to(ROOT))
+        for package, path in sources()
+        if package == "trainer" and "TANDEM_TEST_" in path.read_text() and path != ROOT / "trainer/watch/faults.py"
+    ]
+    assert not readers, f"only trainer/watch/faults.py may name a TANDEM_TEST_ variable: {readers}"
+
+
 def test_modules_are_small() -> None:
     lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for _, path in sources()}
     long = sorted(f"{name} ({count})" for name, count in lines.items() if count > MAX_MODULE_LINES)
@@ -244,9 +281,9 @@ class NoPrefect:
         if name.split(".")[0] == "prefect":
             raise ImportError("Prefect is not installed on this machine")
 sys.meta_path.insert(0, NoPrefect())
-for module in ("trainer.__main__", "trainer.loop", "trainer.evaluate", "trainer.samples", "trainer.tiny",
-               "tests.benchmarks.bench_gpu", "tests.benchmarks.bench_train", "staging.stage", "pipeline.plan",
-               "pipeline.models", "config.loader"):
+for module in ("trainer.__main__", "trainer.loop", "trainer.build", "trainer.evaluate", "trainer.evaluation.stage",
+               "trainer.evaluation.samples", "trainer.model.tiny", "tests.benchmarks.bench_gpu",
+               "tests.benchmarks.bench_train", "staging.stage", "pipeline.plan", "pipeline.models", "config.loader"):
     importlib.import_module(module)
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,8 @@ from storage.location import Location, is_local, join, local_path
 from storage.retry import with_retries
 from trainer.checkpointing.snapshot import Pending, Snapshot, SnapshotEngine
 from trainer.checkpointing.writer import SaveJob
-from trainer.distributed import Dist, barrier
+from trainer.parallel.distributed import Dist, barrier
+from trainer.watch.faults import NO_FAULTS, Faults
 
 log = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.pt"
@@ -75,20 +77,26 @@ def _rank_files(root: str, rank_dir: str, with_root_files: bool) -> list[str]:
     return sorted(out)
 
 
-def begin_save(
-    engine: Any,
-    *,
-    snapshots: SnapshotEngine | None,
-    run_url: Location,
-    step: int,
-    meta: dict[str, Any],
-    dist: Dist,
-    algorithm: str,
-    exclude_frozen: bool,
-) -> SaveJob:
+@dataclass(frozen=True)
+class Saving:
+    """What every save of a run is made with: the run's directory, this rank's place, the digest algorithm, whether
+    frozen weights are left out (adapters), the manifest's `meta`, the host-memory snapshots of a background save (None:
+    written to disk at once), and the faults a test injects into the writer."""
+
+    run_url: Location
+    dist: Dist
+    algorithm: str
+    exclude_frozen: bool
+    meta: dict[str, Any]
+    snapshots: SnapshotEngine | None
+    faults: Faults = NO_FAULTS
+
+
+def begin_save(engine: Any, step: int, saving: Saving) -> SaveJob:
     """The part of saving step `step` that training waits for: DeepSpeed's save (its collectives) with this rank's
-    state copied to host memory by `snapshots` (or, with None, written to disk at once); returns what the writer
+    state copied to host memory by the snapshots (or, without, written to disk at once); returns what the writer
     (trainer/checkpointing/writer.py) does next."""
+    run_url, dist, snapshots = saving.run_url, saving.dist, saving.snapshots
     url = layout.checkpoint_dir(run_url, step)
     if read_complete(url) is not None:
         raise UserError(f"{url} is already complete; refusing to overwrite a checkpoint (use a new run.name)")
@@ -104,7 +112,11 @@ def begin_save(
     started = time.perf_counter()
     try:
         engine.save_checkpoint(
-            root, tag=rank_dir, client_state={"step": step}, save_latest=False, exclude_frozen_parameters=exclude_frozen
+            root,
+            tag=rank_dir,
+            client_state={"step": step},
+            save_latest=False,
+            exclude_frozen_parameters=saving.exclude_frozen,
         )
     finally:
         engine.checkpoint_engine = default_engine
@@ -121,7 +133,7 @@ def begin_save(
     snapshot.files.append(Pending(os.path.join(root, rank_dir, TRAINER_STATE), state, 0))
     pending = {os.path.relpath(f.path, root) for f in snapshot.files}
     extra = [rel for rel in _rank_files(root, rank_dir, with_root_files=dist.is_main) if rel not in pending]
-    return SaveJob(url, root, remote, step, meta, algorithm, snapshot, extra)
+    return SaveJob(url, root, remote, step, saving.meta, saving.algorithm, snapshot, extra, saving.faults)
 
 
 def publish_dir(

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,38 +21,41 @@ from storage import layout
 from storage.checkpoints import model_manifest
 from storage.fs import exists, read_json
 from storage.location import Location, join
-from trainer import faults
 from trainer.checkpointing.deepspeed_io import publish_dir
 from trainer.checkpointing.streamed_export import merge_streamed, write_partitioned
-from trainer.distributed import Dist, barrier, gather_objects
 from trainer.metrics import log_memory
-from trainer.model import parameter_count
-from trainer.moe import adapter_summary
+from trainer.model.load import parameter_count
+from trainer.parallel.distributed import Dist, barrier, gather_objects
+from trainer.parallel.moe import adapter_summary
+from trainer.watch.faults import NO_FAULTS, Faults
 
 log = logging.getLogger(__name__)
 
 
-def export_final(
-    engine: Any,
-    *,
-    run_url: Location,
-    model_path: str,
-    step: int,
-    zero_stage: int,
-    merged: bool,
-    shard_bytes: int,
-    dist: Dist,
-    algorithm: str,
-    chat_template: str | None = None,
-    trust_remote_code: bool = False,
-) -> Location:
-    """Write the trained model to {run}/final in Hugging Face format (adapter or full, in shards of at most
-    `shard_bytes` with an index), COMPLETE last; the tokenizer carries `chat_template` (model.chat_template's text)
-    when given, so serving uses what staging used. With `trust_remote_code` (model.trust_remote_code) full and merged
-    weights carry the base directory's code files, so they load as the base does. Under ZeRO-3 no rank ever gathers
-    the whole model."""
-    url = layout.final_dir(run_url)
-    faults.maybe_late_export(dist.rank)
+@dataclass(frozen=True)
+class ExportSettings:
+    """How a run's final model is exported: the run's directory, the base model's directory (its tokenizer, its code),
+    the ZeRO stage, whether a merged copy is written beside an adapter (train.export_merged), the weights' shard size,
+    the digest algorithm, the chat template staging used (model.chat_template's text) and model.trust_remote_code."""
+
+    run_url: Location
+    model_path: str
+    zero_stage: int
+    merged: bool
+    shard_bytes: int
+    algorithm: str
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+
+
+def export_final(engine: Any, step: int, settings: ExportSettings, dist: Dist, faults: Faults = NO_FAULTS) -> Location:
+    """Write the trained model to {run}/final in Hugging Face format (adapter or full, in shards of at most the shard
+    size with an index), COMPLETE last; the tokenizer carries the chat template when given, so serving uses what staging
+    used. With trust_remote_code full and merged weights carry the base directory's code files, so they load as the
+    base does. Under ZeRO-3 no rank ever gathers the whole model."""
+    s = settings
+    url = layout.final_dir(s.run_url)
+    faults.before_export(dist.rank)
     done = exists(join(url, layout.COMPLETE)) and read_json(join(url, layout.MANIFEST)).get("step") == step
     # Rank 0's view decides, for every rank: a rank that looked only after rank 0 had published would return here
     # without the barrier below, and its next collective would meet rank 0's barrier.
@@ -61,20 +65,26 @@ def export_final(
     model = engine.module
     staging = tempfile.mkdtemp(prefix="tandem-final-") if dist.is_main else ""
     log_memory("exporting")
-    save_weights(engine, model, staging, zero_stage, shard_bytes, dist.is_main)
+    save_weights(engine, model, staging, s.zero_stage, s.shard_bytes, dist.is_main)
     log_memory("weights exported")
     if dist.is_main:
-        save_tokenizer(model_path, staging, chat_template, trust_remote_code=trust_remote_code)
+        save_tokenizer(s.model_path, staging, s.chat_template, trust_remote_code=s.trust_remote_code)
         adapter = os.path.exists(os.path.join(staging, "adapter_config.json"))
-        if trust_remote_code and not adapter:
-            copy_model_code(model_path, staging)
-        if merged and adapter:
+        if s.trust_remote_code and not adapter:
+            copy_model_code(s.model_path, staging)
+        if s.merged and adapter:
             dtype = torch.bfloat16 if engine.device.type == "cuda" else torch.float32
             merged_dir = os.path.join(staging, "merged")
             merge_adapter(
-                model_path, staging, merged_dir, chat_template, dtype, shard_bytes, trust_remote_code=trust_remote_code
+                s.model_path,
+                staging,
+                merged_dir,
+                s.chat_template,
+                dtype,
+                s.shard_bytes,
+                trust_remote_code=s.trust_remote_code,
             )
-        publish_dir(staging, url, algorithm, lambda files: model_manifest(step, algorithm, files))
+        publish_dir(staging, url, s.algorithm, lambda files: model_manifest(step, s.algorithm, files))
     barrier()
     return url
 

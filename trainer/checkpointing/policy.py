@@ -18,13 +18,14 @@ import torch
 from config.sections.model_train import size_in_bytes
 from storage.checkpoints import CompleteCheckpoint, apply_retention
 from storage.spec import Spec
-from trainer.checkpointing.deepspeed_io import begin_save, load_checkpoint
-from trainer.checkpointing.export import export_final
+from trainer.checkpointing.deepspeed_io import Saving, begin_save, load_checkpoint
+from trainer.checkpointing.export import ExportSettings, export_final
 from trainer.checkpointing.reshard import check_sequence_groups, load_resharded
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint
 from trainer.checkpointing.snapshot import SnapshotEngine
 from trainer.checkpointing.writer import BackgroundSave, SaveResult
-from trainer.distributed import Dist, dist_sum, side_group
+from trainer.parallel.distributed import Dist, dist_sum, side_group
+from trainer.watch.faults import Faults
 
 log = logging.getLogger(__name__)
 
@@ -200,10 +201,10 @@ class Checkpointer:
 class DeepSpeedIO:
     """CheckpointIO over a DeepSpeed engine and the run's checkpoints on storage."""
 
-    def __init__(self, engine: Any, spec: Spec, dist: Dist, *, zero_stage: int) -> None:
-        self.engine, self.spec, self.dist = engine, spec, dist
+    def __init__(self, engine: Any, spec: Spec, dist: Dist, faults: Faults, *, zero_stage: int) -> None:
+        self.engine, self.spec, self.dist, self.faults = engine, spec, dist, faults
         train = spec.config.train
-        self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method != "full"
+        self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method.trains_adapters
         self.algorithm = spec.config.data.digest_algorithm  # writers use the configured digest
         # Every checkpoint file's digest is in its manifest and checked on resume; the zip CRC32 that torch.save
         # computes for each record is a second check that costs as much CPU as the write itself.
@@ -232,20 +233,13 @@ class DeepSpeedIO:
         return load_checkpoint(self.engine, ckpt, self.dist, frozen_excluded=self.adapters)
 
     def start_save(self, step: int) -> InFlight:
-        job = begin_save(
-            self.engine,
-            snapshots=self.snapshots,
-            run_url=self.spec.run,
-            step=step,
-            meta={
-                "zero_stage": self.zero_stage,
-                "method": self.method,
-                "sequence_parallel_size": self.dist.sequence_parallel,
-            },
-            dist=self.dist,
-            algorithm=self.algorithm,
-            exclude_frozen=self.adapters,
-        )
+        meta = {
+            "zero_stage": self.zero_stage,
+            "method": self.method.name,
+            "sequence_parallel_size": self.dist.sequence_parallel,
+        }
+        saving = Saving(self.spec.run, self.dist, self.algorithm, self.adapters, meta, self.snapshots, self.faults)
+        job = begin_save(self.engine, step, saving)
         return BackgroundSave(job, self.dist, self.writers, background=self.snapshots is not None)
 
     def agree(self, mine: bool) -> bool:
@@ -258,16 +252,14 @@ class DeepSpeedIO:
     def export(self, step: int) -> None:
         if self.snapshots is not None:
             self.snapshots.release()
-        export_final(
-            self.engine,
-            run_url=self.spec.run,
-            model_path=self.spec.model_path,
-            step=step,
-            zero_stage=self.zero_stage,
-            merged=self.spec.config.train.export_merged,
-            shard_bytes=size_in_bytes(self.spec.config.train.export_shard_size),
-            dist=self.dist,
-            algorithm=self.algorithm,
-            chat_template=self.spec.chat_template,
-            trust_remote_code=self.spec.config.model.trust_remote_code,
+        settings = ExportSettings(
+            self.spec.run,
+            self.spec.model_path,
+            self.zero_stage,
+            self.spec.config.train.export_merged,
+            size_in_bytes(self.spec.config.train.export_shard_size),
+            self.algorithm,
+            self.spec.chat_template,
+            self.spec.config.model.trust_remote_code,
         )
+        export_final(self.engine, step, settings, self.dist, self.faults)

@@ -34,7 +34,7 @@ from storage import layout
 from storage.checkpoints import CompleteCheckpoint, read_universal, remove_dir, universal_manifest
 from trainer.checkpointing.deepspeed_io import DS_TAG, TRAINER_STATE, deepspeed_layout, publish_dir
 from trainer.checkpointing.resume import verify_shared
-from trainer.distributed import Dist, barrier
+from trainer.parallel.distributed import Dist, barrier
 
 log = logging.getLogger(__name__)
 

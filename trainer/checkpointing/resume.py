@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import time
 
+from config.methods import METHODS, Method
 from core.errors import UserError
 from storage import layout
 from storage.checkpoints import CompleteCheckpoint, inspect, read_complete, step_dirs
 from storage.digest import digest_url
 from storage.fs import exists, filesystem
 from storage.location import Location, join
-from trainer.distributed import Dist, barrier, gather_objects
+from trainer.parallel.distributed import Dist, barrier, gather_objects
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,15 @@ def verify_shared(ckpt: CompleteCheckpoint, dist: Dist) -> str | None:
     return next((p for p in gather_objects(problem, dist) if p), None)
 
 
-def check_compatible(ckpt: CompleteCheckpoint, *, zero_stage: int, method: str) -> None:
+def check_compatible(ckpt: CompleteCheckpoint, *, zero_stage: int, method: Method) -> None:
     """Refuse a checkpoint that cannot be converted to this run (another ZeRO stage or method), saying what differs
     and what to do; another world size is fine (trainer/checkpointing/reshard.py)."""
+    written = METHODS.get(ckpt.manifest["method"], ckpt.manifest["method"])  # the manifest names its method
     differs = [
         f"{what} {have} (this run: {want})"
         for what, have, want in (
             ("ZeRO stage", ckpt.manifest["zero_stage"], zero_stage),
-            ("train.method", ckpt.manifest["method"], method),
+            ("train.method", written, method),
         )
         if have != want
     ]

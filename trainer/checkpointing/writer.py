@@ -26,9 +26,9 @@ from storage.digest import CHUNK, hasher
 from storage.fs import put_file, size
 from storage.full import full_storage_is_one_line, removed_on_error
 from storage.location import Location, join
-from trainer import faults
 from trainer.checkpointing.snapshot import Snapshot
-from trainer.distributed import Dist, gather_objects
+from trainer.parallel.distributed import Dist, gather_objects
+from trainer.watch.faults import NO_FAULTS, Faults, SavePoint
 
 log = logging.getLogger(__name__)
 WRITER_NICE = 10  # the writer thread's niceness (Linux: a thread's own)
@@ -92,6 +92,7 @@ class SaveJob:
     algorithm: str
     snapshot: Snapshot
     extra: list[str]
+    faults: Faults = NO_FAULTS  # what a test injects: a slow, held or dying writer
 
 
 @dataclass
@@ -110,7 +111,7 @@ def run_save(job: SaveJob, dist: Dist, group: Any) -> SaveResult:
     error: BaseException | None = None
     try:
         entries = _write_files(job, dist)
-        faults.in_save(dist.rank, job.step, "after_shard")
+        job.faults.in_save(dist.rank, job.step, SavePoint.AFTER_SHARD)
     except Exception as exc:  # noqa: BLE001 - traded below, then raised: every writer must reach the exchange
         error = exc
     mine = {"entries": entries, "error": None if error is None else f"{type(error).__name__}: {error}"}
@@ -127,7 +128,12 @@ def run_save(job: SaveJob, dist: Dist, group: Any) -> SaveResult:
     if dist.is_main:
         manifest = checkpoint_manifest(job.step, dist.world_size, job.meta, job.algorithm, all_entries)
         try:
-            commit(job.url, manifest, verify=True, before_seal=lambda: faults.in_save(0, job.step, "before_complete"))
+            commit(
+                job.url,
+                manifest,
+                verify=True,
+                before_seal=lambda: job.faults.in_save(0, job.step, SavePoint.BEFORE_COMPLETE),
+            )
             log.info("checkpoint step %d complete: %d files at %s", job.step, len(all_entries), job.url)
         except Exception as exc:  # noqa: BLE001 - traded below, then raised
             error, committed = exc, f"{type(exc).__name__}: {exc}"
@@ -169,7 +175,7 @@ def _write_files(job: SaveJob, dist: Dist) -> list[dict[str, Any]]:
                 raise OSError(f"{join(job.url, rel)}: {uploaded} bytes on storage after the upload, {nbytes} written")
         entries.append({"path": rel, "size": nbytes, "digest": digest, "rank": dist.rank, "host": dist.host})
         if len(entries) == 1:
-            faults.in_save(dist.rank, job.step, "mid_upload")
+            job.faults.in_save(dist.rank, job.step, SavePoint.MID_UPLOAD)
     if job.remote:
         shutil.rmtree(job.root, ignore_errors=True)
     return entries

@@ -13,7 +13,7 @@ from storage.shards import IGNORE_INDEX
 
 def shift(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 logits of positions 0..n-2, the labels they predict: positions 1..n-1). Labels one wider than the
-    positions (a sequence-parallel part's: trainer/sequence_parallel.py) give every position its target."""
+    positions (a sequence-parallel part's: trainer/parallel/sequence_parallel.py) give every position its target."""
     predicted = labels[:, 1:].to(logits.device)
     return logits[:, : predicted.size(1), :].float(), predicted
 

@@ -1,4 +1,5 @@
-"""SFT's training loss through Liger Kernel's fused linear cross-entropy (train.kernels=liger, trainer/kernels.py).
+"""SFT's training loss through Liger Kernel's fused linear cross-entropy (train.kernels=liger,
+trainer/model/kernels.py).
 
 The same summed cross-entropy as trainer/loss/chunked.py, from the same target positions of the last hidden states;
 Liger's kernel applies the output layer and the loss block by block and computes the gradients in the forward pass,

@@ -10,6 +10,7 @@ follow without a change.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from config.objectives import DPO, IPO, KTO, ORPO, SFT, Objective
 from config.sections.model_train import TrainConfig
@@ -18,7 +19,10 @@ from trainer.objectives.preference.kto import Kto
 from trainer.objectives.preference.pairs import Dpo, Ipo, Orpo
 from trainer.objectives.sft import Sft
 
-IMPLEMENTATIONS: dict[Objective, Callable[[TrainConfig], TrainObjective]] = {
+# Each objective's batch, scope and sums types are its own: the registry holds them all, so its values are typed
+# over any of them (the loop and the step are generic over them: trainer/step.py).
+AnyObjective = TrainObjective[Any, Any, Any]
+IMPLEMENTATIONS: dict[Objective, Callable[[TrainConfig], AnyObjective]] = {
     SFT: Sft.of,
     DPO: Dpo.of,
     IPO: Ipo.of,
@@ -27,6 +31,6 @@ IMPLEMENTATIONS: dict[Objective, Callable[[TrainConfig], TrainObjective]] = {
 }
 
 
-def build(train: TrainConfig) -> TrainObjective:
+def build(train: TrainConfig) -> AnyObjective:
     """The run's objective (train.objective) with its settings."""
     return IMPLEMENTATIONS[train.objective](train)

@@ -15,7 +15,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,68 +25,76 @@ from core.errors import UserError
 from storage.shards import Row
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer import attention
-from trainer.data import Batch, GlobalOrder, collate, collate_flat, rank_micro_batches
-from trainer.distributed import Dist, dist_sum
-from trainer.kernels import Kernels, resolve
+from trainer.data import Batch, Dealing, GlobalOrder, collate, collate_flat, rank_micro_batches
 from trainer.loss.chunked import LossHead
 from trainer.loss.liger import LigerLossHead
-from trainer.moe import RouterBalance
-from trainer.objectives.base import MicroLoss, StepResult, Sums
-from trainer.sequence_parallel import shard
+from trainer.objectives.base import EvalOptions, Metrics, MicroLoss, StepResult
+from trainer.objectives.policy import Policy
+from trainer.objectives.sums import Sums
+from trainer.parallel.distributed import Dist, dist_sum
+from trainer.parallel.sequence_parallel import shard
+
+if TYPE_CHECKING:
+    from trainer.build import Built
 
 
-def summed_loss(model: Any, batch: Batch, device: torch.device, loss: LossHead) -> torch.Tensor:
+def summed_loss(policy: Policy, batch: Batch, loss: LossHead) -> torch.Tensor:
     """Cross-entropy summed over the predicted positions of a micro-batch (labels shifted by one)."""
-    out = model(**batch.model_inputs(device), **loss.forward_kwargs(device))
+    out = policy.forward(batch, loss.forward_kwargs(policy.device))
     return loss.summed(out, batch.labels)
+
+
+@dataclass(frozen=True)
+class EvalRows:
+    """What of the rows `indices` this rank evaluates: its share (`rank` of `world`), `part` of each batch (a
+    sequence-parallel rank's part of its rows: trainer/parallel/sequence_parallel.py `shard`), and `flat`: each pass's
+    rows as one padding-free row (variable-length attention, trainer/model/attention.py)."""
+
+    indices: Sequence[int]
+    rank: int
+    world: int
+    part: Callable[[Batch], Batch] = lambda batch: batch
+    flat: bool = False
 
 
 @torch.no_grad()
 def local_sums(
-    model: Any,
+    model: torch.nn.Module,
     examples: Sequence[Row],
-    indices: Sequence[int],
-    *,
-    rank: int,
-    world: int,
-    batch_size: int,
-    pad_id: int,
+    rows: EvalRows,
+    options: EvalOptions,
     device: torch.device,
     loss_chunk_tokens: int,
-    lockstep: bool = False,
-    part: Callable[[Batch], Batch] = lambda batch: batch,
-    flat: bool = False,
 ) -> tuple[float, int, int, int]:
-    """(summed loss, target tokens, correct tokens, examples) over this rank's share of the rows `indices` of
+    """(summed loss, target tokens, correct tokens, examples) over this rank's share of the rows `rows.indices` of
     `examples` (the split's rows; a packed row counts each of its examples).
 
-    With `lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
+    With `options.lockstep` (a ZeRO-3 engine, whose forward is collective) every rank runs the same number of
     forward passes (and of the chunked loss's output-layer calls, which LossHead.eval_sums agrees across ranks):
-    ranks with fewer rows run throw-away passes so nobody waits forever. `part`: what of a batch this rank computes
-    (a sequence-parallel rank's part of its rows: trainer/sequence_parallel.py `shard`). `flat`: each pass's rows as
-    one padding-free row (variable-length attention, trainer/attention.py).
+    ranks with fewer rows run throw-away passes so nobody waits forever.
     """
-    mine = indices[rank::world]
-    batches = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
-    passes = math.ceil(math.ceil(len(indices) / world) / batch_size) if lockstep else len(batches)
+    mine = rows.indices[rows.rank :: rows.world]
+    size = options.batch_size
+    batches = [mine[start : start + size] for start in range(0, len(mine), size)]
+    passes = math.ceil(math.ceil(len(rows.indices) / rows.world) / size) if options.lockstep else len(batches)
     loss_sum, targets, correct, count = 0.0, 0, 0, 0
     loss = LossHead.of(model, loss_chunk_tokens)
-    layout = collate_flat if flat else collate
+    layout = collate_flat if rows.flat else collate
+    policy = Policy(model, device)
     for index in range(passes):
-        rows = [examples[i] for i in (batches[index] if index < len(batches) else indices[:1])]
-        batch = part(layout(rows, pad_id))
-        out = model(**batch.model_inputs(device), **loss.forward_kwargs(device))
+        group = [examples[i] for i in (batches[index] if index < len(batches) else rows.indices[:1])]
+        batch = rows.part(layout(group, options.pad_id))
+        out = policy.forward(batch, loss.forward_kwargs(device))
         # A throw-away pass takes its sums too, and drops them: under ZeRO-3 the chunked loss's output layer is a
         # collective as well, called as often on every rank.
         sums = loss.eval_sums(out, batch.labels)
         if index < len(batches):
             loss_sum, targets, correct = loss_sum + sums[0], targets + sums[1], correct + sums[2]
-            count += sum(len(row.segments) for row in rows)
+            count += sum(len(row.segments) for row in group)
     return loss_sum, targets, correct, count
 
 
-def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> dict[str, Any]:
+def reduced_metrics(sums: tuple[float, int, int, int], dist: Dist) -> Metrics:
     """SUM-reduce the per-rank sums and divide once."""
     loss_sum, targets, correct, count = dist_sum(sums, dist)
     if targets == 0:
@@ -113,7 +121,13 @@ class SftScope:
 
     targets: float
     scale: float
-    device: torch.device
+
+
+@dataclass(frozen=True)
+class SftSums(Sums):
+    """A step's summed cross-entropy over its target tokens."""
+
+    loss_sum: float | torch.Tensor = 0.0
 
 
 @dataclass
@@ -122,104 +136,67 @@ class Sft:
 
     objective: Objective
     chunk_tokens: int  # train.loss_chunk_tokens
-    aux_loss_coef: float | None = None  # train.moe.aux_loss_coef
-    kernels: str = "none"  # train.kernels, resolved for the device in start
-    attention: str = "sdpa"  # train.attention, resolved for the device in start
     flat: bool = False  # micro-batches as one padding-free row each (variable-length attention)
     head: LossHead | None = None
-    router: RouterBalance | None = None  # a mixture of experts' load balance (trainer/moe.py)
-    sum_keys: tuple[str, ...] = ("loss_sum",)
+    sums_type: type[SftSums] = SftSums
 
     @classmethod
     def of(cls, train: TrainConfig) -> Sft:
         """SFT with train's loss settings."""
-        return cls(train.objective, train.loss_chunk_tokens, train.moe.aux_loss_coef, train.kernels, train.attention)
+        return cls(train.objective, train.loss_chunk_tokens)
 
-    def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
-        """The loss head of the engine's model (Liger's fused loss with train.kernels' Liger, trainer/loss/liger.py);
-        a mixture of experts' router balance; the layout of micro-batches the attention takes."""
-        self.head = LossHead.of(engine, self.chunk_tokens)
-        self.flat = attention.resolve(self.attention, dist.device, dist.sequence_parallel).varlen
-        if resolve(self.kernels, dist.device) is Kernels.LIGER:
+    def start(self, built: Built, spec: Spec, dist: Dist) -> None:
+        """The loss head of the engine's model (Liger's fused loss where the run's kernels are Liger's,
+        trainer/loss/liger.py), and the layout of micro-batches the run's attention takes: both as the build resolved
+        them."""
+        self.head = LossHead.of(built.engine, self.chunk_tokens)
+        self.flat = built.choices.flat
+        if built.choices.liger:
             self.head = LigerLossHead.of_head(self.head)
-        model_config = getattr(engine, "module", engine).config  # an engine's own .config is DeepSpeed's
-        self.router = RouterBalance.of(model_config, self.aux_loss_coef, dist)
-        if self.router is not None:
-            self.sum_keys = ("loss_sum", "aux_loss_sum", "micro_batches")
 
     def start_evaluation(self, spec: Spec, rows: Split) -> None:
         """Nothing to prepare: evaluate builds the head of the model it is given."""
 
-    def deal(self, rows: Split, order: GlobalOrder, **dealing: Any) -> Iterator[Batch]:
+    def deal(self, rows: Split, order: GlobalOrder, dealing: Dealing) -> Iterator[Batch]:
         """This rank's micro-batches of supervised rows (trainer/data.py), flattened for variable-length attention."""
-        return rank_micro_batches(rows, order, flat=self.flat, **dealing)
+        return rank_micro_batches(rows, order, dealing, flat=self.flat)
 
-    def begin_step(self, model: Any, batches: Sequence[Batch], dist: Dist) -> SftScope:
+    def begin_step(self, policy: Policy, batches: Sequence[Batch], dist: Dist) -> SftScope:
         """The global batch's target tokens."""
         (targets,) = dist_sum([sum(b.target_tokens for b in batches)], dist)
         # DeepSpeed averages gradients over the ranks that read different rows (with sequence parallelism it sums
         # a sequence group's parts first), except ZeRO-3's reduce-scatter, over every rank: dist.gradient_ranks.
-        return SftScope(targets, dist.gradient_ranks * len(batches) / max(targets, 1.0), dist.device)
+        return SftScope(targets, dist.gradient_ranks * len(batches) / max(targets, 1.0))
 
-    def micro_batch(self, model: Any, batch: Batch, scope: SftScope) -> MicroLoss:
+    def micro_batch(self, policy: Policy, batch: Batch, scope: SftScope) -> MicroLoss[SftSums]:
         """The micro-batch's summed cross-entropy, scaled by the step's target tokens."""
         assert self.head is not None, "Sft.start builds the loss head before the first step"
-        if self.router is None:
-            loss = summed_loss(model, batch, scope.device, self.head)
-            return MicroLoss(loss * scope.scale, {"loss_sum": loss.detach()})
-        out = model(
-            **batch.model_inputs(scope.device), **self.head.forward_kwargs(scope.device), **self.router.forward_kwargs
-        )
-        loss = self.head.summed(out, batch.labels)
-        aux = self.router.observe(out, batch.attention_mask)
-        # DeepSpeed's average over accumulation and ranks makes the weighted auxiliary loss the step's mean of it.
-        backward = loss * scope.scale + self.router.coef * aux
-        return MicroLoss(backward, {"loss_sum": loss.detach(), "aux_loss_sum": aux.detach(), "micro_batches": 1.0})
+        loss = summed_loss(policy, batch, self.head)
+        return MicroLoss(loss * scope.scale, SftSums(loss.detach()))
 
-    def end_step(self, sums: Sums, scope: SftScope) -> StepResult:
-        """The global batch's loss per target token (the language model's alone); for a mixture of experts, the
-        load-balancing loss (mean over micro-batches) and the experts' load, apart."""
-        loss = sums["loss_sum"] / max(scope.targets, 1.0)
-        if self.router is None:
-            return StepResult(loss, int(scope.targets), {})
-        moe = {"aux_loss": sums["aux_loss_sum"] / max(sums["micro_batches"], 1.0), **self.router.end_step()}
-        return StepResult(loss, int(scope.targets), moe)
+    def end_step(self, sums: SftSums, scope: SftScope) -> StepResult:
+        """The global batch's loss per target token (the language model's alone: a mixture of experts' load-balancing
+        loss is the step's, trainer/step.py)."""
+        return StepResult(float(sums.loss_sum) / max(scope.targets, 1.0), int(scope.targets), {})
 
     def evaluate(
-        self,
-        model: Any,
-        rows: Split,
-        indices: Sequence[int],
-        dist: Dist,
-        *,
-        batch_size: int,
-        pad_id: int,
-        lockstep: bool,
-    ) -> dict[str, Any]:
+        self, model: torch.nn.Module, rows: Split, indices: Sequence[int], dist: Dist, options: EvalOptions
+    ) -> Metrics:
         """Loss, perplexity and token accuracy over the rows `indices`."""
-        loss_sum, targets, correct, count = local_sums(
-            model,
-            rows,
-            indices,
-            rank=dist.data_rank,  # a sequence group evaluates the same rows, each rank its part of them
-            world=dist.data_world,
-            batch_size=batch_size if dist.sequence_parallel == 1 else 1,  # DeepSpeed's Ulysses: one row a pass
-            pad_id=pad_id,
-            device=dist.device,
-            loss_chunk_tokens=self.chunk_tokens,
-            lockstep=lockstep,
-            part=functools.partial(shard, dist=dist),
-            flat=self.flat,
-        )
+        if dist.sequence_parallel > 1:  # DeepSpeed's Ulysses: one row a pass
+            options = EvalOptions(1, options.pad_id, options.lockstep)
+        # A sequence group evaluates the same rows, each rank its part of them.
+        share = EvalRows(indices, dist.data_rank, dist.data_world, functools.partial(shard, dist=dist), self.flat)
+        loss_sum, targets, correct, count = local_sums(model, rows, share, options, dist.device, self.chunk_tokens)
         # Losses, targets and correct predictions are of each rank's part; a group's examples are counted once.
         first_part = dist.layout.sequence_rank(dist.rank) == 0
         return reduced_metrics((loss_sum, targets, correct, count if first_part else 0), dist)
 
-    def eval_fields(self) -> dict[str, Any]:
+    def eval_fields(self) -> Metrics:
         """Nothing beside the metrics."""
         return {}
 
-    def summary(self, result: dict[str, Any]) -> str:
+    def summary(self, result: Metrics) -> str:
         """The evaluation's log line."""
         return (
             f"eval loss {result['loss']:.4f} perplexity {result['perplexity']:.2f} token accuracy "

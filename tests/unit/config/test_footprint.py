@@ -50,7 +50,8 @@ def test_a_mixture_of_experts_counts_every_expert_and_its_active_ones_apart() ->
     assert abs(model_params(QWEN3_30B_A3B) - 30.5e9) / 30.5e9 < 0.01
     assert abs(model_params(QWEN3_30B_A3B, active=True) - 3.3e9) / 3.3e9 < 0.02
     scaled = {**QWEN3_30B_A3B, **QWEN3_MOE_SCALED}
-    # What the trainer reports on the scaled model (tests/unit/trainer/test_moe.py): 37,376 LoRA parameters (r 8 on
+    # What the trainer reports on the scaled model (tests/unit/trainer/parallel/test_moe.py): 37,376 LoRA parameters (r
+    # 8 on
     # attention and every expert weight) of 19,621,760, the adapters and Qwen3's q/k norms (2 x 2 x 16) included.
     assert model_params(scaled) == 19_621_760 - 37_376 - 2 * 2 * 16
     assert adapter_params(scaled, 8, None) == 37_376

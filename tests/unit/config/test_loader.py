@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from config.loader import PRESETS_DIR, load_config
+from config.methods import METHODS
 from config.schema import FinetuneConfig
 from core.errors import UserError
 
@@ -32,7 +33,7 @@ def test_gpu_presets_mirror_qwen_scripts() -> None:
         ("qwen-14b-full", "full", 1e-5, 3),
     ):
         cfg = FinetuneConfig.model_validate(yaml.safe_load((PRESETS_DIR / f"{name}.yaml").read_text()))
-        assert (cfg.train.method, cfg.train.learning_rate) == (method, lr)
+        assert (cfg.train.method, cfg.train.learning_rate) == (METHODS[method], lr)
         assert (cfg.train.micro_batch_size, cfg.train.gradient_accumulation_steps) == (2, 8)
         assert (cfg.data.max_length, cfg.train.lr_scheduler) == (512, "cosine")
         assert (cfg.train.warmup_ratio, cfg.train.weight_decay) == (0.01, 0.1)

@@ -15,7 +15,7 @@ import pytest
 
 from config.deepspeed import read_deepspeed_json, resolve_from_train
 from config.loader import load_config
-from config.memory_plan import GB, PLAN_ERROR, MemoryPlan, longest_length, plan
+from config.memory_plan import GB, PLAN_ERROR, MemoryPlan, Phase, Term, longest_length, plan
 from tests.benchmarks.bench_gpu import ACCUMULATION, LORA, MICRO_BATCH, shape_of
 from tests.conftest import ROOT
 
@@ -53,6 +53,18 @@ def h200_measurements() -> list[tuple[str, list[str], float]]:
                 ]
                 found.append((f"{result['case']} {trainer}", settings, row["peak_memory_gb"]))
     return found
+
+
+def test_the_peak_is_what_is_always_held_plus_the_largest_phase() -> None:
+    terms = [
+        Term("weights", 10, Phase.ALWAYS, ""),
+        Term("activations", 5, Phase.BACKWARD, ""),
+        Term("gradients", 3, Phase.BACKWARD, ""),
+        Term("float32 gradients", 7, Phase.STEP, ""),
+    ]
+    assert MemoryPlan.peak(terms) == 10 + 8  # backward's 5 + 3, never at once with the step's 7
+    assert MemoryPlan.peak(terms, besides=9) == 10 + 9
+    assert MemoryPlan.peak([Term("the process", 2, Phase.ALWAYS, ""), Term("the load", 4, Phase.LOAD, "")]) == 6
 
 
 def test_the_plan_is_within_its_error_of_the_gpu_peaks_measured() -> None:
@@ -237,7 +249,7 @@ def test_the_qwen3_30b_a3b_preset_fits_its_nodes_by_the_plan() -> None:
     tree = yaml.safe_load((ROOT / "config" / "presets" / "qwen3-30b-a3b-lora.yaml").read_text())
     tree["deepspeed"]["config"] = str(ROOT / tree["deepspeed"]["config"])  # the loader resolves it so
     cfg = FinetuneConfig.model_validate(tree)  # (its data.source and model directory are the cluster's)
-    assert (cfg.train.method, cfg.world_size, cfg.train.lora.target_parameters) == ("lora", 16, None)
+    assert (cfg.train.method.name, cfg.world_size, cfg.train.lora.target_parameters) == ("lora", 16, None)
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     assert ds["zero_optimization"]["stage"] == 3
     memory = plan(cfg, ds, QWEN3_30B_A3B, on_gpu=True)

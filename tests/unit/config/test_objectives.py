@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from config.loader import load_config
+from config.methods import FULL, LORA, QLORA
 from config.objectives import DPO, KTO, OBJECTIVES, ORPO, SFT, trained_on
 from config.schema import FinetuneConfig
 from config.sections.preference import PreferenceConfig
@@ -142,16 +143,16 @@ def test_each_objective_trains_on_one_kind_of_data() -> None:
 
 def test_each_objective_describes_itself_for_the_card_and_eval_json() -> None:
     settings = PreferenceConfig(beta=0.2, label_smoothing=0.1, desirable_weight=1.5)
-    assert SFT.card(settings, "lora", "/m") == "sft (supervised: cross-entropy of the answers)"
-    assert ORPO.card(settings, "full", "/m") == "orpo (lambda 0.2); no reference model"
-    assert OBJECTIVES["ipo"].card(settings, "qlora", "/m") == (
+    assert SFT.card(settings, LORA, "/m") == "sft (supervised: cross-entropy of the answers)"
+    assert ORPO.card(settings, FULL, "/m") == "orpo (lambda 0.2); no reference model"
+    assert OBJECTIVES["ipo"].card(settings, QLORA, "/m") == (
         "ipo (tau 0.2); reference: the base model `/m` (the adapters disabled)"
     )
-    assert DPO.card(settings, "full", "/m") == (
+    assert DPO.card(settings, FULL, "/m") == (
         "dpo (beta 0.2, label smoothing 0.1); reference: the base model `/m`'s log-probabilities of every pair, "
         "computed before training (the run's reference/)"
     )
-    assert KTO.card(settings, "lora", "/m").startswith("kto (beta 0.2, desirable weight 1.5, undesirable weight 1)")
-    assert (SFT.reference_words("lora"), ORPO.reference_words("full")) == (None, None)
-    assert DPO.reference_words("qlora") == "the base model (qlora adapters disabled)"
-    assert DPO.reference_words("full").startswith("the base model's log-probabilities, computed before training")
+    assert KTO.card(settings, LORA, "/m").startswith("kto (beta 0.2, desirable weight 1.5, undesirable weight 1)")
+    assert (SFT.reference_words(LORA), ORPO.reference_words(FULL)) == (None, None)
+    assert DPO.reference_words(QLORA) == "the base model (qlora adapters disabled)"
+    assert DPO.reference_words(FULL).startswith("the base model's log-probabilities, computed before training")

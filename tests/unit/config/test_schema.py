@@ -83,11 +83,6 @@ def test_kubernetes_refuses_a_path_the_pods_cannot_reach(storage: str, pvc: str 
             "launch.min_nnodes=3 <= launch.nnodes=3 <= launch.max_nnodes=2 does not hold",
         ),
         (
-            ["launch.backend=slurm", "launch.nnodes=3", "launch.min_nnodes=2", "train.global_batch_size=24"],
-            "launch.min_nnodes/max_nnodes: only launch.backend=local, ssh or kubernetes picks the surviving nodes so "
-            "far, not slurm",
-        ),
-        (
             ["launch.backend=ssh", "launch.hosts=[n0, n1]", "launch.max_nnodes=3", "train.global_batch_size=24"],
             "launch.max_nnodes=3: the ssh backend's nodes are the 2 hosts of launch.hosts",
         ),

@@ -1,15 +1,19 @@
 """The command lines' shared plumbing, in a process of its own as a CLI runs (it installs its log filters on the root
 logger): an error of ours one masked line on stderr with its exit code, Ctrl-C exit 130, --print-config the resolved
-config as YAML that --config reads back, and Prefect's console kept from printing what the CLI prints as one line."""
+config as YAML that --config reads back, and Prefect's console kept from printing what the CLI prints as one line. A
+config its launch backend refuses stops the command line, and a flow at its boundary (`enter`), before anything ran."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from config.loader import load_config
+from core.errors import UserError
+from flows.cli import enter
 from tests.conftest import ROOT
 
 CLI = """
@@ -69,3 +73,20 @@ def test_print_config_prints_the_resolved_config_that_config_reads_back(tmp_path
     assert (ran.returncode, ran.stdout) == (0, "ran 4\n")
     bad = cli("config", "--set", "train.max_steps=-1")
     assert bad.returncode == 2 and bad.stderr.startswith("error: config tiny-cpu.yaml with --set: train.max_steps:")
+
+
+ELASTIC_ON_SLURM = ["launch.backend=slurm", "launch.nnodes=3", "launch.min_nnodes=2", "train.global_batch_size=24"]
+SLURM_REFUSES = (
+    "launch.min_nnodes/max_nnodes: only launch.backend=local, ssh or kubernetes picks the surviving nodes so far, not "
+    "slurm; leave them empty (every node must come back)"
+)
+
+
+def test_a_config_its_launch_backend_refuses_is_one_line_and_exit_2_before_anything_runs() -> None:
+    """The backend decides (launch/phase.py `run_backend`), as the config did before: on the command line, and at the
+    flow's boundary for a config from the UI form, which no command line checked."""
+    refused = cli("config", *(arg for setting in ELASTIC_ON_SLURM for arg in ("--set", setting)))
+    assert (refused.returncode, refused.stdout, refused.stderr) == (2, "", f"error: {SLURM_REFUSES}\n")
+    with pytest.raises(UserError) as at_the_boundary:
+        enter(load_config(None, ELASTIC_ON_SLURM))
+    assert str(at_the_boundary.value) == SLURM_REFUSES

@@ -1,5 +1,6 @@
 """The `tandem` command: each word runs its module's own main() with the same arguments, so `tandem X ...` and
-`python -m flows.X ...` print the same and exit the same; the installed console script is that command."""
+`python -m flows.X ...` (`tandem node`: `python -m launch.node`) print the same and exit the same; the installed
+console script is that command."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from flows import finetune, node, prepare, registry, submit
+from flows import finetune, prepare, registry, submit
 from flows.tandem import COMMANDS, main
+from launch import node
 from tests.conftest import ROOT
 
 MAINS = {"finetune": finetune.main, "prepare": prepare.main, "registry": registry.main, "submit": submit.main}
 MAINS |= {"node": node.main}
+MODULES = {command: f"flows.{command}" for command in MAINS} | {"node": "launch.node"}  # a node imports no Prefect
 
 
 def outcome(entry, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int | str | None, str, str]:
@@ -30,7 +33,7 @@ def outcome(entry, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple
 
 @pytest.mark.parametrize("command", sorted(MAINS))
 def test_each_command_is_its_modules_main(command: str, capsys) -> None:
-    assert COMMANDS[command][0] == f"flows.{command}" and COMMANDS[command][1] == ()
+    assert COMMANDS[command][0] == MODULES[command] and COMMANDS[command][1] == ()
     assert outcome(lambda a: main([command, *a]), ["--help"], capsys) == outcome(MAINS[command], ["--help"], capsys)
     wrong = ["--no-such-option"]
     assert outcome(lambda a: main([command, *a]), wrong, capsys) == outcome(MAINS[command], wrong, capsys)

@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import RetryableError, UserError
 from launch.backend import run_job, started
-from launch.job import Info, OnProgress, PhaseJob
+from launch.job import TRAIN, Info, OnProgress, PhaseJob
 
 
 @dataclass
@@ -41,7 +41,7 @@ class OneSubmission:
         return self.submitted
 
 
-JOB = PhaseJob(written=None, phase="train")  # type: ignore[arg-type] - the stand-ins never read it
+JOB = PhaseJob(written=None, phase=TRAIN)  # type: ignore[arg-type] - the stand-ins never read it
 
 
 def test_a_phase_that_finished_is_followed_then_released() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from launch.diagnose import failure_message, failure_summary, without_torchrun_report
+from launch.job import TRAIN
 from storage.location import Location
 
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -89,7 +90,8 @@ def test_a_rank_that_crashed_connecting_is_told_why_with_both_ends() -> None:
     """Since a rank's uncaught exception is its own error line, gloo's words come back through it: said with both
     ends and the likely cause, not as the exception's text."""
     crash = (
-        "2026-11-23 18:58:45,000 [rank 1/2 vm] ERROR trainer: RuntimeError in init (trainer/distributed.py:80): Gloo "
+        "2026-11-23 18:58:45,000 [rank 1/2 vm] ERROR trainer: RuntimeError in init "
+        "(trainer/parallel/distributed.py:80): Gloo "
         "connectFullMesh failed with [/gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection "
         "refused, remote=[127.0.0.1]:11170$1\n"
     )
@@ -130,7 +132,7 @@ CRASHED = (
 
 
 def test_a_crash_is_one_line_pointing_at_the_traceback() -> None:
-    message = failure_message("train", 0, CRASHED, Location("/runs/r/nodes/0/log.txt"))
+    message = failure_message(TRAIN, 0, CRASHED, Location("/runs/r/nodes/0/log.txt"))
     assert message == (
         "train failed on node 0, rank 0: TypeError in build_engine (trainer/loop.py:116): int() argument must be a "
         "string, not 'NoneType' (traceback: /runs/r/nodes/0/log.txt)"
@@ -140,17 +142,18 @@ def test_a_crash_is_one_line_pointing_at_the_traceback() -> None:
 def test_a_rank_killed_outright_is_the_cause_not_its_peers_lost_connection() -> None:
     """Rank 1 was killed (no line of its own); rank 0 then lost its connection and said so: an echo, not the cause."""
     echo = (
-        "2026-11-25 18:01:45,519 [rank 0/2 vm] ERROR trainer: RuntimeError in dist_sum (trainer/distributed.py:82): "
+        "2026-11-25 18:01:45,519 [rank 0/2 vm] ERROR trainer: RuntimeError in dist_sum "
+        "(trainer/parallel/distributed.py:82): "
         "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:44470: Connection reset by peer\n"
     )
-    message = failure_message("train", 0, echo + torchrun_report((0, 75), (1, 137)), Location("/r/nodes/0/log.txt"))
+    message = failure_message(TRAIN, 0, echo + torchrun_report((0, 75), (1, 137)), Location("/r/nodes/0/log.txt"))
     assert message.startswith("train failed on node 0, rank 1 exited with code 137\n"), message
 
 
 def test_without_a_rank_line_the_tail_shows_the_ranks_lines_not_torchruns_report() -> None:
     text = "[rank1]: something the rank printed\n" + TORCHRUN_REPORT + "after the report\n"
     assert without_torchrun_report(text) == "[rank1]: something the rank printed\nafter the report\n"
-    message = failure_message("train", 1, text, Location("/runs/r/nodes/1/log.txt"))
+    message = failure_message(TRAIN, 1, text, Location("/runs/r/nodes/1/log.txt"))
     first, _, rest = message.partition("\n")
     assert first == "train failed on node 1, rank 1 exited with code 137"
     assert "Root Cause" not in rest and "something the rank printed" in rest
@@ -162,7 +165,7 @@ def test_a_rank_killed_by_a_signal_is_one_line_with_its_cause() -> None:
     echo = "2026-11-25 18:01:44,000 [rank 0/2 vm] ERROR trainer: RuntimeError: Connection closed by peer\n"
     text = echo + torchrun_report((0, -15), (1, -9))
     log = Location("/runs/r/nodes/1/log.txt")
-    message = failure_message("train", 1, text, log, Death(step=4, rank_bytes=2 * 10**9))
+    message = failure_message(TRAIN, 1, text, log, Death(step=4, rank_bytes=2 * 10**9))
     assert message == (
         "train failed on node 1, rank 1 was killed by SIGKILL (signal 9) after step 4; likely cause: the kernel's "
         "out-of-memory killer sends this; the memory plan said 2.0 GB per rank; check `dmesg` (or `journalctl -k`) on "

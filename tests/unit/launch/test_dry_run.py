@@ -11,6 +11,7 @@ import yaml
 
 from config.loader import load_config
 from launch.dry_run import dry_run_text, planned_job
+from launch.job import TRAIN
 
 CANARY = "hf_canary_value_123"
 BACKENDS = {
@@ -58,7 +59,7 @@ def test_the_kubernetes_dry_run_is_yaml_every_object_of_train_and_eval() -> None
 
 def test_the_planned_job_holds_only_what_a_launcher_reads_before_the_run_exists(tmp_path: Path) -> None:
     """Its spec carries the run's id, directory and config; what staging decides is left unset, not made up."""
-    job = planned_job(load_config(None, [f"run.storage={tmp_path}", "run.name=r1"]), "train")
+    job = planned_job(load_config(None, [f"run.storage={tmp_path}", "run.name=r1"]), TRAIN)
     spec = job.written.spec
     assert (spec.run_id, str(spec.run), str(job.written.url)) == (
         "r1",

@@ -58,13 +58,6 @@ def test_elastic_nodes_need_a_global_batch_and_an_ordered_range() -> None:
     with pytest.raises(UserError, match=re.escape("launch.min_nnodes/max_nnodes need train.global_batch_size")):
         load_config(None, ["launch.nnodes=3", "launch.min_nnodes=2"])
     with pytest.raises(
-        UserError,
-        match=re.escape("only launch.backend=local, ssh or kubernetes picks the surviving nodes so far, not slurm"),
-    ):
-        load_config(
-            None, ["launch.nnodes=3", "launch.min_nnodes=2", "train.global_batch_size=24", "launch.backend=slurm"]
-        )
-    with pytest.raises(
         UserError, match=re.escape("launch.max_nnodes=4: the ssh backend's nodes are the 3 hosts of launch.hosts")
     ):
         load_config(

@@ -10,9 +10,14 @@ import pytest
 
 from config.loader import load_config
 from core.errors import UserError
+from launch.job import EVAL, TRAIN
 from launch.node_env import node_job, plan_from_environment
 from pipeline.plan import build_spec
+from storage.location import Location
 from storage.spec import DatasetRef, publish_spec
+from tests.specs import spec_for
+
+ENDPOINT = "http://127.0.0.1:9000"
 
 
 @pytest.mark.parametrize(
@@ -72,9 +77,21 @@ def test_the_nodes_job_is_the_spec_read_back_with_the_digest_the_pipeline_sent(t
     cfg = load_config(None, [f"run.storage={tmp_path}", "train.max_steps=4"])
     dataset = DatasetRef(dataset_id="d", url=str(tmp_path), manifest_digest="x", split_records={"train": 10})
     written = publish_spec(build_spec(cfg, "r", str(tmp_path), dataset))
-    job = node_job(written.url, "train", None, None)
+    job = node_job(written.url, TRAIN, None, None)
     assert job.written.spec.model_dump(mode="json") == written.spec.model_dump(mode="json")  # as written
     assert (job.written.digest, str(job.written.url)) == (written.digest, str(written.url))
     assert job.args == ["--spec", str(written.url)] and job.env == {}
-    sent = node_job(written.url, "eval", "/m", "0" * 64)  # preflight holds the bytes against the sent digest
+    sent = node_job(written.url, EVAL, Location("/m"), "0" * 64)  # preflight holds the bytes against the sent digest
     assert sent.written.digest == "0" * 64 and sent.args == ["--spec", str(written.url), "--model", "/m"]
+
+
+def test_a_model_given_as_a_plain_url_is_reached_with_the_runs_options(tmp_path: Path) -> None:
+    """A node started by hand may name the model by its URL alone: it lives under the run's storage, so the ranks get
+    it with the run's options; a location that carries options of its own (the pipeline's) keeps them."""
+    written = publish_spec(spec_for(tmp_path, [f"run.storage_options={{endpoint_url: '{ENDPOINT}'}}"]))
+    final = f"{tmp_path}/runs/r/final"
+    job = node_job(Location(written.url.url), EVAL, Location(final), None)
+    assert job.model is not None and (job.model.url, dict(job.model.options)) == (final, {"endpoint_url": ENDPOINT})
+    assert Location.parse(job.args[job.args.index("--model") + 1]).options == {"endpoint_url": ENDPOINT}
+    own = node_job(written.url, EVAL, Location(final, {"anon": True}), None).model
+    assert own is not None and dict(own.options) == {"anon": True}

@@ -77,7 +77,7 @@ def test_a_broken_driver_is_one_line_naming_nvidia_smi(tmp_path, monkeypatch) ->
 def test_benchmark_task_names_are_checked_on_the_node_before_training(tmp_path) -> None:
     """eval.tasks on this node: known names (your own, in eval.tasks.include_path, indexed alone) pass; an
     include_path this node lacks stops it in one line naming the node (an unknown name's line, which needs the
-    harness's whole index: tests/unit/trainer/test_lm_tasks.py); no tasks, nothing to check."""
+    harness's whole index: tests/unit/trainer/evaluation/test_lm_tasks.py); no tasks, nothing to check."""
     from launch.preflight import check_tasks
     from tests.lm_tasks import ANSWER_TASK, CHOICE_TASK, write_tasks
     from tests.specs import spec_for

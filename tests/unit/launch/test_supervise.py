@@ -69,7 +69,8 @@ def test_a_node_whose_ranks_only_lost_a_peer_yields_to_the_node_whose_rank_died(
     """The rank that lost its peer says so at once; the node whose rank was killed reports a moment later (its agent
     notices at its next check): that one is the cause, though both are retryable."""
     echo = RetryableError(
-        "train failed on node 0, rank 0: RuntimeError in dist_sum (trainer/distributed.py:82): [pair.cc:537] Read "
+        "train failed on node 0, rank 0: RuntimeError in dist_sum (trainer/parallel/distributed.py:82): "
+        "[pair.cc:537] Read "
         "error [127.0.0.1]:44470: Connection reset by peer (traceback: /r/nodes/0/log.txt)"
     )
     killed = RetryableError("train failed on node 1, rank 1 exited with code 137")

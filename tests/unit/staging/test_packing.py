@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from config.methods import FULL
 from config.sections.launch import LaunchConfig
 from config.sections.run_data import DataConfig
 from flows.prepare import summary_rows
@@ -27,7 +28,9 @@ from tests.datafiles import SAMPLE
 from tests.distributed.harness import tool_call_conversations
 from trainer.data import collate
 from trainer.loss.chunked import LossHead
-from trainer.objectives.sft import local_sums, summed_loss
+from trainer.objectives.base import EvalOptions
+from trainer.objectives.policy import Policy
+from trainer.objectives.sft import EvalRows, local_sums, summed_loss
 
 CPU = torch.device("cpu")
 
@@ -170,9 +173,9 @@ def test_packing_is_fixed_by_the_dataset_id(both, tmp_path, tiny_model) -> None:
 
 @pytest.fixture(scope="module")
 def model(tiny_model):
-    from trainer.model import load_base
+    from trainer.model.load import load_base
 
-    return load_base(tiny_model, method="full", bf16=False).eval()
+    return load_base(tiny_model, method=FULL, bf16=False).eval()
 
 
 @pytest.mark.parametrize("chunk_tokens", [0, 64])  # full logits, and the chunked loss (train.loss_chunk_tokens)
@@ -197,9 +200,9 @@ def test_a_packed_rows_training_loss_is_the_sum_of_its_examples_alone(both, mode
         alone = [collate([example], pad_id) for example in examples_of(batch_rows)]
         assert packed.target_tokens == sum(batch.target_tokens for batch in alone)
         weight = model.model.layers[0].self_attn.q_proj.weight
-        loss = summed_loss(model, packed, CPU, head)
+        loss = summed_loss(Policy(model, CPU), packed, head)
         (grad,) = torch.autograd.grad(loss, weight)
-        separate = [summed_loss(model, batch, CPU, head) for batch in alone]
+        separate = [summed_loss(Policy(model, CPU), batch, head) for batch in alone]
         (separate_grad,) = torch.autograd.grad(sum(separate), weight)
         torch.testing.assert_close(loss, sum(separate), rtol=1e-5, atol=0)
         torch.testing.assert_close(grad, separate_grad, rtol=1e-4, atol=1e-6)
@@ -211,17 +214,7 @@ def test_packed_and_unpacked_eval_give_the_same_metrics(both, model, chunk_token
     packed_rows, plain_rows = load_split(both[True].url, "eval"), load_split(both[False].url, "eval")
     assert len(packed_rows) < len(plain_rows)
     packed, plain = (
-        local_sums(
-            model,
-            rows,
-            range(len(rows)),
-            rank=0,
-            world=1,
-            batch_size=4,
-            pad_id=pad_id,
-            device=CPU,
-            loss_chunk_tokens=chunk_tokens,
-        )
+        local_sums(model, rows, EvalRows(range(len(rows)), 0, 1), EvalOptions(4, pad_id), CPU, chunk_tokens)
         for rows in (packed_rows, plain_rows)
     )
     assert packed[0] == pytest.approx(plain[0], rel=1e-5)
@@ -275,7 +268,7 @@ def same_batch(ours, theirs) -> bool:
 def test_every_rank_sees_the_rows_the_in_memory_reader_gave_it(both, packing: bool) -> None:
     """Each step's micro-batches on every rank, over more than two epochs, on 1 and 3 ranks: the same tensors from
     the memory-mapped shards as from the whole split read into lists."""
-    from trainer.data import GlobalOrder, rank_micro_batches
+    from trainer.data import Dealing, GlobalOrder, rank_micro_batches
 
     split = open_split(Location(both[packing].url), "train", node_cache(LaunchConfig()))
     rows = whole_split(both[packing].url)
@@ -285,6 +278,6 @@ def test_every_rank_sees_the_rows_the_in_memory_reader_gave_it(both, packing: bo
         order = GlobalOrder(len(split), seed=11)
         for step in range(2 * len(rows) // (6 * world) + 2):  # into the third epoch
             for rank in range(world):
-                ours = rank_micro_batches(split, order, step=step, micro=2, accum=3, rank=rank, world=world, pad_id=0)
+                ours = rank_micro_batches(split, order, Dealing(step, 2, 3, rank, world, 0))
                 theirs = in_memory_batches(rows, 11, step, rank, world)
                 assert all(same_batch(a, b) for a, b in zip(ours, theirs, strict=True)), (world, step, rank)

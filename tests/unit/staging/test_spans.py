@@ -93,7 +93,7 @@ def test_mask_history_trains_the_last_turn_only(builtin_tokenizer) -> None:
 @pytest.fixture(scope="module")
 def qwen3():
     """Qwen's tokenizer exactly as the package ships it: Qwen3's template and added tokens (digest checked)."""
-    from trainer.tiny_qwen import qwen_tokenizer_dir
+    from trainer.model.tiny_qwen import qwen_tokenizer_dir
 
     return load_tokenizer(str(qwen_tokenizer_dir()))
 

@@ -245,7 +245,7 @@ def test_plain_text_is_all_targets_and_ends_with_the_end_of_document_token(built
     head = ChatEncoder(tok, 16).encode([{"text": document}])  # too long: its head is kept, every token a target
     assert head.ids.tolist() == ids[:16] == head.labels.tolist() and head.truncated.tolist() == [True]
     from storage.shards import row
-    from trainer.samples import split_prompt
+    from trainer.evaluation.samples import split_prompt
 
     prompt, reference = split_prompt(row(ids, labels))  # eval samples: the first half prompts the rest
     assert prompt + reference == ids and len(prompt) == len(ids) // 2

@@ -5,6 +5,8 @@ the evaluation's metrics at the last step."""
 from __future__ import annotations
 
 import re
+import time
+from pathlib import Path
 
 from storage.location import Location
 from tests.wandb_records import history
@@ -19,6 +21,17 @@ def test_a_run_id_becomes_a_valid_wandb_id() -> None:
     assert len(long) == 64 and re.fullmatch(r"[A-Za-z0-9_-]+", long) and long != wandb_id("x" * 99)
 
 
+def settled_history(run_file: Path, timeout_s: float = 30.0) -> list[dict]:
+    """The run file's rows once W&B's service has written them: `finish` can return while its writer still flushes the
+    file on a busy machine (seen as an empty history now and then), so read until the eval row is there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = history(run_file)
+        if any("eval/loss" in row for row in rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
 def test_an_offline_run_holds_the_steps_and_the_eval_metrics(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -31,7 +44,7 @@ def test_an_offline_run_holds_the_steps_and_the_eval_metrics(tmp_path, monkeypat
     sink.set_tags({"tandem.spec_digest": "abc"})
     sink.close("FINISHED")
     [run_file] = (tmp_path / "run" / WANDB_DIR).rglob("*.wandb")
-    rows = history(run_file)
+    rows = settled_history(run_file)
     assert [(row["_step"], row.get("train/loss")) for row in rows if "train/loss" in row] == [(1, 2.0), (2, 1.0)]
     assert [(row["_step"], row["eval/loss"]) for row in rows if "eval/loss" in row] == [(2, 0.5)]
     assert run_file.name == f"run-{wandb_id('r-1')}.wandb"  # the id a retry resumes with

@@ -10,7 +10,7 @@ import pytest
 from config.sections.model_train import TrainConfig
 from pipeline.plan import total_steps
 from storage.shards import Row, row
-from trainer.data import GlobalOrder, deal_by_length, rank_micro_batches
+from trainer.data import Dealing, GlobalOrder, deal_by_length, rank_micro_batches
 
 
 def examples(n: int, seed: int = 0) -> list[Row]:
@@ -52,7 +52,10 @@ def test_length_grouping_cuts_padding_and_balances_ranks() -> None:
         for step in range(20):
             per_rank = []
             for rank in range(4):
-                batches = list(rank_micro_batches(data, order, step=step, rank=rank, group_by_length=grouped, **kwargs))
+                dealing = Dealing(
+                    step, kwargs["micro"], kwargs["accum"], rank, kwargs["world"], kwargs["pad_id"], grouped
+                )
+                batches = list(rank_micro_batches(data, order, dealing))
                 pads += sum(b.padding[0] for b in batches)
                 positions += sum(b.padding[1] for b in batches)
                 per_rank.append(sum(b.padding[1] for b in batches))

@@ -1,66 +1,11 @@
-"""trainer/evaluate.py's own pieces that need no ranks: `sample_rows`, the rows the trainer's final evaluation uses and
-the exported model is held to (every row, or `count` spread evenly, each once, in order); eval.json's document (the
-metrics, the world size of the evaluation, what was evaluated, checkpoint or export, on which dataset); and the
-command line's refusal of a malformed --spec. The all-reduced evaluation itself is
-tests/distributed/test_evaluate.py."""
+"""The evaluate stage's entry on a rank: its command line."""
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
-
 import pytest
-import torch
 
-from storage import layout
 from storage.location import Location
-from tests.checkpoints import save_checkpoint
-from tests.specs import spec_for
-from trainer.distributed import Dist
-from trainer.evaluate import eval_document, main, sample_rows
-
-
-@pytest.mark.parametrize(
-    ("rows", "count", "expected"),
-    [
-        (10, 4, [0, 2, 5, 7]),
-        (9, 3, [0, 3, 6]),
-        (7, 1, [0]),
-        (5, 0, [0, 1, 2, 3, 4]),  # eval.final_eval_rows 0: the whole split
-        (5, 5, [0, 1, 2, 3, 4]),
-        (3, 8, [0, 1, 2]),  # more asked than there are: each row once
-        (0, 4, []),
-    ],
-)
-def test_sample_rows_are_every_row_or_count_spread_evenly(rows: int, count: int, expected: list[int]) -> None:
-    assert sample_rows(rows, count) == expected
-
-
-def test_sampled_rows_are_distinct_ordered_and_evenly_spaced() -> None:
-    for rows, count in ((1000, 7), (101, 100), (64, 63), (12345, 256)):
-        picked = sample_rows(rows, count)
-        gaps = {b - a for a, b in itertools.pairwise(picked)}
-        assert len(picked) == count and picked[0] == 0 and picked[-1] < rows
-        assert min(gaps) >= 1 and max(gaps) - min(gaps) <= 1, (rows, count, gaps)
-
-
-def test_eval_json_names_what_was_evaluated_on_what(tmp_path: Path) -> None:
-    spec = spec_for(tmp_path, [])
-    dist = Dist(rank=0, local_rank=0, world_size=3, node_rank=0, host="h", device=torch.device("cpu"))
-    metrics = {"loss": 1.5, "perplexity": 4.48, "examples": 10, "world_size": 99}
-    checkpoint = save_checkpoint(tmp_path / "runs" / "r", 8)
-    assert eval_document(spec, checkpoint, dist, metrics) == {
-        "schema": layout.EVAL_SCHEMA,
-        "loss": 1.5,
-        "perplexity": 4.48,
-        "examples": 10,
-        "world_size": 3,  # the ranks that evaluated, whatever the metrics say
-        "model_url": f"{tmp_path}/runs/r/checkpoints/step-00000008",
-        "model_kind": "checkpoint",
-        "dataset_id": "d",
-    }
-    export = Location(str(tmp_path / "runs" / "r" / "final"))
-    assert eval_document(spec, export, dist, {"loss": 1.0})["model_kind"] == "export"
+from trainer.evaluate import main
 
 
 def test_the_command_line_refuses_a_malformed_spec(capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,3 +13,23 @@ def test_the_command_line_refuses_a_malformed_spec(capsys: pytest.CaptureFixture
         main(["--spec", "{not json", "--model", "/m"])
     assert exited.value.code == 2
     assert "argument --spec: {not json: not valid JSON" in capsys.readouterr().err
+
+
+def test_the_model_is_a_location_with_the_options_its_launcher_gave(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--model` is parsed once, as `--spec` is (launch/job.py `trainer_args` writes both): the evaluation reads the
+    model with the options that came with it, never rebuilt from a string."""
+    from trainer import harness
+    from trainer.evaluation import stage
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(stage, "evaluate", lambda spec, model, dist: seen.update(model=model))
+    monkeypatch.setattr(harness, "run_rank", lambda spec, body, deepspeed_backend: body(None, None, None) or 0)
+    model = Location("s3://b/runs/r/final", {"endpoint_url": "http://minio:9000"})
+    assert main(["--spec", "/s/runs/r/spec.json", "--model", model.argument()]) == 0
+    evaluated = seen["model"]
+    assert isinstance(evaluated, Location) and evaluated == model and dict(evaluated.options) == dict(model.options)
+    with pytest.raises(SystemExit) as exited:
+        main(["--spec", "/s/runs/r/spec.json", "--model", "{not json"])
+    assert exited.value.code == 2 and "argument --model: {not json: not valid JSON" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The life of one rank, run in a process of its own as torchrun runs it (a group of one): spec.json read and
-validated, the body run, a user's error one line on the rank's error logger with its exit code, anything else a crash
-line, and the process group left whatever happened."""
+validated, the faults a test injects read from the environment and handed to the body, the body run, a user's error
+one line on the rank's error logger with its exit code, anything else a crash line, and the process group left
+whatever happened."""
 
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from core.errors import UserError
 from storage.location import Location
 from trainer.harness import run_rank
 
-def works(spec, dist):
-    print("ran", spec.run_id, "on rank", dist.rank, "of", dist.world_size, flush=True)
+def works(spec, dist, faults):
+    print("ran", spec.run_id, "on rank", dist.rank, "of", dist.world_size, "slow", faults.slow, flush=True)
 
-def fails(spec, dist):
+def fails(spec, dist, faults):
     raise UserError("data.max_length must be > 0, got 0")
 
-def crashes(spec, dist):
+def crashes(spec, dist, faults):
     raise ValueError("boom")
 
 for url, body in ((sys.argv[1], works), (sys.argv[1], fails), (sys.argv[1], crashes), (sys.argv[2], works)):
@@ -44,11 +45,11 @@ def test_a_rank_runs_its_body_and_turns_errors_into_one_line_and_an_exit_code(tm
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "TANDEM_TEST_SLOW_RANK": "1:0.5"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [
-        "ran r on rank 0 of 1",
+        "ran r on rank 0 of 1 slow At(rank=1, amount=0.5)",  # the faults read from the environment, once
         "exit 0 group left",
         f"exit {EXIT_USER_ERROR} group left",
         f"exit {EXIT_USER_ERROR} group left",  # a plain bug is not worth a retry

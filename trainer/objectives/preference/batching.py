@@ -19,7 +19,7 @@ import torch
 
 from storage.shards import IGNORE_INDEX, PAIR, Row, row
 from storage.split_reader import Split
-from trainer.data import Batch, GlobalOrder, collate, deal_by_length
+from trainer.data import Batch, Dealing, GlobalOrder, collate
 
 
 @dataclass(frozen=True)
@@ -94,30 +94,12 @@ def collate_preference(
     )
 
 
-def rank_preference_batches(
-    rows: Split,
-    order: GlobalOrder,
-    *,
-    step: int,
-    micro: int,
-    accum: int,
-    rank: int,
-    world: int,
-    pad_id: int,
-    group_by_length: bool = True,
-) -> Iterator[PreferenceBatch]:
-    """This rank's `accum` micro-batches of preference units for optimizer step `step`, chosen and dealt as
-    trainer/data.py deals supervised rows."""
-    per_rank = micro * accum
-    indices = order.step_indices(step, per_rank * world)
+def rank_preference_batches(rows: Split, order: GlobalOrder, dealing: Dealing) -> Iterator[PreferenceBatch]:
+    """This rank's micro-batches of preference units for the step `dealing` names, chosen and dealt as
+    trainer/data.py deals supervised rows; a KTO row's partner is the next row of the step's global order."""
+    indices, mine = dealing.groups(rows, order)
     partner = {index: indices[(position + 1) % len(indices)] for position, index in enumerate(indices)}
-    if group_by_length:
-        lengths = {i: rows.length(i) for i in indices}
-        mine = deal_by_length(indices, lengths, micro, accum, world, rotation=step)[rank]
-    else:
-        flat = indices[rank * per_rank : (rank + 1) * per_rank]
-        mine = [flat[start : start + micro] for start in range(0, per_rank, micro)]
     for group in mine:
         feedback = [rows.feedback(i) for i in group]
         partners = [rows[partner[i]] for i in group] if PAIR not in feedback else []
-        yield collate_preference([rows[i] for i in group], feedback, pad_id, partners, group)
+        yield collate_preference([rows[i] for i in group], feedback, dealing.pad_id, partners, group)

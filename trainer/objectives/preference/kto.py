@@ -6,26 +6,26 @@ clamped at 0 and never differentiated. An answer is right when its reward's sign
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
-from trainer.distributed import Dist, dist_sum
-from trainer.objectives.base import Pending
+from trainer.objectives.policy import Policy
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.losses import kto_losses
-from trainer.objectives.preference.objective import PreferenceObjective, PreferenceScope
+from trainer.objectives.preference.objective import PreferenceObjective, PreferenceScope, UnitLosses
 from trainer.objectives.preference.reference import kl_sums
 from trainer.objectives.preference.sums import feedback_sums
+from trainer.parallel.distributed import Dist, dist_sum
 
 
 class Kto(PreferenceObjective):
     """KTO with its weights of the desirable and undesirable answers (train.preference)."""
 
-    def reference_point(self, model: Any, batches: Iterable[PreferenceBatch], counted: int, dist: Dist) -> float:
+    def reference_point(self, policy: Policy, batches: Iterable[PreferenceBatch], counted: int, dist: Dist) -> float:
         """z0 over every rank's first `counted` micro-batches (the others are throw-away passes, run all the same:
         under ZeRO-3 every rank runs as many), clamped at 0."""
-        local = [kl_sums(model, batch, dist.device, self.loss_head(model)) for batch in batches][:counted]
+        head = self.loss_head(policy.module)
+        local = [kl_sums(policy, batch, head) for batch in batches][:counted]
         total, count = dist_sum([sum(s for s, _ in local), sum(n for _, n in local)], dist)
         return max(total / max(count, 1.0), 0.0)
 
@@ -36,7 +36,7 @@ class Kto(PreferenceObjective):
         reference: torch.Tensor | None,
         batch: PreferenceBatch,
         kl: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, Pending]:
+    ) -> UnitLosses:
         """Each answer's loss against the reference point."""
         assert reference is not None and not batch.pairs, "kto trains on labelled answers, with a reference"
         losses = kto_losses(
@@ -49,7 +49,7 @@ class Kto(PreferenceObjective):
             self.settings.undesirable_weight,
         )
         sums = feedback_sums(self.beta * (policy - reference).detach(), policy.detach(), counts, batch.desirable)
-        return losses, torch.zeros((), device=policy.device), sums
+        return UnitLosses(losses, torch.zeros((), device=policy.device), sums)
 
     def point(self, scope: PreferenceScope) -> dict[str, float]:
         """The reference point, as `kl`."""

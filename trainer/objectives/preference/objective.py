@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Self
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Self
 
 import torch
 
+from config.methods import Method
 from config.objectives import Objective
 from config.sections.model_train import TrainConfig
 from config.sections.preference import PreferenceConfig
@@ -28,28 +29,30 @@ from core.errors import UserError
 from storage.shards import PAIR
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer.data import GlobalOrder
-from trainer.distributed import Dist, dist_sum
+from trainer.data import Dealing, GlobalOrder
 from trainer.loss.chunked import LossHead
-from trainer.moe import RouterBalance
-from trainer.objectives.base import MicroLoss, Pending, StepResult, Sums, add, reduced
+from trainer.objectives.base import EvalOptions, Metrics, MicroLoss, StepResult
+from trainer.objectives.policy import Policy
 from trainer.objectives.preference.batching import PreferenceBatch, collate_preference, rank_preference_batches
-from trainer.objectives.preference.reference import eval_tables, policy_logps, reference_for, run_tables
+from trainer.objectives.preference.reference import eval_tables, logps, reference_for, run_tables
 from trainer.objectives.preference.reference_table import ReferenceTable
-from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
+from trainer.objectives.preference.sums import PreferenceSums, metrics_of
+from trainer.parallel.distributed import Dist, dist_sum
+
+if TYPE_CHECKING:
+    from trainer.build import Built
 
 
 @dataclass(frozen=True)
 class PreferenceScope:
     """A step's (or an evaluation's) global counts: its units and the chosen answers' target tokens, KTO's reference
-    point, the accumulation DeepSpeed averages over (micro-batches x ranks, undone), the device, and the split's
-    reference table under full fine-tuning."""
+    point, the accumulation DeepSpeed averages over (micro-batches x ranks, undone), and the split's reference table
+    under full fine-tuning."""
 
     units: float
     chosen_tokens: float
     kl: float
     accumulation: int
-    device: torch.device
     table: ReferenceTable | None = None
 
 
@@ -67,15 +70,16 @@ class EvalPasses:
     partner: dict[int, int]
 
     @classmethod
-    def of(cls, rows: Split, indices: Sequence[int], dist: Dist, batch_size: int, pad_id: int, lockstep: bool) -> Self:
+    def of(cls, rows: Split, indices: Sequence[int], dist: Dist, options: EvalOptions) -> Self:
         """This rank's passes."""
         if not len(indices):
             raise UserError(f"{rows.shards[0].path if rows.shards else 'the eval split'}: no eval rows to evaluate")
+        size = options.batch_size
         mine = list(indices[dist.rank :: dist.world_size])
-        groups = [mine[start : start + batch_size] for start in range(0, len(mine), batch_size)]
-        passes = math.ceil(math.ceil(len(indices) / dist.world_size) / batch_size) if lockstep else len(groups)
+        groups = [mine[start : start + size] for start in range(0, len(mine), size)]
+        passes = math.ceil(math.ceil(len(indices) / dist.world_size) / size) if options.lockstep else len(groups)
         partner = {index: indices[(k + 1) % len(indices)] for k, index in enumerate(indices)}
-        return cls(rows, indices, groups, passes, pad_id, partner)
+        return cls(rows, indices, groups, passes, options.pad_id, partner)
 
     def batch(self, k: int) -> PreferenceBatch:
         """The micro-batch of pass k."""
@@ -85,35 +89,40 @@ class EvalPasses:
         return collate_preference([self.rows[i] for i in group], feedback, self.pad_id, partners, group)
 
 
+@dataclass(frozen=True)
+class UnitLosses:
+    """A micro-batch's units as a preference objective computes them: each unit's loss, the summed chosen-token
+    cross-entropy ORPO adds (0 for the others), and the metric sums."""
+
+    losses: torch.Tensor
+    nll: torch.Tensor
+    sums: PreferenceSums
+
+
 class PreferenceObjective(ABC):
     """A preference objective on a rank: its config object, its settings (train.preference), the method (full
-    fine-tuning reads its reference from tables), the tables by split, and a mixture of experts' router balance
-    (train.moe.aux_loss_coef: its load-balancing loss added to the policy's as SFT adds it, logged apart).
-    Subclasses compute each unit's loss (`losses`); KTO adds its reference point."""
+    fine-tuning reads its reference from tables), and the tables by split. Subclasses compute each unit's loss
+    (`losses`); KTO adds its reference point."""
 
-    sum_keys: tuple[str, ...] = SUM_KEYS
+    sums_type: type[PreferenceSums] = PreferenceSums
 
-    def __init__(
-        self,
-        objective: Objective,
-        settings: PreferenceConfig,
-        method: str,
-        aux_loss_coef: float | None = None,
-        chunk_tokens: int = 0,
-    ) -> None:
+    def __init__(self, objective: Objective, settings: PreferenceConfig, method: Method, chunk_tokens: int = 0) -> None:
         self.objective, self.settings, self.method = objective, settings, method
-        self.aux_loss_coef = aux_loss_coef
         self.chunk_tokens = chunk_tokens  # train.loss_chunk_tokens: how log-probabilities are taken (LossHead)
         self.head: LossHead | None = None  # the model's, built by start (training) and evaluate
         self.tables: dict[str, ReferenceTable] = {}
-        self.router: RouterBalance | None = None
 
     @classmethod
     def of(cls, train: TrainConfig) -> Self:
         """The objective of train, with its settings."""
-        return cls(train.objective, train.preference, train.method, train.moe.aux_loss_coef, train.loss_chunk_tokens)
+        return cls(train.objective, train.preference, train.method, train.loss_chunk_tokens)
 
-    def loss_head(self, model: Any) -> LossHead:
+    @property
+    def reads_tables(self) -> bool:
+        """Whether its reference comes from tables: a reference model under full fine-tuning."""
+        return self.objective.reference and not self.method.trains_adapters
+
+    def loss_head(self, model: torch.nn.Module) -> LossHead:
         """How `model`'s log-probabilities are taken (from its last hidden states in chunks, or full logits): the
         head start or evaluate built, else `model`'s, built now."""
         if self.head is None:
@@ -125,40 +134,31 @@ class PreferenceObjective(ABC):
         """train.preference.beta: DPO's beta, IPO's tau, ORPO's lambda."""
         return self.settings.beta
 
-    @property
-    def reads_tables(self) -> bool:
-        """Whether its reference comes from tables: a reference model under full fine-tuning."""
-        return self.objective.reference and self.method == "full"
-
-    def start(self, engine: Any, spec: Spec, dist: Dist, pad_id: int) -> None:
-        """Full fine-tuning's reference tables, read or computed by the base before any checkpoint is resumed; a
-        mixture of experts' router balance (trainer/moe.py); the loss head the log-probabilities are taken through."""
-        self.head = LossHead.of(engine, self.chunk_tokens)
-        model_config = getattr(getattr(engine, "module", engine), "config", None)  # an engine's own is DeepSpeed's
-        self.router = RouterBalance.of(model_config, self.aux_loss_coef, dist)
-        if self.router is not None:
-            self.sum_keys = (*SUM_KEYS, "aux_loss_sum", "micro_batches")
+    def start(self, built: Built, spec: Spec, dist: Dist) -> None:
+        """Full fine-tuning's reference tables, read or computed by the base before any checkpoint is resumed; the
+        loss head the log-probabilities are taken through."""
+        self.head = LossHead.of(built.engine, self.chunk_tokens)
         if self.reads_tables:
-            self.tables = run_tables(engine, spec, dist, pad_id)
+            self.tables = run_tables(built.engine, spec, dist, built.pad_id)
 
     def start_evaluation(self, spec: Spec, rows: Split) -> None:
         """The eval split's reference table under full fine-tuning, as the train stage wrote it."""
         if self.reads_tables:
             self.tables = eval_tables(spec, rows, self.objective.name)
 
-    def deal(self, rows: Split, order: GlobalOrder, **dealing: Any) -> Iterator[PreferenceBatch]:
+    def deal(self, rows: Split, order: GlobalOrder, dealing: Dealing) -> Iterator[PreferenceBatch]:
         """This rank's micro-batches of preference units, dealt as supervised rows are."""
-        return rank_preference_batches(rows, order, **dealing)
+        return rank_preference_batches(rows, order, dealing)
 
-    def reference_point(self, model: Any, batches: Iterable[PreferenceBatch], counted: int, dist: Dist) -> float:
+    def reference_point(self, policy: Policy, batches: Iterable[PreferenceBatch], counted: int, dist: Dist) -> float:
         """KTO's reference point (kto.py); none for the others."""
         return 0.0
 
-    def begin_step(self, model: Any, batches: Sequence[PreferenceBatch], dist: Dist) -> PreferenceScope:
+    def begin_step(self, policy: Policy, batches: Sequence[PreferenceBatch], dist: Dist) -> PreferenceScope:
         """The global batch's units and chosen target tokens (and KTO's reference point)."""
         units, chosen = dist_sum([sum(b.units for b in batches), sum(b.chosen_tokens for b in batches)], dist)
-        kl = self.reference_point(model, batches, len(batches), dist)
-        return PreferenceScope(units, chosen, kl, dist.world_size * len(batches), dist.device, self.tables.get("train"))
+        kl = self.reference_point(policy, batches, len(batches), dist)
+        return PreferenceScope(units, chosen, kl, dist.world_size * len(batches), self.tables.get("train"))
 
     @abstractmethod
     def losses(
@@ -168,90 +168,73 @@ class PreferenceObjective(ABC):
         reference: torch.Tensor | None,
         batch: PreferenceBatch,
         kl: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, Pending]:
-        """(each unit's loss, the summed chosen-token cross-entropy ORPO adds (0 for the others), the metric sums)
-        from the policy's log-probabilities of the batch's sequences and their target counts, and the reference's."""
+    ) -> UnitLosses:
+        """Each unit's loss, the summed chosen-token cross-entropy ORPO adds and the metric sums, from the policy's
+        log-probabilities of the batch's sequences and their target counts, and the reference's."""
 
     def nll_tokens(self, batch: PreferenceBatch) -> float:
         """The target tokens the cross-entropy of `losses` is divided by (ORPO: the chosen answers'); 0 without one."""
         return 0.0
 
-    def unit_losses(
-        self, model: Any, batch: PreferenceBatch, scope: PreferenceScope, router: RouterBalance | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, Pending, torch.Tensor | None]:
-        """(each unit's loss, ORPO's summed cross-entropy, the metric sums, the `router`'s unweighted load-balancing
-        loss or None without one) of a micro-batch: the reference first, then the policy in one forward pass."""
-        head = self.loss_head(model)
-        reference = reference_for(model, batch, scope.device, scope.table, head) if self.objective.reference else None
-        policy, counts, aux = policy_logps(model, batch.sequences, scope.device, head, router)
-        losses, nll, sums = self.losses(
-            policy, counts.clamp(min=1), None if reference is None else reference[0], batch, scope.kl
+    def unit_losses(self, policy: Policy, batch: PreferenceBatch, scope: PreferenceScope) -> UnitLosses:
+        """A micro-batch's units: the reference first, then the policy in one forward pass."""
+        head = self.loss_head(policy.module)
+        reference = reference_for(policy, batch, scope.table, head) if self.objective.reference else None
+        values, counts = logps(policy, batch.sequences, head)
+        units = self.losses(values, counts.clamp(min=1), reference, batch, scope.kl)
+        sums = replace(
+            units.sums,
+            loss_sum=units.losses.detach().sum(),
+            nll_sum=units.nll.detach(),
+            nll_tokens=self.nll_tokens(batch),
         )
-        sums["loss_sum"] = losses.detach().sum()
-        sums["nll_sum"] = nll.detach()
-        sums["nll_tokens"] = self.nll_tokens(batch)
-        return losses, nll, sums, aux
+        return replace(units, sums=sums)
 
-    def mean_loss(self, losses: torch.Tensor, nll: torch.Tensor, scope: PreferenceScope) -> torch.Tensor:
+    def mean_loss(self, units: UnitLosses, scope: PreferenceScope) -> torch.Tensor:
         """The micro-batch's share of the global batch's loss: its units' summed losses over the global units."""
-        return losses.sum() / max(scope.units, 1.0)
+        return units.losses.sum() / max(scope.units, 1.0)
 
-    def micro_batch(self, model: Any, batch: PreferenceBatch, scope: PreferenceScope) -> MicroLoss:
-        """The micro-batch's share of the global batch's loss, scaled for backward, and its metric sums; a mixture
-        of experts' weighted load-balancing loss added to backward only."""
-        losses, nll, sums, aux = self.unit_losses(model, batch, scope, self.router)
-        backward = self.mean_loss(losses, nll, scope) * scope.accumulation
-        if self.router is not None and aux is not None:
-            # DeepSpeed's average over accumulation and ranks makes the weighted auxiliary loss the step's mean of it.
-            backward = backward + self.router.coef * aux
-            sums |= {"aux_loss_sum": aux.detach(), "micro_batches": 1.0}
-        return MicroLoss(backward, sums)
+    def micro_batch(self, policy: Policy, batch: PreferenceBatch, scope: PreferenceScope) -> MicroLoss[PreferenceSums]:
+        """The micro-batch's share of the global batch's loss, scaled for backward, and its metric sums."""
+        units = self.unit_losses(policy, batch, scope)
+        return MicroLoss(self.mean_loss(units, scope) * scope.accumulation, units.sums)
 
     def point(self, scope: PreferenceScope) -> dict[str, float]:
         """Its reference point, as metrics.jsonl and eval.json record it (KTO's kl); none for the others."""
         return {}
 
-    def end_step(self, sums: Sums, scope: PreferenceScope) -> StepResult:
+    def end_step(self, sums: PreferenceSums, scope: PreferenceScope) -> StepResult:
         """The step's mean loss (the preference objective's alone), the answers' target tokens, the reward accuracy
-        and margin (and KTO's kl); for a mixture of experts, the load-balancing loss and the experts' load, apart."""
+        and margin (and KTO's kl)."""
         metrics = metrics_of(sums)
         own = {key: metrics[key] for key in ("reward_accuracy", "reward_margin")} | self.point(scope)
-        if self.router is not None:
-            own |= {"aux_loss": sums["aux_loss_sum"] / max(sums["micro_batches"], 1.0), **self.router.end_step()}
-        return StepResult(metrics["loss"], int(sums["chosen_tokens"] + sums["rejected_tokens"]), own)
+        return StepResult(metrics["loss"], int(float(sums.chosen_tokens) + float(sums.rejected_tokens)), own)
 
     @torch.no_grad()
     def evaluate(
-        self,
-        model: Any,
-        rows: Split,
-        indices: Sequence[int],
-        dist: Dist,
-        *,
-        batch_size: int,
-        pad_id: int,
-        lockstep: bool,
-    ) -> dict[str, Any]:
+        self, model: torch.nn.Module, rows: Split, indices: Sequence[int], dist: Dist, options: EvalOptions
+    ) -> Metrics:
         """The preference metrics over the rows `indices` of the eval split: sums all-reduced and divided once (so
         equal to one process's). KTO's reference point comes from the same rows, each with the answer of the next
         row as its mismatched sequence."""
         self.head = LossHead.of(model, self.chunk_tokens)  # the model given here (the evaluate stage loads its own)
-        plan = EvalPasses.of(rows, indices, dist, batch_size, pad_id, lockstep)
-        kl = self.reference_point(model, (plan.batch(k) for k in range(plan.passes)), len(plan.groups), dist)
-        scope = PreferenceScope(0.0, 0.0, kl, 1, dist.device, self.tables.get("eval"))
-        sums: Pending = {}
+        policy = Policy(model, dist.device)
+        plan = EvalPasses.of(rows, indices, dist, options)
+        kl = self.reference_point(policy, (plan.batch(k) for k in range(plan.passes)), len(plan.groups), dist)
+        scope = PreferenceScope(0.0, 0.0, kl, 1, self.tables.get("eval"))
+        sums = PreferenceSums()
         for k in range(plan.passes):
-            _, _, micro, _ = self.unit_losses(model, plan.batch(k), scope)  # the language model's alone
+            units = self.unit_losses(policy, plan.batch(k), scope)
             if k < len(plan.groups):
-                add(sums, micro, SUM_KEYS)
-        metrics = metrics_of(reduced(sums, SUM_KEYS, dist))
+                sums = sums.plus(units.sums)
+        metrics = metrics_of(sums.reduced(dist))
         return {**metrics, "objective": self.objective.name, **self.point(scope)}
 
-    def eval_fields(self) -> dict[str, Any]:
+    def eval_fields(self) -> Metrics:
         """The reference model it compared with, in words (null without one)."""
         return {"reference": self.objective.reference_words(self.method)}
 
-    def summary(self, result: dict[str, Any]) -> str:
+    def summary(self, result: Metrics) -> str:
         """The evaluation's log line."""
         return (
             f"eval {result['objective']} loss {result['loss']:.4f} reward accuracy {result['reward_accuracy']:.4f} "

@@ -15,11 +15,10 @@ from abc import abstractmethod
 
 import torch
 
-from trainer.objectives.base import Pending
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.losses import dpo_losses, ipo_losses, orpo_ratio_losses
-from trainer.objectives.preference.objective import PreferenceObjective, PreferenceScope
-from trainer.objectives.preference.sums import pair_sums
+from trainer.objectives.preference.objective import PreferenceObjective, PreferenceScope, UnitLosses
+from trainer.objectives.preference.sums import PairLogps
 
 # (each pair's loss, the summed cross-entropy ORPO adds, each pair's chosen reward, its rejected reward)
 PairLosses = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -35,52 +34,25 @@ class PairObjective(PreferenceObjective):
         reference: torch.Tensor | None,
         batch: PreferenceBatch,
         kl: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, Pending]:
+    ) -> UnitLosses:
         """Each pair's loss from its chosen (first n) and rejected (last n) sequences."""
         assert batch.pairs, f"{self.objective.name} trains on pairs: a micro-batch of KTO answers"
-        n = batch.units
-        chosen, rejected, chosen_count, rejected_count = policy[:n], policy[n:], counts[:n], counts[n:]
-        refs = (None, None) if reference is None else (reference[:n], reference[n:])
-        losses, nll, chosen_reward, rejected_reward = self.pair_losses(
-            chosen, rejected, chosen_count, rejected_count, *refs
-        )
-        sums = pair_sums(
-            chosen_reward.detach(),
-            rejected_reward.detach(),
-            chosen.detach(),
-            rejected.detach(),
-            chosen_count,
-            rejected_count,
-        )
-        return losses, nll, sums
+        pairs = PairLogps.of(policy, counts, reference, batch.units)
+        losses, nll, chosen_reward, rejected_reward = self.pair_losses(pairs)
+        return UnitLosses(losses, nll, pairs.sums(chosen_reward.detach(), rejected_reward.detach()))
 
     @abstractmethod
-    def pair_losses(
-        self,
-        chosen: torch.Tensor,
-        rejected: torch.Tensor,
-        chosen_count: torch.Tensor,
-        rejected_count: torch.Tensor,
-        ref_chosen: torch.Tensor | None,
-        ref_rejected: torch.Tensor | None,
-    ) -> PairLosses:
+    def pair_losses(self, pairs: PairLogps) -> PairLosses:
         """Each pair's loss and rewards from summed log-probabilities, their target counts and the reference's."""
 
 
 class Dpo(PairObjective):
     """DPO (Rafailov et al. 2023), with conservative DPO's label smoothing."""
 
-    def pair_losses(
-        self,
-        chosen: torch.Tensor,
-        rejected: torch.Tensor,
-        chosen_count: torch.Tensor,
-        rejected_count: torch.Tensor,
-        ref_chosen: torch.Tensor | None,
-        ref_rejected: torch.Tensor | None,
-    ) -> PairLosses:
+    def pair_losses(self, pairs: PairLogps) -> PairLosses:
         """The sigmoid loss of each pair's margin over the reference's."""
-        assert ref_chosen is not None and ref_rejected is not None
+        ref_chosen, ref_rejected = pairs.references()
+        chosen, rejected = pairs.chosen, pairs.rejected
         losses = dpo_losses(chosen, rejected, ref_chosen, ref_rejected, self.beta, self.settings.label_smoothing)
         zero = torch.zeros((), device=chosen.device)
         return losses, zero, self.beta * (chosen - ref_chosen), self.beta * (rejected - ref_rejected)
@@ -89,22 +61,15 @@ class Dpo(PairObjective):
 class Ipo(PairObjective):
     """IPO (Azar et al. 2023), on log-probabilities averaged per answer token; tau is train.preference.beta."""
 
-    def pair_losses(
-        self,
-        chosen: torch.Tensor,
-        rejected: torch.Tensor,
-        chosen_count: torch.Tensor,
-        rejected_count: torch.Tensor,
-        ref_chosen: torch.Tensor | None,
-        ref_rejected: torch.Tensor | None,
-    ) -> PairLosses:
+    def pair_losses(self, pairs: PairLogps) -> PairLosses:
         """The squared loss of each pair's per-token margin over the reference's."""
-        assert ref_chosen is not None and ref_rejected is not None
+        ref_chosen, ref_rejected = pairs.references()
+        chosen, rejected = pairs.chosen, pairs.rejected
         losses = ipo_losses(
-            chosen / chosen_count,
-            rejected / rejected_count,
-            ref_chosen / chosen_count,
-            ref_rejected / rejected_count,
+            chosen / pairs.chosen_count,
+            rejected / pairs.rejected_count,
+            ref_chosen / pairs.chosen_count,
+            ref_rejected / pairs.rejected_count,
             self.beta,
         )
         zero = torch.zeros((), device=chosen.device)
@@ -115,23 +80,16 @@ class Orpo(PairObjective):
     """ORPO (Hong et al. 2024): the chosen answers' cross-entropy and an odds-ratio term, no reference model; lambda
     is train.preference.beta."""
 
-    def pair_losses(
-        self,
-        chosen: torch.Tensor,
-        rejected: torch.Tensor,
-        chosen_count: torch.Tensor,
-        rejected_count: torch.Tensor,
-        ref_chosen: torch.Tensor | None,
-        ref_rejected: torch.Tensor | None,
-    ) -> PairLosses:
+    def pair_losses(self, pairs: PairLogps) -> PairLosses:
         """The odds-ratio term of each pair, and the chosen answers' summed cross-entropy."""
-        losses = orpo_ratio_losses(chosen / chosen_count, rejected / rejected_count, self.beta)
-        return losses, -chosen.sum(), self.beta * chosen / chosen_count, self.beta * rejected / rejected_count
+        chosen_avg, rejected_avg = pairs.chosen / pairs.chosen_count, pairs.rejected / pairs.rejected_count
+        losses = orpo_ratio_losses(chosen_avg, rejected_avg, self.beta)
+        return losses, -pairs.chosen.sum(), self.beta * chosen_avg, self.beta * rejected_avg
 
     def nll_tokens(self, batch: PreferenceBatch) -> float:
         """The chosen answers' target tokens: the cross-entropy's denominator."""
         return float(batch.chosen_tokens)
 
-    def mean_loss(self, losses: torch.Tensor, nll: torch.Tensor, scope: PreferenceScope) -> torch.Tensor:
+    def mean_loss(self, units: UnitLosses, scope: PreferenceScope) -> torch.Tensor:
         """The units' mean odds-ratio term plus the cross-entropy per chosen target token of the global batch."""
-        return super().mean_loss(losses, nll, scope) + nll / max(scope.chosen_tokens, 1.0)
+        return super().mean_loss(units, scope) + units.nll / max(scope.chosen_tokens, 1.0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
@@ -21,70 +20,56 @@ from storage.node_cache import cache_root
 from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import Batch, split_of
-from trainer.distributed import Dist
 from trainer.loss.chunked import LossHead
-from trainer.moe import RouterBalance
+from trainer.objectives.policy import Policy
 from trainer.objectives.preference import reference_table
 from trainer.objectives.preference.batching import PreferenceBatch
 from trainer.objectives.preference.reference_table import ReferenceTable, load_or_compute
+from trainer.parallel.distributed import Dist
 
 
 @contextmanager
-def adapters_off(model: Any) -> Iterator[None]:
-    """The reference model: `model` (a DeepSpeed engine, a PEFT model) with its adapters disabled."""
-    peft = getattr(model, "module", model)
-    if not hasattr(peft, "disable_adapter"):
+def adapters_off(policy: Policy) -> Iterator[None]:
+    """The reference model: the policy's model (a DeepSpeed engine, a PEFT model) with its adapters disabled."""
+    peft = getattr(policy.module, "module", policy.module)
+    disable = getattr(peft, "disable_adapter", None)  # PEFT's context manager
+    if disable is None:
         raise RuntimeError("the reference model is the policy with its adapters disabled: a LoRA model is needed")
-    with peft.disable_adapter():
+    with disable():
         yield
 
 
-def logps(model: Any, batch: Batch, device: torch.device, head: LossHead) -> tuple[torch.Tensor, torch.Tensor]:
+def logps(policy: Policy, batch: Batch, head: LossHead) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed target log-probability, target count) of every sequence of `batch`, in one forward pass, through the
     loss `head` (trainer/loss/chunked.py: from the last hidden states a chunk of targets at a time, or full logits)."""
-    out = model(**batch.model_inputs(device), **head.forward_kwargs(device))
+    out = policy.forward(batch, head.forward_kwargs(policy.device))
     return head.sequence_logps(out, batch.labels)
 
 
-def policy_logps(
-    model: Any, batch: Batch, device: torch.device, head: LossHead, router: RouterBalance | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """`logps` of the policy, and with a mixture of experts' `router` its unweighted load-balancing loss (the routed
-    tokens counted for the step's load), from the same forward pass; None without a router."""
-    if router is None:
-        return *logps(model, batch, device, head), None
-    out = model(**batch.model_inputs(device), **head.forward_kwargs(device), **router.forward_kwargs)
-    return *head.sequence_logps(out, batch.labels), router.observe(out, batch.attention_mask)
-
-
-def reference_logps(
-    model: Any, batch: Batch, device: torch.device, head: LossHead
-) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_logps(policy: Policy, batch: Batch, head: LossHead) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference model's log-probabilities of `batch`, without gradients."""
-    with torch.no_grad(), adapters_off(model):
-        return logps(model, batch, device, head)
+    with torch.no_grad(), adapters_off(policy):
+        return logps(policy, batch, head)
 
 
-def reference_for(
-    model: Any, batch: PreferenceBatch, device: torch.device, table: ReferenceTable | None, head: LossHead
-) -> tuple[torch.Tensor, ...]:
-    """The reference log-probabilities of a micro-batch's sequences (first of the tuple): looked up in full
-    fine-tuning's `table`, else computed by the model with its adapters disabled."""
+def reference_for(policy: Policy, batch: PreferenceBatch, table: ReferenceTable | None, head: LossHead) -> torch.Tensor:
+    """The reference log-probabilities of a micro-batch's sequences: looked up in full fine-tuning's `table`, else
+    computed by the model with its adapters disabled."""
     if table is not None:
-        return (table.logps(batch.indices, device),)
-    return reference_logps(model, batch.sequences, device, head)
+        return table.logps(batch.indices, policy.device)
+    return reference_logps(policy, batch.sequences, head)[0]
 
 
-def kl_sums(model: Any, batch: PreferenceBatch, device: torch.device, head: LossHead) -> tuple[float, int]:
+def kl_sums(policy: Policy, batch: PreferenceBatch, head: LossHead) -> tuple[float, int]:
     """KTO: (summed policy - reference log-probability of the mismatched sequences, their count), no gradients."""
     assert batch.mismatched is not None, "KTO micro-batch without its mismatched sequences"
     with torch.no_grad():
-        policy, _ = logps(model, batch.mismatched, device, head)
-    reference, _ = reference_logps(model, batch.mismatched, device, head)
-    return float((policy - reference).sum()), batch.units
+        policy_logps, _ = logps(policy, batch.mismatched, head)
+    reference, _ = reference_logps(policy, batch.mismatched, head)
+    return float((policy_logps - reference).sum()), batch.units
 
 
-def run_tables(engine: Any, spec: Spec, dist: Dist, pad_id: int) -> dict[str, ReferenceTable]:
+def run_tables(engine: torch.nn.Module, spec: Spec, dist: Dist, pad_id: int) -> dict[str, ReferenceTable]:
     """Full fine-tuning's reference log-probabilities of each non-empty split, from the run directory or computed by
     the engine's model as loaded: called before any checkpoint is resumed, so that the model is the base."""
     engine.eval()  # the reference has no dropout

@@ -40,9 +40,9 @@ from storage.location import Location, is_local, join, local_path
 from storage.node_cache import REFERENCE, cache_root, filling
 from storage.retry import with_retries
 from storage.split_reader import Split
-from trainer.distributed import Dist, barrier, dist_sum, gather_to_main
 from trainer.loss.chunked import LossHead
 from trainer.objectives.preference.batching import collate_preference
+from trainer.parallel.distributed import Dist, barrier, dist_sum, gather_to_main
 
 log = logging.getLogger(__name__)
 

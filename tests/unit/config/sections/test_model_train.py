@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from config.loader import load_config
+from config.methods import LORA
 from config.sections.model_train import TrainConfig, size_in_bytes
 from core.errors import UserError
 
@@ -39,7 +40,7 @@ def test_a_value_out_of_bounds_is_one_line_naming_its_key(override: str, expecte
 def test_the_defaults_mirror_qwens_lora_script() -> None:
     train = TrainConfig()
     assert (train.method, train.learning_rate, train.micro_batch_size, train.gradient_accumulation_steps) == (
-        "lora",
+        LORA,
         3e-4,
         2,
         8,

@@ -12,7 +12,7 @@ from config.loader import load_config
 from launch.backends.kubernetes import DESCRIBED_SUFFIX, KubernetesBackend, pod_job
 from launch.backends.kubernetes_render import render
 from launch.dry_run import planned_job
-from launch.job import PhaseJob
+from launch.job import TRAIN, PhaseJob
 from tests.unit.launch.backends.test_kubernetes_render import FULL
 
 CANARY = "hf_canary_value_123"
@@ -20,7 +20,7 @@ CANARY = "hf_canary_value_123"
 
 @pytest.mark.parametrize("runtime", [[], ["launch.kubernetes.runtime=torch-distributed"]])
 def test_the_description_is_the_objects_the_submission_renders(runtime: list[str]) -> None:
-    job = planned_job(load_config(None, [*FULL, *runtime]), "train")
+    job = planned_job(load_config(None, [*FULL, *runtime]), TRAIN)
     text = KubernetesBackend().describe(job)
     assert text.startswith("# launch.backend=kubernetes: the objects of the train phase, created in namespace ml")
     assert list(yaml.safe_load_all(text)) == render(pod_job(job, suffix=DESCRIBED_SUFFIX))
@@ -31,8 +31,8 @@ def test_the_jobs_environment_reaches_the_containers_and_no_credential_value_doe
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", CANARY)
-    planned = planned_job(load_config(None, FULL), "train")
-    text = KubernetesBackend().describe(PhaseJob(planned.written, "train", env={"NCCL_DEBUG": "INFO"}))
+    planned = planned_job(load_config(None, FULL), TRAIN)
+    text = KubernetesBackend().describe(PhaseJob(planned.written, TRAIN, env={"NCCL_DEBUG": "INFO"}))
     _, indexed = yaml.safe_load_all(text)
     env = {item["name"]: item for item in indexed["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "INFO"}
@@ -44,6 +44,6 @@ def test_the_jobs_environment_reaches_the_containers_and_no_credential_value_doe
 
 
 def test_each_submission_draws_its_own_suffix() -> None:
-    job = planned_job(load_config(None, FULL), "train")
+    job = planned_job(load_config(None, FULL), TRAIN)
     suffixes = {pod_job(job).suffix for _ in range(20)}
     assert len(suffixes) > 1 and all(len(s) == 4 and int(s, 16) >= 0 for s in suffixes)

@@ -1,7 +1,7 @@
 """The kubernetes backend's objects as rendered, against the pinned API schemas: the core objects (Service, Job)
 against Kubernetes 1.33's OpenAPI schemas in strict mode (kubernetes-validate: an unknown or mistyped field fails),
 the TrainJob against the pydantic models of kubeflow-trainer-api 2.3.0 (parsed and dumped back unchanged: a field the
-model does not know would be dropped). Then the pods' contract with flows.node and the config's refusals (no cluster
+model does not know would be dropped). Then the pods' contract with launch.node and the config's refusals (no cluster
 runs here). What a pod's status becomes is test_kubernetes_status.py; the objects as a dry run prints them,
 test_kubernetes.py."""
 
@@ -19,6 +19,7 @@ from core.errors import UserError
 from launch.backends.kubernetes import DESCRIBED_SUFFIX, pod_job
 from launch.backends.kubernetes_render import MAX_NAME, Owner, PodJob, master_host, object_name, render
 from launch.dry_run import planned_job
+from launch.job import EVAL, PROBE, TRAIN, Phase
 
 K8S_VERSION = "1.33"
 FULL = [
@@ -45,14 +46,14 @@ FULL = [
 ]
 
 
-def job(overrides: list[str], phase: str = "train") -> PodJob:
+def job(overrides: list[str], phase: Phase = TRAIN) -> PodJob:
     """The renderer's view of `phase` of a run of this config, as a dry run describes it."""
     return pod_job(planned_job(load_config(None, overrides), phase), suffix=DESCRIBED_SUFFIX)
 
 
-@pytest.mark.parametrize("phase", ["train", "eval", "probe"])
+@pytest.mark.parametrize("phase", [TRAIN, EVAL, PROBE])
 @pytest.mark.parametrize("extra", [[], ["launch.kubernetes.pvc=shared", "run.storage=/data/tandem"]])
-def test_the_indexed_job_and_its_service_validate_against_the_api_schemas(phase: str, extra: list[str]) -> None:
+def test_the_indexed_job_and_its_service_validate_against_the_api_schemas(phase: Phase, extra: list[str]) -> None:
     service, indexed = render(job([*FULL, *extra], phase))
     for obj in (service, indexed):
         assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION
@@ -82,9 +83,10 @@ def test_the_indexed_job_and_its_service_validate_against_the_api_schemas(phase:
         "name": "HF_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "tandem-creds", "key": "HF_TOKEN"}},
     }
-    assert container["command"][:3] == ["python", "-m", "flows.node"] and ("--spec-digest" in container["command"]) == (
-        phase != "eval"
-    )
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "launch.node"] and command[command.index("--phase") + 1] == phase.name
+    assert ("--spec-digest" in command) is phase.preflights and ("--model" in command) is phase.takes_model
+    assert indexed["metadata"]["labels"]["tandem.dev/phase"] == phase.name
 
 
 @pytest.mark.parametrize("cache_dir", [None, "/scratch/tandem"])
@@ -123,7 +125,7 @@ def test_a_train_job_round_trips_through_kubeflow_trainers_models() -> None:
         "kind": "ClusterTrainingRuntime",
         "apiGroup": "trainer.kubeflow.org",
     }
-    # The controller injects the place (PET_*): nothing of Qwen's names is set, so flows.node reads PET_*.
+    # The controller injects the place (PET_*): nothing of Qwen's names is set, so launch.node reads PET_*.
     assert not {"NODE_RANK", "NNODES", "MASTER_ADDR"} & {item["name"] for item in trainer["env"]}
     assert train_job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training"
 
@@ -159,7 +161,7 @@ def test_the_schema_check_catches_what_it_is_there_for() -> None:
 
 def test_a_pod_gets_the_runs_storage_options_in_its_spec_argument_not_its_environment() -> None:
     """run.storage_options (a store's endpoint) travel with the spec's location in the node's --spec, parsed once by
-    flows.node; no variable carries them."""
+    launch.node; no variable carries them."""
     options = {"endpoint_url": "http://minio.ml.svc:9000"}
     _, indexed = render(job([*FULL, f"run.storage_options={json.dumps(options)}"]))
     [container] = indexed["spec"]["template"]["spec"]["containers"]
@@ -174,9 +176,9 @@ def test_a_pod_gets_the_runs_storage_options_in_its_spec_argument_not_its_enviro
 
 
 def test_names_fit_dns_and_the_index_suffix() -> None:
-    name = object_name("My_Run.With/Odd chars and a very long name that goes on and on" * 2, "train", "ab12")
+    name = object_name("My_Run.With/Odd chars and a very long name that goes on and on" * 2, TRAIN, "ab12")
     assert len(name) <= MAX_NAME and name.endswith("-train-ab12") and name == name.lower()
-    assert object_name("short", "eval", "ab12") == "tandem-short-eval-ab12"
+    assert object_name("short", EVAL, "ab12") == "tandem-short-eval-ab12"
 
 
 @pytest.mark.parametrize(

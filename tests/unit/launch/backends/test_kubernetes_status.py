@@ -14,6 +14,7 @@ from launch.backends.kubernetes_status import (
     too_few_nodes,
     unschedulable,
 )
+from launch.job import TRAIN
 from tests.unit.launch.backends.test_kubernetes_render import job
 
 
@@ -110,7 +111,7 @@ def test_a_pod_that_waits_for_the_scheduler_is_not_a_failure_yet() -> None:
     assert (
         unschedulable(waiting) == "pod tandem-r-train-ab12-1-x: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     )
-    deadline = job_failure("train", {"reason": "DeadlineExceeded", "message": "Job was active longer than specified"})
+    deadline = job_failure(TRAIN, {"reason": "DeadlineExceeded", "message": "Job was active longer than specified"})
     assert isinstance(deadline, UserError) and "launch.kubernetes.active_deadline_s" in str(deadline)
 
 

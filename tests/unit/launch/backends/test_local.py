@@ -18,7 +18,7 @@ from launch.agent import FAILED_GRACE_S, KILL_GRACE_S
 from launch.backend import run_job
 from launch.backends import local
 from launch.dry_run import planned_job
-from launch.job import NodePlan, PhaseJob
+from launch.job import EVAL, TRAIN, NodePlan, PhaseJob
 from launch.node import NodeStop, NodeStopped
 from pipeline.plan import build_spec
 from storage.location import join
@@ -35,8 +35,8 @@ def test_the_description_is_each_nodes_torchrun_line_and_what_its_ranks_get(monk
     cfg = load_config(
         None, [*settings, "launch.master_port=6123", "launch.forward_env=[HF_TOKEN]", "launch.env={X: 'a b'}"]
     )
-    planned = planned_job(cfg, "train")
-    job = PhaseJob(planned.written, "train", env={"NCCL_DEBUG": "INFO"})
+    planned = planned_job(cfg, TRAIN)
+    job = PhaseJob(planned.written, TRAIN, env={"NCCL_DEBUG": "INFO"})
     text = local.LocalBackend().describe(job)
     assert text.startswith("# launch.backend=local: 2 node(s) on this machine") and CANARY not in text
     nodes = text.split("# node ")[1:]
@@ -57,7 +57,7 @@ def test_the_description_is_each_nodes_torchrun_line_and_what_its_ranks_get(monk
 
 
 def test_without_a_master_port_the_description_says_which_free_one_it_shows() -> None:
-    text = local.LocalBackend().describe(planned_job(load_config(None, ["run.storage=/s"]), "eval"))
+    text = local.LocalBackend().describe(planned_job(load_config(None, ["run.storage=/s"]), EVAL))
     port = re.search(r"rendezvous port (\d+) is a free one, picked again at submission", text)
     assert port is not None and text.count(f"--master-port={port.group(1)}") == 2
     assert "preflight" not in text  # evaluation runs no preflight
@@ -71,7 +71,7 @@ def job(tmp_path, nnodes: int, extra: list[str] = ()) -> PhaseJob:
         str(tmp_path),
         DatasetRef(dataset_id="d", url=str(tmp_path), manifest_digest="x", split_records={"train": 100}),
     )
-    return PhaseJob(WrittenSpec(spec, join(spec.run, "spec.json"), "0" * 64), "eval")
+    return PhaseJob(WrittenSpec(spec, join(spec.run, "spec.json"), "0" * 64), EVAL)
 
 
 class Nodes:

@@ -25,6 +25,7 @@ from launch.backends import prefect as prefect_backend
 from launch.backends.prefect import NodeFlowRun, PrefectBackend
 from launch.command import free_port
 from launch.dry_run import planned_job
+from launch.job import EVAL, TRAIN, Phase
 from launch.node import ERROR_EXIT_CODE, recorded_end, status_url
 from storage.fs import write_json_atomic
 from storage.location import Location
@@ -34,8 +35,8 @@ def record(run: Location, rank: int, **status: object) -> None:
     write_json_atomic(status_url(run, rank), {"node_rank": rank, **status})
 
 
-@pytest.mark.parametrize("phase", ["train", "eval"])
-def test_the_description_is_each_nodes_flow_run_with_parameters_the_node_flow_takes(phase: str) -> None:
+@pytest.mark.parametrize("phase", [TRAIN, EVAL])
+def test_the_description_is_each_nodes_flow_run_with_parameters_the_node_flow_takes(phase: Phase) -> None:
     cfg = load_config(
         None,
         ["launch.backend=prefect", "launch.nnodes=3", "launch.queue_prefix=gpu-", "run.name=r7", "run.storage=/s"],
@@ -50,8 +51,9 @@ def test_the_description_is_each_nodes_flow_run_with_parameters_the_node_flow_ta
     for rank, run in enumerate(runs):
         parameters = run["parameters"]
         assert set(parameters) <= accepted and parameters["node_rank"] == rank and parameters["master_port"] == 6001
-        assert parameters["spec"] == "/s/runs/r7/spec.json" and parameters["phase"] == phase
-        assert parameters["expected_spec_digest"] == ("SPEC-DIGEST" if phase == "train" else None)
+        assert parameters["spec"] == "/s/runs/r7/spec.json" and parameters["phase"] == phase.name
+        assert parameters["expected_spec_digest"] == ("SPEC-DIGEST" if phase is TRAIN else None)
+        assert parameters["model"] == ("/s/runs/r7/MODEL" if phase is EVAL else None)
 
 
 def test_while_the_api_is_away_the_follow_loop_waits_without_retries(tmp_path: Path) -> None:
@@ -63,7 +65,7 @@ def test_while_the_api_is_away_the_follow_loop_waits_without_retries(tmp_path: P
         outage = ApiOutage(60, "the nodes go on")
         with fail_fast(), get_client(sync_client=True) as client:
             assert PREFECT_CLIENT_MAX_RETRIES.value() == 0  # Prefect's own retries back off for about a minute
-            assert [NodeFlowRun(r, uuid.uuid4(), client, run, "train", outage).returncode() for r in (0, 1)] == [
+            assert [NodeFlowRun(r, uuid.uuid4(), client, run, TRAIN, outage).returncode() for r in (0, 1)] == [
                 None,
                 None,
             ]
@@ -82,7 +84,7 @@ def test_the_nodes_records_decide_where_their_flow_runs_could_not_report(
     record(run, 1, phase="train", exit_code=0)
     record(run, 2, phase="train", exit_code=1, **{ERROR_EXIT_CODE: 2})
     record(run, 3, phase="eval", exit_code=0)
-    assert [recorded_end(run, rank, "train") for rank in range(4)] == [0, 0, 2, None]
+    assert [recorded_end(run, rank, TRAIN) for rank in range(4)] == [0, 0, 2, None]
     states: list[State] = [
         Failed(message="ConnectError: [Errno 111] Connection refused"),
         Running(),
@@ -95,7 +97,7 @@ def test_the_nodes_records_decide_where_their_flow_runs_could_not_report(
         runs = []
         for rank, state in enumerate(states):
             flow_run = client.create_flow_run(outage_probe, state=state)
-            runs.append(NodeFlowRun(rank, flow_run.id, client, run, "train", outage))
+            runs.append(NodeFlowRun(rank, flow_run.id, client, run, TRAIN, outage))
         assert [r.returncode() for r in runs] == [0, 0, 1, None]
         after = [client.read_flow_run(r.run_id).state for r in runs]
     assert [s.name if s else None for s in after] == ["Completed", "Completed", "Failed", "Running"]

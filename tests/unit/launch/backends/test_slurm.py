@@ -14,7 +14,7 @@ from core.errors import UserError
 from launch.backends.slurm import SlurmBackend, render_sbatch, sbatch_command, script_paths
 from launch.command import rank_environment
 from launch.dry_run import planned_job
-from launch.job import PhaseJob
+from launch.job import EVAL, TRAIN, PhaseJob
 
 CANARY = "hf_canary_value_123"
 
@@ -32,7 +32,7 @@ def test_the_description_is_the_sbatch_line_and_the_script_it_submits(monkeypatc
             "launch.slurm_args=[--partition=gpu]",
         ],
     )
-    job = PhaseJob(planned_job(cfg, "train").written, "train", env={"NCCL_DEBUG": "INFO"})
+    job = PhaseJob(planned_job(cfg, TRAIN).written, TRAIN, env={"NCCL_DEBUG": "INFO"})
     text = SlurmBackend().describe(job)
     script, output = script_paths(job)
     assert (script, output) == (
@@ -50,7 +50,7 @@ def test_the_description_is_the_sbatch_line_and_the_script_it_submits(monkeypatc
 def test_a_run_directory_the_nodes_cannot_share_is_one_line() -> None:
     cfg = load_config(None, ["run.storage=s3://bucket/tandem", "launch.backend=slurm"])
     with pytest.raises(UserError, match=r"^launch.backend=slurm needs run.storage on a shared filesystem \(NFS\)"):
-        SlurmBackend().describe(planned_job(cfg, "eval"))
+        SlurmBackend().describe(planned_job(cfg, EVAL))
 
 
 def test_ranks_get_forwarded_values_and_sbatch_exports_them(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ import pytest
 from config.loader import load_config
 from launch.backends.ssh import LINK_LOST_S, SshBackend
 from launch.dry_run import planned_job
-from launch.job import PhaseJob
+from launch.job import EVAL, TRAIN, PhaseJob
 
 CANARY = "hf_canary_value_123"
 
@@ -21,7 +21,7 @@ def test_the_description_is_each_hosts_commands_and_what_its_node_reads(monkeypa
     monkeypatch.setenv("HF_TOKEN", CANARY)
     settings = ["run.storage=/shared/t", "run.name=r1", "launch.backend=ssh", "launch.hosts=[n0, 'n1:2222']"]
     cfg = load_config(None, [*settings, "launch.forward_env=[HF_TOKEN]", "launch.ssh_options=[-i, /k]"])
-    job = PhaseJob(planned_job(cfg, "train").written, "train", env={"NCCL_DEBUG": "INFO"})
+    job = PhaseJob(planned_job(cfg, TRAIN).written, TRAIN, env={"NCCL_DEBUG": "INFO"})
     text = SshBackend().describe(job)
     assert text.startswith("# launch.backend=ssh: 2 host(s)") and "PORT: a free port node 0 picks" in text
     assert CANARY not in text
@@ -49,7 +49,7 @@ def test_the_description_is_each_hosts_commands_and_what_its_node_reads(monkeypa
 
 def test_a_configured_port_is_used_and_no_host_picks_one() -> None:
     cfg = load_config(None, ["launch.backend=ssh", "launch.hosts=[n0, n1]", "launch.master_port=6100"])
-    text = SshBackend().describe(planned_job(cfg, "eval"))
+    text = SshBackend().describe(planned_job(cfg, EVAL))
     assert '"PORT"' not in text and "getsockname" not in text
     requests = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     assert [r["env"]["MASTER_PORT"] for r in requests] == ["6100", "6100"]

@@ -1,7 +1,7 @@
 """The remote end of the ssh backend, `python -m launch.backends.ssh_bootstrap`, as ssh starts it on a host (no ssh:
-its stdin is the connection), running a stand-in `flows.node` (a `flows/node.py` ahead on the path that records what it
-got and starts one rank in its process group and one in a session of its own; the real node's CLI is
-tests/unit/flows/test_node.py). The request's argv, variables and tag reach the node, which runs in a session of its
+its stdin is the connection), running a stand-in `launch.node` (a `launch/node.py` ahead on the path that records what
+it got and starts one rank in its process group and one in a session of its own; the real node's CLI is
+tests/unit/launch/test_node.py). The request's argv, variables and tag reach the node, which runs in a session of its
 own, and its exit code is the bootstrap's; end of stdin or a hangup stops the node's group with SIGTERM; after a
 "failed" line, or when the launcher falls silent for lost_s, the short grace ends in SIGKILL; whatever still carries
 the tag is killed when the node ends, and `--kill TAG` kills exactly the processes that carry it."""
@@ -57,12 +57,12 @@ def outlives(pid: int) -> bool:
 
 class Bootstrap:
     """`python -m launch.backends.ssh_bootstrap` as ssh starts it, with the request on its stdin, which stays open (the
-    connection), in a folder where `flows.node` is the stand-in."""
+    connection), in a folder where `launch.node` is the stand-in (the rest of launch/ is the checkout's)."""
 
     def __init__(self, folder: Path, argv: list[str], **request: object) -> None:
-        (folder / "flows").mkdir()
-        (folder / "flows" / "__init__.py").write_text("")
-        (folder / "flows" / "node.py").write_text(STANDIN)
+        (folder / "launch").mkdir()
+        (folder / "launch" / "__init__.py").write_text(f"__path__.append({str(ROOT / 'launch')!r})\n")
+        (folder / "launch" / "node.py").write_text(STANDIN)
         self.out = folder / "record.json"
         env = {"STANDIN_OUT": str(self.out), "CANARY": "canary-value"}
         line = {"env": env, "argv": argv, "tag": f"tnd-test-{uuid.uuid4().hex[:8]}", **request}

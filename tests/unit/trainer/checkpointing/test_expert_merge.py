@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from config.methods import LORA
 from config.sections.model_train import TrainConfig
 from storage import layout
 from storage.adapters import AdapterSummary
 from trainer.checkpointing.expert_merge import ExpertDelta, merge_expert_weight, split_expert_pairs
 from trainer.checkpointing.export import merge_adapter, save_weights
-from trainer.model import load_base, make_trainable
+from trainer.model.adapters import make_trainable
+from trainer.model.load import load_base
 
 
 def logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -27,7 +29,7 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
 def trained(qwen3_moe, tmp_path_factory) -> tuple[object, Path]:
     """A LoRA model on the experts whose adapters moved off zero (as training moves them), and its export."""
     torch.manual_seed(0)
-    model = make_trainable(load_base(qwen3_moe, method="lora", bf16=False), TrainConfig(method="lora"))
+    model = make_trainable(load_base(qwen3_moe, method=LORA, bf16=False), TrainConfig(method="lora"))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:

@@ -17,7 +17,7 @@ from storage.checkpoints import read_complete, universal_manifest
 from tests.checkpoints import save_checkpoint
 from trainer.checkpointing.deepspeed_io import publish_dir
 from trainer.checkpointing.reshard import check_sequence_groups, reseed, universal_form
-from trainer.distributed import Dist
+from trainer.parallel.distributed import Dist
 
 ONE = Dist(0, 0, 1, 0, "host", torch.device("cpu"))
 

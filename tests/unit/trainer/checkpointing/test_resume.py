@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from config.methods import FULL, LORA
 from core.errors import UserError
 from storage import layout
 from storage.checkpoints import read_complete
 from storage.location import Location
 from tests.checkpoints import save_checkpoint, shard_path
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint, verify_shared
-from trainer.distributed import Dist
+from trainer.parallel.distributed import Dist
 
 ONE = Dist(0, 0, 1, 0, "host", torch.device("cpu"))
 
@@ -59,9 +60,9 @@ def test_an_explicit_checkpoint_must_be_complete_and_whole(tmp_path) -> None:
 def test_another_zero_stage_or_method_is_refused_with_what_differs(tmp_path) -> None:
     ckpt = read_complete(save_checkpoint(tmp_path, 10, zero_stage=3))
     assert ckpt is not None
-    check_compatible(ckpt, zero_stage=3, method="lora")
+    check_compatible(ckpt, zero_stage=3, method=LORA)
     with pytest.raises(UserError) as info:
-        check_compatible(ckpt, zero_stage=2, method="full")
+        check_compatible(ckpt, zero_stage=2, method=FULL)
     assert "its ZeRO stage 3 (this run: 2) and train.method lora (this run: full) differ" in str(info.value)
     assert "set train.resume=never to start over" in str(info.value)
 
@@ -73,9 +74,9 @@ def test_a_checkpoint_of_another_stage_or_method_is_refused_naming_what_differs(
     ckpt = CompleteCheckpoint(
         "/runs/r/checkpoints/step-00000008", 8, "d", {"world_size": 2, "zero_stage": 2, "method": "lora"}
     )
-    check_compatible(ckpt, zero_stage=2, method="lora")  # another world size is converted, not refused
+    check_compatible(ckpt, zero_stage=2, method=LORA)  # another world size is converted, not refused
     with pytest.raises(UserError) as info:
-        check_compatible(ckpt, zero_stage=3, method="full")
+        check_compatible(ckpt, zero_stage=3, method=FULL)
     assert str(info.value) == (
         "/runs/r/checkpoints/step-00000008 cannot resume this run: its ZeRO stage 2 (this run: 3) and train.method "
         "lora (this run: full) differ; resume with the same DeepSpeed stage and train.method, or set "

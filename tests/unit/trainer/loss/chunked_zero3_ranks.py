@@ -105,7 +105,7 @@ def engine_for(stage: int, method: str) -> Any:
     import torch
 
     from tests.unit.trainer.loss.test_chunked import build
-    from trainer.model import LORA_TARGETS
+    from trainer.model.adapters import LORA_TARGETS
 
     model = build(method, lora_targets=[*LORA_TARGETS["qwen2"], "lm_head"] if method == "lora" else None)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from storage.shards import IGNORE_INDEX
-from trainer import tiny
 from trainer.loss.chunked import LossHead, target_positions
 from trainer.loss.liger import LigerLossHead, fused_cross_entropy
+from trainer.model import tiny
 
 VOCAB = 96  # the interpreter runs a kernel program per row and vocabulary block in Python: a small vocabulary
 

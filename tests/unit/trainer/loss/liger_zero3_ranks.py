@@ -5,7 +5,7 @@ loss and every parameter's full gradient (after DeepSpeed's backward, averaged o
 on the same engine, at test_liger.py's tolerance; the ranks' batches differ in their target counts.
 
 The rank side and its test: test_liger_zero3 launches this module on 2 ranks through chunked_zero3_ranks.py's
-launcher (the module name swapped, as tests/unit/trainer/objectives/test_step.py does)."""
+launcher (the module name swapped, as tests/unit/trainer/test_step.py does)."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from torch.utils._pytree import tree_leaves
 from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX
 from tests.unit.trainer.loss import chunked_zero3_ranks
-from trainer import tiny
 from trainer.loss.chunked import LOGIT_BYTES, LossHead
-from trainer.model import make_trainable
+from trainer.model import tiny
+from trainer.model.adapters import make_trainable
 
 CHUNK = 16  # several chunks per batch, the last one short
 CHUNKED, ONE_PASS = 0, None  # one_pass_max_bytes: 0 chunks every micro-batch; None: the default threshold

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from config.sections.model_train import TrainConfig
-from trainer import tiny
 from trainer.loss.chunked import LossHead
 from trainer.loss.liger import LigerLossHead
-from trainer.model import make_trainable
+from trainer.model import tiny
+from trainer.model.adapters import make_trainable
 
 ROOT = Path(__file__).resolve().parents[4]
 # Float32 throughout: Liger's blockwise log-sum-exp against one F.cross_entropy over the same logits (2e-6 was seen

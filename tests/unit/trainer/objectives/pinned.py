@@ -34,13 +34,15 @@ from config.sections.model_train import TrainConfig
 from storage.location import Location
 from storage.shards import IGNORE_INDEX, PAIR, PreferenceWriter, Row
 from storage.split_reader import Shard, Split
-from trainer import tiny
 from trainer.data import collate
-from trainer.distributed import Dist
 from trainer.loss.chunked import LossHead
-from trainer.model import make_trainable
+from trainer.model import tiny
+from trainer.model.adapters import make_trainable
+from trainer.objectives.base import EvalOptions
+from trainer.objectives.policy import Policy
 from trainer.objectives.registry import build as build_objective
 from trainer.objectives.sft import summed_loss
+from trainer.parallel.distributed import Dist
 
 RELATIVE = 1e-6  # float32 rounding of sums over a few hundred tokens
 ABSOLUTE = 4e-6  # two units in the last place of a float32 log-probability sum of 16 to 32, which differences keep
@@ -116,13 +118,13 @@ def measure_sft_losses(model: Any, rows: list[Row]) -> dict[str, float]:
         "chunked": LossHead.of(model, CHUNK, one_pass_max_bytes=0),
     }
     with torch.no_grad():
-        return {name: float(summed_loss(model, batch, CPU, head)) for name, head in heads.items()}
+        return {name: float(summed_loss(Policy(model, CPU), batch, head)) for name, head in heads.items()}
 
 
 def measure_sft_eval(model: Any, rows: list[Row], chunk_tokens: int) -> dict[str, Any]:
     """The evaluation's metrics of `rows` in micro-batches of 2."""
     objective = build_objective(TrainConfig.model_validate({"loss_chunk_tokens": chunk_tokens}))
-    return objective.evaluate(model, rows, range(len(rows)), ONE, batch_size=2, pad_id=0, lockstep=False)
+    return dict(objective.evaluate(model, rows, range(len(rows)), ONE, EvalOptions(2, 0)))
 
 
 def measure_preference(model: Any, split: Split, name: str, chunk_tokens: int) -> dict[str, Any]:
@@ -132,7 +134,7 @@ def measure_preference(model: Any, split: Split, name: str, chunk_tokens: int) -
     settings |= {"desirable_weight": W_D, "undesirable_weight": W_U}
     config = {"objective": name, "preference": settings, "loss_chunk_tokens": chunk_tokens}
     objective = build_objective(TrainConfig.model_validate(config))
-    return objective.evaluate(model, split, range(len(split)), ONE, batch_size=EVAL_BATCH, pad_id=0, lockstep=False)
+    return dict(objective.evaluate(model, split, range(len(split)), ONE, EvalOptions(EVAL_BATCH, 0)))
 
 
 def assert_pinned(got: dict[str, Any], pinned: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import pytest
 from storage.location import Location
 from storage.shards import IGNORE_INDEX, PAIR, PreferenceWriter, Row
 from storage.split_reader import Shard, Split
-from trainer.data import GlobalOrder
+from trainer.data import Dealing, GlobalOrder
 from trainer.objectives.preference.batching import collate_preference, parts, rank_preference_batches
 
 PAD = 0
@@ -93,8 +93,8 @@ def test_every_unit_of_a_step_is_dealt_once_with_its_partner_from_the_global_ord
     partner = {index: expected[(k + 1) % len(expected)] for k, index in enumerate(expected)}
     seen: list[int] = []
     for rank in range(world):
-        dealing = {"step": step, "micro": micro, "accum": accum, "rank": rank, "world": world, "pad_id": PAD}
-        batches = list(rank_preference_batches(split, order, **dealing, group_by_length=group_by_length))
+        dealing = Dealing(step, micro, accum, rank, world, PAD, group_by_length)
+        batches = list(rank_preference_batches(split, order, dealing))
         assert [b.units for b in batches] == [micro] * accum
         mine = [i for b in batches for i in b.indices]
         if not group_by_length:

@@ -4,7 +4,7 @@ mismatched answers) and ORPO. The loss and every trainable gradient agree within
 tiny model's shape with LoRA (its reference: the same model with the adapters disabled), and for ORPO under full
 fine-tuning too; an element of a gradient near zero gets an absolute tolerance of 1e-5 of its tensor's largest element
 (the padded batch sums in another order). In process; the same objectives under DeepSpeed ZeRO-2 and ZeRO-3 on 1 and 2
-ranks are tests/unit/trainer/objectives/test_step.py's, through real torchrun tests/distributed/test_preference.py's."""
+ranks are tests/unit/trainer/test_step.py's, through real torchrun tests/distributed/test_preference.py's."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import torch
 
 from config.sections.model_train import TrainConfig
 from storage.shards import IGNORE_INDEX, PAIR, Row
-from trainer import tiny
-from trainer.distributed import Dist
-from trainer.model import make_trainable
-from trainer.objectives.base import add
+from trainer.model import tiny
+from trainer.model.adapters import make_trainable
+from trainer.objectives.policy import Policy
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.reference import adapters_off
-from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
+from trainer.objectives.preference.sums import metrics_of
 from trainer.objectives.registry import build as build_objective
+from trainer.parallel.distributed import Dist
 
 VOCAB = tiny.RECIPE["vocab_size"]
 BETA, SMOOTHING, W_D, W_U = 0.3, 0.1, 1.3, 0.7
@@ -85,7 +85,7 @@ def logp(model: Any, prompt: list[int], answer: list[int], *, mean: bool = False
 
 
 def reference(model: Any, prompt: list[int], answer: list[int], *, mean: bool = False) -> torch.Tensor:
-    with torch.no_grad(), adapters_off(model):
+    with torch.no_grad(), adapters_off(Policy(model, ONE.device)):
         return logp(model, prompt, answer, mean=mean)
 
 
@@ -146,10 +146,11 @@ def ours(model: Any, rows: list[Row], feedback: list[int], name: str) -> tuple[t
     partners = [rows[(i + 1) % n] for i in range(n)] if name == "kto" else []
     batch = collate_preference(rows, feedback, pad_id=0, partners=partners)
     objective = build_objective(settings_of(name))
-    scope = objective.begin_step(model, [batch], ONE)
+    policy = Policy(model, ONE.device)
+    scope = objective.begin_step(policy, [batch], ONE)
     if name == "kto":
         assert scope.kl > 0, "the reference point would be clamped to 0: choose rows that make it positive"
-    micro = objective.micro_batch(model, batch, scope)
+    micro = objective.micro_batch(policy, batch, scope)
     return micro.backward, micro.sums
 
 
@@ -187,8 +188,6 @@ def test_the_reference_is_the_base_and_the_rewards_start_at_zero() -> None:
     rows, feedback = random_rows(3, pairs=True)
     loss, sums = ours(model, rows, feedback, "dpo")
     assert float(loss.detach()) == pytest.approx(math.log(2), rel=1e-6)
-    total: dict = {}
-    add(total, sums, SUM_KEYS)
-    metrics = metrics_of(total)
+    metrics = metrics_of(sums)
     assert metrics["reward_accuracy"] == 0.0 and metrics["reward_margin"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["chosen_logps_per_token"] < 0 and metrics["units"] == 3

@@ -16,20 +16,22 @@ import numpy as np
 import pytest
 import torch
 
+from config.methods import FULL, LORA
 from config.objectives import DPO, objective_named
-from config.sections.model_train import MoeConfig, TrainConfig
+from config.sections.model_train import TrainConfig
 from core.errors import UserError
 from storage.shards import IGNORE_INDEX, PAIR, Row
 from storage.split_reader import Split
 from tests.unit.trainer.objectives.preference.test_batching import pref_row, staged
-from trainer.distributed import Dist
-from trainer.objectives.base import Pending, add, settled
+from trainer.objectives.base import EvalOptions
+from trainer.objectives.policy import Policy
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.objective import EvalPasses
 from trainer.objectives.preference.pairs import Orpo
 from trainer.objectives.preference.reference_table import ReferenceTable
-from trainer.objectives.preference.sums import SUM_KEYS, metrics_of
+from trainer.objectives.preference.sums import PreferenceSums, metrics_of
 from trainer.objectives.registry import build
+from trainer.parallel.distributed import Dist
 
 CPU, VOCAB = torch.device("cpu"), 50
 ONE = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="test", device=CPU)
@@ -79,8 +81,8 @@ def test_only_a_reference_under_full_fine_tuning_reads_tables() -> None:
     methods = [("dpo", "full"), ("ipo", "full"), ("dpo", "lora"), ("kto", "qlora"), ("orpo", "full")]
     assert [of(*pair).reads_tables for pair in methods] == [True, True, False, False, False]
     lora = of("dpo", "lora")
-    assert (lora.beta, lora.method) == (0.4, "lora")
-    lora.start(None, None, ONE, 0)  # nothing to read: no engine, no spec asked for
+    assert (lora.beta, lora.method) == (0.4, LORA)
+    lora.start(SimpleNamespace(engine=None, pad_id=0), None, ONE)  # nothing to read: no engine, no spec asked for
     lora.start_evaluation(None, None)
     assert lora.tables == {}
 
@@ -88,51 +90,51 @@ def test_only_a_reference_under_full_fine_tuning_reads_tables() -> None:
 def test_an_evaluations_passes_deal_rows_by_rank_with_throw_away_passes(tmp_path: Any) -> None:
     kto = staged(tmp_path, [pref_row(k, (1, 1 + k % 2, 0)) for k in range(7)], [k % 2 for k in range(7)])
     rank2 = Dist(rank=2, local_rank=0, world_size=3, node_rank=2, host="test", device=CPU)
-    plan = EvalPasses.of(kto, range(7), rank2, 2, 0, lockstep=True)
+    plan = EvalPasses.of(kto, range(7), rank2, EvalOptions(2, 0, lockstep=True))
     assert (plan.groups, plan.passes, plan.partner[6], plan.partner[2]) == ([[2, 5]], 2, 0, 3)
-    assert EvalPasses.of(kto, range(7), rank2, 2, 0, lockstep=False).passes == 1
+    assert EvalPasses.of(kto, range(7), rank2, EvalOptions(2, 0)).passes == 1
     first, extra = plan.batch(0), plan.batch(1)
     assert first.indices == (2, 5) and extra.indices == (0,)  # the throw-away pass: the first row
     assert first.mismatched is not None and first.mismatched.input_ids[1, :2].tolist() == [500, 1600]  # row 6's answer
     with pytest.raises(UserError, match="no eval rows to evaluate") as info:
-        EvalPasses.of(kto, [], ONE, 2, 0, lockstep=False)
+        EvalPasses.of(kto, [], ONE, EvalOptions(2, 0))
     assert "\n" not in str(info.value)
 
 
 def test_micro_batches_of_any_size_add_up_to_the_global_batchs_mean_loss(model: Any, pairs: Split) -> None:
-    objective = dpo_full()
+    objective, policy = dpo_full(), Policy(model, CPU)
     steps = []
     for sizes in ([4], [1, 3], [2, 1, 1]):
         starts = np.cumsum([0, *sizes])
         groups = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
         batches = [collate_preference([pairs[i] for i in g], [PAIR] * len(g), 0, indices=g) for g in groups]
-        scope = objective.begin_step(model, batches, ONE)
+        scope = objective.begin_step(policy, batches, ONE)
         assert (scope.units, scope.accumulation, scope.kl, scope.table) == (4, len(sizes), 0.0, TABLE)
         assert scope.chosen_tokens == sum(b.chosen_tokens for b in batches) == 1 + 2 + 3 + 4
-        pending: Pending = {}
+        sums = PreferenceSums()
         total = 0.0  # the step's loss: the backward losses, DeepSpeed's averaging over the accumulation undone
         for batch in batches:
-            micro = objective.micro_batch(model, batch, scope)
-            losses, _, _, _ = objective.unit_losses(model, batch, scope)
+            micro = objective.micro_batch(policy, batch, scope)
+            losses = objective.unit_losses(policy, batch, scope).losses
             backward = float(micro.backward.detach())  # its units' summed loss over the global units, x accumulation
             assert backward == pytest.approx(float(losses.detach().sum()) / 4 * len(sizes), rel=1e-6)
-            assert micro.backward.requires_grad and micro.sums["nll_tokens"] == 0.0
+            assert micro.backward.requires_grad and micro.sums.nll_tokens == 0.0
             total += backward / scope.accumulation
-            add(pending, micro.sums, SUM_KEYS)
-        sums = settled(pending)  # the step reads the device's sums once (trainer/objectives/step.py)
+            sums = sums.plus(micro.sums)
+        sums = PreferenceSums.of(sums.values())  # the step reads the device's sums once (trainer/step.py)
         result = objective.end_step(sums, scope)
         assert result.loss == pytest.approx(total, rel=1e-6) == metrics_of(sums)["loss"]
-        assert result.target_tokens == int(sums["chosen_tokens"] + sums["rejected_tokens"]) == 10 + 10
+        assert result.target_tokens == int(sums.chosen_tokens + sums.rejected_tokens) == 10 + 10
         assert set(result.metrics) == {"reward_accuracy", "reward_margin"}
         steps.append([result.loss, result.metrics["reward_margin"]])
     assert steps[1] == pytest.approx(steps[0], rel=1e-6) and steps[2] == pytest.approx(steps[0], rel=1e-6)
 
 
 def test_an_evaluation_is_the_same_in_any_batch_size_and_without_throw_away_passes(model: Any, pairs: Split) -> None:
-    objective, keys = dpo_full(), {*metrics_of(dict.fromkeys(SUM_KEYS, 0.0)), "objective"}
+    objective, keys = dpo_full(), {*metrics_of(PreferenceSums()), "objective"}
 
     def evaluate(indices: Any, dist: Dist, batch_size: int, lockstep: bool = False) -> dict[str, Any]:
-        return objective.evaluate(model, pairs, indices, dist, batch_size=batch_size, pad_id=0, lockstep=lockstep)
+        return dict(objective.evaluate(model, pairs, indices, dist, EvalOptions(batch_size, 0, lockstep)))
 
     whole = evaluate(range(6), ONE, 4)
     assert whole == pytest.approx(evaluate(range(6), ONE, 1)) and set(whole) == keys
@@ -145,12 +147,12 @@ def test_an_evaluation_is_the_same_in_any_batch_size_and_without_throw_away_pass
         f"eval dpo loss {whole['loss']:.4f} reward accuracy {whole['reward_accuracy']:.4f} "
         f"reward margin {whole['reward_margin']:.4f} over 6 units"
     )
-    assert objective.eval_fields() == {"reference": DPO.reference_words("full")}
+    assert objective.eval_fields() == {"reference": DPO.reference_words(FULL)}
 
 
 # A mixture of experts (Qwen3-30B-A3B scaled down, tests/published.py, vocabulary 256): the router's load-balancing
-# loss is added to the policy's as SFT adds it and logged apart; ORPO needs no reference, and DPO, IPO and KTO share
-# the code path (`unit_losses`, `micro_batch`).
+# loss is added to the preference objective's by the step (trainer/step.py), as to SFT's, and logged apart; ORPO needs
+# no reference, and DPO, IPO and KTO share the code path (`unit_losses`, `micro_batch`).
 @pytest.fixture(scope="module")
 def moe_model() -> Any:
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
@@ -172,40 +174,44 @@ def moe_pairs() -> list[Row]:
 
 
 def orpo_step(model: Any, coef: float | None, *, router: bool = True) -> tuple[Any, Any, dict[str, Any]]:
-    """(the objective, its micro-batch's loss for backward, the step's metrics) of one ORPO micro-batch of 2 pairs."""
-    train = TrainConfig(objective=objective_named("orpo"), moe=MoeConfig(aux_loss_coef=coef))
-    objective = Orpo.of(train)
-    if router:
-        objective.start(model, None, ONE, 0)  # type: ignore[arg-type]  # ORPO reads no spec: no reference table
+    """(the router balance, its micro-batch's loss for backward, the step's metrics) of one ORPO step of one
+    micro-batch of 2 pairs, through the optimizer step (an engine that only runs backward)."""
+    from tests.unit.trainer.test_step import Recorder
+    from trainer.parallel.moe import RouterBalance
+    from trainer.step import StepTools, optimizer_step
+    from trainer.watch.faults import NO_FAULTS
+    from trainer.watch.heartbeat import Heartbeat
+
+    objective = Orpo.of(TrainConfig(objective=objective_named("orpo")))
+    balance = RouterBalance.of(model.config, coef, ONE) if router else None
     batch = collate_preference(moe_pairs(), [PAIR, PAIR], 0, indices=[0, 1])
-    scope = objective.begin_step(model, [batch], ONE)
-    micro = objective.micro_batch(model, batch, scope)
-    sums = {key: float(micro.sums[key]) for key in objective.sum_keys}
-    result = objective.end_step(sums, scope)
-    return objective, micro, {**result.metrics, "loss": result.loss}
+    engine, tools = Recorder(), StepTools(ONE, Heartbeat(0), NO_FAULTS)
+    stats, metrics = optimizer_step(engine, Policy(model, CPU, balance), [batch], objective, tools, 1)
+    return balance, engine.losses[0], {**metrics, "loss": stats.loss}
 
 
 def test_the_weighted_balancing_loss_is_added_to_the_preference_loss_and_logged_apart(moe_model: Any) -> None:
-    plain, plain_micro, plain_metrics = orpo_step(moe_model, None, router=False)
-    assert plain.router is None and "aux_loss" not in plain_metrics
-    objective, micro, metrics = orpo_step(moe_model, 0.25)
-    assert objective.router is not None and objective.router.coef == 0.25
+    plain, plain_backward, plain_metrics = orpo_step(moe_model, None, router=False)
+    assert plain is None and "aux_loss" not in plain_metrics
+    moe_model.zero_grad()
+    router, backward, metrics = orpo_step(moe_model, 0.25)
+    assert router is not None and router.coef == 0.25
     aux = metrics["aux_loss"]
     assert aux > 0.0  # Switch's loss is experts x sum(share x probability): about 1 for a router near even
     # The total is the preference loss plus the coefficient times the auxiliary loss; the logged loss is ORPO's alone.
-    assert float(micro.backward.detach()) == pytest.approx(float(plain_micro.backward.detach()) + 0.25 * aux, rel=1e-6)
+    assert backward == pytest.approx(plain_backward + 0.25 * aux, rel=1e-6)
     assert metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=1e-6)
     assert metrics["expert_load_max"] >= 1.0 and metrics["experts_idle"] >= 0.0
-    micro.backward.backward()  # the router gets the balancing loss's gradient
-    gate = moe_model.model.layers[0].mlp.gate.weight.grad
+    gate = moe_model.model.layers[0].mlp.gate.weight.grad  # the router got the balancing loss's gradient
     assert gate is not None and gate.abs().sum() > 0
     moe_model.zero_grad()
 
 
 def test_the_model_configs_coefficient_is_the_default_and_zero_adds_nothing(moe_model: Any) -> None:
-    objective, _, _ = orpo_step(moe_model, None)
-    assert objective.router is not None and objective.router.coef == 0.001  # Qwen3-30B-A3B's router_aux_loss_coef
-    _, plain_micro, _ = orpo_step(moe_model, None, router=False)
-    _, micro, metrics = orpo_step(moe_model, 0.0)
+    router, _, _ = orpo_step(moe_model, None)
+    assert router is not None and router.coef == 0.001  # Qwen3-30B-A3B's router_aux_loss_coef
+    _, plain_backward, _ = orpo_step(moe_model, None, router=False)
+    _, backward, metrics = orpo_step(moe_model, 0.0)
     assert metrics["aux_loss"] > 0.0  # measured and logged, not trained on
-    assert float(micro.backward) == pytest.approx(float(plain_micro.backward), rel=1e-6)
+    assert backward == pytest.approx(plain_backward, rel=1e-6)
+    moe_model.zero_grad()

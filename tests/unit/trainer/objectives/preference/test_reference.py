@@ -18,13 +18,21 @@ from config.sections.model_train import TrainConfig
 from core.errors import UserError
 from storage.shards import IGNORE_INDEX, PAIR, Row
 from tests.specs import spec_for
-from trainer import tiny
-from trainer.distributed import Dist
 from trainer.loss.chunked import LossHead
-from trainer.model import make_trainable
+from trainer.model import tiny
+from trainer.model.adapters import make_trainable
+from trainer.objectives.policy import Policy
 from trainer.objectives.preference.batching import collate_preference
-from trainer.objectives.preference.reference import adapters_off, eval_tables, kl_sums, logps, reference_for
+from trainer.objectives.preference.reference import (
+    adapters_off,
+    eval_tables,
+    kl_sums,
+    logps,
+    reference_for,
+    reference_logps,
+)
 from trainer.objectives.preference.reference_table import ReferenceTable, write
+from trainer.parallel.distributed import Dist
 
 VOCAB, CPU = tiny.RECIPE["vocab_size"], torch.device("cpu")
 ONE = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="test", device=CPU)
@@ -66,25 +74,26 @@ def rows(feedback: list[int]) -> list[Row]:
 def test_the_reference_is_the_base_model_without_gradients_and_the_adapters_come_back(model: Any) -> None:
     batch = collate_preference(rows([PAIR, PAIR]), [PAIR, PAIR], 0, indices=[0, 1])
     head = LossHead.of(model, 8, one_pass_max_bytes=0)  # in chunks; the base's from full logits
-    policy, counts = logps(model, batch.sequences, CPU, head)
-    expected, _ = logps(base(), batch.sequences, CPU, LossHead.of(base(), 0))
+    policy, counts = logps(Policy(model, CPU), batch.sequences, head)
+    expected, _ = logps(Policy(base(), CPU), batch.sequences, LossHead.of(base(), 0))
     for wrapped in (model, Engine(model)):
-        (reference, reference_counts) = reference_for(wrapped, batch, CPU, None, head)
+        reference = reference_for(Policy(wrapped, CPU), batch, None, head)
+        _, reference_counts = reference_logps(Policy(wrapped, CPU), batch.sequences, head)
         assert not reference.requires_grad and torch.equal(reference_counts, counts)
         assert torch.allclose(reference, expected, rtol=1e-5) and not torch.allclose(reference, policy, rtol=1e-3)
-        assert torch.equal(logps(model, batch.sequences, CPU, head)[0], policy)  # the adapters are on again
+        assert torch.equal(logps(Policy(model, CPU), batch.sequences, head)[0], policy)  # the adapters are on again
     assert policy.requires_grad and counts.tolist() == [2, 4, 4, 3]
 
 
 def test_a_model_without_adapters_is_refused() -> None:
-    with pytest.raises(RuntimeError, match="a LoRA model is needed"), adapters_off(torch.nn.Linear(2, 2)):
+    with pytest.raises(RuntimeError, match="a LoRA model is needed"), adapters_off(Policy(torch.nn.Linear(2, 2), CPU)):
         pass
 
 
 def test_full_fine_tuning_reads_the_tables_rows_chosen_then_rejected() -> None:
     table = ReferenceTable(np.array([[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]]))
     batch = collate_preference(rows([PAIR, PAIR]), [PAIR, PAIR], 0, indices=[2, 0])
-    (reference,) = reference_for(None, batch, CPU, table, LossHead(None, 0))  # no model is asked
+    reference = reference_for(Policy(None, CPU), batch, table, LossHead(None, 0))  # type: ignore[arg-type]  # no model is asked
     assert reference.tolist() == [-5.0, -1.0, -6.0, -2.0]
 
 
@@ -92,10 +101,11 @@ def test_ktos_kl_sums_are_policy_minus_reference_over_the_mismatched_sequences(m
     items = rows([1, 0, 1])
     batch = collate_preference(items, [1, 0, 1], 0, partners=[*items[1:], items[0]])
     assert batch.mismatched is not None
-    total, units = kl_sums(model, batch, CPU, LossHead.of(model, 8, one_pass_max_bytes=0))
+    total, units = kl_sums(Policy(model, CPU), batch, LossHead.of(model, 8, one_pass_max_bytes=0))
     full = LossHead(None, 0)
     with torch.no_grad():
-        expected = logps(model, batch.mismatched, CPU, full)[0] - logps(base(), batch.mismatched, CPU, full)[0]
+        policy, reference = Policy(model, CPU), Policy(base(), CPU)
+        expected = logps(policy, batch.mismatched, full)[0] - logps(reference, batch.mismatched, full)[0]
     assert units == 3 and total == pytest.approx(float(expected.sum()), rel=1e-4, abs=1e-5) and total != 0.0
 
 

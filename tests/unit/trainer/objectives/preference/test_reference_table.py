@@ -23,10 +23,9 @@ from storage.fs import filesystem, write_bytes_atomic
 from storage.location import Location
 from storage.node_cache import REFERENCE
 from storage.shards import PAIR, Row
-from trainer import tiny
-from trainer.distributed import Dist, barrier, init, shutdown
 from trainer.loss.chunked import LossHead
 from trainer.loss.logps import sequence_logps
+from trainer.model import tiny
 from trainer.objectives.preference import reference_table
 from trainer.objectives.preference.batching import collate_preference
 from trainer.objectives.preference.reference_table import (
@@ -38,6 +37,7 @@ from trainer.objectives.preference.reference_table import (
     write,
     written_table,
 )
+from trainer.parallel.distributed import Dist, barrier, init, shutdown
 
 ONE = Dist(rank=0, local_rank=0, world_size=1, node_rank=0, host="test", device=torch.device("cpu"))
 

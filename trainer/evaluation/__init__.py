@@ -1,0 +1,1 @@
+"""Evaluation: the evaluate stage, the model it loads, generated answers and their scores, benchmark tasks, samples."""

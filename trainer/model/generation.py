@@ -1,0 +1,113 @@
+"""Generation as a service: answers to prompts from the model it is given, with no second load: the evaluate stage's
+model (`eval.generate`, trainer/evaluation/generate.py), or the model a training run holds (an objective that samples
+its own answers while it trains).
+
+Prompts are left-padded into one batch and answered with transformers' `generate` and its key-value cache; each answer
+stops at the model's stop tokens and is cut there. At temperature 0 answers are greedy. Otherwise each answer is
+drawn with a seed of its own (`seeds`, one per prompt: `row_seed` makes one from any integers, e.g. a run's seed, a
+step, a prompt and an answer's index): the token at each position is the argmax of the temperature-scaled, top-p
+filtered log-probabilities plus Gumbel noise from that answer's own generator, which is a draw from the same
+distribution (the Gumbel-max trick) and makes the noise of an answer independent of the batch it shares, so how
+answers are batched and dealt to ranks does not change what is drawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How answers are drawn: at most `max_new_tokens` each; greedy at temperature 0, else sampled at `temperature`
+    from the top-p nucleus (`top_p` 1: the whole vocabulary); `repetition_penalty` None takes the model's own
+    generation config's."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    repetition_penalty: float | None = None
+
+
+def row_seed(*parts: int) -> int:
+    """A seed from integers (a run's seed, a step, a prompt, an answer), the same in every process."""
+    digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)
+
+
+class GumbelSampler:
+    """A logits processor that turns greedy decoding into sampling, one generator per row (see the module's
+    docstring): the scores become temperature-scaled log-probabilities, top-p filtered, plus Gumbel noise."""
+
+    def __init__(self, sampling: Sampling, seeds: Sequence[int]) -> None:
+        self.sampling = sampling
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logps = torch.log_softmax(scores.float() / self.sampling.temperature, dim=-1)
+        if self.sampling.top_p < 1.0:
+            logps = nucleus(logps, self.sampling.top_p)
+        vocab = logps.shape[-1]
+        uniform = torch.stack([torch.rand(vocab, generator=g, dtype=torch.float64) for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-300)))
+        return logps + gumbel.to(device=logps.device, dtype=logps.dtype)
+
+
+def nucleus(logps: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Log-probabilities with every token outside the smallest set whose probability reaches `top_p` set to -inf
+    (the most likely token always kept), as transformers' TopPLogitsWarper filters."""
+    ordered, order = torch.sort(logps, descending=False, dim=-1)
+    cumulative = ordered.exp().cumsum(dim=-1)
+    drop = cumulative <= (1 - top_p)
+    drop[..., -1:] = False
+    return logps.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+class Generator:
+    """Answers from `model` (any causal LM with transformers' `generate`: a PEFT model, a DeepSpeed engine's module)
+    padded with `pad_id`, stopping at `stops`."""
+
+    def __init__(self, model: Any, pad_id: int, stops: Sequence[int]) -> None:
+        self.model, self.pad_id, self.stops = model, pad_id, sorted(set(stops))
+
+    @classmethod
+    def of(cls, model: Any, tokenizer: Any, pad_id: int) -> Generator:
+        """A generator stopping where the model's generation config and its tokenizer say an answer ends."""
+        return cls(model, pad_id, stop_ids(model, tokenizer))
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[list[int]]:
+        """Each prompt's new tokens up to (not including) its first stop token; `seeds`: one per prompt (unused at
+        temperature 0)."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        width = max(len(p) for p in prompts)
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        config: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens, "do_sample": False}
+        if sampling.repetition_penalty is not None:
+            config["repetition_penalty"] = sampling.repetition_penalty
+        processors = LogitsProcessorList([GumbelSampler(sampling, seeds)] if sampling.temperature > 0 else [])
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            generation_config=GenerationConfig(**config, eos_token_id=self.stops, pad_token_id=self.pad_id),
+            logits_processor=processors,
+        )
+        answers = []
+        for row in out[:, width:].tolist():
+            cut = next((i for i, token in enumerate(row) if token in self.stops), len(row))
+            answers.append(row[:cut])
+        return answers
+
+
+def stop_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The model's stop tokens: its generation config's EOS ids and the tokenizer's EOS."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    return sorted({int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None})

@@ -1,0 +1,1 @@
+"""The run's watchers: heartbeats, stragglers, the network probe, the profiler, cancel, crashes, guards, faults."""
