@@ -49,8 +49,8 @@ test: setup-dev
 # times): netns alone first (its hosts are network namespaces of this machine), then the others together on two
 # workers as in the default run (the multi-run proofs, models at their published sizes, the secrets canary,
 # cancelling, the kubernetes backend's pods, the pins on Python 3.12 and 3.13). No test collected (pytest's exit code
-# 5) is not a failure. The benchmark scripts' toy runs are `make test-bench`, outside CI: about 29 minutes of a worker
-# that prove no figure, which CI's 90-minute limit could not keep.
+# 5) is not a failure. The benchmark scripts' toy runs are `make test-bench`, outside CI but for the GPU benchmark's CPU
+# dry run (.ci/run): about 29 minutes of a worker that prove no figure, which CI's 90-minute limit could not keep.
 SERIAL_SUITES ?= netns
 PARALLEL_SUITES ?= elastic multirun published secrets cancel orphans kubernetes pythons
 test-suites: setup-dev

@@ -95,9 +95,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && { [[ $DEV == 0 ]] || [[ 
 fi
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-# --no-compile: no bytecode for the 30,000 modules installed; Python writes it for those a run imports, at the first
-# import (a minute of the install's CPU and about 300 MB of .venv saved).
-INSTALL=(install -q --no-compile -c constraints.txt)
+INSTALL=(install -q -c constraints.txt)
 # setuptools warns on every editable build that a folder named as a package may shadow it: that is the point here.
 export PYTHONWARNINGS="ignore:Editable installation"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
