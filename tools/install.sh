@@ -106,10 +106,11 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
     else
         echo "setup: updating $VENV (Python $VERSION)"
     fi
-    "${PIP[@]}" install -q -c constraints.txt --upgrade pip setuptools wheel
-    # torch first: DeepSpeed's build imports it (ninja runs that build's compiles in parallel). TORCH_INDEX_URL lets a
-    # machine without a local CPU wheel take one from PyTorch's CPU index instead of PyPI's CUDA build.
-    "${PIP[@]}" "${INSTALL[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 ninja
+    # ninja runs DeepSpeed's compiles in parallel (it is one of DeepSpeed's own dependencies).
+    "${PIP[@]}" "${INSTALL[@]}" --upgrade pip setuptools wheel ninja
+    # torch first: DeepSpeed's build imports it. TORCH_INDEX_URL lets a machine without a local CPU wheel take one from
+    # PyTorch's CPU index instead of PyPI's CUDA build.
+    "${PIP[@]}" "${INSTALL[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
 
     DS_VERSION=$(grep -i '^deepspeed==' constraints.txt | cut -d= -f3)
     have_ds=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('deepspeed'))" 2>/dev/null || true)
