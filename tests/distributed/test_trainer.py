@@ -312,7 +312,7 @@ def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> No
         # traceback is (the node's log), all on one line, torchrun's own report of the failure left out
         (
             "TANDEM_TEST_RAISE_AT_STEP",
-            r"train failed on node 1, rank 1: ValueError in maybe_poison \(trainer/faults\.py:\d+\): injected by "
+            r"train failed on node 1, rank 1: ValueError in maybe_poison \(trainer/watch/faults\.py:\d+\): injected by "
             r"TANDEM_TEST_RAISE_AT_STEP at step 3 \(traceback: .*/runs/guard-raise/nodes/1/log\.txt\)$",
         ),
     ],
