@@ -12,7 +12,9 @@ any-Python wheel for this platform installs on 3.12 and 3.13 where its Requires-
 metadata says without the index (rouge-score, an sdist only, is among them: its wheel built here is pure Python, so its
 sdist builds anywhere). DeepSpeed ships only an sdist, which tools/install.sh builds against the pinned torch with the
 machine's C++ compiler on any of them: pip must list the pinned release for each Python (`pip index versions`), so
-that it exists and its Requires-Python admits it.
+that it exists and its Requires-Python admits it. And torch, which on 3.12 and 3.13 is PyPI's build (exact pins of its
+own: the CUDA libraries, triton 3.7.1), must resolve with its dependencies against that Python's pins; constraints.txt
+pins triton per Python (3.9.0 on 3.11, where torch is the CPU build), so the pins are read per Python.
 """
 
 from __future__ import annotations
@@ -216,3 +218,40 @@ def test_every_pin_installs_on_python_3_12_and_3_13(tmp_path: Path) -> None:
                 f"{name}=={version}: pip lists no such release for CPython {python} ({stderr.strip()[-200:]}); "
                 "move its pin in constraints.txt to a release whose Requires-Python admits it"
             )
+
+
+@pytest.mark.pythons
+def test_pypis_torch_resolves_against_the_pins_on_python_3_12_and_3_13(tmp_path: Path) -> None:
+    """On 3.12 and 3.13 torch is PyPI's build (the CPU wheel here is 3.11's), which pins its own CUDA libraries and
+    triton exactly: pip, resolving torch with its dependencies against that Python's pins, must find no conflict (a
+    triton pin of 3.9.0 made it refuse torch 2.13.0, which requires 3.7.1) and choose every pin as pinned, with nothing
+    unpinned. The per-pin check above cannot see this: it asks for each pin alone. The pins go in as a file of that
+    Python's own (pip evaluates a constraint's marker for the Python it runs on, not for --python-version)."""
+    runs = {}
+    for python in PYTHONS:
+        pinned = pins(python)
+        (tmp_path / f"c-{python}.txt").write_text("".join(f"{name}=={v}\n" for name, v in pinned.items()))
+        runs[python] = pip(
+            "install",
+            "--dry-run",  # not --quiet: pip then says which requirements conflict
+            "--ignore-installed",
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            "--report",
+            str(tmp_path / f"torch-{python}.json"),
+            "-c",
+            str(tmp_path / f"c-{python}.txt"),
+            f"torch=={pinned['torch']}",
+        )
+    for python, run in runs.items():
+        stdout, stderr = run.communicate(timeout=600)
+        why = [line.strip() for line in (stdout + stderr).splitlines() if " depends on " in line or "requested" in line]
+        assert run.returncode == 0, f"CPython {python}: pip refuses torch against the pins: {why or stderr[-800:]}"
+        report = json.loads((tmp_path / f"torch-{python}.json").read_text())["install"]
+        chosen = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"] for item in report}
+        pinned = pins(python)
+        unpinned = sorted(set(chosen) - set(pinned))
+        assert not unpinned, f"CPython {python}: torch's dependencies not pinned in constraints.txt: {unpinned}"
+        other = {n: v for n, v in chosen.items() if Version(v) != Version(pinned[n])}
+        assert not other, f"CPython {python}: pip chose {other} against the pins"
