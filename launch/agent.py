@@ -32,8 +32,9 @@ from datetime import UTC, datetime
 
 from config.sections.launch import LaunchConfig
 from core.checkout import PROJECT_ROOT
+from core.errors import RetryableError
 from launch.command import AGENT_TAG_ENV, heartbeat_dir, node_scratch, rank_environment, torchrun_command
-from launch.diagnose import error_for, failure_message, failure_summary, read_from
+from launch.diagnose import agent_failure_message, agent_signal, error_for, failure_message, failure_summary, read_from
 from launch.job import NodePlan, Phase
 from launch.preflight import gpus
 from launch.signals import death_of
@@ -200,15 +201,22 @@ class AgentMember:
         return code
 
     def failure(self) -> Failure:
-        """The error naming the node, the rank that failed first and its own error line, by that rank's exit code."""
+        """The error naming the node, the rank that failed first and its own error line, by that rank's exit code; or,
+        when the agent itself died by a signal, the node, the agent and the signal (a retry may help)."""
         agent = self.agent
         text = read_from(agent.log_path, agent.log_offset)
-        _, rank_code = failure_summary(text)
         log_url = join(layout.node_dir(self.run_url, agent.node_rank), layout.LOG)
+        ended = self.ended_at or time.monotonic()
+        number = agent_signal(agent.process.pid, agent.process.returncode, text)
+        if number is not None:
+            last = death_of(self.spec, on_gpu=gpus() is not None)
+            message = agent_failure_message(self.phase, agent.node_rank, agent.process.pid, number, log_url, last)
+            return Failure(RetryableError(message), None, ended)
+        _, rank_code = failure_summary(text)
         # A rank killed by a signal left no line: the step and the memory plan say what the signal likely meant.
         death = death_of(self.spec, on_gpu=gpus() is not None) if rank_code is not None and rank_code < 0 else None
         error = error_for(rank_code, failure_message(self.phase, agent.node_rank, text, log_url, death))
-        return Failure(error, rank_code, self.ended_at or time.monotonic())
+        return Failure(error, rank_code, ended)
 
 
 def supervise_agent(agent: Agent, spec: Spec, phase: Phase, pollers: list[Poller]) -> None:

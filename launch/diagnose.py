@@ -1,5 +1,6 @@
-"""Why a node failed: the failing rank and its own error line from a node's log, the tail shown to the user,
-and the one rule that classifies a failure by exit code (2: retrying cannot help; anything else may)."""
+"""Why a node failed: the failing rank and its own error line from a node's log, or the signal its torchrun agent died
+of, the tail shown to the user, and the one rule that classifies a failure by exit code (2: retrying cannot help;
+anything else may)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 from core.errors import EXIT_USER_ERROR, RetryableError, UserError
 from core.rank_log import CRASH, rank_errors
 from launch.job import Phase
-from launch.signals import Death, killed_by
+from launch.signals import Death, agent_killed_by, killed_by
 from storage import layout
 from storage.fs import exists, read_bytes
 from storage.location import Location, join
@@ -26,6 +27,8 @@ TORCHRUN_REPORT_START = re.compile(
 TORCHRUN_REPORT_RULE = re.compile(r"^={20,}\s*$")
 ROOT_CAUSE_HEADING = "Root Cause (first observed failure):"
 ROOT_CAUSE = re.compile(r"rank\s+: (\d+) \(local_rank[^\n]*\n[^\n]*exitcode\s+: (-?\d+)")
+# torchrun's last words when it caught SIGTERM, SIGINT or SIGHUP (it stops its ranks, then exits 1).
+AGENT_SIGNALLED = re.compile(r"SignalException: Process (\d+) got signal: (\d+)")
 
 
 def read_from(path: str, offset: int) -> str:
@@ -150,6 +153,21 @@ def failure_message(phase: Phase, node_rank: int, text: str, log_url: Location, 
     if code is not None and code < 0 and code != -signal.SIGTERM:
         return f"{headline} (log: {log_url})"
     return f"{headline}\nlast lines of {log_url}:\n{tail(without_torchrun_report(text))}"
+
+
+def agent_signal(pid: int, returncode: int | None, text: str) -> int | None:
+    """The signal a node's torchrun agent (process `pid`) died of: its own exit code's (SIGKILL, or one it does not
+    handle), or the one it reported before exiting 1 (SIGTERM, SIGINT, SIGHUP); None when it ended on its own."""
+    if returncode is not None and returncode < 0:
+        return -returncode
+    said = [int(number) for agent, number in AGENT_SIGNALLED.findall(text) if int(agent) == pid]
+    return said[-1] if returncode and said else None
+
+
+def agent_failure_message(phase: Phase, node_rank: int, pid: int, number: int, log_url: Location, death: Death) -> str:
+    """One line for a node whose torchrun agent died by signal `number`: the node, the agent, the signal, the step
+    and what to check. The ranks' own lines, if any, are the echo: they were stopped with it."""
+    return f"{phase} failed on node {node_rank}, {agent_killed_by(number, pid, death)} (log: {log_url})"
 
 
 def is_one_line(headline: str) -> bool:

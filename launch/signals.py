@@ -1,6 +1,8 @@
-"""A rank that died by a signal, said in words: the signal by name and number, the step the run had reached, and the
-likely cause with the check that confirms it. A killed rank writes nothing (SIGKILL cannot be caught), so its node's
-log has no line of its own to show; torchrun's report has only its exit code, the negative signal number.
+"""A rank or a torchrun agent that died by a signal, said in words: the signal by name and number, the step the run had
+reached, and the likely cause with the check that confirms it. A killed rank writes nothing (SIGKILL cannot be caught),
+so its node's log has no line of its own to show; torchrun's report has only its exit code, the negative signal number.
+A killed agent writes no report at all: its own exit code is the negative signal number (torchrun turns SIGTERM, SIGINT
+and SIGHUP into an exception whose last line says `got signal: N`, and exits 1).
 """
 
 from __future__ import annotations
@@ -69,15 +71,48 @@ def cause(number: int, death: Death) -> str:
     return "a signal from outside the run (a person, a scheduler, a supervisor); check what manages that node"
 
 
+def agent_cause(number: int, pid: int, death: Death) -> str:
+    """The likely cause of a torchrun agent's death by signal `number`, with the check that confirms it: the agent
+    itself holds little memory, so a signal from outside the run is the first suspect."""
+    if number == signal.SIGKILL:
+        planned = f" (the memory plan said {death.rank_bytes / GB:.1f} GB per rank)" if death.rank_bytes else ""
+        return (
+            "a kill -9 from outside the run (a person, a scheduler or container runtime stopping the node) or the "
+            f"kernel's out-of-memory killer{planned}; check `dmesg` (or `journalctl -k`) on that node for 'Killed "
+            f"process {pid}', and what manages that node (the scheduler's or the container runtime's log)"
+        )
+    if number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        return (
+            "a stop from outside the run (a person, a scheduler's time limit or preemption, the node or its container "
+            f"shutting down, a closed terminal); check what manages that node (the scheduler's log, `journalctl`) for "
+            f"who stopped process {pid}"
+        )
+    return cause(number, death)
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9; `an unknown signal` for a number that names none."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "an unknown signal"
+
+
+def agent_killed_by(number: int, pid: int, death: Death) -> str:
+    """`its torchrun agent (pid 4242) was killed by SIGKILL (signal 9) after step 7; likely cause: ...` for an agent
+    that died by signal `number`."""
+    at = f" after step {death.step}" if death.step is not None else ""
+    return (
+        f"its torchrun agent (pid {pid}) was killed by {signal_name(number)} (signal {number}){at}; likely cause: "
+        f"{agent_cause(number, pid, death)}"
+    )
+
+
 def killed_by(code: int, death: Death) -> str | None:
     """`was killed by SIGKILL (signal 9) after step 7; likely cause: ...` for a negative exit code (torchrun's for a
     rank that died by a signal), None for an exit of its own."""
     if code >= 0:
         return None
     number = -code
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = "an unknown signal"
     at = f" after step {death.step}" if death.step is not None else ""
-    return f"was killed by {name} (signal {number}){at}; likely cause: {cause(number, death)}"
+    return f"was killed by {signal_name(number)} (signal {number}){at}; likely cause: {cause(number, death)}"

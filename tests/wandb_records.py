@@ -42,12 +42,25 @@ def records(path: Path) -> Iterator:
             yield record
 
 
+def finished(path: Path, timeout_s: float = 60.0) -> list:
+    """The file's records once they end with the run's exit record: W&B's service writes the file after `finish()`
+    returns (a moment later, longer on a loaded machine), so a reader right after it may find only the header."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = list(records(path)) if path.stat().st_size > HEADER else []
+        if any(record.WhichOneof("record_type") == "exit" for record in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def history(path: Path) -> list[dict]:
-    """The logged rows: {"_step": step, key: value, ...} per `run.log` call."""
+    """The logged rows: {"_step": step, key: value, ...} per `run.log` call, once the run's file is finished."""
     import json
 
     rows = []
-    for record in records(path):
+    for record in finished(path):
         if record.WhichOneof("record_type") == "history":
             rows.append(
                 {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}

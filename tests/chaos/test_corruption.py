@@ -15,7 +15,7 @@ from torch.testing import assert_close
 
 from core.errors import UserError
 from storage import layout
-from storage.location import Location
+from storage.location import Location, local_path
 from storage.registry import entry_url, read_entry, register_version, resolve
 from storage.spec import DatasetRef
 from tests.chaos.runs import flip_byte, run_processes
@@ -79,13 +79,13 @@ def test_a_flipped_bit_in_a_checkpoint_shard(
 def test_a_flipped_bit_in_a_registry_entry(chaos_run: int, chaos_rng, chaos_record, tmp_path) -> None:
     storage, model = Location(str(tmp_path)), "chaos-model"
     version, url = register_version(storage, model, entry(2.5, f"writer-{chaos_run}"))
-    offset, damaged = flip_byte(Path(url), chaos_rng)
+    offset, damaged = flip_byte(Path(local_path(url)), chaos_rng)
     with pytest.raises(UserError) as by_version:
         read_entry(storage, model, version)
     with pytest.raises(UserError) as by_name:
         resolve(storage, model)  # the newest version, as `python -m flows.registry show MODEL` reads it
     following, _ = register_version(storage, model, entry(2.4, "next"))
-    untouched = Path(url).read_bytes() == damaged
+    untouched = Path(local_path(url)).read_bytes() == damaged
     chaos_record("corruption: registry entry", data_lost=not untouched, offset=offset)
     for info in (by_version, by_name):
         assert str(info.value).startswith(f"{url}: ") and "the registry file is corrupt" in str(info.value)

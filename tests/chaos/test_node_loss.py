@@ -1,6 +1,7 @@
 """Scenario 1, node loss: a node's torchrun agent is SIGKILLed from outside, or one rank dies on its own,
-at a random step. The job must fail within 30 s naming the node, and a retry must resume from the newest
-complete checkpoint and reproduce the uninterrupted run's loss trajectory exactly.
+at a random step. The job must fail within 30 s naming the node (a killed agent: in one line naming the node, the
+agent, the signal and what to check), and a retry must resume from the newest complete checkpoint and reproduce the
+uninterrupted run's loss trajectory exactly.
 
 Real torchrun agents (2 nodes x 1 rank on 127.0.0.1), DeepSpeed ZeRO-2 on gloo, the tiny model.
 """
@@ -107,7 +108,14 @@ def test_a_node_agent_is_killed(staged: Staged, chaos_reference: Run, chaos_run:
     worker.join(120)
     assert failure and isinstance(failure[0], RetryableError), failure
     detect_s = detected_at[0] - killed_at
-    assert str(failure[0]).startswith(f"train failed on node {node}, ")
+    # One line naming the node, the agent, the signal and what to check, as a killed rank's is.
+    line = str(failure[0])
+    assert line.startswith(
+        f"train failed on node {node}, its torchrun agent (pid {agents[0]}) was killed by SIGKILL (signal 9) after "
+        "step "
+    ), line
+    assert "; likely cause: a kill -9 from outside the run" in line and f"'Killed process {agents[0]}'" in line
+    assert "\n" not in line and line.endswith(f"/runs/{name}/nodes/{node}/log.txt)"), line
     assert not run_processes(name)
     resumed_from, data_lost = resume_and_compare(staged, name, chaos_reference)
     chaos_record(

@@ -294,7 +294,9 @@ def test_a_stalled_rank_stops_the_job_naming_node_and_rank(staged: Staged) -> No
     assert time.monotonic() - started < 90  # not NCCL/gloo's 30-minute timeout
     import subprocess
 
-    leftovers = subprocess.run(["pgrep", "-f", "TANDEM_TEST_STALL|trainer --spec .*stall"], capture_output=True)
+    # This run's ranks only: another test session on the machine may be running the same test.
+    ranks = f"trainer --spec {re.escape(str(staged.storage))}/runs/stall/"
+    leftovers = subprocess.run(["pgrep", "-f", ranks], capture_output=True)
     assert leftovers.returncode == 1, leftovers.stdout  # every rank of every node is gone
 
 

@@ -12,7 +12,9 @@ any-Python wheel for this platform installs on 3.12 and 3.13 where its Requires-
 metadata says without the index (rouge-score, an sdist only, is among them: its wheel built here is pure Python, so its
 sdist builds anywhere). DeepSpeed ships only an sdist, which tools/install.sh builds against the pinned torch with the
 machine's C++ compiler on any of them: pip must list the pinned release for each Python (`pip index versions`), so
-that it exists and its Requires-Python admits it.
+that it exists and its Requires-Python admits it. And torch, which on 3.12 and 3.13 is PyPI's build (exact pins of its
+own: the CUDA libraries, triton 3.7.1), must resolve with its dependencies against that Python's pins; constraints.txt
+pins triton per Python (3.9.0 on 3.11, where torch is the CPU build), so the pins are read per Python.
 """
 
 from __future__ import annotations
@@ -41,16 +43,22 @@ CHECKED = ("3.11", *PYTHONS)
 SDIST_ONLY = ("deepspeed",)
 
 
-def pins() -> dict[str, str]:
-    """constraints.txt's pins: canonical name -> version."""
-    found = {}
+def pins(python: str | None = None) -> dict[str, str]:
+    """constraints.txt's pins for CPython `python` (X.Y; the running one by default): canonical name -> version. A pin
+    with a marker counts where it holds (triton: 3.9.0 on 3.11, PyPI's torch's exact 3.7.1 on 3.12 and 3.13)."""
+    python = python or platform.python_version().rsplit(".", 1)[0]
+    where = {"python_version": python, "python_full_version": full_version(python)}
+    found: dict[str, str] = {}
     for line in (ROOT / "constraints.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             requirement = Requirement(line)
             (specifier,) = requirement.specifier
             assert specifier.operator == "==", f"constraints.txt: {line} is not an exact pin (name==version)"
-            found[canonicalize_name(requirement.name)] = specifier.version
+            if requirement.marker is None or requirement.marker.evaluate(where):
+                name = canonicalize_name(requirement.name)
+                assert name not in found, f"constraints.txt pins {name} twice for Python {python}"
+                found[name] = specifier.version
     return found
 
 
@@ -126,7 +134,7 @@ def test_the_pins_are_the_whole_closure() -> None:
     """Every dependency the project's requirements pull in on 3.11-3.13 is pinned, and the environment has the pins."""
     pinned = pins()
     wanted = closure()
-    unpinned = sorted(set(wanted) - set(pinned))
+    unpinned = sorted(set(wanted) - {name for version in CHECKED for name in pins(version)})
     assert not unpinned, (
         f"installed by the project on Python {'/'.join(CHECKED)} but not pinned in constraints.txt: {unpinned}; pin "
         "each as name==version (what `pip install --dry-run --report` chooses with -c constraints.txt on that Python)"
@@ -134,9 +142,11 @@ def test_the_pins_are_the_whole_closure() -> None:
     stale = {
         name: (pinned[name], version)
         for name in wanted
-        if (version := installed(name)) is not None and not SpecifierSet(f"=={pinned[name]}").contains(version)
+        if name in pinned
+        and (version := installed(name)) is not None
+        and not SpecifierSet(f"=={pinned[name]}").contains(version)
     }
-    assert not stale, f"the environment differs from constraints.txt (pin, installed): {stale}; run `make setup`"
+    assert not stale, f"the environment differs from constraints.txt (pin, installed): {stale}; run `make setup-dev`"
 
 
 def test_requires_python_admits_the_checked_versions() -> None:
@@ -169,9 +179,11 @@ def test_every_pin_installs_on_python_3_12_and_3_13(tmp_path: Path) -> None:
     """pip's answer for each pin whose installed wheel is CPython 3.11's (about 45, the rest install as they are), on
     both Pythons at once; DeepSpeed's sdist by the versions pip lists for each Python. About 40 s on this 2-core
     machine, mostly pip reading every release's files on the index pages."""
-    pinned = pins()
+    pinned = {python: pins(python) for python in PYTHONS}
     asked = {
-        python: {name: v for name, v in pinned.items() if name not in SDIST_ONLY and not installs_as_is(name, python)}
+        python: {
+            name: v for name, v in pinned[python].items() if name not in SDIST_ONLY and not installs_as_is(name, python)
+        }
         for python in PYTHONS
     }
     runs, sdist_runs = {}, {}
@@ -194,14 +206,52 @@ def test_every_pin_installs_on_python_3_12_and_3_13(tmp_path: Path) -> None:
         sdist_runs[python] = {name: pip("index", "versions", name, "--python-version", python) for name in SDIST_ONLY}
     for python, run in runs.items():
         _, stderr = run.communicate(timeout=600)
-        assert run.returncode == 0, refusal(python, stderr, pinned)
+        assert run.returncode == 0, refusal(python, stderr, pinned[python])
         report = json.loads((tmp_path / f"{python}.json").read_text())["install"]
         chosen = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"] for item in report}
         other = {name: version for name, version in chosen.items() if Version(version) != Version(asked[python][name])}
         assert chosen.keys() == asked[python].keys() and not other, f"CPython {python}: pip chose {other or chosen}"
         for name, sdist_run in sdist_runs[python].items():
             listed, stderr = sdist_run.communicate(timeout=600)
-            assert f" {pinned[name]}," in listed or f" {pinned[name]}\n" in listed, (
-                f"{name}=={pinned[name]}: pip lists no such release for CPython {python} ({stderr.strip()[-200:]}); "
+            version = pinned[python][name]
+            assert f" {version}," in listed or f" {version}\n" in listed, (
+                f"{name}=={version}: pip lists no such release for CPython {python} ({stderr.strip()[-200:]}); "
                 "move its pin in constraints.txt to a release whose Requires-Python admits it"
             )
+
+
+@pytest.mark.pythons
+def test_pypis_torch_resolves_against_the_pins_on_python_3_12_and_3_13(tmp_path: Path) -> None:
+    """On 3.12 and 3.13 torch is PyPI's build (the CPU wheel here is 3.11's), which pins its own CUDA libraries and
+    triton exactly: pip, resolving torch with its dependencies against that Python's pins, must find no conflict (a
+    triton pin of 3.9.0 made it refuse torch 2.13.0, which requires 3.7.1) and choose every pin as pinned, with nothing
+    unpinned. The per-pin check above cannot see this: it asks for each pin alone. The pins go in as a file of that
+    Python's own (pip evaluates a constraint's marker for the Python it runs on, not for --python-version)."""
+    runs = {}
+    for python in PYTHONS:
+        pinned = pins(python)
+        (tmp_path / f"c-{python}.txt").write_text("".join(f"{name}=={v}\n" for name, v in pinned.items()))
+        runs[python] = pip(
+            "install",
+            "--dry-run",  # not --quiet: pip then says which requirements conflict
+            "--ignore-installed",
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            "--report",
+            str(tmp_path / f"torch-{python}.json"),
+            "-c",
+            str(tmp_path / f"c-{python}.txt"),
+            f"torch=={pinned['torch']}",
+        )
+    for python, run in runs.items():
+        stdout, stderr = run.communicate(timeout=600)
+        why = [line.strip() for line in (stdout + stderr).splitlines() if " depends on " in line or "requested" in line]
+        assert run.returncode == 0, f"CPython {python}: pip refuses torch against the pins: {why or stderr[-800:]}"
+        report = json.loads((tmp_path / f"torch-{python}.json").read_text())["install"]
+        chosen = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"] for item in report}
+        pinned = pins(python)
+        unpinned = sorted(set(chosen) - set(pinned))
+        assert not unpinned, f"CPython {python}: torch's dependencies not pinned in constraints.txt: {unpinned}"
+        other = {n: v for n, v in chosen.items() if Version(v) != Version(pinned[n])}
+        assert not other, f"CPython {python}: pip chose {other} against the pins"

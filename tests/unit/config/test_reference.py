@@ -47,7 +47,7 @@ def keys(model: type[BaseModel], prefix: str = "") -> list[str]:
         for arg in (field.annotation, *get_args(field.annotation)):
             if isinstance(arg, type) and issubclass(arg, BaseModel):
                 found += keys(arg, f"{key}.")
-            elif get_origin(arg) is list and issubclass(get_args(arg)[0], BaseModel):
+            elif get_origin(arg) is list and isinstance(item := get_args(arg)[0], type) and issubclass(item, BaseModel):
                 found += keys(get_args(arg)[0], f"{key}[].")
     return found
 

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from launch.diagnose import failure_message, failure_summary, without_torchrun_report
-from launch.job import TRAIN
+from launch.diagnose import (
+    agent_failure_message,
+    agent_signal,
+    failure_message,
+    failure_summary,
+    without_torchrun_report,
+)
+from launch.signals import Death
+from launch.job import EVAL, TRAIN
 from storage.location import Location
 
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -174,3 +181,14 @@ def test_a_rank_killed_by_a_signal_is_one_line_with_its_cause() -> None:
     )
     assert failure_summary(torchrun_report((0, -15), (1, -11)))[1] == -11
     assert failure_summary(torchrun_report((0, -15), (1, -11)))[0].startswith("rank 1 was killed by SIGSEGV")
+
+
+def test_an_agents_signal_is_its_exit_code_or_its_own_last_words() -> None:
+    said = "Traceback ...\ntorch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15\n"
+    assert agent_signal(4242, -9, "") == 9 and agent_signal(4242, -9, said) == 9
+    assert agent_signal(4242, 1, said) == 15  # torchrun caught SIGTERM, stopped its ranks and exited 1
+    assert agent_signal(4243, 1, said) is None  # another process's words
+    assert agent_signal(4242, 0, said) is None and agent_signal(4242, 1, "rank 1 failed") is None
+    message = agent_failure_message(EVAL, 0, 4242, 15, Location("/runs/r/nodes/0/log.txt"), Death(step=2))
+    assert message.startswith("eval failed on node 0, its torchrun agent (pid 4242) was killed by SIGTERM (signal 15)")
+    assert message.endswith(" (log: /runs/r/nodes/0/log.txt)") and "\n" not in message

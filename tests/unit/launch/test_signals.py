@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from config.memory_plan import GB
-from launch.signals import Death, killed_by
+from launch.signals import Death, agent_killed_by, killed_by
 
 
 def test_sigkill_names_the_out_of_memory_killer_the_plan_and_dmesg() -> None:
@@ -41,3 +41,19 @@ def test_an_exit_of_its_own_is_not_a_signal() -> None:
         "supervisor); check what manages that node"
     )
     assert str(killed_by(-99, Death())).startswith("was killed by an unknown signal (signal 99); likely cause: ")
+
+
+def test_an_agent_killed_names_itself_its_pid_and_what_stops_a_node() -> None:
+    line = agent_killed_by(signal.SIGKILL, 4242, Death(step=16, rank_bytes=int(2 * GB)))
+    assert line == (
+        "its torchrun agent (pid 4242) was killed by SIGKILL (signal 9) after step 16; likely cause: a kill -9 from "
+        "outside the run (a person, a scheduler or container runtime stopping the node) or the kernel's out-of-memory "
+        "killer (the memory plan said 2.0 GB per rank); check `dmesg` (or `journalctl -k`) on that node for 'Killed "
+        "process 4242', and what manages that node (the scheduler's or the container runtime's log)"
+    )
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        stopped = agent_killed_by(number, 7, Death())
+        assert stopped.startswith(f"its torchrun agent (pid 7) was killed by {signal.Signals(number).name} ")
+        assert "likely cause: a stop from outside the run" in stopped and "who stopped process 7" in stopped
+    # A fault of its own: the same cause as a rank's.
+    assert agent_killed_by(signal.SIGSEGV, 7, Death()).endswith(killed_by(-signal.SIGSEGV, Death()).split("; ")[-1])

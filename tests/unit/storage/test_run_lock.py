@@ -116,8 +116,8 @@ def dead_holder(run_url, *, host: str | None = None, pid: int | None = None, ren
 
 
 def test_a_rerun_waits_for_a_dead_pipelines_lease_then_takes_the_run(run_url, caplog) -> None:
-    dead_holder(run_url, renewed_ago=1, expires_in=1.5)
-    started = time.monotonic()
+    started = time.monotonic()  # before the holder is written (its lease runs from then): a loaded machine may take
+    dead_holder(run_url, renewed_ago=1, expires_in=1.5)  # a while to start and reap the dead pid
     with caplog.at_level("WARNING", logger="storage.run_lock"), RunLock(run_url, "r1", "flow-b", lease_s=60).hold():
         assert holder(run_url)["flow_run_id"] == "flow-b"
         assert time.monotonic() - started >= 1.4  # it waited for the lease rather than refusing

@@ -111,9 +111,8 @@ def test_tiled_mlps_under_deepspeed_on_two_ranks(tmp_path: Path, monkeypatch: py
     real = subprocess.Popen
 
     def popen(args: list[str], **kwargs: Any) -> Any:  # the launcher's module swapped for the tiled MLP's ranks
-        return real(
-            [arg.replace(launcher.__name__, "tests.unit.trainer.model.tiled_mlp_ranks") for arg in args], **kwargs
-        )
+        ranks = "tests.unit.trainer.model.tiled_mlp_ranks"
+        return real([arg.replace(launcher.__name__, ranks) for arg in args], **kwargs)
 
     monkeypatch.setattr(launcher.subprocess, "Popen", popen)
     results = launcher.launch(tmp_path)
