@@ -118,25 +118,28 @@ def s3_bucket(s3_endpoint: str) -> Location:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The built-in tiny model (random Qwen2 + a tokenizer trained on the sample), built as the pipeline builds it."""
+def tiny_model() -> str:
+    """The built-in tiny model (random Qwen2 + a tokenizer trained on the sample), built as the pipeline builds it:
+    once for every worker and every session of this checkout, under its recipe's digest (pipeline/models.py
+    `tiny_model_url`: a change to its code or corpus builds a new one) in .tandem/test-models/, the first worker to
+    ask building it while the others wait. Tests read it, never write to it."""
+    import fcntl
+    import shutil
     import subprocess
 
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer.model.tiny",
-            "--out",
-            str(out),
-            "--corpus",
-            str(ROOT / "data" / "sample" / "conversations.json"),
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    from pipeline.models import TINY_CORPUS, tiny_model_url
+    from storage.location import local_path
+
+    cache = ROOT / ".tandem" / "test-models"
+    cache.mkdir(parents=True, exist_ok=True)
+    out = Path(local_path(tiny_model_url(Location(str(cache)))))
+    with open(cache / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "COMPLETE").exists():
+            for stale in out.parent.glob("tiny-*"):  # another recipe's: the cache holds one model
+                shutil.rmtree(stale, ignore_errors=True)
+            command = [sys.executable, "-m", "trainer.model.tiny", "--out", str(out), "--corpus", str(TINY_CORPUS)]
+            subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
     return str(out)
 
 
