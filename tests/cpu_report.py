@@ -80,6 +80,11 @@ def table(rows: list[dict], slowest: int = 30) -> str:
     out += ["", "| test | CPU s | wall s |", "| --- | --- | --- |"]
     for row in sorted(rows, key=lambda r: -r["cpu_s"])[:slowest]:
         out.append(f"| `{row['test']}` | {row['cpu_s']:.1f} | {row['wall_s']:.1f} |")
+    waiting = [r for r in rows if r["wall_s"] - r["cpu_s"] > 10]
+    out += ["", "Tests that wait (wall - CPU over 10 s: sleeps, polls, timeouts, or another job's CPU):", ""]
+    out += ["| test | CPU s | wall s |", "| --- | --- | --- |"]
+    for row in sorted(waiting, key=lambda r: r["cpu_s"] - r["wall_s"])[:slowest]:
+        out.append(f"| `{row['test']}` | {row['cpu_s']:.1f} | {row['wall_s']:.1f} |")
     return "\n".join(out)
 
 
