@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,46 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".tandem" / "torch_exte
 # One thread per process: every rank, CLI and this process. Without it 2 ranks on 2 cores fight over 2x2
 # OpenMP threads and tiny steps take 10x longer.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+WARM_SITE = ROOT / "tests" / "warm" / "site"
+# The marked suites that look at processes from the outside (their /proc entries, their memory) start them cold.
+COLD_SUITES = ("cold_start", "orphans", "netns", "published", "cancel")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen | None]:
+    """Torchrun agents and ranks started by this session's tests fork from a warm interpreter (tests/warm/zygote.py):
+    started now in the background, it takes the processes that ask once it listens (before, they start cold).
+    TANDEM_COLD_START=1 turns it off for a session, the marker `cold_start` (and the COLD_SUITES) for a test. Yields
+    the zygote's process (None when off)."""
+    from launch.command import MALLOC_MMAP_THRESHOLD
+
+    if os.environ.get("TANDEM_COLD_START") == "1":
+        yield None
+        return
+    socket_path = tmp_path_factory.getbasetemp() / "warm.sock"
+    env = {key: value for key, value in os.environ.items() if key != "TANDEM_WARM_SOCKET"}
+    env |= {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TANDEM_RANK_PROCESS": "1"}
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MALLOC_MMAP_THRESHOLD))  # what launch/command.py gives a rank
+    log = open(tmp_path_factory.getbasetemp() / "warm.log", "w")  # noqa: SIM115 - closed at the session's end
+    zygote = subprocess.Popen(
+        [sys.executable, "-m", "tests.warm.zygote", str(socket_path)], cwd=ROOT, env=env, stdout=log, stderr=log
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TANDEM_WARM_SOCKET", str(socket_path))
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(WARM_SITE), os.environ.get("PYTHONPATH")])))
+        yield zygote
+    zygote.terminate()
+    zygote.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(autouse=True)
+def cold_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked `cold_start`, or of a suite that looks at processes from the outside, starts them cold."""
+    if any(request.node.get_closest_marker(name) for name in COLD_SUITES):
+        monkeypatch.delenv("TANDEM_WARM_SOCKET", raising=False)
 
 
 @pytest.fixture(scope="session")
