@@ -101,6 +101,26 @@ def test_signals_reach_the_worker_and_its_death_is_the_clients(warm_start, tmp_p
         os.kill(pid, signal.SIGKILL)
 
 
+def test_a_worker_killed_outright_kills_its_client_with_the_same_signal(warm_start) -> None:
+    """SIGKILL to the worker (as the out-of-memory killer sends it to a rank): the client dies of SIGKILL too, as the
+    process its parent started would have, and does not start the module again cold (SIGKILL can have no handler)."""
+    wait_warm(warm_start)
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1", "--no-python"]
+    before = sleepers()
+    process = subprocess.Popen(
+        [*agent, "sleep", "60"], cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    orphan = started_sleeper(before)
+    workers = workers_of(warm_start)
+    assert workers, "the agent runs in a worker of the zygote"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    assert "Error in sitecustomize" not in process.stderr.read()
+    for pid in orphan:
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_a_training_run_computes_the_same_losses_warm_and_cold(warm_start, staged, monkeypatch) -> None:
     from tests.distributed.harness import train
 

@@ -72,7 +72,8 @@ def _hand_over(path, argv):
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:  # the worker was killed by a signal: so is this process
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot have a handler, nor need resetting
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         code = 128 - code
     os._exit(code)
