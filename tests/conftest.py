@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,46 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".tandem" / "torch_exte
 # One thread per process: every rank, CLI and this process. Without it 2 ranks on 2 cores fight over 2x2
 # OpenMP threads and tiny steps take 10x longer.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+WARM_SITE = ROOT / "tests" / "warm" / "site"
+# The marked suites that look at processes from the outside (their /proc entries, their memory) start them cold.
+COLD_SUITES = ("cold_start", "orphans", "netns", "published", "cancel")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen | None]:
+    """Torchrun agents and ranks started by this session's tests fork from a warm interpreter (tests/warm/zygote.py):
+    started now in the background, it takes the processes that ask once it listens (before, they start cold).
+    TANDEM_COLD_START=1 turns it off for a session, the marker `cold_start` (and the COLD_SUITES) for a test. Yields
+    the zygote's process (None when off)."""
+    from launch.command import MALLOC_MMAP_THRESHOLD
+
+    if os.environ.get("TANDEM_COLD_START") == "1":
+        yield None
+        return
+    socket_path = tmp_path_factory.getbasetemp() / "warm.sock"
+    env = {key: value for key, value in os.environ.items() if key != "TANDEM_WARM_SOCKET"}
+    env |= {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TANDEM_RANK_PROCESS": "1"}
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MALLOC_MMAP_THRESHOLD))  # what launch/command.py gives a rank
+    log = open(tmp_path_factory.getbasetemp() / "warm.log", "w")  # noqa: SIM115 - closed at the session's end
+    zygote = subprocess.Popen(
+        [sys.executable, "-m", "tests.warm.zygote", str(socket_path)], cwd=ROOT, env=env, stdout=log, stderr=log
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TANDEM_WARM_SOCKET", str(socket_path))
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(WARM_SITE), os.environ.get("PYTHONPATH")])))
+        yield zygote
+    zygote.terminate()
+    zygote.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(autouse=True)
+def cold_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked `cold_start`, or of a suite that looks at processes from the outside, starts them cold."""
+    if any(request.node.get_closest_marker(name) for name in COLD_SUITES):
+        monkeypatch.delenv("TANDEM_WARM_SOCKET", raising=False)
 
 
 @pytest.fixture(scope="session")
@@ -118,25 +159,28 @@ def s3_bucket(s3_endpoint: str) -> Location:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The built-in tiny model (random Qwen2 + a tokenizer trained on the sample), built as the pipeline builds it."""
+def tiny_model() -> str:
+    """The built-in tiny model (random Qwen2 + a tokenizer trained on the sample), built as the pipeline builds it:
+    once for every worker and every session of this checkout, under its recipe's digest (pipeline/models.py
+    `tiny_model_url`: a change to its code or corpus builds a new one) in .tandem/test-models/, the first worker to
+    ask building it while the others wait. Tests read it, never write to it."""
+    import fcntl
+    import shutil
     import subprocess
 
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer.model.tiny",
-            "--out",
-            str(out),
-            "--corpus",
-            str(ROOT / "data" / "sample" / "conversations.json"),
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    from pipeline.models import TINY_CORPUS, tiny_model_url
+    from storage.location import local_path
+
+    cache = ROOT / ".tandem" / "test-models"
+    cache.mkdir(parents=True, exist_ok=True)
+    out = Path(local_path(tiny_model_url(Location(str(cache)))))
+    with open(cache / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "COMPLETE").exists():
+            for stale in out.parent.glob("tiny-*"):  # another recipe's: the cache holds one model
+                shutil.rmtree(stale, ignore_errors=True)
+            command = [sys.executable, "-m", "trainer.model.tiny", "--out", str(out), "--corpus", str(TINY_CORPUS)]
+            subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
     return str(out)
 
 

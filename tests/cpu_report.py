@@ -19,7 +19,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def descendants_cpu(root: int) -> float:
-    """CPU seconds of the live processes below `root` (not `root` itself), from /proc."""
+    """CPU seconds of the live processes below `root` (not `root` itself), from /proc, with their own reaped children's
+    (a warm start's zygote reaps its workers: tests/warm/)."""
     children: dict[int, list[int]] = collections.defaultdict(list)
     cpu: dict[int, float] = {}
     for entry in os.listdir("/proc"):
@@ -32,7 +33,7 @@ def descendants_cpu(root: int) -> float:
         fields = stat[stat.rindex(")") + 2 :].split()
         pid, parent = int(entry), int(fields[1])
         children[parent].append(pid)
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / TICKS
+        cpu[pid] = sum(int(value) for value in fields[11:15]) / TICKS  # utime, stime, cutime, cstime
     total, stack = 0.0, list(children[root])
     while stack:
         pid = stack.pop()
@@ -79,6 +80,11 @@ def table(rows: list[dict], slowest: int = 30) -> str:
     out.append(f"| all | {len(rows)} | {total_cpu:.0f} | {total_wall:.0f} |")
     out += ["", "| test | CPU s | wall s |", "| --- | --- | --- |"]
     for row in sorted(rows, key=lambda r: -r["cpu_s"])[:slowest]:
+        out.append(f"| `{row['test']}` | {row['cpu_s']:.1f} | {row['wall_s']:.1f} |")
+    waiting = [r for r in rows if r["wall_s"] - r["cpu_s"] > 10]
+    out += ["", "Tests that wait (wall - CPU over 10 s: sleeps, polls, timeouts, or another job's CPU):", ""]
+    out += ["| test | CPU s | wall s |", "| --- | --- | --- |"]
+    for row in sorted(waiting, key=lambda r: r["cpu_s"] - r["wall_s"])[:slowest]:
         out.append(f"| `{row['test']}` | {row['cpu_s']:.1f} | {row['wall_s']:.1f} |")
     return "\n".join(out)
 

@@ -33,7 +33,7 @@ def run_rank(spec_url: Location, body: Body, *, deepspeed_backend: bool) -> int:
     spec: Spec | None = None
     try:
         spec, _ = load_spec(spec_url)
-        skip_unused_libraries(spec.config.train.method)
+        skip_unused_libraries(spec.config.train.method, training=deepspeed_backend)  # the train entry's DeepSpeed
         launch = spec.config.launch
         dist = distributed.init(
             deepspeed_backend=deepspeed_backend,

@@ -15,6 +15,12 @@ from config.methods import Method
 
 BITSANDBYTES = "bitsandbytes"
 MLFLOW = "mlflow"
+# transformers imports SciPy for its object-detection losses whenever it is installed, and accelerate imports boto3 for
+# its SageMaker config: neither is a language model's, and together they were ~20% of a training rank's imports
+# (`python -X importtime`: scipy.optimize 1.9 s and boto3 0.9 s of 10.2 s for transformers' Qwen2 module, on the
+# loaded 2-core machine). A rank reaches S3 through s3fs and aiobotocore, never boto3.
+SCIPY = "scipy"
+BOTO3 = "boto3"
 DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
@@ -26,18 +32,24 @@ def skip_tracking_libraries() -> None:
         sys.modules[MLFLOW] = None  # type: ignore[assignment]
 
 
-def skip_unused_libraries(method: Method) -> None:
+def skip_unused_libraries(method: Method, *, training: bool) -> None:
     """Keep a rank from importing what it never uses. A None entry in sys.modules is how Python marks a module as
-    absent: the importer takes its "not installed" path, as on a machine without it. Call before anything imports
-    DeepSpeed or PEFT.
+    absent: the importer takes its "not installed" path, as on a machine without it (transformers and accelerate ask
+    `importlib.util.find_spec`, which answers None for it). Call before anything imports transformers, DeepSpeed or
+    PEFT.
 
     - bitsandbytes, unless Q-LoRA: PEFT imports it whenever it is installed; its CPU backends and the torch.compile
       modules they pull in cost ~1.5 s.
     - MLflow: DeepSpeed's autotuner imports it whenever it is installed (the `mlflow` extra), ~1.1 s; a rank never
-      tracks anything (the pipeline's process does)."""
+      tracks anything (the pipeline's process does).
+    - boto3: accelerate's SageMaker config, on every rank.
+    - SciPy, on a `training` rank only: the evaluate stage's benchmark tasks (lm-evaluation-harness, eval.tasks) may
+      compute with it."""
     skip_tracking_libraries()
-    if not method.quantizes_base and BITSANDBYTES not in sys.modules:
-        sys.modules[BITSANDBYTES] = None  # type: ignore[assignment]
+    absent = [BOTO3, *([] if method.quantizes_base else [BITSANDBYTES]), *([SCIPY] if training else [])]
+    for name in absent:
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]
 
 
 def import_muon_uncompiled_unless_configured(ds_config: dict[str, Any]) -> None:

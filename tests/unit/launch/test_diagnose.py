@@ -9,8 +9,8 @@ from launch.diagnose import (
     failure_summary,
     without_torchrun_report,
 )
-from launch.signals import Death
 from launch.job import EVAL, TRAIN
+from launch.signals import Death
 from storage.location import Location
 
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
