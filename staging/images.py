@@ -280,7 +280,8 @@ def copy_images(sources: dict[str, Location], base: Location, algorithm: str) ->
             )
         path = image_path(name)
         write_bytes_atomic(join(base, path), data)
-        return {"path": path, "size": len(data), "digest": digest}
+        # `source`: where it was staged from (what a person knows it by: the model card's sample answers).
+        return {"path": path, "size": len(data), "digest": digest, "source": str(source)}
 
     names = sorted(sources)
     with ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix="images") as pool:

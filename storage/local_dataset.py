@@ -77,7 +77,11 @@ def image_source(manifest: dict[str, Any], dataset_folder: Path) -> ImageSource 
     images = manifest.get("images")
     if not images:
         return None
-    return ImageSource(dataset_folder / layout.IMAGES, int(images["min_pixels"]), int(images["max_pixels"]))
+    prefix = layout.IMAGES + "/"
+    files = [e for e in manifest["files"] if e["path"].startswith(prefix)]
+    sources = {e["path"][len(prefix) :]: str(e.get("source", e["path"])) for e in files}
+    folder = dataset_folder / layout.IMAGES
+    return ImageSource(folder, int(images["min_pixels"]), int(images["max_pixels"]), sources)
 
 
 def is_parquet(manifest: dict[str, Any]) -> bool:

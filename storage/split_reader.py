@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
@@ -33,6 +33,11 @@ class ImageSource:
     folder: Path
     min_pixels: int
     max_pixels: int
+    sources: dict[str, str] = field(default_factory=dict)  # each image's name: where it was staged from
+
+    def label(self, name: str) -> str:
+        """What a person knows an image by: its file name where it was staged from (else its staged name)."""
+        return self.sources.get(name, name).rsplit("/", 1)[-1]
 
 
 class ShardError(ValueError):

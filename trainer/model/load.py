@@ -108,18 +108,23 @@ def load_base(
             llm_int8_skip_modules=quantization_skips(config),
             **({"bnb_4bit_quant_storage": kwargs["dtype"]} if zero3 else {}),
         )
-    model = _from_pretrained(model_path, kwargs, vision=is_vision_language(config))
+    model = _from_pretrained(model_path, kwargs, config)
     if own_code and expert_parameters(model):
         refuse_qlora(model_path, config)
     return model
 
 
-def _from_pretrained(model_path: str, kwargs: dict[str, Any], *, vision: bool = False) -> Any:
-    """AutoModelForCausalLM.from_pretrained (AutoModelForImageTextToText's for a vision-language model), its refusals
-    of the directory as one line."""
+def auto_class(config: dict[str, Any]) -> Any:
+    """The transformers auto class that loads a model of this config: AutoModelForCausalLM, or for a vision-language
+    model AutoModelForImageTextToText."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def _from_pretrained(model_path: str, kwargs: dict[str, Any], config: dict[str, Any]) -> Any:
+    """from_pretrained of the model's auto class (`auto_class`), its refusals of the directory as one line."""
+    auto = auto_class(config)
     try:
         return auto.from_pretrained(model_path, **kwargs)
     except (OSError, ValueError) as exc:
