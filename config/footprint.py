@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.schema import FinetuneConfig
-from config.vision import language_view, vision_params
+from config.vision import frozen_params, is_vision_language, language_view, vision_params
 
 FP32_MASTER = 4
 ADAM_MOMENTS = 8  # two fp32 moments
@@ -133,6 +133,15 @@ def model_params(model: dict[str, Any], *, active: bool = False) -> int:
     return layers * layer + embeddings + hidden + vision_params(model)
 
 
+def full_trained(cfg: FinetuneConfig, model: dict[str, Any]) -> int:
+    """Parameters full fine-tuning trains: every one, but a vision-language model's frozen parts (model.freeze_*)."""
+    params, settings = model_params(model), cfg.model
+    frozen = frozen_params(model, (settings.freeze_vision_tower, settings.freeze_multi_modal_projector))
+    if is_vision_language(model) and settings.freeze_language_model:
+        frozen += params - vision_params(model)
+    return params - frozen
+
+
 def adapter_params(
     model: dict[str, Any],
     r: int,
@@ -178,7 +187,9 @@ def estimate(
         lora = cfg.train.method.trains_adapters
         lora_cfg = cfg.train.lora
         trained = (
-            adapter_params(model, lora_cfg.r, lora_cfg.target_modules, lora_cfg.target_parameters) if lora else params
+            adapter_params(model, lora_cfg.r, lora_cfg.target_modules, lora_cfg.target_parameters)
+            if lora
+            else full_trained(cfg, model)
         )
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None

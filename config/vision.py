@@ -56,8 +56,14 @@ def unsupported(config: dict[str, Any]) -> str | None:
 def vision_params(config: dict[str, Any]) -> int:
     """Parameters of the vision tower and its merger(s) (biases and norms left out, as config/footprint.py counts);
     0 for a causal LM."""
+    tower, projector = vision_parts(config)
+    return tower + projector
+
+
+def vision_parts(config: dict[str, Any]) -> tuple[int, int]:
+    """(vision tower, projector) parameters: the patch embedding, positions and blocks; the merger(s)."""
     if not is_vision_language(config):
-        return 0
+        return 0, 0
     vision = config[VISION_CONFIG]
     hidden, depth = int(vision["hidden_size"]), int(vision["depth"])
     patch, temporal = int(vision.get("patch_size", 14)), int(vision.get("temporal_patch_size", 2))
@@ -67,10 +73,17 @@ def vision_params(config: dict[str, Any]) -> int:
     qwen3 = config.get("model_type") == "qwen3_vl"
     mlp = (2 if qwen3 else 3) * hidden * inter  # Qwen3-VL's vision MLP is fc1/fc2, Qwen2.5-VL's gated
     block = 4 * hidden * hidden + mlp  # qkv and the output projection, then the MLP
-    merger = merged * merged + merged * out
     mergers = 1 + (len(vision.get("deepstack_visual_indexes") or []) if qwen3 else 0)
     positions = int(vision.get("num_position_embeddings") or 0) * hidden if qwen3 else 0
-    return 3 * temporal * patch * patch * hidden + positions + depth * block + mergers * merger
+    tower = 3 * temporal * patch * patch * hidden + positions + depth * block
+    return tower, mergers * (merged * merged + merged * out)
+
+
+def frozen_params(config: dict[str, Any], frozen: tuple[bool, bool]) -> int:
+    """Parameters full fine-tuning leaves untrained: the vision tower and the projector as `frozen` says
+    (model.freeze_vision_tower, model.freeze_multi_modal_projector)."""
+    tower, projector = vision_parts(config)
+    return tower * frozen[0] + projector * frozen[1]
 
 
 def vision_activation_bytes(config: dict[str, Any], w: int) -> int:

@@ -123,7 +123,7 @@ def both(tmp_path_factory, tiny_model) -> dict[bool, object]:
 
 
 def as_examples(rows: list[Row]) -> Counter:
-    return Counter((tuple(ids), tuple(labels)) for ids, labels, _ in examples_of(rows))
+    return Counter((tuple(e.input_ids), tuple(e.labels)) for e in examples_of(rows))
 
 
 def test_packed_shards_hold_the_same_examples_in_fewer_rows(both) -> None:
@@ -181,7 +181,7 @@ def model(tiny_model):
 @pytest.mark.parametrize("chunk_tokens", [0, 64])  # full logits, and the chunked loss (train.loss_chunk_tokens)
 def test_a_packed_rows_training_loss_is_the_sum_of_its_examples_alone(both, model, chunk_tokens: int) -> None:
     rows = [row for row in load_split(both[True].url, "train") if len(row.segments) > 1]
-    tool_rows = [row for row in rows if any(len(ids) > 200 for ids, _, _ in examples_of([row]))]
+    tool_rows = [row for row in rows if any(len(e.input_ids) > 200 for e in examples_of([row]))]
     assert tool_rows, "no packed row holds a tool-calling conversation"
     pad_id = int(model.config.pad_token_id)
     head = LossHead.of(model, chunk_tokens)
