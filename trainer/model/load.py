@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from config.footprint import read_model_json
 from config.methods import Method
 from config.vision import is_vision_language, unsupported
 from core.errors import UserError
@@ -92,10 +93,11 @@ def load_base(
     if attention is not None:
         kwargs["attn_implementation"] = attention
     own_code = False
-    config = model_config(model_path, trust_remote_code=trust_remote_code)
-    if (why := unsupported(config)) is not None:
+    published = read_model_json(model_path) or {}  # a vision-language model's config.json: its class, its skips
+    if (why := unsupported(published)) is not None:
         raise UserError(f"model.name_or_path {model_path}: {why}")
     if method.quantizes_base:
+        config = model_config(model_path, trust_remote_code=trust_remote_code)
         # A model's own code decides how it holds its experts (one Linear each quantizes): checked once it is built.
         own_code = trust_remote_code and "auto_map" in config
         if not own_code:
@@ -105,10 +107,10 @@ def load_base(
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=kwargs["dtype"],
-            llm_int8_skip_modules=quantization_skips(config),
+            llm_int8_skip_modules=quantization_skips(published),
             **({"bnb_4bit_quant_storage": kwargs["dtype"]} if zero3 else {}),
         )
-    model = _from_pretrained(model_path, kwargs, config)
+    model = _from_pretrained(model_path, kwargs, published)
     if own_code and expert_parameters(model):
         refuse_qlora(model_path, config)
     return model
