@@ -27,10 +27,11 @@ from core.errors import UserError
 from staging.formats import Conversation, InvalidRecord, type_name
 from staging.progress import Reporter
 from staging.vision import Vision
-from storage.digest import digest_bytes
+from storage.digest import digest_bytes, digest_url
 from storage.fs import read_bytes, write_bytes_atomic
 from storage.layout import IMAGE_DATASET_SCHEMA, IMAGES, image_path
 from storage.location import Location, is_local, join, local_path
+from storage.node_cache import cache_root, file_digest
 
 # Pillow's format names that are not their usual file extension.
 EXTENSIONS = {"jpeg": "jpg", "mpo": "jpg", "tiff": "tif"}
@@ -263,6 +264,29 @@ def stage_images(
     size = sum(entry["size"] for entry in files)
     reporter.info(f"{len(files)} distinct images ({size / 1e6:.1f} MB) copied to {join(base, IMAGES)}")
     return StagedImages(files, vision.describe())
+
+
+def changed_source(manifest: dict[str, Any], options: Any) -> str | None:
+    """The first image of a staged dataset whose source no longer holds the bytes it was staged from (missing, or
+    another digest), None when every one does: a data file unchanged may name images that changed, which the source
+    key (a digest of the data files) cannot see. Local sources are digested through the node cache's digests (once
+    per file version), others read again (`options`: data.storage_options)."""
+    algorithm = manifest["digest_algorithm"]
+    for entry in manifest["files"]:
+        source = entry.get("source")
+        if source is None or not entry["path"].startswith(f"{IMAGES}/"):
+            continue
+        where = Location(source, options)
+        try:
+            if is_local(where):
+                digest = file_digest(local_path(where), algorithm, cache_root())[0]
+            else:
+                digest = digest_url(where, algorithm)[0]
+        except OSError:  # missing, or unreadable: not the bytes staged
+            return source
+        if digest != entry["digest"]:
+            return source
+    return None
 
 
 def copy_images(sources: dict[str, Location], base: Location, algorithm: str) -> list[dict[str, Any]]:

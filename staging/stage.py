@@ -26,7 +26,7 @@ from config.footprint import read_model_json
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.identity import Inputs, dataset_id, survey
-from staging.images import stage_images
+from staging.images import changed_source, stage_images
 from staging.packing import PackingWriter, packing_enabled, split_writer
 from staging.progress import Reporter
 from staging.records import RecordError, Reject
@@ -76,7 +76,7 @@ def stage_dataset(
     fingerprint = tokenizer_fingerprint(model_path, chat_template)
     vision = vision_of(model_path, read_model_json(model_path), data)
     inputs = survey(data, fingerprint, reporter, model_path, vision)
-    found = find_staged(storage, inputs.source_key, reporter)
+    found = find_staged(storage, inputs.source_key, reporter, data.storage_options)
     if found is not None:
         return found
     with tempfile.TemporaryDirectory(prefix="tandem-prepare-") as tmp:
@@ -111,15 +111,24 @@ def stage_dataset(
     return ref
 
 
-def find_staged(storage: Location, source_key: str, reporter: Reporter) -> DatasetRef | None:
-    """The complete dataset that these very inputs were staged to, if any."""
+def find_staged(storage: Location, source_key: str, reporter: Reporter, options: Any = None) -> DatasetRef | None:
+    """The complete dataset that these very inputs were staged to, if any (its images still the bytes they were
+    staged from: `options`, data.storage_options, reach their sources)."""
     index = layout.dataset_index(storage, source_key)
     if not exists(index):
         return None
     doc = read_json(index)
     if doc.get("schema") != layout.DATASET_INDEX_SCHEMA:
         return None
-    return reuse(layout.dataset_dir(storage, doc["dataset_id"]), doc["dataset_id"], reporter)
+    found = reuse(layout.dataset_dir(storage, doc["dataset_id"]), doc["dataset_id"], reporter)
+    if found is not None and (
+        changed := changed_source(
+            read_manifest(Location(found.url, storage.options), layout.DATASET_SCHEMAS)[0], options
+        )
+    ):
+        reporter.info(f"{changed} changed since dataset {found.dataset_id} was staged; reading the records again")
+        return None
+    return found
 
 
 def reuse(base: Location, name: str, reporter: Reporter) -> DatasetRef | None:
@@ -290,7 +299,9 @@ def keep_rejects(
             raise RecordError(
                 f"{over.location}: {over.reason}; raise data.max_length, or set data.excess_length=truncate (or drop)"
             )
-        rejects.append(Reject(over.location, f"{over.reason} (data.excess_length=drop)"))
+        # With truncate, a record is dropped only where its window would cut an image: its reason says so.
+        suffix = " (data.excess_length=drop)" if data.excess_length == "drop" else ""
+        rejects.append(Reject(over.location, over.reason + suffix))
         dropped["eval" if splits[result.chunk.first + index] == EVAL else "train"] += 1
 
 
@@ -376,7 +387,7 @@ def staged_state(data: DataConfig, storage: Location, model_path: str, chat_temp
         return None
     base = layout.dataset_dir(storage, read_json(index)["dataset_id"])
     manifest_url = join(base, layout.MANIFEST)
-    if not exists(manifest_url):
+    if not exists(manifest_url) or changed_source(read_json(manifest_url), data.storage_options):
         return None
     _, path = filesystem(base)
     present = sorted((p[len(path) :], size) for p, size in find_sizes(base).items())
