@@ -120,12 +120,9 @@ def find_staged(storage: Location, source_key: str, reporter: Reporter, options:
     doc = read_json(index)
     if doc.get("schema") != layout.DATASET_INDEX_SCHEMA:
         return None
-    found = reuse(layout.dataset_dir(storage, doc["dataset_id"]), doc["dataset_id"], reporter)
-    if found is not None and (
-        changed := changed_source(
-            read_manifest(Location(found.url, storage.options), layout.DATASET_SCHEMAS)[0], options
-        )
-    ):
+    base = layout.dataset_dir(storage, doc["dataset_id"])
+    found = reuse(base, doc["dataset_id"], reporter)
+    if found is not None and (changed := changed_source(read_manifest(base, layout.DATASET_SCHEMAS)[0], options)):
         reporter.info(f"{changed} changed since dataset {found.dataset_id} was staged; reading the records again")
         return None
     return found

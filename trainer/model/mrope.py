@@ -50,7 +50,8 @@ def example_positions(ids: torch.Tensor, grids: Iterator[Sequence[int]], image_t
         if grid is None:
             raise UserError("a micro-batch holds more runs of image tokens than images; re-stage the dataset")
         image = vision_positions(grid, position, merge)
-        if is_image[index : index + image.shape[1]] != [True] * image.shape[1]:
+        run = next((i for i in range(index, length) if not is_image[i]), length) - index
+        if run != image.shape[1]:
             raise UserError(
                 f"an image of grid {list(grid)} is {image.shape[1]} tokens, not as many as its run in the row; the "
                 "image processor and the staged dataset disagree (re-stage it for this model)"

@@ -32,7 +32,7 @@ PROJECTOR = re.compile(r"(?:.*\.)?model\.visual\.(?:merger|deepstack_merger_list
 LANGUAGE_MODEL = re.compile(r"(?:.*\.)?(?:model\.language_model|lm_head)(?:\.|$)")
 # Q-LoRA leaves these whole (bitsandbytes' modules not to convert): the vision side, and the output layer as for
 # a causal LM.
-NOT_QUANTIZED = ["visual", "lm_head"]
+NOT_QUANTIZED = ["model.visual", "lm_head"]  # bitsandbytes matches a name from its start, or as a suffix
 
 
 def part_of(name: str) -> str | None:

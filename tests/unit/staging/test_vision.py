@@ -1,5 +1,5 @@
-"""staging/vision.py: each `<image>` expanded into its grid's tokens as Qwen's processor does, held to what the tokenizer
-encoded, and a window of data.max_length that would cut an image refused (the record dropped and counted)."""
+"""staging/vision.py: each `<image>` expanded into its grid's tokens as Qwen's processor does, held to what the
+tokenizer encoded, and a window of data.max_length that would cut an image refused (the record dropped and counted)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_a_vision_directory_without_its_processor_or_of_another_family_is_refuse
         "max_pixels": 589824,
     }
     assert vision_of(qwen25_vl, {"hidden_size": 8}, data) is None
-    with pytest.raises(UserError, match="a vision-language model .* without a readable preprocessor_config.json"):
+    with pytest.raises(UserError, match=r"a vision-language model .* without a readable preprocessor_config\.json"):
         vision_of(str(tmp_path), config, data)
     with pytest.raises(UserError, match="model type 'llava' is a vision-language model Tandem does not train"):
         vision_of(qwen25_vl, {**config, "model_type": "llava"}, data)
