@@ -227,14 +227,24 @@ def split_row(split: dict[str, Any]) -> tuple[str, str]:
     )
 
 
-def images_row(images: dict[str, Any], manifest: dict[str, Any]) -> tuple[str, str]:
-    """The card's row of a dataset's images: how many, their bytes and tokens, and where their digests are."""
+def images_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's row of a dataset's images: how many, their bytes and tokens, and where their digests are (none for
+    a dataset without images)."""
+    images = manifest.get("images")
+    if not images:
+        return []
     tokens = sum(c.get("image_tokens", 0) for c in manifest["splits"].values())
-    return "images", (
-        f"{images['count']} distinct ({images['bytes'] / 1e6:.2f} MB), {tokens} image tokens, at "
-        f"{images['min_pixels']}-{images['max_pixels']} pixels; each listed with its {manifest['digest_algorithm']} "
-        "digest in the dataset's manifest (the lineage's dataset_manifest_digest)"
-    )
+    return [
+        (
+            "images",
+            (
+                f"{images['count']} distinct ({images['bytes'] / 1e6:.2f} MB), {tokens} image tokens, at "
+                f"{images['min_pixels']}-{images['max_pixels']} pixels; each listed with its "
+                f"{manifest['digest_algorithm']} digest in the dataset's manifest (the lineage's "
+                "dataset_manifest_digest)"
+            ),
+        )
+    ]
 
 
 def model_card(
@@ -254,9 +264,7 @@ def model_card(
         (f"{split} split", f"{c['records']} records, {c['target_tokens']} target tokens")
         for split, c in manifest["splits"].items()
     ]
-    data_rows.append(split_row(manifest["split"]))
-    if images := manifest.get("images"):
-        data_rows.append(images_row(images, manifest))
+    data_rows += [split_row(manifest["split"]), *images_rows(manifest)]
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "

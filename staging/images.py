@@ -76,7 +76,9 @@ def lift_image_parts(record: object) -> object:
 
 def _lift(message: object, found: list[object]) -> object:
     """One message with its image parts as placeholders (their images appended to `found`)."""
-    parts = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(message, dict):
+        return message
+    parts = message.get("content")
     if not isinstance(parts, list) or not any(isinstance(p, dict) and p.get("type") in IMAGE_PARTS for p in parts):
         return message
     out: list[object] = []
@@ -87,21 +89,26 @@ def _lift(message: object, found: list[object]) -> object:
             found.append(value.get("url") if isinstance(value, dict) else value)
             pending += IMAGE_PLACEHOLDER
         elif isinstance(part, dict) and part.get("type") == "text" and pending:
-            key = "value" if "value" in part else "text"
-            out.append({**part, key: pending + str(part.get(key) or "")})
+            out.append(joined(part, pending, before=True))
             pending = ""
         else:
             out.append(part)
     if pending:
-        last = next(
-            (i for i in range(len(out) - 1, -1, -1) if isinstance(out[i], dict) and out[i].get("type") == "text"), None
-        )
-        if last is None:
-            out.append({"type": "text", "text": pending})
+        texts = [i for i, part in enumerate(out) if isinstance(part, dict) and part.get("type") == "text"]
+        if texts:
+            last = out[texts[-1]]
+            assert isinstance(last, dict)  # a text part, found above
+            out[texts[-1]] = joined(last, pending, before=False)
         else:
-            key = "value" if "value" in out[last] else "text"
-            out[last] = {**out[last], key: str(out[last].get(key) or "") + pending}
+            out.append({"type": "text", "text": pending})
     return {**message, "content": out}
+
+
+def joined(part: dict[str, Any], placeholders: str, *, before: bool) -> dict[str, Any]:
+    """A text part (OpenAI's `text`, LLaMA-Factory v1's `value`) with placeholders before or after its text."""
+    key = "value" if "value" in part else "text"
+    text = str(part.get(key) or "")
+    return {**part, key: placeholders + text if before else text + placeholders}
 
 
 def with_images(conversation: Conversation, record: object) -> Conversation:

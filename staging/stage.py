@@ -74,8 +74,7 @@ def stage_dataset(
     tokenizer's own code run."""
     reporter = Reporter(progress, bars)
     fingerprint = tokenizer_fingerprint(model_path, chat_template)
-    vision = vision_of(model_path, read_model_json(model_path), data)
-    inputs = survey(data, fingerprint, reporter, model_path, vision)
+    inputs = survey(data, fingerprint, reporter, model_path, vision_of(model_path, read_model_json(model_path), data))
     found = find_staged(storage, inputs.source_key, reporter, data.storage_options)
     if found is not None:
         return found
@@ -84,7 +83,7 @@ def stage_dataset(
         scan = scan_sources(inputs, data, spool, reporter)
         rejects_digest = digest_bytes(rejects_jsonl(scan.rejects), "blake3") if scan.rejects else None
         packed = packing_enabled(data, (source["format"] for source in scan.sources if source["records"]))
-        images = vision.describe() if vision is not None and scan.images else None
+        images = inputs.vision.describe() if inputs.vision is not None and scan.images else None
         name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data, packed, images)
         base = layout.dataset_dir(storage, name)
         ref = reuse(base, name, reporter)
@@ -99,7 +98,7 @@ def stage_dataset(
                     data.mask_history,
                     data.excess_length,
                     trust_remote_code,
-                    vision,
+                    inputs.vision,
                 )
                 ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter, packed, length_note)
             except Exception:
