@@ -72,7 +72,7 @@ def freeze(model: Any, settings: ModelConfig) -> None:
         if part in frozen:
             parameter.requires_grad_(False)
         elif part is not None:
-            counts[part] += parameter.numel()
+            counts[part] += getattr(parameter, "ds_numel", parameter.numel())  # ZeRO-3's partitions counted whole
     if not any(counts.values()):
         raise_everything_frozen()
     log.info("vision-language model: trained %s", ", ".join(f"{p} {n:,}" for p, n in counts.items() if n) or "none")
@@ -146,24 +146,28 @@ def language_model(model: Any) -> Any:
 
 
 def run_vision_always(model: Any) -> None:
-    """Make the vision tower run in every forward pass (see the module's docstring): a pre-hook on the model that
-    holds both towers gives a pass without images the blank image's output, times zero, in its input embeddings."""
+    """Make the vision tower run in every forward pass (see the module's docstring): where the model that holds both
+    towers was called without images, a pre-hook on its language model adds the blank image's output, times zero, to
+    the input embeddings. Called there, between the embedding and the language model, the tower runs where a pass
+    with images runs it: ZeRO-3 gathers each module's weights as it is called (and checks that every rank calls them
+    in the same order), then reduces their gradients in the order backward reaches them, the same order again."""
     core = core_of(model)
-    visual, embed = core.visual, core.get_input_embeddings()
-    patch = visual.config.patch_size
-    temporal, channels = visual.config.temporal_patch_size, visual.config.in_channels
-    width = channels * temporal * patch * patch
+    visual = core.visual
+    width = visual.config.in_channels * visual.config.temporal_patch_size * visual.config.patch_size**2
+    images = {"given": False}
 
-    def without_images(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if kwargs.get("pixel_values") is not None or kwargs.get("input_ids") is None:
+    def note(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        images["given"] = kwargs.get("pixel_values") is not None
+
+    def add_blank(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        embeds = kwargs.get("inputs_embeds")
+        if images["given"] or embeds is None:
             return None
-        ids = kwargs["input_ids"]
-        blank = torch.zeros(4, width, dtype=visual.dtype, device=ids.device)
-        grid = torch.tensor([[1, 2, 2]], device=ids.device)
-        features = visual(blank, grid_thw=grid)
+        blank = torch.zeros(4, width, dtype=visual.dtype, device=embeds.device)
+        features = visual(blank, grid_thw=torch.tensor([[1, 2, 2]], device=embeds.device))
         pooled = features.pooler_output if hasattr(features, "pooler_output") else features[0]
-        embeds = embed(ids)
-        return args, {**kwargs, "input_ids": None, "inputs_embeds": embeds + 0.0 * pooled.float().sum().to(embeds)}
+        return args, {**kwargs, "inputs_embeds": embeds + 0.0 * pooled.float().sum().to(embeds)}
 
-    core.register_forward_pre_hook(without_images, with_kwargs=True)
+    core.register_forward_pre_hook(note, with_kwargs=True)
+    core.language_model.register_forward_pre_hook(add_blank, with_kwargs=True)
     log.info("vision-language model: the vision tower runs in every pass (a blank image where a batch has none)")
