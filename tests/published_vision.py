@@ -209,17 +209,26 @@ def token_ids(tokenizer: Any) -> dict[str, int]:
     return {key: int(tokenizer.convert_tokens_to_ids(token)) for key, token in names.items()}
 
 
-def scaled_config(published: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
-    """A published config with its sizes scaled down and its token ids and vocabulary the tokenizer's."""
+def scaled_config(
+    published: dict[str, Any], tokenizer: Any, vision_scale: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A published config with its sizes scaled down (the vision tower's to `vision_scale` when given) and its token
+    ids and vocabulary the tokenizer's."""
+    vision_scale = vision_scale or {}
     ids, vocab = token_ids(tokenizer), max(len(tokenizer), 128)
     config = copy.deepcopy(published)
     if "text_config" in config:  # Qwen3-VL: the language model's keys nested
         text = {**config["text_config"], **QWEN3_VL_TEXT_SCALED, "vocab_size": vocab}
         text.update({k: ids[k] for k in ("bos_token_id", "eos_token_id")})
-        vision = {**config["vision_config"], **QWEN3_VISION_SCALED, "out_hidden_size": text["hidden_size"]}
+        vision = {
+            **config["vision_config"],
+            **QWEN3_VISION_SCALED,
+            **vision_scale,
+            "out_hidden_size": text["hidden_size"],
+        }
         top = {k: ids[k] for k in ids if k in config}
         return {**config, **top, "text_config": text, "vision_config": vision}
-    vision = {**config["vision_config"], **VISION_SCALED, "fullatt_block_indexes": [1]}
+    vision = {**config["vision_config"], **VISION_SCALED, "fullatt_block_indexes": [1], **vision_scale}
     vision["out_hidden_size"] = QWEN25_VL_SCALED["hidden_size"]
     return {**config, **QWEN25_VL_SCALED, **ids, "vocab_size": vocab, "vision_config": vision}
 
@@ -231,14 +240,16 @@ def write_vision_published(
     *,
     max_shard_size: str = "300KB",
     seed: int = 0,
+    vision_scale: dict[str, Any] | None = None,
 ) -> Path:
     """A vision-language model directory at `out` as published (see the module docstring), its tokenizer the one in
-    `tokenizer_dir` with the VL chat template."""
+    `tokenizer_dir` with the VL chat template; `vision_scale` replaces the scaled vision tower's sizes (a benchmark's
+    larger one)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = scaled_config(published, tokenizer)
+    config = scaled_config(published, tokenizer, vision_scale)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     torch.manual_seed(seed)
