@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import array
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -251,10 +251,14 @@ def rank_micro_batches(
 
 
 def batch_of(
-    rows: list[Row], pad_id: int, layout: Any, images: Images | None, source: ImageSource | None = None
+    rows: list[Row],
+    pad_id: int,
+    layout: Callable[[list[Row], int], Batch],
+    images: Images | None,
+    source: ImageSource | None = None,
 ) -> Batch:
     """The rows collated by `layout` (collate or collate_flat), with their images when the model reads them."""
-    batch: Batch = layout(rows, pad_id)
+    batch = layout(rows, pad_id)
     return batch if images is None else images.attach(batch, rows, source)
 
 

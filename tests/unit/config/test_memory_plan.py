@@ -263,8 +263,10 @@ def test_a_vision_language_plan_counts_the_tower_and_a_micro_batchs_image_patche
     the preset fits its 80 GB GPUs by the plan, and a longer data.max_length is refused by it."""
     import yaml
 
+    from config.footprint import model_params, projection_shapes
+    from config.memory_plan import NF4_BYTES
     from config.schema import FinetuneConfig
-    from config.vision import language_view
+    from config.vision import language_view, vision_params
     from tests.published_vision import QWEN25_VL_7B_INSTRUCT
 
     model = language_view(QWEN25_VL_7B_INSTRUCT)
@@ -279,7 +281,10 @@ def test_a_vision_language_plan_counts_the_tower_and_a_micro_batchs_image_patche
     assert kept.bytes == 32 * tower.bytes  # every one of its 32 blocks keeps what one holds while it runs
     qlora = planned([*base, "train.method=qlora"], model, on_gpu=True)
     quantized = next(t for t in qlora.device if t.what.startswith("base weights"))
-    assert "the vision side" in quantized.what and quantized.bytes < 7 * GB
+    projections = sum(i * o for i, o in projection_shapes(model).values()) * int(model["num_hidden_layers"])
+    rest = model_params(model) - projections - vision_params(model)
+    expected = int(projections * NF4_BYTES) + rest * 4 + vision_params(model) * 2  # the vision side in bf16
+    assert "the vision side" in quantized.what and quantized.bytes == expected
     tree = yaml.safe_load((ROOT / "config" / "presets" / "qwen2.5-vl-7b-lora.yaml").read_text())
     tree["deepspeed"]["config"] = str(ROOT / tree["deepspeed"]["config"])
     cfg = FinetuneConfig.model_validate(tree)
