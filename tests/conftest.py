@@ -245,6 +245,23 @@ def s3_stoppable(s3_endpoint: str) -> Iterator:
         endpoint.stop()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With TANDEM_CPU_REPORT=FILE, each test's wall time and CPU seconds (its process and every process below it) go
+    to FILE (tests/cpu_report.py)."""
+    path = os.environ.get("TANDEM_CPU_REPORT")
+    if not path:
+        yield
+        return
+    import time
+
+    from tests.cpu_report import Recorder, cpu_now
+
+    started = (time.perf_counter(), cpu_now())
+    yield
+    Recorder(path).measure(item.nodeid, started)
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent under `-p no:xdist`
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadscope` (what `make test` asks for) groups and orders work as tests/scheduling.py says."""

@@ -28,7 +28,7 @@ def adapted(model) -> tuple[set[str], set[str]]:
 
 
 def test_lora_adapts_the_fused_experts_and_attention_by_default_never_the_router(qwen3_moe, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="trainer.model.load")
+    caplog.set_level(logging.INFO, logger="trainer.model.adapters")
     model = make_trainable(load_base(qwen3_moe, method=LORA, bf16=False), TrainConfig(method="lora"))
     modules, parameters = adapted(model)
     assert modules == {"q_proj", "k_proj", "v_proj", "o_proj"}

@@ -27,7 +27,7 @@ def test_the_line_names_the_type_our_innermost_function_and_the_message() -> Non
 
     exc = raised(lambda: lora_targets(NoConfig(), None))
     line = crash_line(exc)
-    assert line.startswith("AttributeError in lora_targets (trainer/model/load.py:")
+    assert line.startswith("AttributeError in lora_targets (trainer/model/adapters.py:")
     assert line.endswith("): 'NoConfig' object has no attribute 'named_modules'")
     assert CRASH.match(line)
 
