@@ -25,6 +25,7 @@ from typing import Any
 
 from config.batch import accumulation_steps
 from config.sections.model_train import TrainConfig
+from config.vision import language_view
 from core.errors import UserError
 
 AUTO = "auto"
@@ -97,7 +98,9 @@ class ModelShape:
 
     @classmethod
     def of(cls, config: dict[str, Any]) -> ModelShape:
-        """From a Hugging Face config.json (a decoder-only transformer: grouped-KV attention, a gated MLP)."""
+        """From a Hugging Face config.json (a decoder-only transformer: grouped-KV attention, a gated MLP; a
+        vision-language model's language model)."""
+        config = language_view(config)
         try:
             hidden = int(config["hidden_size"])
             heads = int(config["num_attention_heads"])
@@ -105,7 +108,10 @@ class ModelShape:
             head_dim = int(config.get("head_dim") or hidden // heads)
             intermediate = int(config.get("intermediate_size") or 4 * hidden)
         except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"model config.json: cannot read the model's shape ({exc!r}); is it a causal LM?") from None
+            raise UserError(
+                f"model config.json: cannot read the model's shape ({exc!r}); is it a causal LM or a vision-language "
+                "model (Qwen2.5-VL, Qwen3-VL)?"
+            ) from None
         attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q and o, k and v
         return cls(hidden, attention + 3 * hidden * intermediate + 2 * hidden)
 

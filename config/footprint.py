@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.schema import FinetuneConfig
+from config.vision import frozen_params, is_vision_language, language_view, vision_params
 
 FP32_MASTER = 4
 ADAM_MOMENTS = 8  # two fp32 moments
@@ -62,13 +63,14 @@ MODEL_CONFIG = "config.json"
 
 def read_model_json(model_path: str) -> dict[str, Any] | None:
     """A local model directory's config.json as a dict, None when it cannot be read (the estimates are then skipped,
-    not guessed)."""
+    not guessed); a vision-language model's with its language model's keys at the top (config/vision.py
+    `language_view`), its `vision_config` beside them."""
     try:
         with open(os.path.join(model_path, MODEL_CONFIG), encoding="utf-8") as handle:
             model = json.load(handle)
     except (OSError, ValueError):
         return None
-    return model if isinstance(model, dict) else None
+    return language_view(model) if isinstance(model, dict) else None
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,21 @@ def expert_params(model: dict[str, Any], *, active: bool = False) -> int:
 
 
 def model_params(model: dict[str, Any], *, active: bool = False) -> int:
-    """Parameters of the whole model (biases left out); `active`: those one token uses (a mixture of experts' routed
-    experts only)."""
+    """Parameters of the whole model (biases left out), a vision-language model's vision tower and projector among
+    them; `active`: those one token uses (a mixture of experts' routed experts only)."""
     hidden, vocab, layers = int(model["hidden_size"]), int(model["vocab_size"]), int(model["num_hidden_layers"])
     layer = sum(i * o for i, o in projection_shapes(model).values()) + expert_params(model, active=active) + 2 * hidden
     embeddings = vocab * hidden * (1 if model.get("tie_word_embeddings") else 2)
-    return layers * layer + embeddings + hidden
+    return layers * layer + embeddings + hidden + vision_params(model)
+
+
+def full_trained(cfg: FinetuneConfig, model: dict[str, Any]) -> int:
+    """Parameters full fine-tuning trains: every one, but a vision-language model's frozen parts (model.freeze_*)."""
+    params, settings = model_params(model), cfg.model
+    frozen = frozen_params(model, (settings.freeze_vision_tower, settings.freeze_multi_modal_projector))
+    if is_vision_language(model) and settings.freeze_language_model:
+        frozen += params - vision_params(model)
+    return params - frozen
 
 
 def adapter_params(
@@ -176,7 +187,9 @@ def estimate(
         lora = cfg.train.method.trains_adapters
         lora_cfg = cfg.train.lora
         trained = (
-            adapter_params(model, lora_cfg.r, lora_cfg.target_modules, lora_cfg.target_parameters) if lora else params
+            adapter_params(model, lora_cfg.r, lora_cfg.target_modules, lora_cfg.target_parameters)
+            if lora
+            else full_trained(cfg, model)
         )
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None

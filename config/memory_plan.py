@@ -25,6 +25,10 @@ config/footprint.py (a decoder-only transformer with grouped-KV attention and a 
 - The loss: the target logits in the training dtype, their float32 copy and its gradient, over
   train.loss_chunk_tokens tokens at a time when chunked (above 256 MiB of float32 target logits), else over the whole
   micro-batch.
+- A vision-language model (config/vision.py): the vision tower's and the projector's weights (kept in the compute
+  dtype by Q-LoRA), and its activations per image patch (a decoder layer's terms at its width), over the patches of
+  a micro-batch's images: at most its rows' tokens all image tokens, each merge x merge patches. They are kept for
+  backward only when a vision part trains; a frozen tower holds one block's while it runs.
 - Host memory per rank: the process itself (Python, torch, transformers, DeepSpeed: 0.31 GB measured on CPU ranks),
   the model while it loads (whole in the training dtype, or under ZeRO-3's partitioned load its share plus the
   largest tensor), offloaded states, and a background save's copy of the rank's checkpoint share. CPU ranks hold
@@ -42,9 +46,18 @@ from enum import Enum
 from typing import Any
 
 from config.deepspeed import zero_stage
-from config.footprint import PROJECTIONS, adapter_params, estimate, model_params, moe_experts, projection_shapes
+from config.footprint import (
+    PROJECTIONS,
+    adapter_params,
+    estimate,
+    full_trained,
+    model_params,
+    moe_experts,
+    projection_shapes,
+)
 from config.schema import FinetuneConfig
 from config.sections.run_data import MAX_LENGTH
+from config.vision import is_vision_language, vision_activation_bytes, vision_params
 
 GB = 1e9
 PROCESS_BYTES = int(0.31 * GB)  # a rank's own RssAnon before loading (docs/large-models.md, "Measured")
@@ -158,7 +171,7 @@ def resolve_shape(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any]
         params=params,
         trained=adapter_params(model, lora.r, lora.target_modules, lora.target_parameters)
         if method.trains_adapters
-        else params,
+        else full_trained(cfg, model),
         projections=int(model["num_hidden_layers"]) * sum(i * o for i, o in projection_shapes(model).values()),
         embedding=int(model["vocab_size"]) * int(model["hidden_size"]),
         w=2 if on_gpu else 4,
@@ -172,8 +185,9 @@ def resolve_shape(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any]
 def weight_terms(s: Shape) -> tuple[list[Term], list[Term]]:
     """(device, host) terms of the weights."""
     if s.cfg.train.method.quantizes_base:
-        weights = int(s.projections * NF4_BYTES) + (s.params - s.projections) * 4
-        what = "base weights (nf4 projections, float32 embeddings and norms)"
+        vision = vision_params(s.model)  # not quantized, and back in the compute dtype (trainer/model/vision.py)
+        weights = int(s.projections * NF4_BYTES) + (s.params - s.projections - vision) * 4 + vision * s.w
+        what = "base weights (nf4 projections, float32 embeddings and norms" + (", the vision side)" if vision else ")")
     else:
         weights = s.params * s.w
         what = f"weights ({'bf16' if s.w == 2 else 'float32'})"
@@ -231,7 +245,33 @@ def batch_terms(s: Shape) -> list[Term]:
     loss_tokens = min(tokens, train.loss_chunk_tokens) if chunked else tokens
     shrink = "train.loss_chunk_tokens" if chunked or train.loss_chunk_tokens == 0 else "train.micro_batch_size"
     what = "the loss's logits" + (" (chunked)" if chunked else "")
-    return [activations, Term(what, loss_tokens * vocab * (s.w + 8), Phase.BACKWARD, shrink)]
+    return [activations, Term(what, loss_tokens * vocab * (s.w + 8), Phase.BACKWARD, shrink), *vision_terms(s)]
+
+
+def vision_terms(s: Shape) -> list[Term]:
+    """A vision-language model's activations over a micro-batch's image patches (module docstring); none else."""
+    if not is_vision_language(s.model):
+        return []
+    vision = s.model["vision_config"]
+    merge = int(vision.get("spatial_merge_size", 2))
+    patches = s.cfg.train.micro_batch_size * s.cfg.data.max_length * merge * merge
+    per_patch = vision_activation_bytes(s.model, s.w)
+    shrink = "data.image_max_pixels or train.micro_batch_size"
+    if not s.cfg.model.freeze_vision_tower:  # its blocks train: each keeps its activations for backward
+        return [
+            Term(
+                "the vision tower's activations (a micro-batch's image patches)",
+                patches * per_patch,
+                Phase.BACKWARD,
+                shrink,
+            )
+        ]
+    block = per_patch // max(int(vision["depth"]), 1)
+    return [
+        Term(
+            "the frozen vision tower's activations while it runs (one block's)", patches * block, Phase.BACKWARD, shrink
+        )
+    ]
 
 
 def host_terms(s: Shape) -> list[Term]:

@@ -57,7 +57,7 @@ def stage_inputs(cfg: FinetuneConfig) -> Prepared:
 def summary_rows(dataset: DatasetRef, storage: Location) -> list[tuple[str, str]]:
     """The CLI's summary: id, manifest URL, and the counts from the manifest (of a dataset staged under `storage`)."""
     staged = dataset.location(storage)
-    manifest, _ = read_manifest(staged, layout.DATASET_SCHEMA)
+    manifest, _ = read_manifest(staged, layout.DATASET_SCHEMAS)
     rows = [("dataset", dataset.dataset_id), ("manifest", str(join(staged, layout.MANIFEST)))]
     for split in layout.SPLITS:
         counts = manifest["splits"][split]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.lm_tasks import harness_version, task_manager
+from config.vision import PROCESSOR_FILES
 from core.checkout import code_version
 from core.errors import RetryableError, UserError
 from core.redact import mask_text
@@ -220,7 +221,8 @@ def check_dataset(spec: Spec, plan: NodePlan) -> str:
 
 
 def check_base_model(spec: Spec, plan: NodePlan) -> str:
-    """This node's copy of the base model has every file of {run}/base_model.json, of the same size and digest."""
+    """This node's copy of the base model has every file of {run}/base_model.json, of the same size and digest (a
+    vision-language model's processor files among them: its image processor decides every image's tokens)."""
     if spec.model_manifest_digest is None:
         return "not recorded (a spec.json written without it)"
     cache = cache_root(spec.config.launch.node_cache_dir)
@@ -229,7 +231,9 @@ def check_base_model(spec: Spec, plan: NodePlan) -> str:
         files, cached = verify_local_model(manifest, spec.model_path, cache)
     except UserError as exc:
         raise UserError(f"node {plan.node_rank}: base model: {exc}") from None
-    return f"{files} files ({manifest['bytes'] / 1e9:.2f} GB) match, {cached} digests from the node cache"
+    processor = [f["path"] for f in manifest["files"] if f["path"] in PROCESSOR_FILES]
+    among = f" (the processor's {', '.join(sorted(processor))} among them)" if processor else ""
+    return f"{files} files ({manifest['bytes'] / 1e9:.2f} GB) match{among}, {cached} digests from the node cache"
 
 
 def check_storage_writable(spec: Spec, plan: NodePlan) -> str:

@@ -10,7 +10,9 @@ from typing import Any
 
 from config.chat_template import template_digest
 from config.deepspeed import zero_stage
+from config.footprint import read_model_json
 from config.methods import LORA, METHODS
+from config.vision import is_vision_language
 from core.redact import mask_text
 from storage import layout
 from storage.adapters import AdapterSummary
@@ -98,16 +100,23 @@ def metrics_intro(spec: Spec, metrics: dict[str, Any], world_size: int) -> str:
 def answers_table(answers: list[dict[str, Any]]) -> str:
     """A markdown table of generated answers (eval.json's generate.answers): each prompt's end, its reference and the
     model's output, and the base model's beside it with eval.compare_base; one line per cell (a newline shown as an
-    arrow; pipes and tags escaped so that they show)."""
+    arrow; pipes and tags escaped so that they show); an image prompt's images by name in a column of their own."""
 
     def cell(text: str) -> str:
         text = text.strip().replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("\r", "")
         return text.replace("\n", " ⏎ ")
 
     both = any("base_output" in a for a in answers)
-    columns = ("prompt", "reference", "output", *(("base_output",) if both else ()))
-    rows = [f"| {a['index']} | " + " | ".join(cell(a.get(c, "")) for c in columns) + " |" for a in answers]
-    header = "| # | prompt (its end) | reference | output |" + (" base model's output |" if both else "")
+    images = any(a.get("images") for a in answers)
+    columns = (*(("images",) if images else ()), "prompt", "reference", "output", *(("base_output",) if both else ()))
+    shown = [{**a, "images": ", ".join(a.get("images", []))} for a in answers]
+    rows = [f"| {a['index']} | " + " | ".join(cell(a.get(c, "")) for c in columns) + " |" for a in shown]
+    header = (
+        "| # |"
+        + (" image |" if images else "")
+        + " prompt (its end) | reference | output |"
+        + (" base model's output |" if both else "")
+    )
     return "\n".join([header, "|---" * (len(columns) + 1) + "|", *rows])
 
 
@@ -119,13 +128,17 @@ def answers_section(answers: list[dict[str, Any]] | None) -> list[str]:
 
 
 def load_snippet(entry: dict[str, Any]) -> str:
-    """Python that loads a registered model with transformers (+ PEFT for an adapter)."""
+    """Python that loads a registered model with transformers (+ PEFT for an adapter); a vision-language model (its
+    base model's config.json, where it is readable) with AutoModelForImageTextToText and its image processor (the PIL
+    backend: no torchvision needed)."""
     model_url = entry["model_url"]
+    vision = is_vision_language(read_model_json(str(entry.get("base_model") or "")) or {})
+    auto = "AutoModelForImageTextToText" if vision else "AutoModelForCausalLM"
     # The precision Tandem evaluates in on a CPU, so that the snippet reproduces the recorded metrics there; without
     # it, transformers takes the checkpoint's own dtype (bf16 for most published models).
     lines = [
         "import torch",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"from transformers import {'AutoImageProcessor, ' if vision else ''}{auto}, AutoTokenizer",
         "",
         "dtype = torch.float32  # as Tandem evaluated on a CPU; torch.bfloat16 on a GPU",
     ]
@@ -135,12 +148,14 @@ def load_snippet(entry: dict[str, Any]) -> str:
     if method is not None and method.trains_adapters:
         lines[1:1] = ["from peft import PeftModel"]
         lines += [
-            f'base = AutoModelForCausalLM.from_pretrained("{entry["base_model"]}", dtype=dtype{remote})',
+            f'base = {auto}.from_pretrained("{entry["base_model"]}", dtype=dtype{remote})',
             f'model = PeftModel.from_pretrained(base, "{model_url}")  # .merge_and_unload() for plain weights',
         ]
     else:
-        lines += [f'model = AutoModelForCausalLM.from_pretrained("{model_url}", dtype=dtype{remote})']
+        lines += [f'model = {auto}.from_pretrained("{model_url}", dtype=dtype{remote})']
     lines += [f'tokenizer = AutoTokenizer.from_pretrained("{model_url}"{remote})']
+    if vision:
+        lines += [f'image_processor = AutoImageProcessor.from_pretrained("{model_url}", backend="pil")']
     if "://" in model_url:
         lines[0:0] = [f"# from_pretrained needs a local directory: copy {model_url} first (e.g. aws s3 sync)"]
     return "\n".join(lines)
@@ -212,6 +227,26 @@ def split_row(split: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+def images_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's row of a dataset's images: how many, their bytes and tokens, and where their digests are (none for
+    a dataset without images)."""
+    images = manifest.get("images")
+    if not images:
+        return []
+    tokens = sum(c.get("image_tokens", 0) for c in manifest["splits"].values())
+    return [
+        (
+            "images",
+            (
+                f"{images['count']} distinct ({images['bytes'] / 1e6:.2f} MB), {tokens} image tokens, at "
+                f"{images['min_pixels']}-{images['max_pixels']} pixels; each listed with its "
+                f"{manifest['digest_algorithm']} digest in the dataset's manifest (the lineage's "
+                "dataset_manifest_digest)"
+            ),
+        )
+    ]
+
+
 def model_card(
     spec: Spec,
     entry: dict[str, Any],
@@ -229,7 +264,7 @@ def model_card(
         (f"{split} split", f"{c['records']} records, {c['target_tokens']} target tokens")
         for split, c in manifest["splits"].items()
     ]
-    data_rows.append(split_row(manifest["split"]))
+    data_rows += [split_row(manifest["split"]), *images_rows(manifest)]
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "

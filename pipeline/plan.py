@@ -70,7 +70,7 @@ def build_spec(
     train_records = dataset.records("train")
     if train_records is None:  # a reference read back from spec.json carries no counts
         staged = dataset.location(layout.root(cfg.run))
-        train_records = split_rows(read_manifest(staged, layout.DATASET_SCHEMA)[0]["splits"]["train"])
+        train_records = split_rows(read_manifest(staged, layout.DATASET_SCHEMAS)[0]["splits"]["train"])
     steps = total_steps(cfg.train, train_records, cfg.world_size)
     return Spec(
         run_id=run_id,

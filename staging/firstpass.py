@@ -43,6 +43,8 @@ class Digested:
     sizes: list[int] = field(default_factory=list)
     digests: bytes = b""
     rejects: list[tuple[int, Reject]] = field(default_factory=list)
+    images: dict[str, Location] = field(default_factory=dict)  # the images the records name: where each was read
+    named: list[tuple[str, ...]] = field(default_factory=list)  # each record's image names
 
     @property
     def count(self) -> int:
@@ -71,10 +73,13 @@ class Digested:
         return (self._part(offsets, index, index + 1) for index in range(self.count))
 
     def _part(self, offsets: list[int], first: int, stop: int) -> Digested:
+        named = self.named[first:stop] if self.named else []
         return Digested(
             self.lines[offsets[first] : offsets[stop]],
             self.sizes[first:stop],
             self.digests[first * DIGEST_BYTES : stop * DIGEST_BYTES],
+            images={name: self.images[name] for names in named for name in names},
+            named=named,
         )
 
 
@@ -103,6 +108,8 @@ def digest_items(items: Iterable[Record | Reject]) -> Digested:
             out.rejects.append((len(out.sizes), item))
             continue
         body = canonical(item)
+        out.images.update(item.images)
+        out.named.append(tuple(item.images))
         line = spool_line(item.location, body)
         lines += line
         out.sizes.append(len(line))

@@ -27,7 +27,7 @@ SHAREGPT_ROLES = {
 }
 OPENAI_ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ONLY = {"human", "gpt", "function_call", "observation"}
-PART_TYPES = ("text", "reasoning", "tool_call", "tools")  # content parts Tandem reads; images and audio it cannot
+PART_TYPES = ("text", "reasoning", "tool_call", "tools")  # content parts Tandem reads (image parts: staging/images.py)
 DETECT_SAMPLE = 16  # records looked at per file by `auto`
 
 
@@ -231,7 +231,7 @@ def _content(value: object, where: str, *, allow_empty: bool) -> tuple[str, Mess
             kind = part.get("type") if isinstance(part, dict) else type_name(part)
             if kind not in PART_TYPES or not isinstance(part, dict):
                 names = ", ".join(PART_TYPES[:-1]) + f" and {PART_TYPES[-1]}"
-                raise InvalidRecord(f"{at}: only {names} parts are supported (a text model), got {kind!r}")
+                raise InvalidRecord(f"{at}: only {names} parts (and image, image_url) are supported, got {kind!r}")
             if kind == "text":
                 texts.append(_part_text(part, at))
             elif kind == "reasoning":

@@ -1,10 +1,11 @@
 """What a staged dataset is named after, and what finds it again.
 
-- The dataset id digests what determines the staged bytes: the normalized records in order, the tokenizer
-  (its files, the chat template among them), max_length and excess_length, the split settings, the shard size,
-  the digest algorithm, whether the examples are packed (data.packing as resolved for the formats found), and the
-  rejects (rejects.jsonl is staged too). Moving or reformatting a source file, or
-  changing data.num_proc, changes none of these, so it names the same dataset.
+- The dataset id digests what determines the staged bytes: the normalized records in order (each image named by
+  the digest of its bytes), the tokenizer (its files, the chat template and a vision-language model's image
+  processor among them), the pixel settings that decide an image's tokens, max_length and excess_length, the split
+  settings, the shard size, the digest algorithm, whether the examples are packed (data.packing as resolved for the
+  formats found), and the rejects (rejects.jsonl is staged too). Moving or reformatting a source file (or an image),
+  or changing data.num_proc, changes none of these, so it names the same dataset.
 - The source key digests the inputs instead: the source files' digests and URLs, how each source is read (format,
   columns, tags, weight, cap, the dataset_info.json entry it came from) and mixed, plus the same settings.
   It is computed without parsing a record, and `{storage}/datasets/by-source/{key}.json` maps it to the
@@ -21,6 +22,7 @@ from config.sections.run_data import DataConfig
 from staging.progress import Reporter
 from staging.sources import expand
 from staging.streams import Stream, resolve
+from staging.vision import Vision
 from storage import layout
 from storage.digest import digest_bytes, hasher
 from storage.fs import read_range, size
@@ -49,6 +51,8 @@ class Inputs:
     fingerprint: dict[str, Any]
     source_key: str
     streams: list[Stream]
+    model: str = ""  # model.name_or_path
+    vision: Vision | None = None  # a vision-language model's images (None: a text-only model refuses them)
 
 
 def shaping(data: DataConfig) -> dict[str, Any]:
@@ -90,8 +94,11 @@ def digest_sources(files: list[tuple[str, Location]], algorithm: str, reporter: 
     return out
 
 
-def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) -> Inputs:
-    """The source files with their digests, and the source key over them and the settings."""
+def survey(
+    data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter, model: str = "", vision: Vision | None = None
+) -> Inputs:
+    """The source files with their digests, and the source key over them and the settings (`model` and `vision`,
+    the model's path and images, ride along: the fingerprint already names what of them shapes the bytes)."""
     streams = resolve(data)
     files = digest_sources(source_files(streams), data.digest_algorithm, reporter)
     doc = {
@@ -103,9 +110,11 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
         "preference": data.preference_mode,
         "packing": data.packing,
         "shaping": shaping(data),
+        "images": [data.image_min_pixels, data.image_max_pixels],
         "tokenizer": fingerprint,
     }
-    return Inputs(files, fingerprint, digest_bytes(json.dumps(doc, sort_keys=True).encode(), "blake3")[:32], streams)
+    key = digest_bytes(json.dumps(doc, sort_keys=True).encode(), "blake3")[:32]
+    return Inputs(files, fingerprint, key, streams, model, vision)
 
 
 def eval_key(record_digest: bytes) -> int:
@@ -120,9 +129,15 @@ def in_eval(record_digest: bytes, eval_ratio: float) -> bool:
 
 
 def dataset_id(
-    records_digest: str, rejects_digest: str | None, fingerprint: dict[str, Any], data: DataConfig, packed: bool
+    records_digest: str,
+    rejects_digest: str | None,
+    fingerprint: dict[str, Any],
+    data: DataConfig,
+    packed: bool,
+    images: dict[str, Any] | None = None,
 ) -> str:
-    """`ds-<16 hex>` over what determines the staged bytes."""
+    """`ds-<16 hex>` over what determines the staged bytes (`images`: how a dataset with images cut them into
+    tokens, staging/vision.py `Vision.describe`; None without images)."""
     identity = {
         "packing": packed,
         "schema": layout.DATASET_SCHEMA,
@@ -131,5 +146,6 @@ def dataset_id(
         "rejects": rejects_digest,
         "tokenizer": fingerprint,
         **shaping(data),
+        **({"images": images} if images else {}),
     }
     return "ds-" + digest_bytes(json.dumps(identity, sort_keys=True).encode(), "blake3")[:16]

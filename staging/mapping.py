@@ -24,11 +24,18 @@ COLUMNS = {
         "response": "output",
         "system": "system",
         "history": "history",
+        "images": "images",
         **PREFERENCE_COLUMNS,
     },
-    "sharegpt": {"messages": "conversations", "system": "system", "tools": "tools", **PREFERENCE_COLUMNS},
-    "qwen": {"messages": "conversations", **PREFERENCE_COLUMNS},
-    "openai": {"messages": "messages", "tools": "tools", **PREFERENCE_COLUMNS},
+    "sharegpt": {
+        "messages": "conversations",
+        "system": "system",
+        "tools": "tools",
+        "images": "images",
+        **PREFERENCE_COLUMNS,
+    },
+    "qwen": {"messages": "conversations", "images": "images", **PREFERENCE_COLUMNS},
+    "openai": {"messages": "messages", "tools": "tools", "images": "images", **PREFERENCE_COLUMNS},
     "text": {"prompt": "text"},
 }
 # Each format's own turn keys and role names, for LLaMA-Factory's tag names.

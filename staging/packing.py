@@ -12,13 +12,14 @@ lengths and row assignments, not tokens; the rows are written once every example
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from config.sections.run_data import DataConfig
-from storage.shards import FileEntry, SplitWriter
+from storage.location import Location
+from storage.shards import ExampleImages, FileEntry, PreferenceWriter, SplitWriter
 
 TEXT_FORMAT = "text"  # plain text: packed unless data.packing says otherwise
 
@@ -78,6 +79,7 @@ class PackingWriter:
         self._ids, self._labels = open(self._ids_path, "wb"), open(self._labels_path, "wb")  # noqa: SIM115
         self._lengths: list[np.ndarray] = []
         self._truncated: list[np.ndarray] = []
+        self._images: list[ExampleImages] = []  # per example, in a dataset with images
 
     @property
     def counts(self) -> dict[str, int]:
@@ -85,12 +87,26 @@ class PackingWriter:
         return self.writer.counts
 
     @property
+    def images(self) -> bool:
+        """Whether its rows name images."""
+        return self.writer.images
+
+    @property
     def seconds(self) -> float:
         """Time spent writing shards."""
         return self.writer.seconds
 
-    def add(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, truncated: np.ndarray) -> None:
-        """Spool examples (flat ids and labels, one length per example)."""
+    def add(
+        self,
+        ids: np.ndarray,
+        labels: np.ndarray,
+        lengths: np.ndarray,
+        truncated: np.ndarray,
+        images: Sequence[ExampleImages] = (),
+    ) -> None:
+        """Spool examples (flat ids and labels, one length per example, and each one's images: their names are
+        small, so they stay in memory)."""
+        self._images.extend(images)
         ids.astype(np.int32, copy=False).tofile(self._ids)
         labels.astype(np.int32, copy=False).tofile(self._labels)
         self._lengths.append(np.asarray(lengths, dtype=np.int64))
@@ -114,8 +130,26 @@ class PackingWriter:
                 took = lengths[chosen]
                 # Source position of every output token: each chosen example's tokens, one after the other.
                 source = np.repeat(starts[chosen] - (np.cumsum(took) - took), took) + np.arange(int(took.sum()))
-                self.writer.add(ids[source], labels[source], took, truncated[chosen], sizes)
+                pictures = [self._images[i] for i in chosen] if self.writer.images else []
+                self.writer.add(ids[source], labels[source], took, truncated[chosen], sizes, pictures)
             del ids, labels  # the memory maps, before their files go
         self._ids_path.unlink()
         self._labels_path.unlink()
         return self.writer.close()
+
+
+def split_writer(
+    base: Location,
+    split: str,
+    data: DataConfig,
+    on_write: Callable[[FileEntry], None],
+    packed: bool,
+    workdir: Path,
+    images: bool = False,
+) -> SplitWriter | PackingWriter:
+    """The writer of one split's shards: examples row by row (with their images' names and tokens when the records
+    have any), spooled and packed into rows of max_length, or preference rows (data.preference=pairs)."""
+    if data.preference_mode == "pairs":
+        return PreferenceWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
+    writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed, images=images)
+    return PackingWriter(writer, data.max_length, workdir) if packed else writer

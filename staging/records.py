@@ -10,11 +10,13 @@ counted, never an invalid record.
 from __future__ import annotations
 
 import itertools
+import posixpath
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.errors import UserError
 from staging.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
+from staging.images import image_reader, lift_image_parts, with_images
 from staging.mapping import Mapping
 from staging.preference import (
     Form,
@@ -38,10 +40,11 @@ class RecordError(UserError):
 
 @dataclass(frozen=True)
 class Record:
-    """One normalized conversation and where it came from."""
+    """One normalized conversation and where it came from; `images`: where each image it names was read."""
 
     location: str
     conversation: Conversation
+    images: dict[str, Location] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,14 +66,32 @@ class Undesirable(Reject):
 
 
 @dataclass(frozen=True)
+class Images:
+    """How a file's images are read: its folder (their paths are relative to it), the digest that names them
+    (data.digest_algorithm), and whether the model reads images at all (a text-only model refuses them)."""
+
+    folder: Location
+    algorithm: str = "blake3"
+    model: str | None = None  # model.name_or_path of a text-only model: records with images are refused
+
+    def refusal(self, location: str) -> UserError:
+        """The one line for image records staged for a text-only model."""
+        return UserError(
+            f"{location}: a record with images, but {self.model} is a text-only model (its config.json has no "
+            "vision_config); train a vision-language model (Qwen2.5-VL, Qwen3-VL) or give data without images"
+        )
+
+
+@dataclass(frozen=True)
 class Reading:
-    """How a file's records are read: its format, the source's mapping, data.preference, and the preference form
-    its first records are in (None: supervised data)."""
+    """How a file's records are read: its format, the source's mapping, data.preference, the preference form
+    its first records are in (None: supervised data), and how its images are read (None: as a text file's)."""
 
     format: str
     mapping: Mapping
     preference: str
     form: Form | None = None
+    images: Images | None = None
 
 
 @dataclass(frozen=True)
@@ -88,14 +109,17 @@ class DataFile:
         return self.reading.format
 
 
-def open_file(url: Location, mapping: Mapping, preference: str, on_bytes: ByteCounter) -> DataFile:
+def open_file(
+    url: Location, mapping: Mapping, preference: str, on_bytes: ByteCounter, images: Images | None = None
+) -> DataFile:
     """A data file's records, renamed by the mapping's columns and tags, then normalized; with format `auto`,
     the format is decided from its first records, and so is whether it is preference data (`preference`:
-    data.preference)."""
+    data.preference). `images`: how its records' images are read (None: from the file's folder, as blake3)."""
+    images = images or Images(url.with_url(posixpath.dirname(url.url)))
     raw = read_file(url, on_bytes)
     head = list(itertools.islice(raw, DETECT_SAMPLE))
     if not head:
-        return DataFile(url, Reading(mapping.format, mapping, preference), "empty file", iter(()))
+        return DataFile(url, Reading(mapping.format, mapping, preference, images=images), "empty file", iter(()))
     samples = [mapping.apply(value) for _, value in head if not isinstance(value, Unparsable)]
     first = next((sample for sample in samples if isinstance(sample, dict) and form_of(sample)), None)
     form = form_of(first)
@@ -104,7 +128,7 @@ def open_file(url: Location, mapping: Mapping, preference: str, on_bytes: ByteCo
     if form is None and preference == "pairs" and samples:
         raise UserError(f"{url}: its first records are {supervised_refusal()}")
     fmt, reason = file_format(url, mapping.format, samples, form)
-    reading = Reading(fmt, mapping, preference, form)
+    reading = Reading(fmt, mapping, preference, form, images)
     items = (to_item(location, value, reading) for location, value in itertools.chain(head, raw))
     return DataFile(url, reading, reason, items)
 
@@ -139,8 +163,10 @@ def to_item(location: str, value: object, reading: Reading) -> Record | Reject:
         if form is None:
             if reading.preference == "pairs":
                 return Reject(location, supervised_refusal())
-            return Record(location, NORMALIZERS[reading.format](record))
+            return Record(location, *supervised(location, record, reading))
         assert isinstance(record, dict)  # form_of found keys
+        if "images" in record or "image" in record:
+            return Reject(location, "preference data with images is not staged (images train supervised records)")
         if reading.preference == "refuse":  # a preference record among supervised ones
             return Reject(location, refusal(form, [mapping.column(key) for key in form_columns(form, record)]))
         if reading.preference == "pairs":
@@ -151,3 +177,16 @@ def to_item(location: str, value: object, reading: Reading) -> Record | Reject:
         return Record(location, side)
     except InvalidRecord as exc:
         return Reject(location, mapping.explain(str(exc)))
+
+
+def supervised(location: str, record: object, reading: Reading) -> tuple[Conversation, dict[str, Location]]:
+    """A supervised record normalized from the file's format, its images (if any) found, checked and named by
+    content (staging/images.py); a record with images for a text-only model stops staging."""
+    lifted = lift_image_parts(record)
+    conversation = with_images(NORMALIZERS[reading.format](lifted), lifted)
+    images = reading.images
+    if images is None:
+        return conversation, {}
+    if images.model is not None and "images" in conversation:
+        raise images.refusal(location)
+    return image_reader(images.algorithm).resolve(conversation, images.folder)

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import itertools
 import math
+import posixpath
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -29,11 +30,12 @@ from staging import firstpass
 from staging.firstpass import Digested
 from staging.identity import Inputs, eval_key, in_eval
 from staging.progress import Reporter
-from staging.records import DataFile, Reject, Undesirable, open_file
+from staging.records import DataFile, Images, Reject, Undesirable, open_file
 from staging.sources import ByteCounter
 from staging.spool import Chunk, SpoolWriter
 from staging.streams import Stream, capped, interleave, label
 from staging.workers import pool_of, worker_count
+from storage.location import Location
 
 EVAL, TRAIN = 1, 0
 MAX_FILE_LINES = 50  # one log line per source file up to this many files, a summary beyond
@@ -50,6 +52,7 @@ class Scan:
     sources: list[dict[str, Any]] = field(default_factory=list)
     streams: list[dict[str, Any]] = field(default_factory=list)  # per configured source: how read, what it gave
     eval_capped: int = 0  # records data.eval_ratio held out beyond data.eval_max_records: they train
+    images: dict[str, Location] = field(default_factory=dict)  # each image the records name: where it was read
 
     @property
     def spooled(self) -> int:
@@ -72,6 +75,7 @@ class Spooler:
     held_at: array.array[int] = field(default_factory=lambda: array.array("q"))
     held_keys: array.array[int] = field(default_factory=lambda: array.array("Q"))
     splittable: int = 0  # records of the training sources, the ones data.eval_ratio splits
+    images: dict[str, Location] = field(default_factory=dict)  # the images of the spooled records
     nearest: tuple[int, int] | None = None  # (eval_key, place) of the training record nearest to eval
 
     def take(self, index: int, key: str, item: Digested | Reject) -> None:
@@ -94,6 +98,7 @@ class Spooler:
         else:
             self.hold_out(digests)
         self.writer.add_lines(item.lines, item.sizes)
+        self.images.update(item.images)
         self.counts[index][0] += item.count
 
     def hold_out(self, digests: list[bytes]) -> None:
@@ -159,7 +164,7 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         reporter.phase("reading", sum(f.size for f in files), "B") as phase,
         pool_of(processes) if processes > 1 else contextlib.nullcontext() as pool,
     ):
-        reader = Reader(inputs, data.mix, data.preference_mode, phase.update, pool, processes)
+        reader = Reader(inputs, data.mix, data.preference_mode, phase.update, pool, processes, data.digest_algorithm)
         for index, item in reader.mixed():
             sink.take(index, files[index].key, item)
     sources = source_rows(inputs, reader.opened, sink.counts)
@@ -173,6 +178,7 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         sources,
         mix(sources, inputs.streams),
         capped,
+        sink.images,
     )
     check_splits(scan, data)
     return scan
@@ -212,6 +218,7 @@ class Reader:
     progress: ByteCounter
     pool: ProcessPoolExecutor | None
     processes: int
+    algorithm: str  # data.digest_algorithm: what names the images
     opened: dict[int, DataFile] = field(default_factory=dict)
 
     def mixed(self) -> Iterator[tuple[int, Digested | Reject]]:
@@ -234,13 +241,19 @@ class Reader:
                 continue
             # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
             counter = (lambda _: None) if firstpass.splittable(source.url) else self.progress
-            self.opened[index] = open_file(source.url, stream.mapping, self.preference, counter)
+            images = Images(folder(source.url), self.algorithm, None if self.inputs.vision else self.inputs.model)
+            self.opened[index] = open_file(source.url, stream.mapping, self.preference, counter, images)
             items = firstpass.digest_file(self.opened[index], self.progress, self.pool, self.processes)
             for item in items:
                 if isinstance(item, Reject):
                     yield False, (index, item)
                 else:
                     yield from ((True, (index, run)) for run in (item.singles() if one_by_one else (item,)))
+
+
+def folder(url: Location) -> Location:
+    """The folder of a data file: its records' image paths are relative to it."""
+    return url.with_url(posixpath.dirname(url.url))
 
 
 def source_rows(inputs: Inputs, opened: dict[int, DataFile], counts: list[list[int]]) -> list[dict[str, Any]]:

@@ -22,16 +22,19 @@ from typing import Any
 import numpy as np
 import orjson
 
+from config.footprint import read_model_json
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.identity import Inputs, dataset_id, survey
-from staging.packing import PackingWriter, packing_enabled
+from staging.images import changed_source, stage_images
+from staging.packing import PackingWriter, packing_enabled, split_writer
 from staging.progress import Reporter
 from staging.records import RecordError, Reject
 from staging.scan import EVAL, Scan, scan_sources
 from staging.streams import label
 from staging.tokenize import EncoderSettings
 from staging.tokenizer import tokenizer_fingerprint
+from staging.vision import vision_of
 from staging.workers import ChunkResult, encode_chunks, worker_count
 from storage import layout
 from storage.digest import digest_bytes
@@ -71,8 +74,8 @@ def stage_dataset(
     tokenizer's own code run."""
     reporter = Reporter(progress, bars)
     fingerprint = tokenizer_fingerprint(model_path, chat_template)
-    inputs = survey(data, fingerprint, reporter)
-    found = find_staged(storage, inputs.source_key, reporter)
+    inputs = survey(data, fingerprint, reporter, model_path, vision_of(model_path, read_model_json(model_path), data))
+    found = find_staged(storage, inputs.source_key, reporter, data.storage_options)
     if found is not None:
         return found
     with tempfile.TemporaryDirectory(prefix="tandem-prepare-") as tmp:
@@ -80,7 +83,8 @@ def stage_dataset(
         scan = scan_sources(inputs, data, spool, reporter)
         rejects_digest = digest_bytes(rejects_jsonl(scan.rejects), "blake3") if scan.rejects else None
         packed = packing_enabled(data, (source["format"] for source in scan.sources if source["records"]))
-        name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data, packed)
+        images = inputs.vision.describe() if inputs.vision is not None and scan.images else None
+        name = dataset_id(scan.records_digest, rejects_digest, fingerprint, data, packed, images)
         base = layout.dataset_dir(storage, name)
         ref = reuse(base, name, reporter)
         if ref is None:
@@ -94,6 +98,7 @@ def stage_dataset(
                     data.mask_history,
                     data.excess_length,
                     trust_remote_code,
+                    inputs.vision,
                 )
                 ref = write_dataset(base, name, scan, inputs, data, settings, spool, reporter, packed, length_note)
             except Exception:
@@ -105,22 +110,28 @@ def stage_dataset(
     return ref
 
 
-def find_staged(storage: Location, source_key: str, reporter: Reporter) -> DatasetRef | None:
-    """The complete dataset that these very inputs were staged to, if any."""
+def find_staged(storage: Location, source_key: str, reporter: Reporter, options: Any = None) -> DatasetRef | None:
+    """The complete dataset that these very inputs were staged to, if any (its images still the bytes they were
+    staged from: `options`, data.storage_options, reach their sources)."""
     index = layout.dataset_index(storage, source_key)
     if not exists(index):
         return None
     doc = read_json(index)
     if doc.get("schema") != layout.DATASET_INDEX_SCHEMA:
         return None
-    return reuse(layout.dataset_dir(storage, doc["dataset_id"]), doc["dataset_id"], reporter)
+    base = layout.dataset_dir(storage, doc["dataset_id"])
+    found = reuse(base, doc["dataset_id"], reporter)
+    if found is not None and (changed := changed_source(read_manifest(base, layout.DATASET_SCHEMAS)[0], options)):
+        reporter.info(f"{changed} changed since dataset {found.dataset_id} was staged; reading the records again")
+        return None
+    return found
 
 
 def reuse(base: Location, name: str, reporter: Reporter) -> DatasetRef | None:
     """A reference to a complete staged copy (manifest there, every file present with its size), or None."""
     if not exists(join(base, layout.MANIFEST)):
         return None
-    manifest, manifest_digest = read_manifest(base, layout.DATASET_SCHEMA)
+    manifest, manifest_digest = read_manifest(base, layout.DATASET_SCHEMAS)
     try:
         verify_files(base, manifest, mode="size")
     except UserError as exc:
@@ -157,6 +168,7 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
     token_is_eval = np.repeat(is_eval, batch.lengths)
     for split, rows, tokens in (("eval", is_eval, token_is_eval), ("train", ~is_eval, ~token_is_eval)):
         writer = writers[split]
+        pictures = [batch.images[i] for i in np.flatnonzero(rows)] if batch.images else []
         if isinstance(writer, PreferenceWriter):
             assert batch.segments is not None and batch.feedback is not None, "preference rows without segments"
             ids = batch.ids[tokens]
@@ -164,7 +176,7 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
                 ids, batch.labels[tokens], batch.segments[rows], batch.feedback[rows], batch.truncated[rows]
             )
             continue
-        writer.add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows])
+        writer.add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows], images=pictures)
 
 
 def write_dataset(
@@ -183,6 +195,8 @@ def write_dataset(
     manifest."""
     files, counts, rejects, longest = write_shards(base, scan, data, settings, spool, reporter, packed)
     check_counts(counts, data)
+    images = stage_images(scan.images, base, settings.vision, data.digest_algorithm, reporter)
+    files += images.files
     if warning := length_warning(counts, longest, data, length_note):
         reporter.info(warning)
     if rejects:
@@ -190,7 +204,7 @@ def write_dataset(
         write_bytes_atomic(join(base, layout.REJECTS), body)
         files.append({"path": layout.REJECTS, "size": len(body), "digest": digest_bytes(body, data.digest_algorithm)})
         reporter.info(f"{len(rejects)} records rejected, dropped or left out; see {join(base, layout.REJECTS)}")
-    manifest = build_manifest(name, files, counts, scan, inputs, data, rejects, packed)
+    manifest = build_manifest(name, files, counts, scan, inputs, data, rejects, packed) | images.manifest()
     raw = write_json_atomic(join(base, layout.MANIFEST), manifest)
     reporter.info(
         f"staged dataset {name} at {base}: "
@@ -236,7 +250,10 @@ def write_shards(
                 f"{len(written)} shards ({sum(e['size'] for e in written) / 1e6:.1f} MB) {verb} in {seconds:.1f} s"
             )
 
-        writers = {split: split_writer(base, split, data, on_write, packed, spool.parent) for split in layout.SPLITS}
+        writers = {
+            split: split_writer(base, split, data, on_write, packed, spool.parent, bool(scan.images))
+            for split in layout.SPLITS
+        }
         dropped = dict.fromkeys(layout.SPLITS, 0)
         longest = 0
         for result in results:
@@ -278,19 +295,10 @@ def keep_rejects(
             raise RecordError(
                 f"{over.location}: {over.reason}; raise data.max_length, or set data.excess_length=truncate (or drop)"
             )
-        rejects.append(Reject(over.location, f"{over.reason} (data.excess_length=drop)"))
+        # With truncate, a record is dropped only where its window would cut an image: its reason says so.
+        suffix = " (data.excess_length=drop)" if data.excess_length == "drop" else ""
+        rejects.append(Reject(over.location, over.reason + suffix))
         dropped["eval" if splits[result.chunk.first + index] == EVAL else "train"] += 1
-
-
-def split_writer(
-    base: Location, split: str, data: DataConfig, on_write: Callable[[FileEntry], None], packed: bool, workdir: Path
-) -> SplitWriter | PackingWriter:
-    """The writer of one split's shards: examples row by row, spooled and packed into rows of max_length, or
-    preference rows (data.preference=pairs)."""
-    if data.preference_mode == "pairs":
-        return PreferenceWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
-    writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed)
-    return PackingWriter(writer, data.max_length, workdir) if packed else writer
 
 
 def check_counts(counts: dict[str, dict[str, int]], data: DataConfig) -> None:
@@ -375,7 +383,7 @@ def staged_state(data: DataConfig, storage: Location, model_path: str, chat_temp
         return None
     base = layout.dataset_dir(storage, read_json(index)["dataset_id"])
     manifest_url = join(base, layout.MANIFEST)
-    if not exists(manifest_url):
+    if not exists(manifest_url) or changed_source(read_json(manifest_url), data.storage_options):
         return None
     _, path = filesystem(base)
     present = sorted((p[len(path) :], size) for p, size in find_sizes(base).items())

@@ -29,7 +29,8 @@ from staging.formats import Conversation, InvalidRecord, Message
 from staging.offsets import ByteOffsets, first_tokens_at
 from staging.ranked_bpe import RankedBPE
 from staging.tokenizer import document_end, load_tokenizer, no_template_error
-from storage.shards import IGNORE_INDEX
+from staging.vision import NO_IMAGES, Vision, cut_reason, expand, image_runs, image_texts, keeps_images
+from storage.shards import IGNORE_INDEX, ExampleImages
 
 
 @dataclass
@@ -46,6 +47,7 @@ class EncodedBatch:
     segments: np.ndarray | None = None  # preference rows (staging/pairs.py): each row's 3 segment lengths
     feedback: np.ndarray | None = None  # and its label (storage/shards.py PAIR, 1, 0)
     longest: int = 0  # tokens of the batch's longest conversation before data.max_length cut or dropped it
+    images: list[ExampleImages] = field(default_factory=list)  # per kept example: its images' names and tokens
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class EncoderSettings:
     mask_history: bool = False
     excess_length: str = "truncate"
     trust_remote_code: bool = False  # model.trust_remote_code
+    vision: Vision | None = None  # a vision-language model's images (staging/vision.py); None: text only
 
     def encoder(self) -> ChatEncoder:
         """A ChatEncoder with the tokenizer loaded."""
@@ -74,6 +77,7 @@ class EncoderSettings:
             mask_history=self.mask_history,
             excess_length=self.excess_length,
             name=self.model_path,
+            vision=self.vision,
         )
 
 
@@ -101,11 +105,15 @@ class ChatEncoder:
         byte_offsets: bool = True,
         ranked_bpe: bool = True,
         name: str = "",
+        vision: Vision | None = None,
     ) -> None:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.vision = vision
+        # The start, pad and end tokens' text an image is expanded to (ids from the model's config.json).
+        self.image_texts = image_texts(tokenizer, vision)
         self.enable_thinking = enable_thinking
         self.mask_history = mask_history
         self.excess_length = excess_length
@@ -231,11 +239,14 @@ class ChatEncoder:
 
     def encode(self, conversations: list[Conversation]) -> EncodedBatch:
         """Encode a batch; conversations that cannot be trained on are returned as rejects with the reason, and
-        over-long ones (unless data.excess_length is truncate) as dropped."""
+        over-long ones (unless data.excess_length is truncate, or truncating would cut an image) as dropped."""
         rendered: list[tuple[int, str, list[tuple[int, int]], list[bool]]] = []
+        images: dict[int, ExampleImages] = {}
         rejects: list[tuple[int, str]] = []
         for index, conversation in enumerate(conversations):
             try:
+                if "images" in conversation:
+                    conversation, images[index] = expand(conversation, self.vision, self.image_texts)
                 rendered.append((index, *self.spans(conversation)))
             except InvalidRecord as exc:
                 rejects.append((index, str(exc)))
@@ -245,6 +256,8 @@ class ChatEncoder:
             targets = [turn for turn, flag in zip(turns, flags, strict=True) if flag and turn[0] < turn[1]]
             n_tokens = len(ids)
             out.longest = max(out.longest, n_tokens)
+            pictures = images.get(index, NO_IMAGES)
+            runs = image_runs(ids, self.vision, pictures)
             if not targets:
                 rejects.append(
                     (index, "the chat template left no assistant tokens; check the tokenizer's chat template")
@@ -253,11 +266,15 @@ class ChatEncoder:
                 out.dropped.append((index, f"{n_tokens} tokens, longer than data.max_length={self.max_length}"))
             else:
                 first, stop = length.window(n_tokens, turns, targets[0], self.max_length)
+                if not keeps_images(runs, first, stop):
+                    out.dropped.append((index, cut_reason(n_tokens, runs, self.max_length)))
+                    continue
                 out.add(
                     index,
                     ids[first:stop],
                     [(max(a, first) - first, min(b, stop) - first) for a, b in targets],
                     stop - first < n_tokens,
+                    pictures,
                 )
         rejects.sort()
         return out.batch(rejects)
@@ -307,9 +324,13 @@ class _Collector:
         self.kept: list[int] = []
         self.dropped: list[tuple[int, str]] = []
         self.longest = 0
+        self.images: list[ExampleImages] = []
 
-    def add(self, index: int, ids: np.ndarray, targets: list[tuple[int, int]], truncated: bool) -> None:
-        """One kept example: its ids and its target ranges within them."""
+    def add(
+        self, index: int, ids: np.ndarray, targets: list[tuple[int, int]], truncated: bool, images: ExampleImages
+    ) -> None:
+        """One kept example: its ids, its target ranges within them, and its images."""
+        self.images.append(images)
         self.ids.append(ids)
         self.targets.append([(a, b) for a, b in targets if a < b])
         self.lengths.append(len(ids))
@@ -328,6 +349,7 @@ class _Collector:
             rejects,
             self.dropped,
             longest=self.longest,
+            images=self.images,
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from config.vision import PREPROCESSOR_CONFIG
 from core.errors import UserError
 from storage.digest import digest_bytes
 
@@ -21,6 +22,7 @@ TOKENIZER_FILES = (
     "merges.txt",
     "tokenizer.model",
     "vocab.txt",
+    PREPROCESSOR_CONFIG,  # a vision-language model's image processor: how many tokens each image becomes
 )
 
 

@@ -6,6 +6,10 @@ from config.sections.run_data import RunConfig
 from storage.location import Location, join
 
 DATASET_SCHEMA = "tandem.dataset/1"
+# A dataset with images (vision-language records): its manifest lists them and its shards name them, which readers
+# before it would not see; they refuse this schema rather than train on the text alone.
+IMAGE_DATASET_SCHEMA = "tandem.dataset/2"
+DATASET_SCHEMAS = (DATASET_SCHEMA, IMAGE_DATASET_SCHEMA)
 CHECKPOINT_SCHEMA = "tandem.checkpoint/1"
 SPEC_SCHEMA = "tandem.spec/1"
 EVAL_SCHEMA = "tandem.eval/1"
@@ -39,6 +43,7 @@ PREFLIGHT = "preflight.json"
 LOCK = "LOCK"
 LOCK_SCHEMA = "tandem.run-lock/1"
 SPLITS = ("train", "eval")
+IMAGES = "images"  # {dataset}/images/{digest}.{ext}: a dataset's images, one file per distinct image
 SHARD_SUFFIX = ".arrow"  # a shard: an Arrow IPC file (storage/shards.py)
 PARQUET_SHARD_SUFFIX = ".parquet"  # a shard of a dataset staged before the Arrow form (read through the node cache)
 
@@ -67,6 +72,11 @@ def dataset_index(storage: Location, source_key: str) -> Location:
 def shard_name(split: str, index: int) -> str:
     """Path of a tokenized shard, relative to its dataset directory."""
     return f"{split}/shard-{index:05d}{SHARD_SUFFIX}"
+
+
+def image_path(name: str) -> str:
+    """Path of a staged image (named `{digest}.{ext}`), relative to its dataset directory."""
+    return f"{IMAGES}/{name}"
 
 
 def base_eval_url(storage: Location, key: str) -> Location:

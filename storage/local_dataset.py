@@ -44,7 +44,7 @@ from storage.node_cache import (
     touch,
 )
 from storage.shards import encode_shard, split_rows
-from storage.split_reader import Shard, ShardError, Split
+from storage.split_reader import ImageSource, Shard, ShardError, Split
 
 FETCH_BLOCK = 8 * 1024 * 1024  # one ranged read of a fetch
 ARROW_BYTES_PER_TOKEN = 8  # input_ids and labels, int32 each: a converted Parquet shard's size, roughly
@@ -64,6 +64,24 @@ def shard_entries(manifest: dict[str, Any], split: str | None = None) -> list[di
     """The manifest's shard entries (of one split, or of both), in order."""
     splits = (split,) if split else layout.SPLITS
     return [e for e in manifest["files"] if e["path"].split("/", 1)[0] in splits and e["path"] != layout.REJECTS]
+
+
+def copied_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files a node cache copy holds: the shards, and a dataset's images (`images/`), fetched as they are."""
+    images = [e for e in manifest["files"] if e["path"].split("/", 1)[0] == layout.IMAGES]
+    return shard_entries(manifest) + images
+
+
+def image_source(manifest: dict[str, Any], dataset_folder: Path) -> ImageSource | None:
+    """Where a split's images are read from (a dataset with images), at the pixels they were staged with."""
+    images = manifest.get("images")
+    if not images:
+        return None
+    prefix = layout.IMAGES + "/"
+    files = [e for e in manifest["files"] if e["path"].startswith(prefix)]
+    sources = {e["path"][len(prefix) :]: str(e.get("source", e["path"])) for e in files}
+    folder = dataset_folder / layout.IMAGES
+    return ImageSource(folder, int(images["min_pixels"]), int(images["max_pixels"]), sources)
 
 
 def is_parquet(manifest: dict[str, Any]) -> bool:
@@ -102,7 +120,7 @@ def prepare_dataset(dataset: Location, manifest_digest: str, cache: NodeCache) -
 
 def read_manifest_checked(dataset: Location, manifest_digest: str | None) -> tuple[dict[str, Any], str]:
     """(manifest, its digest), refusing one that is not the manifest spec.json names."""
-    manifest, digest = read_manifest(dataset, layout.DATASET_SCHEMA)
+    manifest, digest = read_manifest(dataset, layout.DATASET_SCHEMAS)
     if manifest_digest is not None and digest != manifest_digest:
         raise UserError(
             f"{join(dataset, layout.MANIFEST)}: digest mismatch: expected {manifest_digest}, got {digest}; "
@@ -134,7 +152,9 @@ def open_split(dataset: Location, split: str, cache: NodeCache, manifest_digest:
     if in_place(dataset, manifest):
         verify_files(dataset, {**manifest, "files": entries}, mode="size")
         shards = [map_shard(os.path.join(local_path(dataset), e["path"]), None) for e in entries]
-        return Split(shards, counts["records"])
+        in_place_split = Split(shards, counts["records"])
+        in_place_split.images = image_source(manifest, Path(local_path(dataset)))
+        return in_place_split
     lease, _ = ensure_copy(dataset, manifest, digest, cache, verify=False)
     entry = dataset_entry(cache.root, manifest["dataset_id"], digest)
     try:
@@ -145,6 +165,7 @@ def open_split(dataset: Location, split: str, cache: NodeCache, manifest_digest:
         lease.release()
         raise
     split_view.lease = lease
+    split_view.images = image_source(manifest, entry)
     assert len(split_view) == split_rows(counts), "the shards hold other rows than the manifest counts"
     return split_view
 
@@ -156,7 +177,7 @@ def ensure_copy(
     the shared hold on it and what filling did. The hold is never given up to fill: filling takes a lock of its own
     (node_cache.filling), so ranks that read the copy for their whole life never keep another rank of the node, which
     found the copy incomplete a moment before, waiting forever; the second filler finds the copy whole and goes on."""
-    entries = shard_entries(manifest)
+    entries = copied_entries(manifest)
     entry = dataset_entry(cache.root, manifest["dataset_id"], manifest_digest)
     digests = cache.root if verify else None
     lease = Lease(entry)
@@ -232,7 +253,7 @@ def fill(dataset: Location, manifest: dict[str, Any], entry: Path, cache: NodeCa
     """Make the copy whole (the caller holds its fill lock, node_cache.filling): keep each file that matches what
     contents.json lists (by size, and with `verify` by digest), fetch (or convert) the others, then write contents.json
     last."""
-    entries, algorithm = shard_entries(manifest), manifest["digest_algorithm"]
+    entries, algorithm = copied_entries(manifest), manifest["digest_algorithm"]
     listed = {f["path"]: f for f in (read_contents(entry) or {"files": []})["files"]}
     (entry / CONTENTS).unlink(missing_ok=True)
     filled, files, missing = Filled(), [], []
@@ -257,7 +278,7 @@ def fill(dataset: Location, manifest: dict[str, Any], entry: Path, cache: NodeCa
 def make_room(manifest: dict[str, Any], entry: Path, cache: NodeCache, missing: list[dict[str, Any]]) -> list[str]:
     """Remove least recently used copies until the missing files fit under launch.node_cache_max_gb; a dataset
     larger than the cap stops here."""
-    whole = sum(copy_bytes(manifest, e) for e in shard_entries(manifest))
+    whole = sum(copy_bytes(manifest, e) for e in copied_entries(manifest))
     if whole > cache.max_bytes:
         raise UserError(
             f"dataset {manifest['dataset_id']} needs {whole / 1e9:.2f} GB in the node cache ({cache.root}), more "

@@ -18,16 +18,19 @@ from storage.location import Location, join
 VerifyMode = Literal["full", "size"]
 
 
-def read_manifest(base: Location, schema: str) -> tuple[dict[str, Any], str]:
-    """(manifest, digest of its bytes) of the directory `base`; refuses an unknown schema."""
+def read_manifest(base: Location, schema: str | tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    """(manifest, digest of its bytes) of the directory `base`; refuses a schema that is not `schema` (or one of
+    them)."""
     url = join(base, layout.MANIFEST)
     try:
         raw = read_bytes(url)
     except FileNotFoundError:
         raise UserError(f"{url}: missing; the directory is incomplete (re-run the step that writes it)") from None
     doc = json.loads(raw)
-    if doc.get("schema") != schema:
-        raise UserError(f"{url}: schema {doc.get('schema')!r} is not {schema!r}; written by another Tandem version")
+    known = (schema,) if isinstance(schema, str) else schema
+    if doc.get("schema") not in known:
+        expected = " or ".join(repr(k) for k in known)
+        raise UserError(f"{url}: schema {doc.get('schema')!r} is not {expected}; written by another Tandem version")
     return doc, digest_bytes(raw, doc["digest_algorithm"])
 
 
@@ -64,7 +67,7 @@ def verify_dataset(url: Location, mode: VerifyMode = "full", manifest_digest: st
 
     With `manifest_digest` (from spec.json), the manifest itself must be the one the run was planned with.
     """
-    manifest, digest = read_manifest(url, layout.DATASET_SCHEMA)
+    manifest, digest = read_manifest(url, layout.DATASET_SCHEMAS)
     if manifest_digest is not None and digest != manifest_digest:
         raise UserError(
             f"{join(url, layout.MANIFEST)}: digest mismatch: expected {manifest_digest}, got {digest}; "

@@ -31,6 +31,10 @@ SHARD_SCHEMA = pa.schema(
     [("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())), ("length", pa.int32())]
 )
 PACKED_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("segments", pa.list_(pa.int32())))
+# A dataset with images: each row names its images in order (`images`: their staged names, `{digest}.{ext}` under
+# the dataset's images/) and each one's `<|image_pad|>` tokens (`image_tokens`), which stand in `input_ids`.
+IMAGE_COLUMNS = [pa.field("images", pa.list_(pa.string())), pa.field("image_tokens", pa.list_(pa.int32()))]
+ExampleImages = tuple[tuple[str, ...], tuple[int, ...]]  # an example's image names and each one's tokens
 # A preference row (data.preference=pairs): `segments` is [prompt, chosen, rejected] tokens of a pair, or [prompt,
 # answer, 0] of KTO feedback, one after the other in input_ids; `feedback` is -1 for a pair, else the label (1
 # desirable, 0 undesirable).
@@ -40,11 +44,14 @@ FileEntry = dict[str, Any]
 
 
 class Row(NamedTuple):
-    """One row of a shard: its tokens, their labels, and the lengths of the examples in it (one, unpacked)."""
+    """One row of a shard: its tokens, their labels, the lengths of the examples in it (one, unpacked), and its
+    images' names and tokens, in order (none in a dataset without images)."""
 
     input_ids: Sequence[int]
     labels: Sequence[int]
     segments: Sequence[int]
+    images: Sequence[str] = ()
+    image_tokens: Sequence[int] = ()
 
 
 def row(input_ids: Sequence[int], labels: Sequence[int]) -> Row:
@@ -68,13 +75,17 @@ class SplitWriter:
         algorithm: str,
         on_write: Callable[[FileEntry], None],
         packed: bool = False,
+        images: bool = False,
     ) -> None:
         self.base, self.split, self.shard_rows, self.algorithm = base, split, shard_rows, algorithm
-        self.on_write, self.packed = on_write, packed
+        self.on_write, self.packed, self.images = on_write, packed, images
+        self._images: list[ExampleImages] = []  # per example, with `images`
         self.preference = False  # PreferenceWriter's rows
         self._pending_feedback = np.zeros(0, dtype=np.int8)  # their labels, until their shard is written
         self.files: list[FileEntry] = []
         self.counts = {"records": 0, "rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0}
+        if images:
+            self.counts.update({"images": 0, "image_tokens": 0})
         self._ids: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []  # per example
@@ -89,11 +100,18 @@ class SplitWriter:
         lengths: np.ndarray,
         truncated: np.ndarray,
         sizes: np.ndarray | None = None,
+        images: Sequence[ExampleImages] = (),
     ) -> None:
-        """Append rows: flat ids and labels, one length per example, and how many consecutive examples make
-        each row (`sizes`; None: one each, the only choice for an unpacked writer)."""
+        """Append rows: flat ids and labels, one length per example, how many consecutive examples make each row
+        (`sizes`; None: one each, the only choice for an unpacked writer), and each example's images (a writer of
+        `images`)."""
         if not len(lengths):
             return
+        if self.images:
+            assert len(images) == len(lengths), "one entry of images per example"
+            self._images.extend(images)
+            self.counts["images"] += sum(len(names) for names, _ in images)
+            self.counts["image_tokens"] += sum(sum(tokens) for _, tokens in images)
         if sizes is None:
             sizes = np.ones(len(lengths), dtype=np.int64)
         assert self.packed or bool((sizes == 1).all()), "an unpacked split holds one example per row"
@@ -125,14 +143,17 @@ class SplitWriter:
         )
         examples = int(sizes[:rows].sum())
         tokens = int(lengths[:examples].sum())
-        self._write(ids[:tokens], labels[:tokens], lengths[:examples], sizes[:rows])
+        pictures, self._images = self._images[:examples], self._images[examples:]
+        self._write(ids[:tokens], labels[:tokens], lengths[:examples], sizes[:rows], pictures)
         rest = rows < len(sizes)
         self._ids, self._labels, self._lengths, self._sizes = (
             ([ids[tokens:]], [labels[tokens:]], [lengths[examples:]], [sizes[rows:]]) if rest else ([], [], [], [])
         )
         self._rows = len(sizes) - rows
 
-    def _write(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, sizes: np.ndarray) -> None:
+    def _write(
+        self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, sizes: np.ndarray, pictures: list[ExampleImages]
+    ) -> None:
         started = time.monotonic()
         example_ends = np.cumsum(lengths, dtype=np.int64)
         row_ends = np.cumsum(sizes, dtype=np.int64)
@@ -150,6 +171,8 @@ class SplitWriter:
         elif self.packed:
             segment_offsets = pa.array(np.concatenate(([0], row_ends)).astype(np.int32))
             columns.append(pa.ListArray.from_arrays(segment_offsets, pa.array(lengths.astype(np.int32))))
+        if self.images:
+            columns += image_columns(pictures, row_ends)
         data = encode_shard(pa.RecordBatch.from_arrays(columns, schema=self.schema))
         relpath = layout.shard_name(self.split, len(self.files))
         write_bytes_atomic(join(self.base, relpath), data)
@@ -163,7 +186,19 @@ class SplitWriter:
         """The Arrow schema of this writer's shards."""
         if self.preference:
             return PREFERENCE_SHARD_SCHEMA
-        return PACKED_SHARD_SCHEMA if self.packed else SHARD_SCHEMA
+        schema = PACKED_SHARD_SCHEMA if self.packed else SHARD_SCHEMA
+        for column in IMAGE_COLUMNS if self.images else []:
+            schema = schema.append(column)
+        return schema
+
+
+def image_columns(pictures: list[ExampleImages], row_ends: np.ndarray) -> list[pa.Array]:
+    """The `images` and `image_tokens` columns of rows whose examples end at `row_ends` (each row's examples' images,
+    in order)."""
+    starts = np.concatenate(([0], row_ends[:-1]))
+    names = [[n for names, _ in pictures[a:b] for n in names] for a, b in zip(starts, row_ends, strict=True)]
+    tokens = [[t for _, counts in pictures[a:b] for t in counts] for a, b in zip(starts, row_ends, strict=True)]
+    return [pa.array(names, type=pa.list_(pa.string())), pa.array(tokens, type=pa.list_(pa.int32()))]
 
 
 class PreferenceWriter(SplitWriter):
@@ -211,12 +246,24 @@ def encode_shard(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def examples_of(rows: Iterable[Row]) -> list[Row]:
-    """Each example of the rows as a row of its own, in order (a packed row cut at its boundaries)."""
+def examples_of(rows: Iterable[Row], image_token: int = -1) -> list[Row]:
+    """Each example of the rows as a row of its own, in order (a packed row cut at its boundaries); a row's images go
+    to the examples whose tokens hold them (`image_token`: the id of a vision-language model's `<|image_pad|>`, one
+    run of them per image)."""
     out: list[Row] = []
-    for ids, labels, segments in rows:
-        start = 0
-        for length in segments:
-            out.append(row(ids[start : start + length], labels[start : start + length]))
+    for packed in rows:
+        start, images = 0, iter(zip(packed.images, packed.image_tokens, strict=True))
+        for length in packed.segments:
+            ids = packed.input_ids[start : start + length]
+            example = row(ids, packed.labels[start : start + length])
+            if packed.images:
+                own = [next(images) for _ in range(image_runs(ids, image_token))]
+                example = example._replace(images=[n for n, _ in own], image_tokens=[t for _, t in own])
+            out.append(example)
             start += length
     return out
+
+
+def image_runs(ids: Sequence[int], image_token: int) -> int:
+    """Runs of `image_token` in `ids`: the images whose tokens they hold."""
+    return sum(1 for i, token in enumerate(ids) if token == image_token and (i == 0 or ids[i - 1] != image_token))

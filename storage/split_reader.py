@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
@@ -21,6 +22,22 @@ import pyarrow as pa
 from storage.shards import Row
 
 COLUMNS = ("input_ids", "labels", "length")
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a split's images are read on this node (the dataset's `images/` in place, or the node cache copy's)
+    and the pixel settings they were staged with (the manifest's `images`: data.image_min_pixels and
+    data.image_max_pixels)."""
+
+    folder: Path
+    min_pixels: int
+    max_pixels: int
+    sources: dict[str, str] = field(default_factory=dict)  # each image's name: where it was staged from
+
+    def label(self, name: str) -> str:
+        """What a person knows an image by: its file name where it was staged from (else its staged name)."""
+        return self.sources.get(name, name).rsplit("/", 1)[-1]
 
 
 class ShardError(ValueError):
@@ -58,6 +75,12 @@ class Shard:
         self.feedback: np.ndarray | None = None
         if "feedback" in batch.schema.names:
             self.feedback = batch.column(batch.schema.names.index("feedback")).to_numpy()
+        # A dataset with images: each row's image names and tokens (small: decoded whole, as Python lists).
+        self.images: list[list[str]] | None = None
+        self.image_tokens: list[list[int]] | None = None
+        if "images" in batch.schema.names:
+            self.images = batch.column(batch.schema.names.index("images")).to_pylist()
+            self.image_tokens = batch.column(batch.schema.names.index("image_tokens")).to_pylist()
         self.rows = batch.num_rows
 
     def row(self, index: int) -> Row:
@@ -67,7 +90,10 @@ class Shard:
             segments = [end - start]
         else:
             segments = self.segments[self.segment_offsets[index] : self.segment_offsets[index + 1]].tolist()
-        return Row(self.ids[start:end].tolist(), self.labels[start:end].tolist(), segments)
+        ids, labels = self.ids[start:end].tolist(), self.labels[start:end].tolist()
+        if self.images is None or self.image_tokens is None:
+            return Row(ids, labels, segments)
+        return Row(ids, labels, segments, self.images[index], self.image_tokens[index])
 
 
 class Split(Sequence[Row]):
@@ -77,6 +103,7 @@ class Split(Sequence[Row]):
         self.shards = shards
         self.examples = examples
         self.lease: object | None = None  # a node cache copy's hold (storage/node_cache.py Lease), kept while read
+        self.images: ImageSource | None = None  # where its rows' images are read (a dataset with images)
         self._starts = list(itertools.accumulate((shard.rows for shard in shards), initial=0))
 
     def close(self) -> None:

@@ -109,7 +109,7 @@ def publish_model_card(
 ) -> None:
     """Write {run}/model_card.md and publish it as a Prefect artifact."""
     doc = {**read_entry(storage, model, version), "url": str(url)}
-    manifest = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMA)[0]
+    manifest = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMAS)[0]
     card = model_card(spec, doc, manifest, loss_plot, read_adapter_summary(layout.final_dir(spec.run)), answers)
     write_bytes_atomic(join(spec.run, layout.MODEL_CARD), card.encode())
     create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")

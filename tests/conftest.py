@@ -242,6 +242,27 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str | None] | None = No
 
 
 @pytest.fixture(scope="session")
+def qwen25_vl(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen2.5-VL-3B-Instruct laid out as published (tests/published_vision.py: every key of its config.json, its
+    processor files, sharded bf16 safetensors), its sizes scaled down and the tiny model's tokenizer (Qwen2.5's vision
+    tokens among its own)."""
+    from tests.published_vision import QWEN25_VL_3B_INSTRUCT, write_vision_published
+
+    out = tmp_path_factory.mktemp("published") / "Qwen2.5-VL-3B-Instruct-scaled"
+    return str(write_vision_published(out, Path(tiny_model), QWEN25_VL_3B_INSTRUCT))
+
+
+@pytest.fixture(scope="session")
+def qwen3_vl(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen3-VL-4B-Instruct laid out as published (its language model's keys under text_config, deepstack mergers),
+    scaled down as qwen25_vl is."""
+    from tests.published_vision import QWEN3_VL_4B_INSTRUCT, write_vision_published
+
+    out = tmp_path_factory.mktemp("published") / "Qwen3-VL-4B-Instruct-scaled"
+    return str(write_vision_published(out, Path(tiny_model), QWEN3_VL_4B_INSTRUCT))
+
+
+@pytest.fixture(scope="session")
 def staged(tmp_path_factory, tiny_model):
     """The session's tiny model and the sample data, staged once for every test that runs real ranks."""
     from tests.distributed.harness import stage

@@ -124,3 +124,28 @@ def test_prepare_reaches_s3_through_the_storage_options_alone(
     manifest = read_json(s3_bucket.with_url(rows["manifest"]))
     assert [source["url"] for source in manifest["sources"]] == [f"{chats}/part-0.jsonl"]
     assert manifest["records"]["staged"] == 40 and rows["dataset"] == manifest["dataset_id"]
+
+
+def test_an_image_set_is_never_staged_as_text_for_a_text_only_model(tmp_path, tiny_model, prefect_server) -> None:
+    """The issue's report, as a user meets it: LLaMA-Factory's mllm_demo layout for a text model used to stage 24
+    records as text (the images column dropped, `<image>` left in the prompt); now one line naming the record and the
+    model, exit 2, nothing staged."""
+    storage = tmp_path / "storage"
+    demo = Path(__file__).resolve().parents[1] / "data" / "mllm_demo" / "dataset_info.json"
+    result = run_cli(
+        "flows.prepare",
+        "--data",
+        f"{demo}#mllm_demo",
+        "--storage",
+        str(storage),
+        "--set",
+        f"model.name_or_path={tiny_model}",
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [
+        f"error: {demo.parent / 'mllm_demo.json'}[0]: a record with images, but {tiny_model} is a text-only model (its "
+        "config.json has no vision_config); train a vision-language model (Qwen2.5-VL, Qwen3-VL) or give data without "
+        "images"
+    ]
+    assert not list(storage.glob("datasets/ds-*"))

@@ -23,6 +23,7 @@ import torch
 
 from config.deepspeed import ModelShape, resolve_from_runtime
 from storage.spec import Spec
+from trainer.images import ImageInputs
 from trainer.metrics import log_memory
 from trainer.model.build import build_model, compile_model
 from trainer.model.choices import Choices, resolve
@@ -39,14 +40,16 @@ from trainer.watch.faults import Faults
 @dataclass
 class Built:
     """A rank's built run: the DeepSpeed engine (`engine`; DeepSpeed ships no types), the pad id, the choices it was
-    built with, a mixture of experts' router balance (None for a dense model), and under ZeRO-3 the partitioned load,
-    kept alive for the run (trainer/model/load.py)."""
+    built with, a mixture of experts' router balance (None for a dense model), under ZeRO-3 the partitioned load,
+    kept alive for the run (trainer/model/load.py), and a vision-language model's image inputs (trainer/images.py;
+    None for a causal LM)."""
 
     engine: Any
     pad_id: int
     choices: Choices
     router: RouterBalance | None
     partitioned: PartitionedLoad | None
+    images: ImageInputs | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -66,7 +69,10 @@ def build_engine(spec: Spec, dist: Dist, faults: Faults) -> Built:
     router = parallelize(model, spec.config.train, dist, choices.zero_stage, faults)
     compile_model(model, spec)
     engine = initialize(model, spec, ds, dist)
-    return Built(engine, pad_id, choices, router, partitioned)
+    images = ImageInputs.of(
+        spec.model_path, model_config(spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
+    )
+    return Built(engine, pad_id, choices, router, partitioned, images)
 
 
 def deepspeed_config(spec: Spec, choices: Choices) -> dict[str, Any]:

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import array
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -40,7 +40,7 @@ from storage.local_dataset import open_split
 from storage.node_cache import node_cache
 from storage.shards import IGNORE_INDEX, Row
 from storage.spec import Spec
-from storage.split_reader import Split
+from storage.split_reader import ImageSource, Split
 
 
 def split_of(spec: Spec, split: str) -> Split:
@@ -60,7 +60,9 @@ def sample_rows(rows: int, count: int) -> list[int]:
 class Batch:
     """A padded micro-batch; `position_ids` restart at every example's start when a row holds several. A flattened
     one (`collate_flat`) also carries its examples' boundaries: `cu_seqlens` (int32, the offsets of each example's
-    start and of the end) and `max_length` (its longest example's tokens)."""
+    start and of the end) and `max_length` (its longest example's tokens). A vision-language model's (trainer/
+    images.py) carries its images' `pixel_values` and `image_grid_thw`, and 3-D `position_ids` always: (3, rows,
+    tokens) beside the padding mask, or (4, rows, tokens), text positions first, for packed and flattened rows."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -68,23 +70,28 @@ class Batch:
     position_ids: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     max_length: int = 0
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+    @property
+    def padded(self) -> bool:
+        """Whether the model reads the padding mask (else the positions: packed or flattened rows)."""
+        positions = self.position_ids
+        return positions is None or (positions.ndim == 3 and positions.shape[0] == 3)
 
     def model_inputs(self, device: torch.device) -> dict[str, Any]:
         """The forward pass's arguments: the padding mask, or for packed rows the restarting positions alone
         (transformers builds the block-diagonal mask from them only without a mask and without a cache). No key-value
         cache either way: a loss needs none, and with train.compile its per-layer state would recompile every layer."""
         # Copies queued, not waited for (the host tensors are not written again); on the CPU `to` is a no-op.
-        if self.position_ids is None:
-            return {
-                "input_ids": self.input_ids.to(device, non_blocking=True),
-                "attention_mask": self.attention_mask.to(device, non_blocking=True),
-                "use_cache": False,
-            }
-        inputs = {
-            "input_ids": self.input_ids.to(device, non_blocking=True),
-            "position_ids": self.position_ids.to(device, non_blocking=True),
-            "use_cache": False,
-        }
+        inputs: dict[str, Any] = {"input_ids": self.input_ids.to(device, non_blocking=True), "use_cache": False}
+        if self.padded:
+            inputs["attention_mask"] = self.attention_mask.to(device, non_blocking=True)
+        if self.position_ids is not None:
+            inputs["position_ids"] = self.position_ids.to(device, non_blocking=True)
+        if self.pixel_values is not None and self.image_grid_thw is not None:
+            inputs["pixel_values"] = self.pixel_values.to(device, non_blocking=True)
+            inputs["image_grid_thw"] = self.image_grid_thw.to(device, non_blocking=True)
         if self.cu_seqlens is not None:
             # transformers' flash-attention path takes these as they are (FlashAttentionKwargs), so no layer reads
             # the boundaries back from the position ids on the device.
@@ -113,14 +120,14 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     packed = any(len(row.segments) > 1 for row in rows)
     positions = torch.zeros((len(rows), width), dtype=torch.long) if packed else None
-    for index, (row_ids, row_labels, segments) in enumerate(rows):
-        n = len(row_ids)
-        ids[index, :n] = torch.tensor(row_ids)
-        labels[index, :n] = torch.tensor(row_labels)
+    for index, row in enumerate(rows):
+        n = len(row.input_ids)
+        ids[index, :n] = torch.tensor(row.input_ids)
+        labels[index, :n] = torch.tensor(row.labels)
         mask[index, :n] = 1
         if positions is not None:
             start = 0
-            for length in segments:
+            for length in row.segments:
                 positions[index, start : start + length] = torch.arange(length)
                 if start:
                     labels[index, start] = IGNORE_INDEX  # predicted from the previous example's last token
@@ -198,11 +205,19 @@ def deal_by_length(
     return dealt
 
 
+class Images(Protocol):
+    """What adds a vision-language model's images to a micro-batch (trainer/images.py `ImageInputs`)."""
+
+    def attach(self, batch: Batch, rows: Sequence[Row], source: ImageSource | None) -> Batch:
+        """`batch`, collated from `rows`, with their images' pixels and the rows' 3-D positions."""
+        ...
+
+
 @dataclass(frozen=True)
 class Dealing:
     """How an optimizer step's rows are dealt: the step (0-based), rows per micro-batch, micro-batches per rank, this
-    rank's place among the ranks that read different rows (`rank` of `world`), the pad id, and whether rows are
-    grouped by length (train.length_grouping)."""
+    rank's place among the ranks that read different rows (`rank` of `world`), the pad id, whether rows are
+    grouped by length (train.length_grouping), and a vision-language model's images (None: text only)."""
 
     step: int
     micro: int
@@ -211,6 +226,7 @@ class Dealing:
     world: int
     pad_id: int
     group_by_length: bool = True
+    images: Images | None = None
 
     def groups(self, rows: Sequence[Row], order: GlobalOrder) -> tuple[list[int], list[list[int]]]:
         """(the step's global row indices, this rank's micro-batches of them); only the step's lengths are read."""
@@ -231,4 +247,21 @@ def rank_micro_batches(
     lengths and this rank's rows are read. `flat`: each micro-batch one padding-free row (`collate_flat`)."""
     layout = collate_flat if flat else collate
     for group in dealing.groups(rows, order)[1]:
-        yield layout([rows[i] for i in group], dealing.pad_id)
+        yield batch_of([rows[i] for i in group], dealing.pad_id, layout, dealing.images, image_source(rows))
+
+
+def batch_of(
+    rows: list[Row],
+    pad_id: int,
+    layout: Callable[[list[Row], int], Batch],
+    images: Images | None,
+    source: ImageSource | None = None,
+) -> Batch:
+    """The rows collated by `layout` (collate or collate_flat), with their images when the model reads them."""
+    batch = layout(rows, pad_id)
+    return batch if images is None else images.attach(batch, rows, source)
+
+
+def image_source(rows: Sequence[Row]) -> ImageSource | None:
+    """Where a split's images are read (None for rows that are not a split's, or a dataset without images)."""
+    return rows.images if isinstance(rows, Split) else None

@@ -105,6 +105,7 @@ class Run:
             self.dist.data_world,
             self.built.pad_id,
             self.train.length_grouping,
+            self.built.images,  # a vision-language model's images, read in the prefetch's worker
         )
         return [sequence_parallel.shard(b, self.dist) for b in self.objective.deal(self.examples, self.order, dealing)]
 
@@ -227,7 +228,7 @@ def final_eval(run: Run) -> Metrics:
     engine.eval()
     examples = split_of(run.spec, "eval")
     rows = sample_rows(len(examples), eval_cfg.final_eval_rows)
-    options = EvalOptions(eval_cfg.batch_size, run.built.pad_id, lockstep=run.built.choices.zero3)
+    options = EvalOptions(eval_cfg.batch_size, run.built.pad_id, run.built.choices.zero3, run.built.images)
     result = run.objective.evaluate(engine, examples, rows, run.dist, options)
     engine.train()
     return result

@@ -42,6 +42,21 @@ class ModelConfig(Section):
         "the export. Only for a directory whose code you have read: it runs with the run's permissions. The code "
         "files are among the base model's checked files (base_model.json) and are copied into the export.",
     )
+    freeze_vision_tower: bool = Field(
+        True,
+        description="Vision-language models: keep the vision tower's weights as they are (LoRA puts no adapter on "
+        "it; full fine-tuning does not train it). LLaMA-Factory's name and default.",
+    )
+    freeze_multi_modal_projector: bool = Field(
+        True,
+        description="Vision-language models: keep the merger that projects image features into the language model "
+        "(Qwen's visual.merger, and Qwen3-VL's deepstack mergers) as it is. LLaMA-Factory's name and default.",
+    )
+    freeze_language_model: bool = Field(
+        False,
+        description="Vision-language models: keep the language model (its embeddings, decoder layers and output "
+        "layer) as it is, to train only the vision side. LLaMA-Factory's name and default.",
+    )
 
 
 class LoraConfig(Section):

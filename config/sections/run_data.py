@@ -73,6 +73,7 @@ COLUMN_NAMES = (
     "chosen",
     "rejected",
     "kto_tag",
+    "images",
 )
 # A source naming one entry of a LLaMA-Factory dataset_info.json: path/dataset_info.json#name.
 CATALOG_ENTRY = re.compile(r"^(?P<path>.+\.json)#(?P<name>[^#/]+)$")
@@ -87,7 +88,7 @@ def check_mapping(value: dict[str, str], names: tuple[str, ...], where: str = ""
         raise ValueError(
             f"{where + ': ' if where else ''}unknown name {unknown[0]!r}; the names are LLaMA-Factory's: "
             f"{', '.join(names)} "
-            "(images and audio columns are not read: Tandem trains text models)"
+            "(videos and audios columns are not read: Tandem trains on text and images)"
         )
     return value
 
@@ -211,7 +212,8 @@ class DataConfig(Section):
     columns: Columns = Field(
         default_factory=dict,
         description="Where the format's fields are in records whose keys differ, by LLaMA-Factory's names: prompt, "
-        "query, response, system, history (alpaca), messages, system, tools (sharegpt, openai, qwen), prompt (text); "
+        "query, response, system, history (alpaca), messages, system, tools, images (sharegpt, openai, qwen), prompt "
+        "(text); "
         "for preference data (see data.preference) chosen, rejected and kto_tag (alpaca, sharegpt, openai, qwen). "
         "Example: {prompt: question, response: answer}. Needs data.format.",
     )
@@ -231,6 +233,19 @@ class DataConfig(Section):
         "concat",
         description="How data.sources are mixed: concat (one after the other, in order) or interleave (records "
         "taken in turn by weight, stopping when the first source runs out, like LLaMA-Factory's interleave_under).",
+    )
+    image_max_pixels: int = Field(
+        768 * 768,
+        gt=0,
+        description="Vision-language models: an image larger than this many pixels is scaled down (its aspect ratio "
+        "kept) before it is cut into patches, as Qwen's processor's max_pixels does; with image_min_pixels it decides "
+        "each image's tokens, counted at staging (LLaMA-Factory's image_max_pixels and default).",
+    )
+    image_min_pixels: int = Field(
+        32 * 32,
+        gt=0,
+        description="Vision-language models: an image smaller than this many pixels is scaled up (Qwen's min_pixels; "
+        "LLaMA-Factory's image_min_pixels and default).",
     )
     packing: bool | None = Field(
         None,
@@ -263,6 +278,15 @@ class DataConfig(Section):
     @classmethod
     def _no_url_password(cls, value: object, info: ValidationInfo) -> object:
         return refuse_url_password(value, f"data.{info.field_name}")
+
+    @model_validator(mode="after")
+    def _image_pixels(self) -> DataConfig:
+        if self.image_min_pixels > self.image_max_pixels:
+            raise ValueError(
+                f"data.image_min_pixels ({self.image_min_pixels}) must not exceed data.image_max_pixels "
+                f"({self.image_max_pixels}); lower the first or raise the second"
+            )
+        return self
 
     @model_validator(mode="after")
     def _pairs_unpacked(self) -> DataConfig:

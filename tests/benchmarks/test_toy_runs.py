@@ -251,6 +251,17 @@ def test_bench_lm_tasks() -> None:
         positive(row, "seconds", "peak_gb", "requests_per_s", "ratio_to_batch_1")
 
 
+@bench
+def test_bench_vision() -> None:
+    """Images per second through the loader and through the step, at 1 and 2 ranks: small pictures, 3 steps."""
+    from tests.benchmarks import bench_vision
+
+    result = bench_vision.main(["--records", "16", "--image-size", "112", "--steps", "3", "--repeats", "1"])
+    for world in (1, 2):
+        positive(result, f"loader_images_per_s_{world}", f"step_images_per_s_{world}", f"ratio_{world}")
+        assert result[f"data_time_s_{world}"] >= 0
+
+
 @pytest.mark.parametrize("script", sorted(path.stem for path in HERE.glob("bench_*.py")))
 def test_every_benchmark_script_imports_and_parses_its_options(script: str, capsys: pytest.CaptureFixture) -> None:
     """In the default run, where the toy runs are not: an import or an option a change broke fails the build. `--help`

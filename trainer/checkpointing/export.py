@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from config.vision import PROCESSOR_FILES, PROCESSOR_TEMPLATE, is_vision_language
 from storage import layout
 from storage.checkpoints import model_manifest
 from storage.fs import exists, read_json
@@ -25,6 +26,7 @@ from trainer.checkpointing.deepspeed_io import publish_dir
 from trainer.checkpointing.streamed_export import merge_streamed, write_partitioned
 from trainer.metrics import log_memory
 from trainer.model.load import parameter_count
+from trainer.model.vision import runtime_name
 from trainer.parallel.distributed import Dist, barrier, gather_objects
 from trainer.parallel.moe import adapter_summary
 from trainer.watch.faults import NO_FAULTS, Faults
@@ -139,13 +141,21 @@ def copy_model_code(model_path: str, out: str) -> list[str]:
 
 
 def save_tokenizer(model_path: str, out: str, chat_template: str | None, *, trust_remote_code: bool = False) -> None:
-    """The base model's tokenizer, with `chat_template` replacing its own when given, saved to `out`."""
+    """The base model's tokenizer, with `chat_template` replacing its own when given, saved to `out`, and a
+    vision-language model's processor files beside it (its image processor's config, its chat template: `chat_template`
+    there too when given), so the export loads with AutoImageProcessor and AutoTokenizer as the base does."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(out)
+    for name in PROCESSOR_FILES:
+        if os.path.isfile(os.path.join(model_path, name)):
+            shutil.copyfile(os.path.join(model_path, name), os.path.join(out, name))
+    if chat_template is not None and os.path.isfile(os.path.join(out, PROCESSOR_TEMPLATE)):
+        with open(os.path.join(out, PROCESSOR_TEMPLATE), "w", encoding="utf-8") as handle:
+            json.dump({"chat_template": chat_template}, handle, indent=2)
 
 
 def merge_adapter(
@@ -165,9 +175,9 @@ def merge_adapter(
 
     os.makedirs(out, exist_ok=True)
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    merge_streamed(
-        model_path, adapter_dir, out, dtype, shard_bytes, tied=bool(getattr(config, "tie_word_embeddings", False))
-    )
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    rename = runtime_name if is_vision_language(config.to_dict()) else str
+    merge_streamed(model_path, adapter_dir, out, dtype, shard_bytes, tied, rename)
     config.dtype = dtype
     config.save_pretrained(out)
     with contextlib.suppress(OSError):  # a base without generation_config.json

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -139,10 +139,18 @@ def lora_deltas(adapter_dir: str) -> dict[str, tuple[torch.Tensor, torch.Tensor,
 
 
 def merge_streamed(
-    model_path: str, adapter_dir: str, out: str, dtype: torch.dtype, shard_bytes: int, tied: bool
+    model_path: str,
+    adapter_dir: str,
+    out: str,
+    dtype: torch.dtype,
+    shard_bytes: int,
+    tied: bool,
+    rename: Callable[[str], str] = str,
 ) -> None:
     """Base + LoRA adapter merged into plain weights at `out`, one base shard at a time: W + scale * B @ A (in float32,
-    then `dtype`), every other tensor as the base has it (in `dtype`)."""
+    then `dtype`), every other tensor as the base has it (in `dtype`), under the base's own names. `rename`: a base
+    tensor's name as the loaded model (and so the adapter) names it, where the two differ (Qwen2.5-VL's published
+    checkpoints: trainer/model/vision.py `runtime_name`)."""
     from safetensors import safe_open
 
     deltas = lora_deltas(adapter_dir)
@@ -158,7 +166,7 @@ def merge_streamed(
         with safe_open(file, "pt") as tensors:
             for name in names or list(tensors.keys()):
                 weight = tensors.get_tensor(name)
-                module = name.removesuffix(".weight")
+                module = rename(name).removesuffix(".weight")
                 if experts and (expert := merge_expert_weight(name, weight, experts)):
                     merged.add(expert[0])
                     weight = expert[1]

@@ -106,12 +106,12 @@ def base_figures(spec: Spec, dist: Dist, measure: Callable[[Any], dict[str, Any]
 
 
 def load_base_for_eval(spec: Spec, dist: Dist) -> Any:
-    """model.name_or_path as `from_pretrained` loads it, in the evaluation's dtype and eval mode: no adapter."""
-    from transformers import AutoModelForCausalLM
-
+    """model.name_or_path as `from_pretrained` loads it (a vision-language model's own class), in the evaluation's
+    dtype and eval mode: no adapter."""
     from trainer.evaluation.load import eval_dtype
+    from trainer.model.load import auto_class, model_config
 
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        spec.model_path, dtype=eval_dtype(dist.device), trust_remote_code=spec.config.model.trust_remote_code
-    )
+    remote = spec.config.model.trust_remote_code
+    auto = auto_class(model_config(spec.model_path, trust_remote_code=remote))
+    model: Any = auto.from_pretrained(spec.model_path, dtype=eval_dtype(dist.device), trust_remote_code=remote)
     return model.to(dist.device).eval()

@@ -13,13 +13,18 @@ process's.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
 from config.sections.results import GenerateConfig
+from config.vision import IMAGE_PLACEHOLDER
+from core.errors import UserError
 from storage.shards import IGNORE_INDEX, Row, examples_of
+from storage.split_reader import ImageSource
 from trainer.evaluation.scoring import SUMS, Sums, figures, load_scorer
-from trainer.model.generation import Generator, Sampling, row_seed
+from trainer.images import ImageInputs
+from trainer.model.generation import Generator, Pixels, Sampling, row_seed
 from trainer.parallel.distributed import Dist, dist_sum, gather_objects
 
 log = logging.getLogger(__name__)
@@ -27,13 +32,16 @@ log = logging.getLogger(__name__)
 SHOWN_ANSWERS = 5
 SHOWN_CHARS = 600
 
-Prompt = tuple[int, list[int], list[int]]  # (example index, prompt ids, reference ids)
+# (example index, prompt ids, reference ids, the prompt's images: a vision-language model's, by staged name)
+Prompt = tuple[int, list[int], list[int], tuple[str, ...]]
+# A prompt's images as the answers show them (the decoded run of image tokens of each).
+IMAGE_RUN = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
 
 
 def last_turn(example: Row) -> tuple[list[int], list[int]] | None:
     """(prompt ids, reference ids): the ids before the example's last run of target labels, and that run (its last
     assistant turn); plain text (a target from its first token) is cut in half. None when it has no target."""
-    ids, labels, _ = example
+    ids, labels = example.input_ids, example.labels
     end = next((i + 1 for i in range(len(labels) - 1, -1, -1) if labels[i] != IGNORE_INDEX), 0)
     if end == 0:
         return None
@@ -45,14 +53,15 @@ def last_turn(example: Row) -> tuple[list[int], list[int]] | None:
     return list(ids[:start]), list(labels[start:end])
 
 
-def prompts_of(split: Any, rows: list[int], max_records: int) -> list[Prompt]:
-    """At most `max_records` prompts, from these rows of the split (each row's examples, in order)."""
+def prompts_of(split: Any, rows: list[int], max_records: int, image_token: int = -1) -> list[Prompt]:
+    """At most `max_records` prompts, from these rows of the split (each row's examples, in order; `image_token`: a
+    vision-language model's image token, which tells a packed row's images apart)."""
     out: list[Prompt] = []
     for row in rows:
-        for example in examples_of([split[row]]):
+        for example in examples_of([split[row]], image_token):
             cut = last_turn(example)
             if cut is not None and len(out) < max_records:
-                out.append((len(out), *cut))
+                out.append((len(out), *cut, tuple(example.images)))
     return out
 
 
@@ -63,11 +72,18 @@ def batches_of(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
 
 
 def generate_and_score(
-    model: Any, prompts: list[Prompt], cfg: GenerateConfig, dist: Dist, ids: tuple[int, Any], seed: int = 0
+    model: Any,
+    prompts: list[Prompt],
+    cfg: GenerateConfig,
+    dist: Dist,
+    ids: tuple[int, Any],
+    seed: int = 0,
+    vision: tuple[ImageInputs, ImageSource | None] | None = None,
 ) -> dict[str, Any]:
     """eval.json's `generate`: the all-reduced scores of the answers to these prompts (`ids`: (pad id, tokenizer)),
     from the generation service (trainer/model/generation.py) on the model given; with eval.generate.temperature > 0
-    answer i is sampled with its own seed, from `seed` and i."""
+    answer i is sampled with its own seed, from `seed` and i. `vision`: a vision-language model's image inputs and
+    where the split's images are: each prompt is answered with its images, shown by their names."""
     pad_id, tokenizer = ids
     scorer = load_scorer(cfg.scorer)
     generator = Generator.of(model, tokenizer, pad_id)
@@ -77,15 +93,38 @@ def generate_and_score(
     for j, batch in enumerate(batches_of(prompts, cfg.batch_size)):
         if j % dist.world_size != dist.rank:
             continue
-        answers = generator.generate([p[1] for p in batch], sampling, [row_seed(seed, p[0]) for p in batch])
-        for (index, prompt, reference), answer in zip(batch, answers, strict=True):
-            texts = (tokenizer.decode(prompt), *tokenizer.batch_decode([reference, answer], skip_special_tokens=True))
+        pixels = batch_pixels(batch, vision)
+        answers = generator.generate([p[1] for p in batch], sampling, [row_seed(seed, p[0]) for p in batch], pixels)
+        for (index, prompt, reference, images), answer in zip(batch, answers, strict=True):
+            question = IMAGE_RUN.sub(IMAGE_PLACEHOLDER, tokenizer.decode(prompt))
+            texts = (question, *tokenizer.batch_decode([reference, answer], skip_special_tokens=True))
             sums.add(texts[0], texts[1].strip(), texts[2].strip(), scorer)
             new_tokens += len(answer)
             if index < SHOWN_ANSWERS:
-                shown.append({"index": index, **dict(zip(("prompt", "reference", "output"), texts, strict=True))})
+                answer_doc = {"index": index, **dict(zip(("prompt", "reference", "output"), texts, strict=True))}
+                shown.append(answer_doc | image_labels(images, vision))
     seconds = time.perf_counter() - started
     return reduce(sums, shown, (new_tokens, seconds), cfg, dist)
+
+
+def batch_pixels(batch: list[Prompt], vision: tuple[ImageInputs, ImageSource | None] | None) -> Pixels | None:
+    """The images of a batch of prompts, for the generation service (None when it holds none)."""
+    names = [name for prompt in batch for name in prompt[3]]
+    if vision is None or not names:
+        return None
+    inputs, source = vision
+    if source is None:
+        raise UserError("the eval prompts name images but the dataset lists none; re-stage it")
+    values, grids = inputs.pixels(names, source)
+    return Pixels(values, grids, inputs.image_token)
+
+
+def image_labels(images: tuple[str, ...], vision: tuple[ImageInputs, ImageSource | None] | None) -> dict[str, Any]:
+    """A shown answer's `images`: the names of its prompt's images (nothing for a prompt without)."""
+    if not images:
+        return {}
+    source = vision[1] if vision is not None else None
+    return {"images": [source.label(name) if source is not None else name for name in images]}
 
 
 def reduce(
@@ -123,6 +162,7 @@ def shorten(answer: dict[str, Any]) -> dict[str, Any]:
     """An answer to show: the prompt's end (where the question is) and the reference's and output's starts."""
     return {
         "index": answer["index"],
+        **({"images": answer["images"]} if "images" in answer else {}),
         "prompt": answer["prompt"][-SHOWN_CHARS:],
         "reference": answer["reference"][:SHOWN_CHARS],
         "output": answer["output"][:SHOWN_CHARS],

@@ -25,6 +25,7 @@ from storage.location import Location, is_local, join, local_path
 from storage.spec import Spec
 from trainer.checkpointing.deepspeed_io import deepspeed_layout
 from trainer.checkpointing.resume import verify_shared
+from trainer.model.load import auto_class, model_config
 from trainer.parallel.distributed import Dist
 
 log = logging.getLogger(__name__)
@@ -82,18 +83,17 @@ def load_export(model_url: Location, spec: Spec, device: torch.device) -> Any:
 
 
 def _from_pretrained(directory: str, spec: Spec, device: torch.device) -> Any:
-    from transformers import AutoModelForCausalLM
-
     dtype = eval_dtype(device)
     remote = spec.config.model.trust_remote_code  # an export of a remote-code model carries its code files
+    auto = auto_class(model_config(spec.model_path, trust_remote_code=remote))  # a vision-language model's own
     model: Any
     if os.path.exists(os.path.join(directory, "adapter_config.json")):
         from peft import PeftModel
 
-        base = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype, trust_remote_code=remote)
+        base = auto.from_pretrained(spec.model_path, dtype=dtype, trust_remote_code=remote)
         model = PeftModel.from_pretrained(base, directory)
     else:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, trust_remote_code=remote)
+        model = auto.from_pretrained(directory, dtype=dtype, trust_remote_code=remote)
     return model.to(device).eval()
 
 
@@ -116,7 +116,8 @@ def load_checkpoint_for_eval(ckpt: CompleteCheckpoint, spec: Spec, device: torch
     # Q-LoRA's adapter is evaluated on the full-precision base, exactly as its final/ export is.
     train = spec.config.train.model_copy(update={"method": method.evaluated_as, "gradient_checkpointing": False})
     remote = spec.config.model.trust_remote_code
-    model = make_trainable(load_base(spec.model_path, method=train.method, bf16=False, trust_remote_code=remote), train)
+    base = load_base(spec.model_path, method=train.method, bf16=False, trust_remote_code=remote)
+    model = make_trainable(base, train, spec.config.model)
     expected = {name for name, p in model.named_parameters() if p.requires_grad}
     missing, extra = sorted(expected - set(state)), sorted(set(state) - set(model.state_dict()))
     if extra or (missing and not tied_only(model, missing)):

@@ -17,13 +17,16 @@ from storage.fs import write_bytes_atomic
 from storage.location import join
 from storage.shards import IGNORE_INDEX, Row
 from storage.spec import Spec
+from storage.split_reader import ImageSource
+from trainer.images import ImageInputs
+from trainer.model.generation import Pixels
 from trainer.parallel.distributed import Dist, gather_objects
 
 
 def split_prompt(example: Row) -> tuple[list[int], list[int]]:
     """(prompt ids, reference ids): the ids before the first target label, and that first answer's ids. Plain
     text (data.format text) is a target from its first token: its first half is the prompt."""
-    ids, labels, _ = example
+    ids, labels = example.input_ids, example.labels
     first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
     if first == 0:
         first = max(1, len(ids) // 2)
@@ -32,8 +35,10 @@ def split_prompt(example: Row) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def greedy(model: Any, prompt: list[int], max_new_tokens: int, pad_id: int, device: torch.device) -> list[int]:
-    """The greedy continuation of one prompt (new tokens only)."""
+def greedy(
+    model: Any, prompt: list[int], max_new_tokens: int, pad_id: int, device: torch.device, pixels: Pixels | None = None
+) -> list[int]:
+    """The greedy continuation of one prompt (new tokens only), with its images (`pixels`) when it has any."""
     input_ids = torch.tensor([prompt], dtype=torch.long, device=device)
     out = model.generate(
         input_ids=input_ids,
@@ -41,12 +46,29 @@ def greedy(model: Any, prompt: list[int], max_new_tokens: int, pad_id: int, devi
         do_sample=False,
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_id,
+        **(pixels.inputs(input_ids) if pixels is not None else {}),
     )
     return out[0, len(prompt) :].tolist()
 
 
-def write_samples(model: Any, examples: list[Row], spec: Spec, dist: Dist, pad_id: int) -> str | None:
-    """Generate eval.generate_samples completions across ranks; rank 0 writes them. Returns the URL."""
+def example_pixels(example: Row, vision: tuple[ImageInputs, ImageSource | None] | None) -> Pixels | None:
+    """An example's images for generation (None when it has none)."""
+    if vision is None or not example.images or vision[1] is None:
+        return None
+    values, grids = vision[0].pixels(example.images, vision[1])
+    return Pixels(values, grids, vision[0].image_token)
+
+
+def write_samples(
+    model: Any,
+    examples: list[Row],
+    spec: Spec,
+    dist: Dist,
+    pad_id: int,
+    vision: tuple[ImageInputs, ImageSource | None] | None = None,
+) -> str | None:
+    """Generate eval.generate_samples completions across ranks (with each prompt's images: `vision`, a
+    vision-language model's image inputs and where the split's images are); rank 0 writes them. Returns the URL."""
     from transformers import AutoTokenizer
 
     count = min(spec.config.eval.generate_samples, len(examples))
@@ -56,7 +78,8 @@ def write_samples(model: Any, examples: list[Row], spec: Spec, dist: Dist, pad_i
     mine = []
     for index in range(dist.rank, count, dist.world_size):
         prompt, reference = split_prompt(examples[index])
-        completion = greedy(model, prompt, spec.config.eval.max_new_tokens, pad_id, dist.device)
+        pixels = example_pixels(examples[index], vision)
+        completion = greedy(model, prompt, spec.config.eval.max_new_tokens, pad_id, dist.device, pixels)
         mine.append(
             {
                 "index": index,

@@ -29,7 +29,8 @@ from storage.spec import Spec
 from storage.split_reader import Split
 from trainer.data import sample_rows, split_of
 from trainer.evaluation.load import is_checkpoint, load_for_eval
-from trainer.model.load import ensure_pad_token_id
+from trainer.images import ImageInputs
+from trainer.model.load import ensure_pad_token_id, model_config
 from trainer.objectives.base import EvalOptions, TrainObjective
 from trainer.objectives.registry import build
 from trainer.parallel.distributed import Dist
@@ -54,9 +55,13 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
     if spec.config.eval.generate_samples and not objective.objective.data.preference_rows:
         from trainer.evaluation.samples import write_samples
 
-        first = examples_of(itertools.islice(examples, spec.config.eval.generate_samples))
-        pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
-        result["samples_url"] = write_samples(model, first, spec, dist, pad_id)
+        remote = spec.config.model.trust_remote_code
+        images = ImageInputs.of(spec.model_path, model_config(spec.model_path, trust_remote_code=remote))
+        token = images.image_token if images is not None else -1
+        first = examples_of(itertools.islice(examples, spec.config.eval.generate_samples), token)
+        pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=remote)
+        vision = (images, examples.images) if images is not None else None
+        result["samples_url"] = write_samples(model, first, spec, dist, pad_id, vision)
     if spec.config.eval.compare_base:
         del model  # one model in memory at a time
         from trainer.evaluation.base_model import base_figures
@@ -90,11 +95,13 @@ def measure(
     """The objective's all-reduced metrics of `model` on the eval split, its generated answers' scores with
     eval.generate, and its benchmark tasks' metrics with eval.tasks (`tasks`: their index): what eval.json holds of
     the trained model and of the base model (eval.compare_base)."""
-    pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
-    options = EvalOptions(spec.config.eval.batch_size, pad_id)
+    remote = spec.config.model.trust_remote_code
+    pad_id = ensure_pad_token_id(model, spec.model_path, trust_remote_code=remote)
+    images = ImageInputs.of(spec.model_path, model_config(spec.model_path, trust_remote_code=remote))
+    options = EvalOptions(spec.config.eval.batch_size, pad_id, images=images)
     metrics: dict[str, Any] = dict(objective.evaluate(model, examples, range(len(examples)), dist, options))
     if spec.config.eval.generate.enabled:
-        metrics[GENERATE] = generate(model, examples, spec, dist, pad_id)
+        metrics[GENERATE] = generate(model, examples, spec, dist, (pad_id, images))
     if tasks is not None:
         from transformers import AutoTokenizer
 
@@ -106,17 +113,23 @@ def measure(
     return dict(metrics)
 
 
-def generate(model: torch.nn.Module, examples: Split, spec: Spec, dist: Dist, pad_id: int) -> dict[str, Any]:
+def generate(
+    model: torch.nn.Module, examples: Split, spec: Spec, dist: Dist, ids: tuple[int, ImageInputs | None]
+) -> dict[str, Any]:
     """eval.json's `generate`: answers to the prompts of rows spread over the split, scored
-    (trainer/evaluation/generate.py)."""
+    (trainer/evaluation/generate.py); `ids`: the pad id, and a vision-language model's image inputs (its prompts are
+    answered with their images)."""
     from transformers import AutoTokenizer
 
     from trainer.evaluation.generate import generate_and_score, prompts_of
 
+    pad_id, images = ids
     cfg = spec.config.eval.generate
-    prompts = prompts_of(examples, sample_rows(len(examples), cfg.max_records), cfg.max_records)
+    token = images.image_token if images is not None else -1
+    prompts = prompts_of(examples, sample_rows(len(examples), cfg.max_records), cfg.max_records, token)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.config.model.trust_remote_code)
-    return generate_and_score(model, prompts, cfg, dist, (pad_id, tokenizer), seed=spec.config.train.seed)
+    vision = (images, examples.images) if images is not None else None
+    return generate_and_score(model, prompts, cfg, dist, (pad_id, tokenizer), spec.config.train.seed, vision)
 
 
 def eval_document(spec: Spec, model_url: Location, dist: Dist, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,9 @@ log = logging.getLogger(__name__)
 
 # Model types whose logits are exactly output_layer(last hidden state): no softcapping or scaling after the layer
 # (Gemma-2's softcapping, Cohere's logit_scale), so the chunks reproduce the model's own logits. Others stay unfused.
-PLAIN_HEAD_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "mistral", "gemma"})
+PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "mistral", "gemma", "qwen2_5_vl", "qwen3_vl"}
+)
 # A micro-batch whose target positions' float32 logits fit in this many bytes takes them in one pass, kept for the
 # backward pass; a larger one is chunked and recomputed. Below it recomputation costs time and saves little memory:
 # the largest one-pass logits are under half of one 1,024-token chunk's at Qwen2.5's vocabulary (594 MiB).

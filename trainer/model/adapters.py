@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
-from config.sections.model_train import TrainConfig
+from config.sections.model_train import ModelConfig, TrainConfig
 from core.errors import UserError
 from trainer.model.load import parameter_count
+from trainer.model.vision import freeze, is_vision_model, lora_pattern, unquantized_vision
 from trainer.parallel.moe import adapter_summary, is_router, lora_target_parameters
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,8 @@ LORA_TARGETS = {
     "qwen2": _PROJECTIONS,
     "qwen3": _PROJECTIONS,
     "qwen2_moe": _PROJECTIONS,
+    "qwen2_5_vl": _PROJECTIONS,  # the language model's; trainer/model/vision.py keeps them off the vision tower
+    "qwen3_vl": _PROJECTIONS,
     "llama": _PROJECTIONS,
     "mistral": _PROJECTIONS,
     "gemma": _PROJECTIONS,
@@ -41,17 +44,24 @@ def lora_targets(model: Any, configured: list[str] | None) -> list[str]:
     return sorted(name for name in names - {"lm_head"} if not is_router(name))
 
 
-def make_trainable(model: Any, train: TrainConfig) -> Any:
-    """Wrap the base for the chosen method; returns the model whose trainable params DeepSpeed optimizes."""
+def make_trainable(model: Any, train: TrainConfig, settings: ModelConfig | None = None) -> Any:
+    """Wrap the base for the chosen method; returns the model whose trainable params DeepSpeed optimizes. A
+    vision-language model's parts train as `settings` (the model section) freeze them (trainer/model/vision.py)."""
     if train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+    vision = settings if settings is not None and is_vision_model(model) else None
     if not train.method.trains_adapters:
+        if vision is not None:
+            freeze(model, vision)
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if train.method.quantizes_base:
+        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=train.gradient_checkpointing)
+        if vision is not None:
+            unquantized_vision(model, dtype)
     targets = lora_targets(model, train.lora.target_modules)
     missing = [m for m in targets if not any(n.endswith(m) for n, _ in model.named_modules())]
     if missing:
@@ -68,7 +78,7 @@ def make_trainable(model: Any, train: TrainConfig) -> Any:
         r=train.lora.r,
         lora_alpha=train.lora.alpha,
         lora_dropout=dropout,
-        target_modules=targets,
+        target_modules=lora_pattern(model, vision, targets) if vision is not None else targets,
         target_parameters=parameters or None,
         task_type="CAUSAL_LM",
     )

@@ -15,6 +15,7 @@ from trainer.model import attention, compiled, kernels, tiled_mlp
 from trainer.model.adapters import make_trainable
 from trainer.model.choices import Choices
 from trainer.model.load import ensure_pad_token_id, load_base
+from trainer.model.vision import is_vision_model, language_model, run_vision_always, trains_vision
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,12 @@ def build_model(spec: Spec, choices: Choices, *, partitioned: bool) -> tuple[tor
     log_memory("model loaded" + (" (partitioned by ZeRO-3)" if partitioned else ""))
     pad_id = ensure_pad_token_id(base, spec.model_path, trust_remote_code=remote)
     kernels.announce(base, choices.kernels)  # on the transformers model, before PEFT wraps it
-    model = make_trainable(base, train)
+    model = make_trainable(base, train, spec.config.model)
+    vision = is_vision_model(base)
+    if vision and (choices.zero3 or trains_vision(model)):
+        run_vision_always(model)  # every rank's every pass runs the tower: ZeRO-3's gathers, its gradients
     if train.tiled_mlp:
-        tiled_mlp.tile_mlps(model)
+        tiled_mlp.tile_mlps(language_model(model) if vision else model)
     return model, pad_id
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from config.deepspeed import zero_stage
+from config.footprint import read_model_json
+from config.vision import is_vision_language
+from core.errors import UserError
 from storage.spec import Spec
 from trainer.model.attention import Attention
 from trainer.model.attention import resolve as resolve_attention
@@ -54,5 +57,26 @@ def resolve(spec: Spec, dist: Dist) -> Choices:
     train = spec.config.train
     kernels = resolve_kernels(train.kernels, dist.device)
     supervised = not train.objective.data.preference_rows
+    if is_vision_language(read_model_json(spec.model_path) or {}):
+        return Choices(
+            kernels, vision_attention(train.attention, dist), dist.device.type == "cuda", zero_stage(spec.deepspeed)
+        )
     attention = resolve_attention(train.attention, dist.device, dist.sequence_parallel, supervised=supervised)
     return Choices(kernels, attention, dist.device.type == "cuda", zero_stage(spec.deepspeed))
+
+
+def vision_attention(setting: str, dist: Dist) -> Attention:
+    """A vision-language model's attention: sdpa, its micro-batches padded (packed rows keep their examples apart by
+    their positions). The padding-free layout hands the examples' boundaries to every attention call of the model, the
+    vision tower's windows too, and sequence parallelism would split an image's tokens: both refused in one line."""
+    if dist.sequence_parallel > 1:
+        raise UserError(
+            "train.sequence_parallel_size > 1 with a vision-language model: splitting a row would split its images' "
+            "tokens from their features; set train.sequence_parallel_size=1"
+        )
+    if setting in ("flash", "varlen", "flex"):
+        raise UserError(
+            f"train.attention={setting} with a vision-language model: its padding-free micro-batches would hand the "
+            "text's boundaries to the vision tower's attention too; set train.attention to auto or sdpa (padded)"
+        )
+    return resolve_attention("sdpa", dist.device)

@@ -67,9 +67,29 @@ def nucleus(logps: torch.Tensor, top_p: float) -> torch.Tensor:
     return logps.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
+@dataclass(frozen=True)
+class Pixels:
+    """A batch's images for a vision-language model: their `pixel_values` and `image_grid_thw` (in prompt order), and
+    the id of the token each image's run of tokens is made of (what the model's 3-D positions are counted from)."""
+
+    values: torch.Tensor
+    grids: torch.Tensor
+    image_token: int
+
+    def inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """generate's image arguments for these (left-padded) prompts: the processor's token types among them."""
+        device = input_ids.device
+        types = (input_ids == self.image_token).int()
+        return {
+            "pixel_values": self.values.to(device),
+            "image_grid_thw": self.grids.to(device),
+            "mm_token_type_ids": types,
+        }
+
+
 class Generator:
-    """Answers from `model` (any causal LM with transformers' `generate`: a PEFT model, a DeepSpeed engine's module)
-    padded with `pad_id`, stopping at `stops`."""
+    """Answers from `model` (any causal LM with transformers' `generate`: a PEFT model, a DeepSpeed engine's module;
+    a vision-language model's prompts with their images) padded with `pad_id`, stopping at `stops`."""
 
     def __init__(self, model: Any, pad_id: int, stops: Sequence[int]) -> None:
         self.model, self.pad_id, self.stops = model, pad_id, sorted(set(stops))
@@ -80,9 +100,11 @@ class Generator:
         return cls(model, pad_id, stop_ids(model, tokenizer))
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[list[int]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int], pixels: Pixels | None = None
+    ) -> list[list[int]]:
         """Each prompt's new tokens up to (not including) its first stop token; `seeds`: one per prompt (unused at
-        temperature 0)."""
+        temperature 0); `pixels`: the prompts' images, in order."""
         from transformers import GenerationConfig, LogitsProcessorList
 
         width = max(len(p) for p in prompts)
@@ -98,6 +120,7 @@ class Generator:
             attention_mask=mask,
             generation_config=GenerationConfig(**config, eos_token_id=self.stops, pad_token_id=self.pad_id),
             logits_processor=processors,
+            **(pixels.inputs(input_ids) if pixels is not None else {}),
         )
         answers = []
         for row in out[:, width:].tolist():

@@ -7,8 +7,11 @@ from typing import Any
 
 import torch
 
+from config.footprint import read_model_json
 from config.methods import Method
+from config.vision import is_vision_language, unsupported
 from core.errors import UserError
+from trainer.model.vision import quantization_skips
 from trainer.parallel.moe import expert_parameters, refuse_qlora
 
 log = logging.getLogger(__name__)
@@ -75,8 +78,9 @@ def load_base(
     trust_remote_code: bool = False,
     attention: str | None = None,
 ) -> Any:
-    """The base causal LM in bf16 (GPU) or fp32 (CPU); 4-bit nf4 for Q-LoRA. Partitioned across the ranks while a
-    PartitionedLoad is alive. With `trust_remote_code` (model.trust_remote_code) the classes of the directory's own
+    """The base causal LM (or vision-language model: trainer/model/vision.py) in bf16 (GPU) or fp32 (CPU); 4-bit nf4
+    for Q-LoRA (a vision-language model's language model alone). Partitioned across the ranks while a PartitionedLoad
+    is alive. With `trust_remote_code` (model.trust_remote_code) the classes of the directory's own
     code (config.json's auto_map) are used. `attention`: transformers' attn_implementation (trainer/model/attention.py),
     None for its default.
 
@@ -89,6 +93,9 @@ def load_base(
     if attention is not None:
         kwargs["attn_implementation"] = attention
     own_code = False
+    published = read_model_json(model_path) or {}  # a vision-language model's config.json: its class, its skips
+    if (why := unsupported(published)) is not None:
+        raise UserError(f"model.name_or_path {model_path}: {why}")
     if method.quantizes_base:
         config = model_config(model_path, trust_remote_code=trust_remote_code)
         # A model's own code decides how it holds its experts (one Linear each quantizes): checked once it is built.
@@ -100,20 +107,28 @@ def load_base(
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=kwargs["dtype"],
+            llm_int8_skip_modules=quantization_skips(published),
             **({"bnb_4bit_quant_storage": kwargs["dtype"]} if zero3 else {}),
         )
-    model = _from_pretrained(model_path, kwargs)
+    model = _from_pretrained(model_path, kwargs, published)
     if own_code and expert_parameters(model):
         refuse_qlora(model_path, config)
     return model
 
 
-def _from_pretrained(model_path: str, kwargs: dict[str, Any]) -> Any:
-    """AutoModelForCausalLM.from_pretrained, its refusals of the directory as one line."""
-    from transformers import AutoModelForCausalLM
+def auto_class(config: dict[str, Any]) -> Any:
+    """The transformers auto class that loads a model of this config: AutoModelForCausalLM, or for a vision-language
+    model AutoModelForImageTextToText."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def _from_pretrained(model_path: str, kwargs: dict[str, Any], config: dict[str, Any]) -> Any:
+    """from_pretrained of the model's auto class (`auto_class`), its refusals of the directory as one line."""
+    auto = auto_class(config)
     try:
-        return AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+        return auto.from_pretrained(model_path, **kwargs)
     except (OSError, ValueError) as exc:
         if (refused := untrusted_code(model_path, exc)) is not None:
             raise refused from None

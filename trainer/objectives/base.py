@@ -40,7 +40,7 @@ from core.errors import UserError
 from storage.shards import PAIR
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer.data import Dealing, GlobalOrder
+from trainer.data import Dealing, GlobalOrder, Images
 from trainer.objectives.policy import Policy
 from trainer.objectives.sums import Sums
 from trainer.parallel.distributed import Dist
@@ -85,12 +85,13 @@ class StepResult:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How an evaluation runs its passes: rows per pass, the pad id, and `lockstep` (a ZeRO-3 engine, whose forward is
-    collective: every rank runs as many passes)."""
+    """How an evaluation runs its passes: rows per pass, the pad id, `lockstep` (a ZeRO-3 engine, whose forward is
+    collective: every rank runs as many passes), and a vision-language model's images (None: text only)."""
 
     batch_size: int
     pad_id: int
     lockstep: bool = False
+    images: Images | None = None
 
 
 # An objective's evaluation figures (eval.json's top level, the gate's metrics): numbers, its name, its reference.

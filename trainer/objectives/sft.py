@@ -11,6 +11,7 @@ evaluation of the same rows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +26,7 @@ from core.errors import UserError
 from storage.shards import Row
 from storage.spec import Spec
 from storage.split_reader import Split
-from trainer.data import Batch, Dealing, GlobalOrder, collate, collate_flat, rank_micro_batches
+from trainer.data import Batch, Dealing, GlobalOrder, batch_of, collate, collate_flat, image_source, rank_micro_batches
 from trainer.loss.chunked import LossHead
 from trainer.loss.liger import LigerLossHead
 from trainer.objectives.base import EvalOptions, Metrics, MicroLoss, StepResult
@@ -83,7 +84,7 @@ def local_sums(
     policy = Policy(model, device)
     for index in range(passes):
         group = [examples[i] for i in (batches[index] if index < len(batches) else rows.indices[:1])]
-        batch = rows.part(layout(group, options.pad_id))
+        batch = rows.part(batch_of(group, options.pad_id, layout, options.images, image_source(examples)))
         out = policy.forward(batch, loss.forward_kwargs(device))
         # A throw-away pass takes its sums too, and drops them: under ZeRO-3 the chunked loss's output layer is a
         # collective as well, called as often on every rank.
@@ -184,7 +185,7 @@ class Sft:
     ) -> Metrics:
         """Loss, perplexity and token accuracy over the rows `indices`."""
         if dist.sequence_parallel > 1:  # DeepSpeed's Ulysses: one row a pass
-            options = EvalOptions(1, options.pad_id, options.lockstep)
+            options = dataclasses.replace(options, batch_size=1)
         # A sequence group evaluates the same rows, each rank its part of them.
         share = EvalRows(indices, dist.data_rank, dist.data_world, functools.partial(shard, dist=dist), self.flat)
         loss_sum, targets, correct, count = local_sums(model, rows, share, options, dist.device, self.chunk_tokens)

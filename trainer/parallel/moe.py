@@ -80,7 +80,10 @@ def lora_target_parameters(model: Any, configured: list[str] | None) -> list[str
 def adapter_summary(peft_model: Any, trainable: int, total: int) -> AdapterSummary:
     """The summary of a PEFT model's one adapter (its config's targets, as PEFT resolved them: sets, so sorted)."""
     config = peft_model.peft_config["default"]
-    return AdapterSummary(sorted(config.target_modules or []), sorted(config.target_parameters or []), trainable, total)
+    modules = config.target_modules or []
+    # A regular expression (a vision-language model's targets: trainer/model/vision.py) is one entry, not a set.
+    modules = [modules] if isinstance(modules, str) else sorted(modules)
+    return AdapterSummary(modules, sorted(config.target_parameters or []), trainable, total)
 
 
 @dataclass

@@ -255,3 +255,41 @@ def test_the_qwen3_30b_a3b_preset_fits_its_nodes_by_the_plan() -> None:
     memory = plan(cfg, ds, QWEN3_30B_A3B, on_gpu=True)
     assert memory is not None and memory.device_bytes * (1 + PLAN_ERROR) < 80 * GB
     assert memory.device_bytes / GB == pytest.approx(8.06, abs=0.01)
+
+
+def test_a_vision_language_plan_counts_the_tower_and_a_micro_batchs_image_patches() -> None:
+    """Qwen2.5-VL-7B-Instruct as published (the vision tower's 631M and the merger's 45M among its 8.29B weights);
+    its tower's activations kept for backward only when it trains; Q-LoRA keeps the vision side in the compute dtype;
+    the preset fits its 80 GB GPUs by the plan, and a longer data.max_length is refused by it."""
+    import yaml
+
+    from config.footprint import model_params, projection_shapes
+    from config.memory_plan import NF4_BYTES
+    from config.schema import FinetuneConfig
+    from config.vision import language_view, vision_params
+    from tests.published_vision import QWEN25_VL_7B_INSTRUCT
+
+    model = language_view(QWEN25_VL_7B_INSTRUCT)
+    base = ["data.max_length=2048", "train.micro_batch_size=1"]
+    frozen = planned(base, model, on_gpu=True)
+    weights = next(t for t in frozen.device if t.what.startswith("weights"))
+    assert weights.bytes / GB == pytest.approx(16.58, abs=0.01)
+    tower = next(t for t in frozen.device if "vision tower" in t.what)
+    assert "frozen" in tower.what and tower.phase is Phase.BACKWARD
+    trained = planned([*base, "model.freeze_vision_tower=false"], model, on_gpu=True)
+    kept = next(t for t in trained.device if "vision tower" in t.what)
+    assert kept.bytes == 32 * tower.bytes  # every one of its 32 blocks keeps what one holds while it runs
+    qlora = planned([*base, "train.method=qlora"], model, on_gpu=True)
+    quantized = next(t for t in qlora.device if t.what.startswith("base weights"))
+    projections = sum(i * o for i, o in projection_shapes(model).values()) * int(model["num_hidden_layers"])
+    rest = model_params(model) - projections - vision_params(model)
+    expected = int(projections * NF4_BYTES) + rest * 4 + vision_params(model) * 2  # the vision side in bf16
+    assert "the vision side" in quantized.what and quantized.bytes == expected
+    tree = yaml.safe_load((ROOT / "config" / "presets" / "qwen2.5-vl-7b-lora.yaml").read_text())
+    tree["deepspeed"]["config"] = str(ROOT / tree["deepspeed"]["config"])
+    cfg = FinetuneConfig.model_validate(tree)
+    ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    memory = plan(cfg, ds, model, on_gpu=True)
+    assert memory is not None and memory.device_bytes * (1 + PLAN_ERROR) < 80 * GB
+    longest = longest_length(cfg, ds, model, int(80 * GB / (1 + PLAN_ERROR)))
+    assert longest is not None and cfg.data.max_length <= longest < 1_048_576

@@ -91,3 +91,25 @@ def test_benchmark_task_names_are_checked_on_the_node_before_training(tmp_path) 
     )
     with pytest.raises(UserError, match=r"^node 1: eval.tasks.include_path=.*nowhere: no such directory on "):
         check_tasks(missing, plan(1))
+
+
+def test_the_model_check_covers_a_vision_models_processor_files(tmp_path, qwen25_vl) -> None:
+    """Every node's copy of a vision-language model is held to base_model.json, its image processor's files among
+    the weights and the tokenizer's: a node whose preprocessor_config.json differs fails before training."""
+    import shutil
+
+    from launch.preflight import check_base_model
+    from storage.base_model import record_base_model
+    from tests.specs import spec_for
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen25_vl, model)
+    spec = spec_for(tmp_path, [], model=str(model))
+    digest = record_base_model(spec.run, str(model), "blake3", tmp_path / "cache")
+    spec = spec.model_copy(update={"model_manifest_digest": digest})
+    line = check_base_model(spec, plan(1))
+    assert "(the processor's chat_template.json, preprocessor_config.json among them)" in line
+    config = model / "preprocessor_config.json"
+    config.write_text(config.read_text().replace('"max_pixels": 12845056', '"max_pixels": 1000'))
+    with pytest.raises(UserError, match=r"node 1: base model: .*preprocessor_config\.json"):
+        check_base_model(spec, plan(1))

@@ -219,3 +219,35 @@ def test_benchmark_tasks_are_card_rows_with_their_standard_error_and_the_base_be
     metrics = table(model_card(spec, doc, MANIFEST, None), "Metrics")
     assert metrics["task `arc_easy`: acc"] == "0.4600 (base 0.4400, delta +0.02) ± 0.0102"
     assert metrics["task `gsm8k`: exact_match-strict-match"] == "0.1250 (base 0.2500, delta -0.125)"
+
+
+def test_an_image_models_card_shows_its_images_and_loads_it_with_its_processor(tmp_path: Path) -> None:
+    """A vision-language run: the data's images (how many, their tokens, where their digests are), each sample
+    answer's images by name beside its prompt and answer, and the snippet's image-text class and image processor."""
+    from tests.published_vision import QWEN25_VL_3B_INSTRUCT
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_VL_3B_INSTRUCT))  # the base model's config.json
+    spec = spec_for(tmp_path, [])
+    splits = {split: {**c, "images": 3, "image_tokens": 48} for split, c in MANIFEST["splits"].items()}
+    images = {"count": 6, "bytes": 4062, "patch_size": 14, "merge_size": 2, "min_pixels": 1024, "max_pixels": 589824}
+    manifest = {**MANIFEST, "splits": splits, "images": images, "digest_algorithm": "blake3"}
+    answers = [
+        {
+            "index": 0,
+            "images": ["1.png", "2.png"],
+            "prompt": "<image><image>Same shape?",
+            "reference": "No.",
+            "output": "No.",
+        },
+        {"index": 1, "prompt": "Hi", "reference": "Hello.", "output": "Hi."},
+    ]
+    card = model_card(spec, entry(spec, SFT_METRICS), manifest, None, answers=answers)
+    assert table(card, "Data")["images"] == (
+        "6 distinct (0.00 MB), 96 image tokens, at 1024-589824 pixels; each listed with its blake3 digest in the "
+        "dataset's manifest (the lineage's dataset_manifest_digest)"
+    )
+    assert "| # | image | prompt (its end) | reference | output |" in card
+    assert "| 0 | 1.png, 2.png | &lt;image>&lt;image>Same shape? | No. | No. |" in card and "| 1 |  | Hi |" in card
+    snippet = load_snippet(entry(spec, SFT_METRICS))
+    assert "base = AutoModelForImageTextToText.from_pretrained(" in snippet
+    assert f'image_processor = AutoImageProcessor.from_pretrained("{spec.run}/final", backend="pil")' in snippet

@@ -41,7 +41,7 @@ def test_an_entry_gives_its_file_format_mapping_and_cap(tmp_path) -> None:
     ("entries", "name", "reason"),
     [
         ({"a": {"file_name": "a.json", "formatting": "chatml"}}, "a", "formatting 'chatml' is not one of alpaca"),
-        ({"a": {"file_name": "a.json", "columns": {"images": "x"}}}, "a", "columns: unknown name 'images'"),
+        ({"a": {"file_name": "a.json", "columns": {"videos": "x"}}}, "a", "columns: unknown name 'videos'"),
         ({"a": {"formatting": "alpaca"}}, "a", "the entry has no file_name"),
         ({"a": {"ms_hub_url": "org/set"}}, "a", "the entry names a hub dataset (ms_hub_url: org/set)"),
         ({"a": {"file_name": "a.json"}}, "b", "no entry 'b' in the file; its entries: a"),

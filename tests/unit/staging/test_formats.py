@@ -263,9 +263,9 @@ def test_invalid_qwen_records_name_line_and_reason(tmp_path, record, reason) -> 
     [
         (
             "openai",
-            openai(("user", "hi"), ("assistant", [{"type": "image_url", "image_url": {}}])),
-            "messages[1].content[0]: only text, reasoning, tool_call and tools parts are supported (a text model), "
-            "got 'image_url'",
+            openai(("user", "hi"), ("assistant", [{"type": "input_audio", "input_audio": {}}])),
+            "messages[1].content[0]: only text, reasoning, tool_call and tools parts (and image, image_url) are "
+            "supported, got 'input_audio'",
         ),
         (
             "openai",

@@ -35,7 +35,7 @@ def test_tags_rename_turns_and_roles_of_the_conversation_and_of_a_pairs_answers(
 
 def test_a_mapping_its_format_cannot_take_says_why() -> None:
     assert Mapping("sharegpt", {"query": "q"}).problem() == (
-        "column 'query' is not one of format sharegpt's: messages, system, tools, chosen, rejected, kto_tag"
+        "column 'query' is not one of format sharegpt's: messages, system, tools, images, chosen, rejected, kto_tag"
     )
     assert Mapping("alpaca", tags={"role_tag": "r"}).problem() == "format alpaca has no turns to tag"
     assert (

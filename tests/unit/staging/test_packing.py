@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -123,7 +124,7 @@ def both(tmp_path_factory, tiny_model) -> dict[bool, object]:
 
 
 def as_examples(rows: list[Row]) -> Counter:
-    return Counter((tuple(ids), tuple(labels)) for ids, labels, _ in examples_of(rows))
+    return Counter((tuple(e.input_ids), tuple(e.labels)) for e in examples_of(rows))
 
 
 def test_packed_shards_hold_the_same_examples_in_fewer_rows(both) -> None:
@@ -181,7 +182,7 @@ def model(tiny_model):
 @pytest.mark.parametrize("chunk_tokens", [0, 64])  # full logits, and the chunked loss (train.loss_chunk_tokens)
 def test_a_packed_rows_training_loss_is_the_sum_of_its_examples_alone(both, model, chunk_tokens: int) -> None:
     rows = [row for row in load_split(both[True].url, "train") if len(row.segments) > 1]
-    tool_rows = [row for row in rows if any(len(ids) > 200 for ids, _, _ in examples_of([row]))]
+    tool_rows = [row for row in rows if any(len(e.input_ids) > 200 for e in examples_of([row]))]
     assert tool_rows, "no packed row holds a tool-calling conversation"
     pad_id = int(model.config.pad_token_id)
     head = LossHead.of(model, chunk_tokens)
@@ -281,3 +282,22 @@ def test_every_rank_sees_the_rows_the_in_memory_reader_gave_it(both, packing: bo
                 ours = rank_micro_batches(split, order, Dealing(step, 2, 3, rank, world, 0))
                 theirs = in_memory_batches(rows, 11, step, rank, world)
                 assert all(same_batch(a, b) for a, b in zip(ours, theirs, strict=True)), (world, step, rank)
+
+
+def test_packed_image_rows_keep_their_examples_images_in_order(tmp_path: Path, qwen25_vl: str) -> None:
+    """data.packing on image records: rows of max_length by their real lengths (the images' tokens counted), each
+    row's images those of its examples in their order, one run of image tokens per image."""
+    demo = Path(__file__).resolve().parents[3] / "data" / "mllm_demo"
+    data = DataConfig(source=f"{demo}/dataset_info.json#mllm_demo", max_length=256, eval_ratio=0.0, packing=True)
+    ref = stage_dataset(data, Location(str(tmp_path)), qwen25_vl, progress=lambda _: None, bars=False)
+    manifest = json.loads((Path(ref.url) / "manifest.json").read_text())
+    assert manifest["packing"] and manifest["splits"]["train"]["rows"] < 24 == manifest["splits"]["train"]["records"]
+    token = json.loads((Path(qwen25_vl) / "config.json").read_text())["image_token_id"]
+    rows = pa.ipc.open_file(Path(ref.url) / "train" / "shard-00000.arrow").read_all().to_pylist()
+    assert all(row["length"] <= 256 for row in rows)
+    for row in rows:
+        ids = row["input_ids"]
+        runs = [i for i, t in enumerate(ids) if t == token and (i == 0 or ids[i - 1] != token)]
+        assert len(runs) == len(row["images"]) == len(row["image_tokens"])
+        assert sum(t == token for t in ids) == sum(row["image_tokens"])
+    assert sum(len(row["images"]) for row in rows) == 30

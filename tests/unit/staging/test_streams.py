@@ -67,7 +67,7 @@ def test_columns_and_tags_rename_a_formats_keys(tmp_path) -> None:
     with pytest.raises(
         UserError,
         match=r"^data.source: column 'query' is not one of format sharegpt's: messages, "
-        r"system, tools, chosen, rejected, kto_tag$",
+        r"system, tools, images, chosen, rejected, kto_tag$",
     ):
         read(chat, DataConfig(format="sharegpt", columns={"query": "x"}))
     with pytest.raises(ValidationError, match=r"data.columns/tags rename the keys of one format: set data.format"):

@@ -19,6 +19,7 @@ import pytest
 from config.sections.run_data import DataConfig
 from core.errors import RetryableError, UserError
 from staging.stage import stage_dataset
+from storage import layout
 from storage.fs import filesystem, read_bytes
 from storage.local_dataset import open_split, prepare_dataset
 from storage.location import Location, join
@@ -213,3 +214,25 @@ def test_a_shard_that_cannot_be_read_is_named_in_one_line(tmp_path, tiny_model) 
         UserError, match=rf"^{shard}: not a readable dataset shard \(.+\); the file is damaged, re-stage"
     ):
         open_split(Location(ref.url), "train", cache)
+
+
+def test_a_datasets_images_come_with_its_shards_into_the_node_cache(s3_endpoint, qwen25_vl, tmp_path) -> None:
+    """An image dataset on S3: preflight fetches its images with its shards, held against their digests, and the
+    ranks read them from the copy (never from where the user kept them)."""
+    import s3fs
+
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}).mkdir("tandem-node-cache-images")
+    storage = Location("s3://tandem-node-cache-images/store", {"endpoint_url": s3_endpoint})
+    demo = Path(__file__).resolve().parents[3] / "data" / "mllm_demo"
+    data = DataConfig(source=f"{demo}/dataset_info.json#mllm_demo", max_length=256, num_proc=1)
+    ref = stage_dataset(data, storage, qwen25_vl, progress=lambda _: None, bars=False)
+    dataset, cache = located(ref, s3_endpoint), NodeCache(tmp_path / "cache", 10**9)
+    manifest = read_manifest(dataset, layout.DATASET_SCHEMAS)[0]
+    images = [e for e in manifest["files"] if e["path"].startswith("images/")]
+    assert prepare_dataset(dataset, ref.manifest_digest, cache).endswith(f"{len(manifest['files'])} fetched (0.00 GB)")
+    with open_split(dataset, "train", cache, ref.manifest_digest) as split:
+        assert split.images is not None and split.images.folder.is_relative_to(tmp_path / "cache")
+        assert sorted(p.name for p in split.images.folder.iterdir()) == sorted(e["path"][7:] for e in images)
+        row = next(r for r in split if r.images)
+        assert (split.images.folder / row.images[0]).read_bytes() == read_bytes(join(dataset, "images", row.images[0]))
+        assert split.images.label(row.images[0]).endswith((".png", ".jpg"))

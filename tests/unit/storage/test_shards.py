@@ -76,3 +76,24 @@ def test_preference_rows_keep_their_segments_and_labels(tmp_path) -> None:
 
 def test_a_manifest_from_before_packing_counts_one_row_per_record() -> None:
     assert split_rows({"records": 10}) == 10 and split_rows({"records": 10, "rows": 4}) == 4
+
+
+def test_a_rows_images_and_their_tokens_travel_with_it_packed_or_not(tmp_path) -> None:
+    """A dataset with images: each row names its images (their staged names) and tokens, a packed row its examples'
+    in order, and a packed row's examples get back their own (one run of the image token per image)."""
+    image = 7  # the image token of this test
+    writer = SplitWriter(Location(str(tmp_path)), "train", 10, "blake3", lambda _: None, packed=True, images=True)
+    examples = (([1, image, image, 2], [N, N, N, 2]), ([3, 4], [N, 4]), ([5, image, 6, image, image, 8], [N] * 5 + [8]))
+    ids, labels, lengths = flat(*examples)
+    pictures = [(("a.png",), (2,)), ((), ()), (("b.jpg", "a.png"), (1, 2))]
+    writer.add(ids, labels, lengths, np.zeros(3, dtype=bool), sizes=np.array([2, 1]), images=pictures)
+    [entry] = writer.close()
+    assert writer.counts["images"] == 3 and writer.counts["image_tokens"] == 5
+    shard = Shard(tmp_path / entry["path"])
+    first, second = shard.row(0), shard.row(1)
+    assert (first.images, first.image_tokens) == (["a.png"], [2])
+    assert (second.images, second.image_tokens) == (["b.jpg", "a.png"], [1, 2])
+    alone = examples_of([first, second], image)
+    assert [(e.images, e.image_tokens) for e in alone] == [(["a.png"], [2]), ([], []), (["b.jpg", "a.png"], [1, 2])]
+    plain = SplitWriter(Location(str(tmp_path / "plain")), "train", 10, "blake3", lambda _: None)
+    assert "images" not in plain.schema.names and "images" not in plain.counts  # a text dataset's shards as before

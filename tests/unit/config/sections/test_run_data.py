@@ -24,7 +24,10 @@ from core.errors import UserError
             ["data.sources=[{source: a.jsonl, columns: {prompt: q}}]"],
             "data.sources[].columns/tags rename the keys of one format: set data.sources[].format",
         ),
-        (["data.columns={images: pics}", "data.format=sharegpt"], "unknown name 'images'; the names are LLaMA-Factory"),
+        (
+            ["data.columns={videos: clips}", "data.format=sharegpt"],
+            "unknown name 'videos'; the names are LLaMA-Factory",
+        ),
         (["data.num_proc=300"], "data.num_proc: Input should be less than or equal to 256"),
         (["data.excess_length=cut"], "data.excess_length: Input should be 'truncate', 'drop' or 'fail'"),
     ],

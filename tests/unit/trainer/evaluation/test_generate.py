@@ -28,12 +28,12 @@ def test_the_reference_is_the_last_assistant_turn() -> None:
 def test_prompts_come_from_the_given_rows_examples_up_to_the_cap() -> None:
     packed = Row([1, 2, 3, 4, 5, 6], [X, 2, X, X, 5, 6], [2, 4])  # two examples in one row
     split = [row([7, 8], [X, 8]), packed, row([9], [X])]
-    assert prompts_of(split, [1, 2, 0], 10) == [(0, [1], [2]), (1, [3, 4], [5, 6]), (2, [7], [8])]
+    assert prompts_of(split, [1, 2, 0], 10) == [(0, [1], [2], ()), (1, [3, 4], [5, 6], ()), (2, [7], [8], ())]
     assert len(prompts_of(split, [1, 2, 0], 2)) == 2
 
 
 def test_batches_are_ordered_by_length_whatever_the_ranks() -> None:
-    prompts = [(i, [0] * length, [1]) for i, length in enumerate([5, 2, 9, 2, 7])]
+    prompts = [(i, [0] * length, [1], ()) for i, length in enumerate([5, 2, 9, 2, 7])]
     assert [[p[0] for p in batch] for batch in batches_of(prompts, 2)] == [[1, 3], [0, 4], [2]]
 
 
@@ -50,7 +50,9 @@ def test_the_answers_are_scored_in_prompt_order_with_their_cost(tiny_model) -> N
         tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
         for t in texts
     ]
-    prompts = [(i, tokenizer(text, add_special_tokens=False)["input_ids"], [5, 6]) for i, text in enumerate(rendered)]
+    prompts = [
+        (i, tokenizer(text, add_special_tokens=False)["input_ids"], [5, 6], ()) for i, text in enumerate(rendered)
+    ]
     cfg = GenerateConfig(enabled=True, max_new_tokens=6, batch_size=2)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     alone = [Generator.of(model, tokenizer, pad).generate([p[1]], Sampling(6), [0])[0] for p in prompts]

@@ -187,9 +187,9 @@ def test_variable_length_attention_gives_each_example_its_loss_alone(family: str
 def split_examples(packed: list[Row]) -> list[tuple[list[int], list[int], int]]:
     """Every example of the rows alone (input ids, labels, length)."""
     out = []
-    for ids, labels, segments in packed:
-        start = 0
-        for n in segments:
+    for row in packed:
+        ids, labels, start = row.input_ids, row.labels, 0
+        for n in row.segments:
             out.append((list(ids[start : start + n]), list(labels[start : start + n]), n))
             start += n
     return out

@@ -43,3 +43,17 @@ def test_the_variable_length_layout_is_what_flattens_micro_batches() -> None:
     assert Choices(Kernels.LIGER, Attention.VARLEN, True, 2).flat
     assert Choices(Kernels.LIGER, Attention.FLASH, True, 2).load_attention == "flash_attention_2"
     assert not Choices(Kernels.BUILTIN, Attention.FLEX, True, 3).flat
+
+
+def test_a_vision_language_model_takes_padded_micro_batches_and_refuses_what_would_split_its_images(
+    tmp_path, qwen25_vl: str
+) -> None:
+    """Padded sdpa micro-batches, `auto` included; the padding-free layout (flash, varlen: its boundaries would reach
+    the vision tower's attention) and sequence parallelism (it would split an image's tokens) refused in one line."""
+    assert resolve(spec_for(tmp_path, [], model=qwen25_vl), CPU).attention is Attention.SDPA
+    with pytest.raises(UserError, match=r"^train\.attention=varlen with a vision-language model: its padding-free"):
+        resolve(spec_for(tmp_path, ["train.attention=varlen"], model=qwen25_vl), CPU)
+    split = Dist(0, 0, 2, 0, "test", torch.device("cpu"), local_world=2, sequence_parallel=2)
+    ulysses = ["launch.nproc_per_node=2", "train.sequence_parallel_size=2", "train.micro_batch_size=1"]
+    with pytest.raises(UserError, match=r"^train\.sequence_parallel_size > 1 with a vision-language model"):
+        resolve(spec_for(tmp_path, ulysses, model=qwen25_vl), split)
