@@ -12,6 +12,7 @@ from pathlib import Path
 
 from config.chat_template import resolve_chat_template
 from config.deepspeed import ModelShape, read_deepspeed_json, resolve_from_model, resolve_from_train
+from config.objectives import PROMPT_DATA
 from config.schema import FinetuneConfig
 from config.sections.model_train import TrainConfig
 from core.checkout import code_version
@@ -19,6 +20,7 @@ from storage import layout
 from storage.base_model import record_base_model
 from storage.manifest import read_manifest
 from storage.node_cache import cache_root
+from storage.rewards import RewardRef, stage_rewards
 from storage.shards import split_rows
 from storage.spec import DatasetRef, Spec
 
@@ -60,10 +62,12 @@ def build_spec(
     model_path: str,
     dataset: DatasetRef,
     model_manifest_digest: str | None = None,
+    rewards: list[RewardRef] | None = None,
 ) -> Spec:
     """Resolve the config once: world size, DeepSpeed "auto" values, total steps, the run's location (run.storage with
     its options: every node and rank reaches the run through it); with the digest of the run's base_model.json
-    (record_model) when it was recorded."""
+    (record_model) when it was recorded. Online RL's reward files are staged under run.storage here (storage/rewards.py)
+    unless `rewards` gives them (an elastic attempt keeps its run's)."""
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
     if (shape := model_shape(model_path)) is not None:
         ds = resolve_from_model(ds, shape)
@@ -84,4 +88,12 @@ def build_spec(
         model_manifest_digest=model_manifest_digest,
         code_version=code_version(),
         chat_template=resolve_chat_template(cfg.model.chat_template),
+        rewards=rewards if rewards is not None else run_rewards(cfg),
     )
+
+
+def run_rewards(cfg: FinetuneConfig) -> list[RewardRef]:
+    """A grpo run's reward functions, each file staged under run.storage; none for other objectives."""
+    if cfg.train.objective.data != PROMPT_DATA:
+        return []
+    return stage_rewards(cfg.train.rl.parsed_rewards, layout.root(cfg.run))

@@ -101,6 +101,7 @@ def survey(data: DataConfig, fingerprint: dict[str, Any], reporter: Reporter) ->
         "mix": data.mix,
         "on_invalid": data.on_invalid,
         "preference": data.preference_mode,
+        **({"require_answer": bool(data.require_answer)} if data.preference_mode == "prompts" else {}),
         "packing": data.packing,
         "shaping": shaping(data),
         "tokenizer": fingerprint,

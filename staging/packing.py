@@ -29,7 +29,7 @@ def packing_enabled(data: DataConfig, formats: Iterable[str]) -> bool:
     dataset_info.json entry, or detected from the file's first records)."""
     if data.packing is not None:
         return data.packing
-    if data.preference_mode == "pairs":  # a pair is one row: never packed
+    if data.preference_mode in ("pairs", "prompts"):  # a pair, a prompt is one row: never packed
         return False
     found = set(formats)
     return found == {TEXT_FORMAT}

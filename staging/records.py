@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from core.errors import UserError
+from staging import prompts
 from staging.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
 from staging.mapping import Mapping
 from staging.preference import (
@@ -71,6 +72,7 @@ class Reading:
     mapping: Mapping
     preference: str
     form: Form | None = None
+    require_answer: bool = False  # data.require_answer (prompt records: data.preference=prompts)
 
 
 @dataclass(frozen=True)
@@ -88,15 +90,24 @@ class DataFile:
         return self.reading.format
 
 
-def open_file(url: Location, mapping: Mapping, preference: str, on_bytes: ByteCounter) -> DataFile:
+def open_file(
+    url: Location, mapping: Mapping, preference: str, on_bytes: ByteCounter, require_answer: bool = False
+) -> DataFile:
     """A data file's records, renamed by the mapping's columns and tags, then normalized; with format `auto`,
     the format is decided from its first records, and so is whether it is preference data (`preference`:
-    data.preference)."""
+    data.preference); data.preference=prompts reads prompt records (staging/prompts.py) whatever the format."""
     raw = read_file(url, on_bytes)
     head = list(itertools.islice(raw, DETECT_SAMPLE))
     if not head:
         return DataFile(url, Reading(mapping.format, mapping, preference), "empty file", iter(()))
     samples = [mapping.apply(value) for _, value in head if not isinstance(value, Unparsable)]
+    if preference == "prompts":
+        first = next((prompts.form_of(sample) for sample in samples if prompts.form_of(sample)), None)
+        if first is None and samples:
+            raise UserError(f"{url}: its first records are {prompts.refusal(samples[0])}")
+        reading = Reading("prompts", mapping, preference, require_answer=require_answer)
+        items = (to_item(location, value, reading) for location, value in itertools.chain(head, raw))
+        return DataFile(url, reading, prompts.form_label(first), items)
     first = next((sample for sample in samples if isinstance(sample, dict) and form_of(sample)), None)
     form = form_of(first)
     if first is not None and form is not None and preference == "refuse":
@@ -135,6 +146,8 @@ def to_item(location: str, value: object, reading: Reading) -> Record | Reject:
     mapping = reading.mapping
     try:
         record = mapping.apply(value)
+        if reading.preference == "prompts":
+            return Record(location, prompts.normalize(location, record, reading.require_answer))
         form = reading.form or form_of(record)
         if form is None:
             if reading.preference == "pairs":

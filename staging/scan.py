@@ -159,7 +159,9 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         reporter.phase("reading", sum(f.size for f in files), "B") as phase,
         pool_of(processes) if processes > 1 else contextlib.nullcontext() as pool,
     ):
-        reader = Reader(inputs, data.mix, data.preference_mode, phase.update, pool, processes)
+        reader = Reader(
+            inputs, data.mix, data.preference_mode, phase.update, pool, processes, bool(data.require_answer)
+        )
         for index, item in reader.mixed():
             sink.take(index, files[index].key, item)
     sources = source_rows(inputs, reader.opened, sink.counts)
@@ -212,6 +214,7 @@ class Reader:
     progress: ByteCounter
     pool: ProcessPoolExecutor | None
     processes: int
+    require_answer: bool = False  # data.require_answer: a prompt record needs its reference answer
     opened: dict[int, DataFile] = field(default_factory=dict)
 
     def mixed(self) -> Iterator[tuple[int, Digested | Reject]]:
@@ -234,7 +237,7 @@ class Reader:
                 continue
             # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
             counter = (lambda _: None) if firstpass.splittable(source.url) else self.progress
-            self.opened[index] = open_file(source.url, stream.mapping, self.preference, counter)
+            self.opened[index] = open_file(source.url, stream.mapping, self.preference, counter, self.require_answer)
             items = firstpass.digest_file(self.opened[index], self.progress, self.pool, self.processes)
             for item in items:
                 if isinstance(item, Reject):

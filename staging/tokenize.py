@@ -46,6 +46,7 @@ class EncodedBatch:
     segments: np.ndarray | None = None  # preference rows (staging/pairs.py): each row's 3 segment lengths
     feedback: np.ndarray | None = None  # and its label (storage/shards.py PAIR, 1, 0)
     longest: int = 0  # tokens of the batch's longest conversation before data.max_length cut or dropped it
+    records: list[str] | None = None  # prompt rows (staging/prompts.py): each kept row's record, as JSON
 
 
 @dataclass(frozen=True)

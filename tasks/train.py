@@ -84,9 +84,9 @@ def start_attempt(written: WrittenSpec, info: Callable[[str], None], cap: TooFew
     previous = load_spec(written.url)[0].attempts  # what earlier attempts of this pipeline run recorded
     attempt, launch = attempt_on(backend_for(base.config.launch.backend), base, previous, cap)
     cfg = base.config.model_copy(update={"launch": launch})
-    spec = build_spec(cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest).model_copy(
-        update={"attempts": [*previous, attempt]}
-    )
+    spec = build_spec(
+        cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest, base.rewards
+    ).model_copy(update={"attempts": [*previous, attempt]})
     info(f"train: {attempt.describe()}; global batch {cfg.batch_text(spec.world_size)}")
     return publish_spec(spec)
 
