@@ -38,6 +38,9 @@ def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
         return train.max_steps
     # With train.global_batch_size the rows per step, hence the step count and the schedule, ignore the world size.
     per_step = train.global_batch_size or train.micro_batch_size * train.gradient_accumulation_steps * world_size
+    if train.objective.data == PROMPT_DATA:  # grpo: a step's rows are completions, G a prompt, each window mu steps
+        prompts = max(per_step // train.rl.num_generations, 1)
+        return max(1, math.ceil(train.epochs * train_records / prompts)) * train.rl.num_iterations
     return max(1, math.ceil(train.epochs * train_records / per_step))
 
 

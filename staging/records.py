@@ -102,12 +102,12 @@ def open_file(
         return DataFile(url, Reading(mapping.format, mapping, preference), "empty file", iter(()))
     samples = [mapping.apply(value) for _, value in head if not isinstance(value, Unparsable)]
     if preference == "prompts":
-        first = next((prompts.form_of(sample) for sample in samples if prompts.form_of(sample)), None)
-        if first is None and samples:
+        key = next((prompts.form_of(sample) for sample in samples if prompts.form_of(sample)), None)
+        if key is None and samples:
             raise UserError(f"{url}: its first records are {prompts.refusal(samples[0])}")
         reading = Reading("prompts", mapping, preference, require_answer=require_answer)
         items = (to_item(location, value, reading) for location, value in itertools.chain(head, raw))
-        return DataFile(url, reading, prompts.form_label(first), items)
+        return DataFile(url, reading, prompts.form_label(key), items)
     first = next((sample for sample in samples if isinstance(sample, dict) and form_of(sample)), None)
     form = form_of(first)
     if first is not None and form is not None and preference == "refuse":
