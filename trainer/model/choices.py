@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from config.deepspeed import zero_stage
+from config.objectives import SUPERVISED_DATA
 from storage.spec import Spec
 from trainer.model.attention import Attention
 from trainer.model.attention import resolve as resolve_attention
@@ -53,6 +54,6 @@ def resolve(spec: Spec, dist: Dist) -> Choices:
     variable-length path for supervised rows only."""
     train = spec.config.train
     kernels = resolve_kernels(train.kernels, dist.device)
-    supervised = not train.objective.data.preference_rows
+    supervised = train.objective.data == SUPERVISED_DATA
     attention = resolve_attention(train.attention, dist.device, dist.sequence_parallel, supervised=supervised)
     return Choices(kernels, attention, dist.device.type == "cuda", zero_stage(spec.deepspeed))
