@@ -31,7 +31,8 @@ def reward_series(records: list[dict[str, Any]]) -> Series:
 
 
 def render_png(train: Series, evals: Series, title: str, rewards: Series = ([], [])) -> bytes:
-    """The plot as PNG bytes (matplotlib's Agg backend: no display needed)."""
+    """The plot as PNG bytes (matplotlib's Agg backend: no display needed); with `rewards` (online RL) the train
+    rewards on a second axis, and the eval points there too, as rewards (online RL's eval loss is minus the reward)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,7 +41,7 @@ def render_png(train: Series, evals: Series, title: str, rewards: Series = ([], 
     fig = Figure(figsize=(7, 4), dpi=100)
     ax = fig.add_subplot()
     ax.plot(train[0], train[1], label="train loss", color="tab:blue", linewidth=1.5)
-    if evals[0]:
+    if evals[0] and not rewards[0]:
         ax.scatter(evals[0], evals[1], label="eval loss", color="tab:red", zorder=3, s=36)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats per target token)")
@@ -50,6 +51,8 @@ def render_png(train: Series, evals: Series, title: str, rewards: Series = ([], 
     if rewards[0]:
         right = ax.twinx()
         right.plot(rewards[0], rewards[1], label="mean reward", color="tab:green", linewidth=1.5)
+        if evals[0]:
+            right.scatter(evals[0], [-v for v in evals[1]], label="eval reward", color="tab:red", zorder=3, s=36)
         right.set_ylabel("mean reward (train.rl.rewards)")
         right.legend(loc="upper right")
     buffer = io.BytesIO()

@@ -30,9 +30,9 @@ METRIC_ROWS = (
     ("chosen_logps_per_token", "chosen log-probability per token", "{:.4f}"),
     ("rejected_logps_per_token", "rejected log-probability per token", "{:.4f}"),
     ("units", "eval pairs (or KTO answers)", "{}"),
-    ("reward", "mean reward of the eval answers (train.rl.rewards, weighted; eval loss is minus it)", "{:.4f}"),
-    ("records", "answered eval prompts", "{}"),
+    ("reward", "mean reward of the eval answers (train.rl.rewards, weighted)", "{:.4f}"),
 )
+RL_LOSS = "eval loss (minus the mean reward)"  # online RL's eval loss (trainer/objectives/rl/evaluation.py)
 
 # eval.generate's figures (storage/metrics.py generate_metrics names them), in this order; a user scorer's follow.
 GENERATE_ROWS = {
@@ -122,7 +122,16 @@ def with_base(metrics: dict[str, Any], key: str, fmt: str, value: Any) -> str:
 def metric_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     """The card's rows of the objective's metrics and counts, each metric with the base model's and the delta beside
     it (eval.compare_base)."""
-    return [(label, with_base(metrics, key, fmt, metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
+    rl = "reward" in metrics and "reward_accuracy" not in metrics
+
+    def label(key: str, text: str) -> str:
+        return RL_LOSS if rl and key == "loss" else text
+
+    return [
+        (label(key, text), with_base(metrics, key, fmt, metrics[key]))
+        for key, text, fmt in METRIC_ROWS
+        if key in metrics
+    ]
 
 
 def metrics_intro(spec: Spec, metrics: dict[str, Any], world_size: int) -> str:
@@ -276,9 +285,10 @@ def model_card(
     title = f"{entry['model']} v{entry['version']:04d}"
     data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
     data_rows += [
-        (f"{split} split", f"{c['records']} records, {c['target_tokens']} target tokens")
+        (f"{split} split", f"{c['records']} records, " + (f"{c['tokens']} prompt tokens" if "prompts" in c else
+                                                          f"{c['target_tokens']} target tokens"))
         for split, c in manifest["splits"].items()
-    ]
+    ]  # fmt: skip
     data_rows.append(split_row(manifest["split"]))
     parts = [
         f"# {title}",
