@@ -117,6 +117,9 @@ class Generator:
             attention_mask=mask,
             generation_config=GenerationConfig(**config, eos_token_id=self.stops, pad_token_id=self.pad_id),
             logits_processor=processors,
+            # Each rank generates alone (a model whole on every rank, or gathered whole by `whole_weights`): not
+            # transformers' ZeRO-3 default, which all-reduces at every token until every rank's answers are done.
+            synced_gpus=False,
         )
         answers = []
         for row in out[:, width:].tolist():
