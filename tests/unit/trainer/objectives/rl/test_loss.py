@@ -140,7 +140,7 @@ def test_the_step_metrics_are_token_weighted_over_the_batch() -> None:
     rl = RlConfig.model_validate({"beta": 0.04, "epsilon_high": 0.28})
     _, _, sums = step(rl, 2)
     metrics = step_metrics(sums, rl)
-    logps, old, ref, entropy, mask = batch()
+    logps, _, ref, entropy, mask = batch()
     kl = torch.exp(ref - logps) - (ref - logps) - 1
     assert metrics["kl"] == pytest.approx(float((kl * mask).sum() / mask.sum()), rel=1e-6)
     assert metrics["entropy"] == pytest.approx(float((entropy * mask).sum() / mask.sum()), rel=1e-6)

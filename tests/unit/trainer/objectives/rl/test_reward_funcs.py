@@ -80,7 +80,7 @@ def test_a_files_function_runs_from_its_staged_copy_held_to_its_digest(tmp_path:
     assert score(loaded[1:], SCORED) == [[1.0], [1.0]]
     Path(refs[0].url or "").write_text("def length(**kwargs):\n    return []\n")
     sys.modules.pop(f"tandem_reward_{refs[0].digest[:16]}", None)  # type: ignore[index]
-    with pytest.raises(UserError, match="do not match the digest spec.json recorded"):
+    with pytest.raises(UserError, match=r"do not match the digest spec\.json recorded"):
         load_rewards(rl, refs, storage)
 
 
