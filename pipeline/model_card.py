@@ -269,6 +269,16 @@ def split_row(split: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+def data_rows(spec: Spec, lineage: dict[str, Any], manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's Data rows: the dataset, its source, each split's records (prompts: their tokens; else the target
+    tokens) and how the eval split was made."""
+    rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
+    for split, c in manifest["splits"].items():
+        tokens = f"{c['tokens']} prompt tokens" if "prompts" in c else f"{c['target_tokens']} target tokens"
+        rows.append((f"{split} split", f"{c['records']} records, {tokens}"))
+    return [*rows, split_row(manifest["split"])]
+
+
 def model_card(
     spec: Spec,
     entry: dict[str, Any],
@@ -283,19 +293,12 @@ def model_card(
     records, whose online RL figures get a Training section)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"
-    data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
-    data_rows += [
-        (f"{split} split", f"{c['records']} records, " + (f"{c['tokens']} prompt tokens" if "prompts" in c else
-                                                          f"{c['target_tokens']} target tokens"))
-        for split, c in manifest["splits"].items()
-    ]  # fmt: skip
-    data_rows.append(split_row(manifest["split"]))
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "
         f"registered {entry['created_at']}.",
         "## Data",
-        _table(data_rows),
+        _table(data_rows(spec, lineage, manifest)),
         "## Method and configuration",
         _table(config_highlights(spec) + ([("adapters", adapters.describe())] if adapters else [])),
         "## Metrics",
