@@ -38,7 +38,7 @@ def on_a_rank(dist: Dist, model_dir: str, folder: str) -> dict:
     return evaluate(dist, model_dir, write_prompts(model_dir, Path(folder) / f"rank-{dist.rank}"))
 
 
-@pytest.mark.multirun  # 2 ranks' model loads (about 40 s on the busy 2-core machine): the default run keeps one such test
+@pytest.mark.multirun  # 2 ranks loading a model: about 40 s on the busy 2-core machine (the default run has one)
 def test_two_ranks_give_one_ranks_figures(tiny_model: str, prompts: Split, tmp_path: Path) -> None:
     one = evaluate(ONE, tiny_model, prompts)
     for result in on_ranks(on_a_rank, 2, tiny_model, str(tmp_path)):
