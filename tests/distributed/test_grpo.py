@@ -133,7 +133,7 @@ def test_a_reward_that_raises_stops_the_pipeline_in_one_line_and_registers_nothi
     with pytest.raises(TandemError) as caught:
         finetune(cfg)
     message = str(caught.value)
-    assert f"reward {tmp_path / 'broken.py'}:broken raised KeyError: 'answer' (scoring the completions of " in message
+    assert f"reward {tmp_path / 'broken.py'}:broken raised KeyError ('answer') scoring the completions of " in message
     assert f"{ROOT / 'data' / 'grpo-demo' / 'prompts.jsonl'}:" in message and caught.value.exit_code == 2
     assert not (tmp_path / "registry").exists()
 

@@ -113,8 +113,9 @@ def call(reward: RewardFn, batch: Scored, completions: list[Any], kwargs: dict[s
         values = reward.function(prompts=batch.prompts, completions=completions, completion_ids=batch.ids, **kwargs)
         values = list(values)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's code is one line, not a traceback
+        # "KeyError (...)", not "KeyError: ...": the log masking reads `<...key...>: value` as a credential.
         raise UserError(
-            f"reward {reward.text} raised {type(exc).__name__}: {str(exc)[:200]} (scoring the completions of {where}); "
+            f"reward {reward.text} raised {type(exc).__name__} ({str(exc)[:200]}) scoring the completions of {where}; "
             "fix the function"
         ) from None
     if len(values) != len(batch.texts):

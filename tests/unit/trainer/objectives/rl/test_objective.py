@@ -129,5 +129,5 @@ def test_a_reward_that_raises_stops_the_step_in_one_line(
     grpo, model = started(tiny_model, {**SETTINGS, "rewards": ["tandem_broken_reward:fails"]}), load_policy(tiny_model)
     with pytest.raises(UserError) as caught:
         run_step(grpo, model, prompts, ONE)
-    assert str(caught.value).startswith("reward tandem_broken_reward:fails raised ValueError: no (scoring the ")
+    assert str(caught.value).startswith("reward tandem_broken_reward:fails raised ValueError (no) scoring the ")
     assert "q.jsonl:" in str(caught.value) and caught.value.exit_code == 2

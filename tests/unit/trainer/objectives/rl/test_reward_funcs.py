@@ -51,8 +51,8 @@ def test_a_function_gets_trls_arguments_with_every_column() -> None:
     [
         (
             lambda **_: 1 / 0,
-            "reward mine:fn raised ZeroDivisionError: division by zero (scoring the completions of "
-            "data.jsonl:1 and 1 more); fix the function",
+            "reward mine:fn raised ZeroDivisionError (division by zero) scoring the completions of "
+            "data.jsonl:1 and 1 more; fix the function",
         ),
         (lambda **_: [1.0], "reward mine:fn returned 1 rewards for 2 completions (of data.jsonl:1 and 1 more)"),
         (lambda **_: [1.0, float("nan")], "reward mine:fn returned nan for the record data.jsonl:2"),
