@@ -107,16 +107,18 @@ def test_full_fine_tuning_takes_a_frozen_reference_on_one_and_two_ranks(prompts:
 
 def test_a_run_resumed_inside_a_window_continues_it_on_another_world_size(prompts: tuple[Staged, list[str]]) -> None:
     staged, settings = prompts
-    window = [*settings, "train.rl.num_iterations=2", "train.rl.beta=0.04", "train.max_steps=4", "train.save_steps=3"]
+    window = [*settings, "train.rl.num_iterations=2", "train.rl.beta=0.04", "train.max_steps=5", "train.save_steps=3"]
     whole = train(staged, "grpo-window", [*window, "launch.nnodes=2"])
     target = Path(str(staged.storage)) / "runs" / "grpo-window-resumed" / "checkpoints" / whole.checkpoint(3).name
     shutil.copytree(whole.checkpoint(3), target)
     resumed = train(staged, "grpo-window-resumed", [*window, "launch.nnodes=1"])
     steps = [r for r in resumed.metrics() if "event" not in r]
-    assert [r["step"] for r in steps] == [4] and steps[0]["generation_s"] == 0.0  # step 4 reuses step 3's rollouts
-    uninterrupted = [r for r in whole.metrics() if "event" not in r][-1]
-    for key in ("loss", "kl", "reward", "entropy"):
-        assert_close(steps[0][key], uninterrupted[key], rtol=RTOL, atol=1e-7, msg=key)
+    # Step 4 reuses step 3's rollouts (from the checkpoint); step 5 generates the next window's, seeded as before.
+    assert [r["step"] for r in steps] == [4, 5] and steps[0]["generation_s"] == 0.0 < steps[1]["generation_s"]
+    uninterrupted = [r for r in whole.metrics() if "event" not in r][-2:]
+    for ours, theirs in zip(steps, uninterrupted, strict=True):
+        for key in ("loss", "kl", "reward", "entropy", "completions/mean_length"):
+            assert_close(ours[key], theirs[key], rtol=RTOL, atol=1e-7, msg=key)
 
 
 def test_a_reward_that_raises_stops_the_pipeline_in_one_line_and_registers_nothing(
