@@ -1,8 +1,9 @@
 """Online RL's costs (train.objective=grpo, docs/online-rl.md): (a) rollout tokens/s of the generation service
 (trainer/model/generation.py `Generator.complete`: a seed per completion, Gumbel-max sampling) against transformers'
 `generate` alone with its own sampling, on the same prompts, batches and settings; (b) a GRPO step's time split into
-generation, scoring, old/reference log-probabilities, the policy's forward, backward and the optimizer, on a DeepSpeed
-engine (ZeRO-2, LoRA) at 1 and 2 gloo ranks, on the built-in tiny model and the demo's prompts.
+generation, scoring, the reference's log-probabilities (beta 0.04: the adapters disabled), the policy's forward,
+backward and the optimizer, on a DeepSpeed engine (ZeRO-2, LoRA) at 1 and 2 gloo ranks, on the built-in tiny model and
+the demo's prompts.
 
     python tests/benchmarks/bench_rl.py                                 # both parts: 0.5B shape for (a), tiny for (b)
     python tests/benchmarks/bench_rl.py --parts rollouts --shape 0.5b --prompts 8 --group 8 --max-new-tokens 64
@@ -89,9 +90,9 @@ def rollouts(options: argparse.Namespace) -> dict[str, Any]:
     figures["ratio"] = figures["tandem_tokens_per_s"] / figures["transformers_tokens_per_s"]
     print(
         f"rollouts ({options.shape}, {len(rows)} completions of {options.max_new_tokens} tokens in batches of "
-        f"{options.batch}): tandem {figures['tandem_tokens_per_s']:.0f} tokens/s (spread "
-        f"{figures['tandem_spread']:.0f}), transformers' generate {figures['transformers_tokens_per_s']:.0f} "
-        f"(spread {figures['transformers_spread']:.0f}): x{figures['ratio']:.2f}",
+        f"{options.batch}): tandem {figures['tandem_tokens_per_s']:.1f} tokens/s (spread "
+        f"{figures['tandem_spread']:.1f}), transformers' generate {figures['transformers_tokens_per_s']:.1f} "
+        f"(spread {figures['transformers_spread']:.1f}): x{figures['ratio']:.2f}",
         flush=True,
     )
     return figures
@@ -130,7 +131,7 @@ def step_split(options: argparse.Namespace) -> list[dict[str, Any]]:
         return rows
 
 
-PHASES = ("generation", "scoring", "logps", "forward", "backward", "optimizer")
+PHASES = ("generation", "scoring", "reference", "forward", "backward", "optimizer")
 
 
 def one_rank(model_dir: str, out: str, steps: int, warmup: int) -> None:
@@ -162,7 +163,7 @@ def one_rank(model_dir: str, out: str, steps: int, warmup: int) -> None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config,
                                       optimizer=torch.optim.AdamW(params, lr=1e-3))  # fmt: skip
     grpo = started(model_dir, {"num_generations": 4, "rollout_batch_size": 4, "max_completion_length": 16,
-                               "temperature": 0.7, "rewards": ["accuracy", "format"]})  # fmt: skip
+                               "temperature": 0.7, "beta": 0.04, "rewards": ["accuracy", "format"]})  # fmt: skip
     policy, order = Policy(engine, dist.device), GlobalOrder(len(rows), 1)
     times: dict[str, list[float]] = {k: [] for k in (*PHASES, "step")}
     for step in range(warmup + steps):
@@ -170,7 +171,7 @@ def one_rank(model_dir: str, out: str, steps: int, warmup: int) -> None:
         slots = list(grpo.deal(rows, order, Dealing(step, micro, accum, dist.rank, dist.world_size, 0)))
         scope = grpo.begin_step(policy, slots, dist)
         spent = {"generation": scope.seconds["generation_s"], "scoring": scope.seconds["scoring_s"],
-                 "logps": scope.seconds["logps_s"], "forward": 0.0, "backward": 0.0, "optimizer": 0.0}  # fmt: skip
+                 "reference": scope.seconds["logps_s"], "forward": 0.0, "backward": 0.0, "optimizer": 0.0}  # fmt: skip
         for slot in slots:
             t0 = time.perf_counter()
             loss = grpo.micro_batch(policy, slot, scope).backward
