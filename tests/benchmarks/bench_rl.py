@@ -79,14 +79,14 @@ def rollouts(options: argparse.Namespace) -> dict[str, Any]:
         return tokens
 
     figures: dict[str, Any] = {}
-    for name, run in (("tandem", ours), ("transformers", theirs)):
-        rates = []
-        for _ in range(options.repeats):
+    rates: dict[str, list[float]] = {"tandem": [], "transformers": []}
+    for _ in range(options.repeats):  # the two in turn, so that a busy machine's load falls on both alike
+        for name, run in (("tandem", ours), ("transformers", theirs)):
             started = time.perf_counter()
-            tokens = run()
-            rates.append(tokens / (time.perf_counter() - started))
-        figures[f"{name}_tokens_per_s"], figures[f"{name}_spread"] = median(rates)
-        figures[f"{name}_tokens"] = tokens
+            figures[f"{name}_tokens"] = run()
+            rates[name].append(figures[f"{name}_tokens"] / (time.perf_counter() - started))
+    for name, values in rates.items():
+        figures[f"{name}_tokens_per_s"], figures[f"{name}_spread"] = median(values)
     figures["ratio"] = figures["tandem_tokens_per_s"] / figures["transformers_tokens_per_s"]
     print(
         f"rollouts ({options.shape}, {len(rows)} completions of {options.max_new_tokens} tokens in batches of "

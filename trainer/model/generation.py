@@ -60,7 +60,9 @@ class GumbelSampler:
             logps = nucleus(logps, self.sampling.top_p)
         vocab = logps.shape[-1]
         uniform = torch.stack([torch.rand(vocab, generator=g, dtype=torch.float64) for g in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-300)))
+        # -log(-log(u)), in place: the same operations on the same values as out of place, without four copies of a
+        # rows x vocabulary float64 tensor at every token (rollouts sample many rows of a large vocabulary).
+        gumbel = uniform.clamp_(min=1e-300).log_().neg_().log_().neg_()
         return logps + gumbel.to(device=logps.device, dtype=logps.dtype)
 
 
