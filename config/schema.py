@@ -178,12 +178,7 @@ class FinetuneConfig(Section):
         if self.train.objective.data != PROMPT_DATA:
             return self
         rl, data = self.train.rl, self.data
-        explicit = "max_length" in data.model_fields_set
-        if rl.max_prompt_length is not None and explicit and data.max_length != rl.max_prompt_length:
-            raise ValueError(
-                f"train.rl.max_prompt_length={rl.max_prompt_length} and data.max_length={data.max_length}: "
-                "prompts are staged with one length; set one of them, or both to the same"
-            )
+        # Set, max_prompt_length is the length prompts are staged with (a preset's data.max_length gives way to it).
         length = rl.max_prompt_length or data.max_length
         answer = rl.needs_answer if data.require_answer is None else data.require_answer
         # Sections are frozen: filled in once here, so staging, spec.json and --print-config see the values used.

@@ -126,25 +126,22 @@ GRPO = ["train.objective=grpo", "train.micro_batch_size=4", "train.global_batch_
 
 
 def test_grpo_fills_in_its_prompts_their_length_and_whether_they_need_an_answer() -> None:
-    """data.preference=prompts; train.rl.max_prompt_length is the data.max_length prompts are staged with (either
-    given), and a record needs its reference answer when accuracy is a reward."""
+    """data.preference=prompts; train.rl.max_prompt_length is the data.max_length prompts are staged with (set, it wins
+    over the preset's data.max_length), and a record needs its reference answer when accuracy is a reward."""
     cfg = load_config(None, [*GRPO, "train.rl.max_prompt_length=200"])
     assert (cfg.data.preference, cfg.data.max_length, cfg.train.rl.max_prompt_length) == ("prompts", 200, 200)
     assert cfg.data.require_answer is True
     other = load_config(None, [*GRPO, "data.max_length=300", "train.rl.rewards=[format]"])
     assert (other.train.rl.max_prompt_length, other.data.require_answer) == (300, False)
     assert load_config(None, [*GRPO, "data.require_answer=false"]).data.require_answer is False
+    assert load_config(None, [*GRPO, "data.max_length=300", "train.rl.max_prompt_length=64"]).data.max_length == 64
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         (
-            ["train.rl.max_prompt_length=200", "data.max_length=300"],
-            "train.rl.max_prompt_length=200 and data.max_length=300: prompts are staged with one length",
-        ),
-        (
-            ["train.global_batch_size=12"],
+            ["train.micro_batch_size=2", "train.global_batch_size=12"],
             "train.objective=grpo: the global batch of 12 completions on 2 node(s) (train.micro_batch_size x "
             "accumulation x ranks) is not a multiple of train.rl.num_generations=8; set train.global_batch_size to a "
             "multiple of it",
