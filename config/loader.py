@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from config.chat_template import BUILTIN_TEMPLATES
+from config.rewards import Reward, RewardKind, check_reward
 from config.schema import FinetuneConfig
 from config.sections.model_train import BUILTIN_MODELS
 from config.sections.run_data import CATALOG_ENTRY
@@ -204,6 +205,7 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
     tasks = cfg.eval.tasks
     if tasks.include_path is not None:
         tasks = tasks.model_copy(update={"include_path": resolve_local(os.path.expanduser(tasks.include_path))})
+    rl = cfg.train.rl.model_copy(update={"rewards": check_rewards(cfg.train.rl.rewards)})
     checks = [("deepspeed.config", ds_config)]
     if model_path not in BUILTIN_MODELS:
         checks.append(("model.name_or_path", model_path))
@@ -222,5 +224,22 @@ def check_paths(cfg: FinetuneConfig) -> FinetuneConfig:
             "model": cfg.model.model_copy(update={"name_or_path": model_path, "chat_template": template}),
             "deepspeed": cfg.deepspeed.model_copy(update={"config": ds_config}),
             "eval": cfg.eval.model_copy(update={"tasks": tasks}),
+            "train": cfg.train.model_copy(update={"rl": rl}),
         }
     )
+
+
+def check_rewards(rewards: list[str]) -> list[str]:
+    """train.rl.rewards with each file's path made absolute; a missing file, module or function stops here, in one
+    line naming it (config/rewards.py `check_reward`)."""
+    out = []
+    for text in rewards:
+        reward = Reward.of(text)
+        if reward.kind is RewardKind.FILE:
+            reward = Reward(reward.kind, resolve_local(reward.target), reward.function)
+        try:
+            check_reward(reward)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        out.append(reward.text)
+    return out

@@ -29,6 +29,8 @@ config/footprint.py (a decoder-only transformer with grouped-KV attention and a 
   dtype by Q-LoRA), and its activations per image patch (a decoder layer's terms at its width), over the patches of
   a micro-batch's images: at most its rows' tokens all image tokens, each merge x merge patches. They are kept for
   backward only when a vision part trains; a frozen tower holds one block's while it runs.
+- Online RL (train.objective=grpo): a row is a prompt and its completion, the loss keeps the completions' logits, and
+  the rollouts are a phase of their own (config/rl_memory.py).
 - Host memory per rank: the process itself (Python, torch, transformers, DeepSpeed: 0.31 GB measured on CPU ranks),
   the model while it loads (whole in the training dtype, or under ZeRO-3's partitioned load its share plus the
   largest tensor), offloaded states, and a background save's copy of the rank's checkpoint share. CPU ranks hold
@@ -55,6 +57,7 @@ from config.footprint import (
     moe_experts,
     projection_shapes,
 )
+from config.rl_memory import RawTerm, is_rl, loss_logits_bytes, rl_terms, row_tokens
 from config.schema import FinetuneConfig
 from config.sections.run_data import MAX_LENGTH
 from config.vision import is_vision_language, vision_activation_bytes, vision_params
@@ -73,6 +76,7 @@ class Phase(Enum):
     ALWAYS = "always"
     BACKWARD = "backward"  # activations, the loss's logits, the gradients as they are computed
     STEP = "step"  # the optimizer step
+    GENERATE = "generate"  # online RL's rollouts (config/rl_memory.py)
     LOAD = "load"  # on the host, while the model loads
 
 
@@ -228,7 +232,7 @@ def batch_terms(s: Shape) -> list[Term]:
     train = s.cfg.train
     # A sequence-parallel rank holds its part of each row (attention, between two all-to-alls, the whole row's
     # positions for its share of the heads: as many numbers), and takes the loss of its part's targets.
-    tokens = -(-train.micro_batch_size * s.cfg.data.max_length // train.sequence_parallel_size)
+    tokens = -(-train.micro_batch_size * row_tokens(s.cfg) // train.sequence_parallel_size)
     layers, hidden, vocab = (int(s.model[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
     per_layer = _layer_activation_bytes(s.model, s.w, train.lora.dropout > 0, train.tiled_mlp)
     # A tiled MLP's one tile of intermediates while backward recomputes it (trainer/model/tiled_mlp.py: hidden-size
@@ -245,6 +249,9 @@ def batch_terms(s: Shape) -> list[Term]:
     loss_tokens = min(tokens, train.loss_chunk_tokens) if chunked else tokens
     shrink = "train.loss_chunk_tokens" if chunked or train.loss_chunk_tokens == 0 else "train.micro_batch_size"
     what = "the loss's logits" + (" (chunked)" if chunked else "")
+    if is_rl(s.cfg):  # the completions' positions, whole (trainer/objectives/rl/loss.py)
+        logits = Term("the loss's logits (completions)", loss_logits_bytes(s.cfg, vocab, s.w), Phase.BACKWARD, shrink)
+        return [activations, logits]
     return [activations, Term(what, loss_tokens * vocab * (s.w + 8), Phase.BACKWARD, shrink), *vision_terms(s)]
 
 
@@ -298,10 +305,17 @@ def plan(cfg: FinetuneConfig, ds: dict[str, Any], model: dict[str, Any], *, on_g
         weights, offloaded_weights = weight_terms(s)
         optimizer, offloaded_states = optimizer_terms(s)
         batch = batch_terms(s)
+        rl_device, rl_host = rl_terms(cfg, model, (s.params, s.w, s.stage, s.world))
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    device = weights + optimizer + batch
-    return MemoryPlan(device, host_terms(s) + offloaded_weights + offloaded_states, on_gpu, cfg.launch.nproc_per_node)
+    device = weights + optimizer + batch + terms_of(rl_device)
+    host = host_terms(s) + offloaded_weights + offloaded_states + terms_of(rl_host)
+    return MemoryPlan(device, host, on_gpu, cfg.launch.nproc_per_node)
+
+
+def terms_of(raw: list[RawTerm]) -> list[Term]:
+    """Terms from their plain form (config/rl_memory.py)."""
+    return [Term(what, size, Phase(phase), shrink) for what, size, phase, shrink in raw]
 
 
 def longest_length(
@@ -334,9 +348,9 @@ def table(p: MemoryPlan) -> str:
     """The plan as text: each term with its phase, and the peaks."""
     where = "GPU" if p.on_gpu else "CPU rank (host memory)"
     lines = [f"per rank, on its {where}:"]
-    lines += [f"  {t.bytes / GB:9.2f} GB  {t.phase:<8}  {t.what}" for t in p.device]
+    lines += [f"  {t.bytes / GB:9.2f} GB  {t.phase.value:<8}  {t.what}" for t in p.device]
     lines.append(f"  {p.device_bytes / GB:9.2f} GB  peak")
     lines.append("per rank, host memory beside it:" if p.on_gpu else "per rank, host memory besides:")
-    lines += [f"  {t.bytes / GB:9.2f} GB  {t.phase:<8}  {t.what}" for t in p.host]
+    lines += [f"  {t.bytes / GB:9.2f} GB  {t.phase.value:<8}  {t.what}" for t in p.host]
     lines.append(f"  {p.host_bytes / GB:9.2f} GB  peak per rank; {p.node_host_bytes / GB:.2f} GB per node")
     return "\n".join(lines)

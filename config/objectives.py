@@ -1,16 +1,16 @@
-"""The training objectives as every layer knows them: SFT, DPO, IPO, KTO and ORPO, each one `Objective`, and the one
-registry that maps their names to them (`OBJECTIVES`). `train.objective` holds the object itself: its name is read
+"""The training objectives as every layer knows them: SFT, DPO, IPO, KTO, ORPO and GRPO, each one `Objective`, and the
+one registry that maps their names to them (`OBJECTIVES`). `train.objective` holds the object itself: its name is read
 once, where the config is validated, and written back where the config is (spec.json, `--print-config`, the UI form).
 
 What an objective says here, without torch:
 
-- what it trains on (`data`, a `DataKind`: supervised rows, pairs, or KTO feedback), and so which `data.preference`
-  settings stage that data; the first is what an unset `data.preference` becomes (config/schema.py);
+- what it trains on (`data`, a `DataKind`: supervised rows, pairs, KTO feedback, or prompts), and so which
+  `data.preference` settings stage that data; the first is what an unset `data.preference` becomes (config/schema.py);
 - the evaluation metrics it reports beside the loss (`metrics`), which are also the ones a `register.gate` may compare;
-- whether it compares the policy with a reference model (`reference`), and why full fine-tuning cannot train it where
-  it cannot (`full_refusal`);
-- how the model card and eval.json describe it (`card`, `reference_words`), with its settings (`settings`: its
-  `train.preference` fields and how the card names them).
+- whether it compares the policy with a reference model (`reference`; GRPO's only when its `reference_setting`,
+  train.rl.beta, is above 0), and why full fine-tuning cannot train it where it cannot (`full_refusal`);
+- how the model card and eval.json describe it (`card`, `reference_words`), with its settings (`settings`: the fields
+  of its train subsection, `settings_section`: train.preference or train.rl, and how the card names them).
 
 How it computes (a micro-batch's loss, an optimizer step's normalisation, its evaluation sums) is the trainer's, in
 trainer/objectives/. The objective is split along the import rules (docs/architecture.md) rather than held twice:
@@ -25,12 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from config.methods import Method
-from config.sections.preference import PreferenceConfig
-from config.sections.results import PREFERENCE_METRICS, SFT_METRICS, Metric
+from config.sections.results import PREFERENCE_METRICS, RL_METRICS, SFT_METRICS, Metric
 from config.sections.run_data import SUPERVISED_PREFERENCE, PreferenceMode
 
 
@@ -48,6 +47,8 @@ class DataKind:
 SUPERVISED_DATA = DataKind("supervised rows", (SUPERVISED_PREFERENCE, "chosen"), preference_rows=False)
 PAIR_DATA = DataKind("pairs", ("pairs",), preference_rows=True)
 FEEDBACK_DATA = DataKind("KTO feedback (answers labelled true or false)", ("pairs",), preference_rows=True)
+# Online RL's prompts, each with the record's other columns (its reference answer) for the reward functions.
+PROMPT_DATA = DataKind("prompts (with their reference answers)", ("prompts",), preference_rows=False)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class Objective:
     reference: bool = False
     settings: tuple[tuple[str, str], ...] = ()
     full_refusal: str | None = None
+    settings_section: str = "preference"  # the train subsection its settings are in
+    reference_setting: str | None = None  # a setting whose 0 means no reference model (GRPO's beta)
+    full_reference: str | None = None  # its reference under full fine-tuning, in words (None: DPO's table)
 
     def __str__(self) -> str:
         return self.name
@@ -72,27 +76,43 @@ class Objective:
         """The metrics a register.gate may compare for it: the loss, which every objective reports, and its own."""
         return ("loss", *self.metrics)
 
-    def settings_text(self, preference: PreferenceConfig) -> str:
-        """Its settings with their values (`beta 0.1, label smoothing 0`); empty for an objective without any."""
-        return ", ".join(f"{label} {getattr(preference, field):g}" for label, field in self.settings)
+    def settings_of(self, train: object) -> BaseModel:
+        """Its settings section of a train section (train.preference, or train.rl)."""
+        section = getattr(train, self.settings_section)
+        assert isinstance(section, BaseModel), f"train.{self.settings_section} is not a section"
+        return section
 
-    def card(self, preference: PreferenceConfig, method: Method, model_path: str) -> str:
+    def settings_text(self, settings: BaseModel) -> str:
+        """Its settings with their values (`beta 0.1, label smoothing 0`); empty for an objective without any."""
+        return ", ".join(f"{label} {_shown(getattr(settings, field))}" for label, field in self.settings)
+
+    def has_reference(self, settings: BaseModel | None = None) -> bool:
+        """Whether it compares with a reference model under these settings (GRPO: only with beta > 0)."""
+        if not self.reference or self.reference_setting is None or settings is None:
+            return self.reference
+        return float(getattr(settings, self.reference_setting)) > 0
+
+    def card(self, settings: BaseModel, method: Method, model_path: str) -> str:
         """The model card's `objective` row: the objective, its settings and its reference model."""
-        head = f"{self.name} ({self.settings_text(preference) or self.summary})"
-        if not self.reference:
-            return head + ("; no reference model" if self.data.preference_rows else "")
+        head = f"{self.name} ({self.settings_text(settings) or self.summary})"
+        if not self.has_reference(settings):
+            return head + ("; no reference model" if self.data.preference_rows or self.reference else "")
         if not method.trains_adapters:
+            if self.full_reference is not None:
+                return f"{head}; reference: the base model `{model_path}`, {self.full_reference}"
             return (
                 f"{head}; reference: the base model `{model_path}`'s log-probabilities of every pair, computed before "
                 "training (the run's reference/)"
             )
         return f"{head}; reference: the base model `{model_path}` (the adapters disabled)"
 
-    def reference_words(self, method: Method) -> str | None:
+    def reference_words(self, method: Method, settings: BaseModel | None = None) -> str | None:
         """The reference model it compared with, in words (eval.json's `reference`); None without one."""
-        if not self.reference:
+        if not self.has_reference(settings):
             return None
         if not method.trains_adapters:
+            if self.full_reference is not None:
+                return f"the base model, {self.full_reference}"
             return "the base model's log-probabilities, computed before training (reference/ in the run directory)"
         return f"the base model ({method} adapters disabled)"
 
@@ -121,6 +141,11 @@ class Objective:
         if not method.trains_adapters and self.full_refusal:
             return f"train.objective={self.name} with train.method={method.name}: {self.full_refusal}"
         return None
+
+
+def _shown(value: object) -> str:
+    """A setting's value on the card: numbers as %g, the rest as they are."""
+    return f"{value:g}" if isinstance(value, float | int) and not isinstance(value, bool) else str(value)
 
 
 def either(names: list[str]) -> str:
@@ -167,8 +192,28 @@ ORPO = Objective(
     PREFERENCE_METRICS,
     settings=(("lambda", "beta"),),
 )
+GRPO = Objective(
+    "grpo",
+    "online RL: completions sampled and scored by reward functions, group-relative advantages",
+    PROMPT_DATA,
+    RL_METRICS,
+    reference=True,
+    settings=(
+        ("group size", "num_generations"),
+        ("beta", "beta"),
+        ("epsilon", "epsilon"),
+        ("epsilon high", "clip_high"),
+        ("loss", "loss_type"),
+        ("scale rewards", "scale_rewards"),
+        ("iterations", "num_iterations"),
+        ("temperature", "temperature"),
+    ),
+    settings_section="rl",
+    reference_setting="beta",
+    full_reference="a frozen copy loaded beside the policy",
+)
 # The one map from a name (the command line, a preset, spec.json) to its objective.
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (SFT, DPO, IPO, KTO, ORPO)}
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (SFT, DPO, IPO, KTO, ORPO, GRPO)}
 
 
 def trained_on(data: DataKind) -> list[str]:

@@ -15,12 +15,19 @@ import warnings
 from pydantic import Field, model_validator
 
 from config.batch import accumulation_steps, batch_problem
-from config.objectives import SUPERVISED_DATA
+from config.objectives import PROMPT_DATA, SUPERVISED_DATA
 from config.sections.base import Section
 from config.sections.launch import LaunchConfig
 from config.sections.model_train import DeepSpeedSection, ModelConfig, TrainConfig
-from config.sections.results import DELTA_PREFIX, TASK_METRICS, EvalConfig, RegisterConfig, TrackConfig
-from config.sections.run_data import PAIRS_UNPACKED, DataConfig, RunConfig
+from config.sections.results import (
+    DELTA_PREFIX,
+    REWARD_SCORES,
+    TASK_METRICS,
+    EvalConfig,
+    RegisterConfig,
+    TrackConfig,
+)
+from config.sections.run_data import PAIRS_UNPACKED, PROMPTS_UNPACKED, DataConfig, RunConfig
 from config.sequence_parallel import layout_problem
 
 # `register` is the section name users and scripts rely on; pydantic warns that BaseModel has a
@@ -28,6 +35,11 @@ from config.sequence_parallel import layout_problem
 warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
 
 
+GENERATE_PROMPTS = (
+    "eval.generate with train.objective=grpo: its evaluation generates the eval prompts' answers and scores them with "
+    "train.rl.rewards itself (eval.generate's max_records, batch_size and temperature apply); set "
+    "eval.generate.enabled=false"
+)
 GENERATE_PREFERENCE = (
     "eval.generate needs supervised eval data (a prompt and its reference answer), not the preference rows of "
     "train.objective={name}: set eval.generate.enabled=false"
@@ -107,6 +119,7 @@ class FinetuneConfig(Section):
             GENERATE_PREFERENCE.format(name=objective.name)
             if self.eval.generate.enabled and objective.data.preference_rows
             else None,
+            GENERATE_PROMPTS if self.eval.generate.enabled and objective.data == PROMPT_DATA else None,
         )
         if found := next((problem for problem in problems if problem), None):
             raise ValueError(found)
@@ -114,6 +127,8 @@ class FinetuneConfig(Section):
             data = self.data.model_copy(update={"preference": objective.data.preference[0]})
             if data.preference == "pairs" and data.packing:
                 raise ValueError(PAIRS_UNPACKED)
+            if data.preference == "prompts" and data.packing:
+                raise ValueError(PROMPTS_UNPACKED)
             # Sections are frozen: the config being validated takes its data section with the preference filled in,
             # so that staging, the dataset id, spec.json and --print-config all see the one the run stages with.
             object.__setattr__(self, "data", data)
@@ -135,9 +150,52 @@ class FinetuneConfig(Section):
             return None
         if not metric.startswith("generate."):
             return self.train.objective.gate_problem(metric)
+        rl = self.train.objective.data == PROMPT_DATA
+        if rl and (metric == "generate.reward" or metric.startswith(REWARD_SCORES)):
+            names = [reward.name for reward in self.train.rl.parsed_rewards]
+            name = metric.removeprefix(REWARD_SCORES)
+            if metric.startswith(REWARD_SCORES) and name not in names:
+                return f"register.gate.metric={gate.metric}: {name} is not one of train.rl.rewards ({', '.join(names)})"
+            return None
+        if rl or metric.startswith(REWARD_SCORES) or metric == "generate.reward":
+            return (
+                f"register.gate.metric={gate.metric} is not measured for train.objective={self.train.objective.name}; "
+                + (
+                    f"grpo's evaluation measures generate.reward and {REWARD_SCORES}<reward>"
+                    if rl
+                    else "the rewards are train.objective=grpo's"
+                )
+            )
         if not self.eval.generate.enabled:
             return f"register.gate.metric={gate.metric} is measured by eval.generate: set eval.generate.enabled=true"
         return None
+
+    @model_validator(mode="after")
+    def _rl(self) -> FinetuneConfig:
+        """train.objective=grpo against the rest: the prompts' length is data.max_length, a record needs a reference
+        answer when a reward reads one, and the global batch (completions) holds whole groups and whole rollout
+        batches on every node count a launch may use."""
+        if self.train.objective.data != PROMPT_DATA:
+            return self
+        rl, data = self.train.rl, self.data
+        # Set, max_prompt_length is the length prompts are staged with (a preset's data.max_length gives way to it).
+        length = rl.max_prompt_length or data.max_length
+        answer = rl.needs_answer if data.require_answer is None else data.require_answer
+        # Sections are frozen: filled in once here, so staging, spec.json and --print-config see the values used.
+        object.__setattr__(self, "data", data.model_copy(update={"max_length": length, "require_answer": answer}))
+        train = self.train.model_copy(update={"rl": rl.model_copy(update={"max_prompt_length": length})})
+        object.__setattr__(self, "train", train)
+        low, high = self.node_range
+        for nodes in range(low, high + 1):
+            batch = self.global_batch(nodes * self.launch.nproc_per_node)
+            for size, name in ((rl.num_generations, "num_generations"), (rl.rollout_batch, "rollout_batch_size")):
+                if batch % size:
+                    raise ValueError(
+                        f"train.objective=grpo: the global batch of {batch} completions on {nodes} node(s) "
+                        f"(train.micro_batch_size x accumulation x ranks) is not a multiple of train.rl.{name}={size}; "
+                        f"set train.global_batch_size to a multiple of it"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _sequence_parallel(self) -> FinetuneConfig:

@@ -161,6 +161,8 @@ def track_results(
 
 def eval_rows(ev: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary's eval lines besides the loss: supervised or preference metrics, as the evaluation measured."""
+    if "reward" in ev and "reward_accuracy" not in ev:  # online RL: eval loss is minus the reward
+        return [("reward", f"{ev['reward']:.4f} ({ev['records']} eval answers)")]
     if "reward_accuracy" in ev:
         return [
             ("reward acc.", f"{ev['reward_accuracy']:.4f} ({ev['units']} eval units)"),

@@ -27,6 +27,8 @@ def lineage(
         "nnodes": spec.config.launch.nnodes,
         "world_size": spec.world_size,
         **({"attempts": [a.model_dump() for a in spec.attempts]} if spec.attempts else {}),
+        # Online RL's reward functions: a file's by its staged copy's digest, the code the model was trained against.
+        **({"rewards": [ref.describe() for ref in spec.rewards]} if spec.rewards else {}),
     }
 
 

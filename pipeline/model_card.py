@@ -32,7 +32,9 @@ METRIC_ROWS = (
     ("chosen_logps_per_token", "chosen log-probability per token", "{:.4f}"),
     ("rejected_logps_per_token", "rejected log-probability per token", "{:.4f}"),
     ("units", "eval pairs (or KTO answers)", "{}"),
+    ("reward", "mean reward of the eval answers (train.rl.rewards, weighted)", "{:.4f}"),
 )
+RL_LOSS = "eval loss (minus the mean reward)"  # online RL's eval loss (trainer/objectives/rl/evaluation.py)
 
 # eval.generate's figures (storage/metrics.py generate_metrics names them), in this order; a user scorer's follow.
 GENERATE_ROWS = {
@@ -45,20 +47,58 @@ GENERATE_ROWS = {
     "generate.tool_call_accuracy": "tool calls equal to the reference's",
     "generate.new_tokens": "tokens generated",
     "generate.seconds": "generation seconds (slowest rank)",
+    "generate.reward": "mean reward of the answers",
+    "generate.completion_length": "answer length (tokens)",
+    "generate.truncated_share": "answers that ran out of tokens",
 }
+REWARD_SCORE = "generate.rewards."  # online RL: each reward function's mean over the eval answers
+# Online RL's training figures on the card (metrics.jsonl), each the mean over the first and the last steps.
+TRAINING_ROWS = (
+    ("reward", "mean reward"),
+    ("frac_reward_zero_std", "groups without reward spread"),
+    ("completions/mean_length", "completion length (tokens)"),
+    ("completions/clipped_ratio", "completions truncated"),
+    ("kl", "KL to the reference"),
+    ("entropy", "entropy (nats per token)"),
+    ("clip_ratio/region_mean", "tokens clipped"),
+)
+EDGE_STEPS = 5
 
 
 def generate_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     """The card's rows of the generated answers' figures (none when eval.generate was off)."""
     figures = generate_metrics(metrics)
-    own = [key for key in figures if key.startswith("generate.scores.")]
+    own = [key for key in figures if key.startswith(("generate.scores.", REWARD_SCORE))]
+
+    def label(key: str) -> str:
+        if key.startswith(REWARD_SCORE):
+            return f"reward `{key.removeprefix(REWARD_SCORE)}` (train.rl.rewards), mean"
+        return GENERATE_ROWS.get(key, f"score `{key.removeprefix('generate.scores.')}` (eval.generate.scorer)")
+
     return [
-        (
-            GENERATE_ROWS.get(key, f"score `{key.removeprefix('generate.scores.')}` (eval.generate.scorer)"),
-            with_base(metrics, key, "{:.4g}", figures[key]),
-        )
+        (label(key), with_base(metrics, key, "{:.4g}", figures[key]))
         for key in [*(key for key in GENERATE_ROWS if key in figures), *own]
     ]
+
+
+def training_rows(steps: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Online RL's training figures (metrics.jsonl's step lines): each one's mean over the first and the last
+    EDGE_STEPS steps, each reward function's too, and the share of the step time spent generating (none for other
+    objectives)."""
+    steps = [r for r in steps if "event" not in r and r.get("reward") is not None]
+    if not steps:
+        return []
+    first, last = steps[:EDGE_STEPS], steps[-EDGE_STEPS:]
+
+    def mean(records: list[dict[str, Any]], key: str) -> float:
+        return sum(float(r[key]) for r in records) / len(records)
+
+    keys = [(key, label) for key, label in TRAINING_ROWS if key in steps[0]]
+    keys += [(k, f"reward `{k.split('/')[1]}`") for k in steps[0] if k.startswith("rewards/") and k.endswith("/mean")]
+    rows = [(f"{label}, first -> last {len(last)} steps", f"{mean(first, k):.4f} -> {mean(last, k):.4f}")
+            for k, label in keys]  # fmt: skip
+    share = sum(r.get("generation_s", 0.0) for r in steps) / max(sum(r["step_time_s"] for r in steps), 1e-9)
+    return [*rows, ("generation's share of the step time", f"{share:.0%}")]
 
 
 def task_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
@@ -84,7 +124,16 @@ def with_base(metrics: dict[str, Any], key: str, fmt: str, value: Any) -> str:
 def metric_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     """The card's rows of the objective's metrics and counts, each metric with the base model's and the delta beside
     it (eval.compare_base)."""
-    return [(label, with_base(metrics, key, fmt, metrics[key])) for key, label, fmt in METRIC_ROWS if key in metrics]
+    rl = "reward" in metrics and "reward_accuracy" not in metrics
+
+    def label(key: str, text: str) -> str:
+        return RL_LOSS if rl and key == "loss" else text
+
+    return [
+        (label(key, text), with_base(metrics, key, fmt, metrics[key]))
+        for key, text, fmt in METRIC_ROWS
+        if key in metrics
+    ]
 
 
 def metrics_intro(spec: Spec, metrics: dict[str, Any], world_size: int) -> str:
@@ -200,6 +249,8 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
         ("DeepSpeed", f"ZeRO-{zero_stage(spec.deepspeed)}"),
         ("nodes x ranks", f"{cfg.launch.nnodes} x {cfg.launch.nproc_per_node}"),
     ]
+    if spec.rewards:  # online RL: the reward functions, a file's by the digest of its staged copy
+        rows.insert(2, ("rewards", "; ".join(rewards_text(spec))))
     if spec.attempts:  # an elastic run: each launch's nodes, world size and starting step
         rows.append(("attempts", "; ".join(a.describe() for a in spec.attempts)))
     if train.method.trains_adapters:
@@ -210,7 +261,13 @@ def config_highlights(spec: Spec) -> list[tuple[str, Any]]:
 def objective_row(spec: Spec) -> str:
     """The training objective, its settings and its reference model, as the objective describes itself."""
     train = spec.config.train
-    return train.objective.card(train.preference, train.method, spec.model_path)
+    return train.objective.card(train.objective.settings_of(train), train.method, spec.model_path)
+
+
+def rewards_text(spec: Spec) -> list[str]:
+    """Each reward function (weight, name, a file's sha256) of an online RL run."""
+    weights = spec.config.train.rl.weights
+    return [f"{weight:g} x `{ref.describe()}`" for weight, ref in zip(weights, spec.rewards, strict=True)]
 
 
 def split_row(split: dict[str, Any]) -> tuple[str, str]:
@@ -247,6 +304,16 @@ def images_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def data_rows(spec: Spec, lineage: dict[str, Any], manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's Data rows: the dataset, its source, each split's records (prompts: their tokens; else the target
+    tokens) and how the eval split was made, and its images (if any)."""
+    rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
+    for split, c in manifest["splits"].items():
+        tokens = f"{c['tokens']} prompt tokens" if "prompts" in c else f"{c['target_tokens']} target tokens"
+        rows.append((f"{split} split", f"{c['records']} records, {tokens}"))
+    return [*rows, split_row(manifest["split"]), *images_rows(manifest)]
+
+
 def model_card(
     spec: Spec,
     entry: dict[str, Any],
@@ -254,23 +321,19 @@ def model_card(
     loss_plot: Location | None,
     adapters: AdapterSummary | None = None,
     answers: list[dict[str, Any]] | None = None,
+    steps: list[dict[str, Any]] | None = None,
 ) -> str:
     """The whole card for a registered version (`manifest`: the staged dataset's; `adapters`: what a LoRA run
-    adapted, from its export; `answers`: a few generated answers, eval.json's generate.answers)."""
+    adapted, from its export; `answers`: a few generated answers, eval.json's generate.answers; `steps`: metrics.jsonl's
+    records, whose online RL figures get a Training section)."""
     metrics, lineage = entry["metrics"], entry["lineage"]
     title = f"{entry['model']} v{entry['version']:04d}"
-    data_rows = [("dataset", f"`{lineage['dataset_id']}`"), ("source", f"`{spec.config.data.source}`")]
-    data_rows += [
-        (f"{split} split", f"{c['records']} records, {c['target_tokens']} target tokens")
-        for split, c in manifest["splits"].items()
-    ]
-    data_rows += [split_row(manifest["split"]), *images_rows(manifest)]
     parts = [
         f"# {title}",
         f"{spec.config.train.method} fine-tune of `{spec.model_path}`, run `{spec.run_id}`, "
         f"registered {entry['created_at']}.",
         "## Data",
-        _table(data_rows),
+        _table(data_rows(spec, lineage, manifest)),
         "## Method and configuration",
         _table(config_highlights(spec) + ([("adapters", adapters.describe())] if adapters else [])),
         "## Metrics",
@@ -278,6 +341,8 @@ def model_card(
         _table(metric_rows(metrics) + generate_rows(metrics) + task_rows(metrics)),
         *answers_section(answers),
     ]
+    if training := training_rows(steps or []):
+        parts += ["## Training", "Online RL's step metrics (metrics.jsonl).", _table(training)]
     if loss_plot:
         parts += ["## Loss curve", f"![loss curve]({layout.LOSS_PLOT})", f"`{loss_plot}`"]
     parts += [

@@ -9,16 +9,20 @@ import math
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from config.chat_template import resolve_chat_template
-from config.deepspeed import ModelShape, read_deepspeed_json, resolve_from_model, resolve_from_train
+from config.deepspeed import ModelShape, read_deepspeed_json, resolve_from_model, resolve_from_train, zero_stage
+from config.objectives import PROMPT_DATA
 from config.schema import FinetuneConfig
 from config.sections.model_train import TrainConfig
 from core.checkout import code_version
+from core.errors import UserError
 from storage import layout
 from storage.base_model import record_base_model
 from storage.manifest import read_manifest
 from storage.node_cache import cache_root
+from storage.rewards import RewardRef, stage_rewards
 from storage.shards import split_rows
 from storage.spec import DatasetRef, Spec
 
@@ -36,6 +40,9 @@ def total_steps(train: TrainConfig, train_records: int, world_size: int) -> int:
         return train.max_steps
     # With train.global_batch_size the rows per step, hence the step count and the schedule, ignore the world size.
     per_step = train.global_batch_size or train.micro_batch_size * train.gradient_accumulation_steps * world_size
+    if train.objective.data == PROMPT_DATA:  # grpo: a step's rows are completions, G a prompt, each window mu steps
+        prompts = max(per_step // train.rl.num_generations, 1)
+        return max(1, math.ceil(train.epochs * train_records / prompts)) * train.rl.num_iterations
     return max(1, math.ceil(train.epochs * train_records / per_step))
 
 
@@ -60,11 +67,14 @@ def build_spec(
     model_path: str,
     dataset: DatasetRef,
     model_manifest_digest: str | None = None,
+    rewards: list[RewardRef] | None = None,
 ) -> Spec:
     """Resolve the config once: world size, DeepSpeed "auto" values, total steps, the run's location (run.storage with
     its options: every node and rank reaches the run through it); with the digest of the run's base_model.json
-    (record_model) when it was recorded."""
+    (record_model) when it was recorded. Online RL's reward files are staged under run.storage here (storage/rewards.py)
+    unless `rewards` gives them (an elastic attempt keeps its run's)."""
     ds = resolve_from_train(read_deepspeed_json(cfg.deepspeed.config), cfg.train, cfg.world_size)
+    check_reference(cfg, ds)
     if (shape := model_shape(model_path)) is not None:
         ds = resolve_from_model(ds, shape)
     train_records = dataset.records("train")
@@ -84,4 +94,25 @@ def build_spec(
         model_manifest_digest=model_manifest_digest,
         code_version=code_version(),
         chat_template=resolve_chat_template(cfg.model.chat_template),
+        rewards=rewards if rewards is not None else run_rewards(cfg),
     )
+
+
+def check_reference(cfg: FinetuneConfig, ds: dict[str, Any]) -> None:
+    """Online RL with beta > 0 under full fine-tuning keeps a frozen copy of the base beside the policy: refused under
+    ZeRO-3, whose partitioned policy is there because the whole model does not fit a rank."""
+    train = cfg.train
+    frozen_copy = train.rl.beta > 0 and not train.method.trains_adapters
+    if train.objective.data == PROMPT_DATA and frozen_copy and zero_stage(ds) == 3:
+        raise UserError(
+            f"train.rl.beta={train.rl.beta:g} with train.method=full under ZeRO-3: the reference would be a whole "
+            "frozen copy of the base on every rank beside the partitioned policy; use train.method lora or qlora "
+            "(the reference is the adapters disabled), ZeRO-2, or train.rl.beta=0"
+        )
+
+
+def run_rewards(cfg: FinetuneConfig) -> list[RewardRef]:
+    """A grpo run's reward functions, each file staged under run.storage; none for other objectives."""
+    if cfg.train.objective.data != PROMPT_DATA:
+        return []
+    return stage_rewards(cfg.train.rl.parsed_rewards, layout.root(cfg.run))

@@ -108,6 +108,7 @@ def survey(
         "mix": data.mix,
         "on_invalid": data.on_invalid,
         "preference": data.preference_mode,
+        **({"require_answer": bool(data.require_answer)} if data.preference_mode == "prompts" else {}),
         "packing": data.packing,
         "shaping": shaping(data),
         "images": [data.image_min_pixels, data.image_max_pixels],

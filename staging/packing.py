@@ -19,7 +19,7 @@ import numpy as np
 
 from config.sections.run_data import DataConfig
 from storage.location import Location
-from storage.shards import ExampleImages, FileEntry, PreferenceWriter, SplitWriter
+from storage.shards import ExampleImages, FileEntry, PreferenceWriter, PromptWriter, SplitWriter
 
 TEXT_FORMAT = "text"  # plain text: packed unless data.packing says otherwise
 
@@ -30,7 +30,7 @@ def packing_enabled(data: DataConfig, formats: Iterable[str]) -> bool:
     dataset_info.json entry, or detected from the file's first records)."""
     if data.packing is not None:
         return data.packing
-    if data.preference_mode == "pairs":  # a pair is one row: never packed
+    if data.preference_mode in ("pairs", "prompts"):  # a pair, a prompt is one row: never packed
         return False
     found = set(formats)
     return found == {TEXT_FORMAT}
@@ -148,8 +148,11 @@ def split_writer(
     images: bool = False,
 ) -> SplitWriter | PackingWriter:
     """The writer of one split's shards: examples row by row (with their images' names and tokens when the records
-    have any), spooled and packed into rows of max_length, or preference rows (data.preference=pairs)."""
+    have any), spooled and packed into rows of max_length, preference rows (data.preference=pairs) or prompt rows
+    (data.preference=prompts)."""
     if data.preference_mode == "pairs":
         return PreferenceWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
+    if data.preference_mode == "prompts":
+        return PromptWriter(base, split, data.shard_rows, data.digest_algorithm, on_write)
     writer = SplitWriter(base, split, data.shard_rows, data.digest_algorithm, on_write, packed=packed, images=images)
     return PackingWriter(writer, data.max_length, workdir) if packed else writer

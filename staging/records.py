@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from core.errors import UserError
+from staging import prompts
 from staging.formats import DETECT_SAMPLE, NORMALIZERS, Conversation, InvalidRecord, detect_format
 from staging.images import image_reader, lift_image_parts, with_images
 from staging.mapping import Mapping
@@ -92,6 +93,7 @@ class Reading:
     preference: str
     form: Form | None = None
     images: Images | None = None
+    require_answer: bool = False  # data.require_answer (prompt records: data.preference=prompts)
 
 
 @dataclass(frozen=True)
@@ -110,17 +112,30 @@ class DataFile:
 
 
 def open_file(
-    url: Location, mapping: Mapping, preference: str, on_bytes: ByteCounter, images: Images | None = None
+    url: Location,
+    mapping: Mapping,
+    preference: str,
+    on_bytes: ByteCounter,
+    images: Images | None = None,
+    require_answer: bool = False,
 ) -> DataFile:
     """A data file's records, renamed by the mapping's columns and tags, then normalized; with format `auto`,
     the format is decided from its first records, and so is whether it is preference data (`preference`:
-    data.preference). `images`: how its records' images are read (None: from the file's folder, as blake3)."""
+    data.preference); data.preference=prompts reads prompt records (staging/prompts.py) whatever the format.
+    `images`: how its records' images are read (None: from the file's folder, as blake3)."""
     images = images or Images(url.with_url(posixpath.dirname(url.url)))
     raw = read_file(url, on_bytes)
     head = list(itertools.islice(raw, DETECT_SAMPLE))
     if not head:
         return DataFile(url, Reading(mapping.format, mapping, preference, images=images), "empty file", iter(()))
     samples = [mapping.apply(value) for _, value in head if not isinstance(value, Unparsable)]
+    if preference == "prompts":
+        key = next((prompts.form_of(sample) for sample in samples if prompts.form_of(sample)), None)
+        if key is None and samples:
+            raise UserError(f"{url}: its first records are {prompts.refusal(samples[0])}")
+        reading = Reading("prompts", mapping, preference, require_answer=require_answer)
+        items = (to_item(location, value, reading) for location, value in itertools.chain(head, raw))
+        return DataFile(url, reading, prompts.form_label(key), items)
     first = next((sample for sample in samples if isinstance(sample, dict) and form_of(sample)), None)
     form = form_of(first)
     if first is not None and form is not None and preference == "refuse":
@@ -159,6 +174,8 @@ def to_item(location: str, value: object, reading: Reading) -> Record | Reject:
     mapping = reading.mapping
     try:
         record = mapping.apply(value)
+        if reading.preference == "prompts":
+            return Record(location, prompts.normalize(location, record, reading.require_answer))
         form = reading.form or form_of(record)
         if form is None:
             if reading.preference == "pairs":

@@ -164,7 +164,16 @@ def scan_sources(inputs: Inputs, data: DataConfig, spool: Path, reporter: Report
         reporter.phase("reading", sum(f.size for f in files), "B") as phase,
         pool_of(processes) if processes > 1 else contextlib.nullcontext() as pool,
     ):
-        reader = Reader(inputs, data.mix, data.preference_mode, phase.update, pool, processes, data.digest_algorithm)
+        reader = Reader(
+            inputs,
+            data.mix,
+            data.preference_mode,
+            phase.update,
+            pool,
+            processes,
+            data.digest_algorithm,
+            bool(data.require_answer),
+        )
         for index, item in reader.mixed():
             sink.take(index, files[index].key, item)
     sources = source_rows(inputs, reader.opened, sink.counts)
@@ -219,6 +228,7 @@ class Reader:
     pool: ProcessPoolExecutor | None
     processes: int
     algorithm: str  # data.digest_algorithm: what names the images
+    require_answer: bool = False  # data.require_answer: a prompt record needs its reference answer
     opened: dict[int, DataFile] = field(default_factory=dict)
 
     def mixed(self) -> Iterator[tuple[int, Digested | Reject]]:
@@ -242,7 +252,9 @@ class Reader:
             # Blocks of JSON Lines count their own bytes; the format is decided from the first records.
             counter = (lambda _: None) if firstpass.splittable(source.url) else self.progress
             images = Images(folder(source.url), self.algorithm, None if self.inputs.vision else self.inputs.model)
-            self.opened[index] = open_file(source.url, stream.mapping, self.preference, counter, images)
+            self.opened[index] = open_file(
+                source.url, stream.mapping, self.preference, counter, images, self.require_answer
+            )
             items = firstpass.digest_file(self.opened[index], self.progress, self.pool, self.processes)
             for item in items:
                 if isinstance(item, Reject):

@@ -50,7 +50,7 @@ from storage.fs import (
 )
 from storage.location import Location, is_local, join
 from storage.manifest import read_manifest, verify_files
-from storage.shards import FileEntry, PreferenceWriter, SplitWriter, split_rows
+from storage.shards import FileEntry, PreferenceWriter, PromptWriter, SplitWriter, split_rows
 from storage.spec import DatasetRef
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,11 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
     token_is_eval = np.repeat(is_eval, batch.lengths)
     for split, rows, tokens in (("eval", is_eval, token_is_eval), ("train", ~is_eval, ~token_is_eval)):
         writer = writers[split]
+        if isinstance(writer, PromptWriter):
+            assert batch.records is not None, "prompt rows without their records"
+            picked = [record for record, keep in zip(batch.records, rows, strict=True) if keep]
+            writer.add_prompts(batch.ids[tokens], batch.lengths[rows], batch.truncated[rows], picked)
+            continue
         pictures = [batch.images[i] for i in np.flatnonzero(rows)] if batch.images else []
         if isinstance(writer, PreferenceWriter):
             assert batch.segments is not None and batch.feedback is not None, "preference rows without segments"

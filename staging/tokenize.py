@@ -48,6 +48,7 @@ class EncodedBatch:
     feedback: np.ndarray | None = None  # and its label (storage/shards.py PAIR, 1, 0)
     longest: int = 0  # tokens of the batch's longest conversation before data.max_length cut or dropped it
     images: list[ExampleImages] = field(default_factory=list)  # per kept example: its images' names and tokens
+    records: list[str] | None = None  # prompt rows (staging/prompts.py): each kept row's record, as JSON
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from staging.pairs import encode_preference, is_preference
+from staging.prompts import encode_prompts, is_prompt
 from staging.records import Reject
 from staging.spool import Chunk, read_chunk
 from staging.tokenize import ChatEncoder, EncodedBatch, EncoderSettings, reasoning_error
@@ -57,6 +58,8 @@ def encode_chunk(encoder: ChatEncoder, spool: Path, chunk: Chunk) -> ChunkResult
     items = read_chunk(spool, chunk)
     if is_preference(items[0][1]):  # data.preference=pairs: every record is one
         batch = encode_preference(encoder, items)
+    elif is_prompt(items[0][1]):  # data.preference=prompts: every record is one
+        batch = encode_prompts(encoder, items)
     else:
         encoder.check_render(items[0][1])
         for location, conversation in items:

@@ -85,6 +85,12 @@ def base_eval_url(storage: Location, key: str) -> Location:
     return join(storage, "eval-cache", "base", f"{key}.json")
 
 
+def reward_file_url(storage: Location, digest: str, filename: str) -> Location:
+    """{storage}/rewards/{sha256, 16 hex}/{filename}: a reward function's file (train.rl.rewards), staged with the data
+    and named by its digest, so every node runs the same bytes (storage/rewards.py)."""
+    return join(storage, "rewards", digest[:16], filename)
+
+
 def model_dir(storage: Location, name: str) -> Location:
     """{storage}/models/{name}: base models materialized by Tandem (the built-in tiny model)."""
     return join(storage, "models", name)

@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from config.sections.results import GENERATE_DIRECTION, PREFERENCE_METRICS, SFT_METRICS, TASK_METRICS, USER_SCORES
+from config.sections.results import (
+    GENERATE_DIRECTION,
+    PREFERENCE_METRICS,
+    REWARD_SCORES,
+    RL_METRICS,
+    SFT_METRICS,
+    TASK_METRICS,
+    USER_SCORES,
+)
 from storage import layout
 from storage.fs import exists, read_bytes
 from storage.location import Location, join
@@ -14,17 +22,23 @@ from storage.location import Location, join
 # eval.json's counts beside its metrics: supervised (tokens) and preference (units: pairs or KTO answers) evaluation.
 SFT_COUNTS = ("loss_sum", "target_tokens", "correct_tokens", "examples")
 PREFERENCE_COUNTS = ("units",)
+RL_COUNTS = ("records",)  # online RL (trainer/objectives/rl/evaluation.py): the eval prompts answered
 
 
 def eval_metric_keys(result: dict[str, Any]) -> tuple[str, ...]:
     """The headline metrics of an eval.json (or a registry entry's metrics): a preference objective's when it has
-    them (trainer/objectives/preference/), else supervised evaluation's."""
-    return ("loss", *(PREFERENCE_METRICS if "reward_accuracy" in result else SFT_METRICS))
+    them (trainer/objectives/preference/), online RL's mean reward (trainer/objectives/rl/), else supervised
+    evaluation's."""
+    if "reward_accuracy" in result:
+        return ("loss", *PREFERENCE_METRICS)
+    return ("loss", *(RL_METRICS if "reward" in result else SFT_METRICS))
 
 
 def eval_record_keys(result: dict[str, Any]) -> tuple[str, ...]:
     """The metrics and counts of an eval.json that a registry entry keeps."""
-    return (*eval_metric_keys(result), *(PREFERENCE_COUNTS if "reward_accuracy" in result else SFT_COUNTS))
+    if "reward_accuracy" in result:
+        return (*eval_metric_keys(result), *PREFERENCE_COUNTS)
+    return (*eval_metric_keys(result), *(RL_COUNTS if "reward" in result else SFT_COUNTS))
 
 
 # eval.json's `generate` (eval.generate: trainer/evaluation/generate.py): its figures, and the answers shown to a
@@ -73,7 +87,7 @@ def metric_deltas(trained: dict[str, Any], base: dict[str, Any]) -> dict[str, An
     ours_generated |= task_metrics(trained)
     theirs_generated |= task_metrics(base)
     for name, value in ours_generated.items():
-        scored = name in GENERATE_DIRECTION or name.startswith((USER_SCORES, TASK_METRICS))
+        scored = name in GENERATE_DIRECTION or name.startswith((USER_SCORES, TASK_METRICS, REWARD_SCORES))
         if scored and name in theirs_generated:
             *parents, leaf = name.split(".")
             node = out
@@ -112,10 +126,11 @@ def delta_metrics(result: dict[str, Any]) -> dict[str, float]:
 
 def generate_metrics(result: dict[str, Any]) -> dict[str, float]:
     """The generated answers' figures of an eval.json or a registry entry's metrics as flat dotted names
-    (generate.exact_match, generate.scores.<name>), the ones with a value."""
+    (generate.exact_match, generate.scores.<name>, online RL's generate.rewards.<name>), the ones with a value."""
     figures = {key: value for key, value in result.get(GENERATE, {}).items() if key != SHOWN_ANSWERS}
-    flat = {f"{GENERATE}.{key}": value for key, value in figures.items() if key != "scores"}
+    flat = {f"{GENERATE}.{key}": value for key, value in figures.items() if key not in ("scores", "rewards")}
     flat |= {f"{GENERATE}.scores.{key}": value for key, value in figures.get("scores", {}).items()}
+    flat |= {f"{REWARD_SCORES}{key}": value for key, value in figures.get("rewards", {}).items()}
     return {key: float(value) for key, value in flat.items() if isinstance(value, int | float)}
 
 

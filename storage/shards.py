@@ -40,6 +40,10 @@ ExampleImages = tuple[tuple[str, ...], tuple[int, ...]]  # an example's image na
 # desirable, 0 undesirable).
 PREFERENCE_SHARD_SCHEMA = PACKED_SHARD_SCHEMA.append(pa.field("feedback", pa.int8()))
 PAIR = -1  # the `feedback` of a pair
+# A prompt row (data.preference=prompts, online RL): the prompt's tokens (its chat template's rendering with the
+# generation prompt; no target), and `record`: its location, prompt messages and other columns, as JSON
+# (staging/prompts.py), which the reward functions receive.
+PROMPT_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("record", pa.large_string()))
 FileEntry = dict[str, Any]
 
 
@@ -81,6 +85,7 @@ class SplitWriter:
         self.on_write, self.packed, self.images = on_write, packed, images
         self._images: list[ExampleImages] = []  # per example, with `images`
         self.preference = False  # PreferenceWriter's rows
+        self._pending_records: list[str] = []  # PromptWriter's rows' records, until their shard is written
         self._pending_feedback = np.zeros(0, dtype=np.int8)  # their labels, until their shard is written
         self.files: list[FileEntry] = []
         self.counts = {"records": 0, "rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0}
@@ -173,6 +178,9 @@ class SplitWriter:
             columns.append(pa.ListArray.from_arrays(segment_offsets, pa.array(lengths.astype(np.int32))))
         if self.images:
             columns += image_columns(pictures, row_ends)
+        if self.schema is PROMPT_SHARD_SCHEMA:
+            columns.append(pa.array(self._pending_records[: len(sizes)], type=pa.large_string()))
+            self._pending_records = self._pending_records[len(sizes) :]
         data = encode_shard(pa.RecordBatch.from_arrays(columns, schema=self.schema))
         relpath = layout.shard_name(self.split, len(self.files))
         write_bytes_atomic(join(self.base, relpath), data)
@@ -236,6 +244,29 @@ class PreferenceWriter(SplitWriter):
         self.counts["target_tokens"] += int((labels != IGNORE_INDEX).sum())
         while self._rows >= self.shard_rows:
             self._flush(self.shard_rows)
+
+
+class PromptWriter(SplitWriter):
+    """A split's prompt rows (online RL: one prompt a row, with its record) as shards; counts add the prompts."""
+
+    def __init__(
+        self, base: Location, split: str, shard_rows: int, algorithm: str, on_write: Callable[[FileEntry], None]
+    ) -> None:
+        super().__init__(base, split, shard_rows, algorithm, on_write)
+        self.counts["prompts"] = 0
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of prompt shards."""
+        return PROMPT_SHARD_SCHEMA
+
+    def add_prompts(self, ids: np.ndarray, lengths: np.ndarray, truncated: np.ndarray, records: list[str]) -> None:
+        """Append prompt rows: flat ids, one length and one record (JSON) per prompt."""
+        if not len(lengths):
+            return
+        self._pending_records.extend(records)
+        self.counts["prompts"] += len(lengths)
+        self.add(ids, np.full(len(ids), IGNORE_INDEX, dtype=np.int32), lengths, truncated)
 
 
 def encode_shard(batch: pa.RecordBatch) -> bytes:

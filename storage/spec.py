@@ -16,6 +16,7 @@ from storage import layout
 from storage.digest import digest_bytes
 from storage.fs import read_bytes, write_json_atomic
 from storage.location import Location, join
+from storage.rewards import RewardRef
 
 
 class DatasetRef(Section):
@@ -82,6 +83,11 @@ class Spec(Section):
         None,
         description="The text of model.chat_template when set: what staging used and the export carries; "
         "None: the base model's own template (absent from specs written before it existed).",
+    )
+    rewards: list[RewardRef] = Field(
+        default_factory=list,
+        description="train.objective=grpo: its reward functions (train.rl.rewards), each file's staged copy and sha256 "
+        "(storage/rewards.py); empty for other objectives (absent from specs written before it existed).",
     )
     attempts: list[Attempt] = Field(
         default_factory=list,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
@@ -81,6 +82,10 @@ class Shard:
         if "images" in batch.schema.names:
             self.images = batch.column(batch.schema.names.index("images")).to_pylist()
             self.image_tokens = batch.column(batch.schema.names.index("image_tokens")).to_pylist()
+        # Prompt rows (online RL): each row's record, as JSON (storage/shards.py); None: other rows.
+        self.records: pa.Array | None = None
+        if "record" in batch.schema.names:
+            self.records = batch.column(batch.schema.names.index("record"))
         self.rows = batch.num_rows
 
     def row(self, index: int) -> Row:
@@ -147,6 +152,19 @@ class Split(Sequence[Row]):
                 f"{shard.path}: not preference rows (no feedback column); stage with data.preference=pairs"
             )
         return int(shard.feedback[local])
+
+    def record(self, index: int) -> dict[str, Any]:
+        """A prompt row's record (its location, prompt messages and columns: staging/prompts.py)."""
+        shard, local = self._locate(index)
+        if shard.records is None:
+            raise ShardError(f"{shard.path}: not prompt rows (no record column); stage with data.preference=prompts")
+        doc: dict[str, Any] = json.loads(shard.records[local].as_py())
+        return doc
+
+    @property
+    def prompts(self) -> bool:
+        """Whether the split holds prompt rows (data.preference=prompts)."""
+        return bool(self.shards) and self.shards[0].records is not None
 
     @property
     def preference(self) -> bool:

@@ -20,7 +20,7 @@ from storage.checkpoints import CompleteCheckpoint
 from storage.fs import write_bytes_atomic
 from storage.location import Location, join
 from storage.manifest import read_manifest
-from storage.metrics import GENERATE, SHOWN_ANSWERS, delta_metrics, eval_record_keys, task_metrics
+from storage.metrics import GENERATE, SHOWN_ANSWERS, delta_metrics, eval_record_keys, read_metrics, task_metrics
 from storage.registry import promote, read_entry, register_version
 from storage.spec import Spec, WrittenSpec
 
@@ -110,7 +110,8 @@ def publish_model_card(
     """Write {run}/model_card.md and publish it as a Prefect artifact."""
     doc = {**read_entry(storage, model, version), "url": str(url)}
     manifest = read_manifest(spec.dataset_dir, layout.DATASET_SCHEMAS)[0]
-    card = model_card(spec, doc, manifest, loss_plot, read_adapter_summary(layout.final_dir(spec.run)), answers)
+    adapters = read_adapter_summary(layout.final_dir(spec.run))
+    card = model_card(spec, doc, manifest, loss_plot, adapters, answers, read_metrics(spec.run))
     write_bytes_atomic(join(spec.run, layout.MODEL_CARD), card.encode())
     create_markdown_artifact(key="model-card", markdown=card, description=f"{model} v{version:04d}: model card")
     # (model_card masks the card itself; the registry entry it is built from was masked when written)

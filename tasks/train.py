@@ -84,9 +84,9 @@ def start_attempt(written: WrittenSpec, info: Callable[[str], None], cap: TooFew
     previous = load_spec(written.url)[0].attempts  # what earlier attempts of this pipeline run recorded
     attempt, launch = attempt_on(backend_for(base.config.launch.backend), base, previous, cap)
     cfg = base.config.model_copy(update={"launch": launch})
-    spec = build_spec(cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest).model_copy(
-        update={"attempts": [*previous, attempt]}
-    )
+    spec = build_spec(
+        cfg, base.run_id, base.model_path, base.dataset, base.model_manifest_digest, base.rewards
+    ).model_copy(update={"attempts": [*previous, attempt]})
     info(f"train: {attempt.describe()}; global batch {cfg.batch_text(spec.world_size)}")
     return publish_spec(spec)
 
@@ -123,6 +123,19 @@ def train_with_retries(spec: Spec) -> Any:
     )
 
 
+def progress_line(record: dict[str, Any], total: int, eta: float) -> str:
+    """A step's progress line: step/total, loss, tokens, tokens/s and ETA; online RL's mean reward and the share of
+    the step spent generating its rollouts."""
+    line = (
+        f"step {record['step']}/{total} loss {record['loss']:.4f} tokens {record['tokens']} tokens/s "
+        f"{record['tokens_per_s']:.0f}"
+    )
+    if record.get("reward") is not None:
+        share = record.get("generation_s", 0.0) / max(record["step_time_s"], 1e-9)
+        line += f" reward {record['reward']:.4f} generation {share:.0%} of the step"
+    return f"{line} ETA {eta:.0f} s"
+
+
 def progress_reporter(
     total: int, info: Callable[[str], None], tracker: Tracker | None = None
 ) -> Callable[[dict[str, Any]], None]:
@@ -137,10 +150,7 @@ def progress_reporter(
     def report(record: dict[str, Any]) -> None:
         step = record["step"]
         eta = (time.monotonic() - started) / step * (total - step)
-        info(
-            f"step {step}/{total} loss {record['loss']:.4f} tokens {record['tokens']} tokens/s "
-            f"{record['tokens_per_s']:.0f} ETA {eta:.0f} s"
-        )
+        info(progress_line(record, total, eta))
         try:
             with fail_fast():  # the API away (launch/api_outage.py): this step is not shown, the next one is
                 update_progress_artifact(artifact_id=artifact, progress=100.0 * step / total)

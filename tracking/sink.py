@@ -38,6 +38,10 @@ STEP_METRICS = (
     "reward_margin",
     "kl",
 )
+# Online RL's step metrics (trainer/objectives/rl/, TRL's names): these, and every key under these prefixes (each reward
+# function's rewards/<name>/mean and std, the completions' lengths, the clipped ratios).
+RL_STEP_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "generation_s", "scoring_s", "logps_s")
+RL_STEP_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
 
@@ -97,7 +101,8 @@ def first_line(exc: BaseException) -> str:
 
 def step_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """The mirrored metrics of one metrics.jsonl step line, as train/{key}."""
-    return {f"train/{key}": float(record[key]) for key in STEP_METRICS if record.get(key) is not None}
+    keys = [*STEP_METRICS, *RL_STEP_METRICS, *(key for key in record if key.startswith(RL_STEP_PREFIXES))]
+    return {f"train/{key}": float(record[key]) for key in keys if record.get(key) is not None}
 
 
 def flatten(document: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

@@ -128,7 +128,7 @@ def start_run(spec: Spec, dist: Dist, faults: Faults) -> Run:
     built = build_engine(spec, dist, faults)
     objective.start(built, spec, dist)  # by the base (a reference table): before any checkpoint is resumed
     seed_everything(train_cfg.seed + dist.rank)  # per-rank streams (dropout); restored on resume
-    io = DeepSpeedIO(built.engine, spec, dist, faults, zero_stage=built.choices.zero_stage)
+    io = DeepSpeedIO(built.engine, spec, dist, faults, zero_stage=built.choices.zero_stage, carried=objective)
     checkpointer = Checkpointer(
         io, SavePolicy(train_cfg.save_steps, spec.total_steps, train_cfg.keep_latest_k), is_main=dist.is_main
     )

@@ -11,9 +11,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from config.methods import MethodField
-from config.objectives import ObjectiveField
+from config.objectives import SUPERVISED_DATA, ObjectiveField
 from config.sections.base import Section
 from config.sections.preference import PreferenceConfig
+from config.sections.rl import RlConfig
 
 # Models Tandem builds itself (random weights, for tests and trying the pipeline): `tiny` has a small BPE trained
 # on the sample data, `tiny-qwen2.5` Qwen's own BPE and vocabulary; both carry Qwen2.5's chat template.
@@ -257,18 +258,20 @@ class TrainConfig(Section):
         "kto take the "
         "reference from the same model with its adapters disabled; with full, dpo and ipo take the base model's "
         "log-probabilities of every pair, computed once before the first step into {run}/reference/ (kto needs "
-        "lora or qlora).",
+        "lora or qlora). Online RL, on prompts (data.preference=prompts, which it implies): grpo (completions sampled "
+        "by the model as it trains, scored by train.rl.rewards, group-relative advantages; docs/online-rl.md).",
     )
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    rl: RlConfig = Field(default_factory=RlConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     moe: MoeConfig = Field(default_factory=MoeConfig)
 
     @model_validator(mode="after")
     def _split_attention(self) -> TrainConfig:
-        if self.attention == "varlen" and self.objective.data.preference_rows:
+        if self.attention == "varlen" and self.objective.data != SUPERVISED_DATA:
             raise ValueError(
-                f"train.attention=varlen with train.objective={self.objective.name}: its preference rows are not "
-                "flattened into one row; set train.attention to auto, flash or sdpa"
+                f"train.attention=varlen with train.objective={self.objective.name}: its {self.objective.data.words} "
+                "are not flattened into one row; set train.attention to auto, flash or sdpa"
             )
         if self.sequence_parallel_size > 1 and self.attention not in ("auto", "sdpa"):
             raise ValueError(

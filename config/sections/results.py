@@ -146,6 +146,7 @@ Metric = Literal[
     "reward_margin",
     "chosen_logps_per_token",
     "rejected_logps_per_token",
+    "reward",
 ]
 # Which way each metric improves; a gate pointing the other way would promote worse models.
 METRIC_DIRECTION: dict[str, str] = {
@@ -156,6 +157,7 @@ METRIC_DIRECTION: dict[str, str] = {
     "reward_margin": "max",
     "chosen_logps_per_token": "max",
     "rejected_logps_per_token": "min",
+    "reward": "max",
 }
 # The metrics of supervised evaluation alone, and of preference evaluation alone (train.objective); loss is both's.
 SFT_METRICS: tuple[Metric, ...] = ("perplexity", "token_accuracy")
@@ -165,6 +167,9 @@ PREFERENCE_METRICS: tuple[Metric, ...] = (
     "chosen_logps_per_token",
     "rejected_logps_per_token",
 )
+# Online RL's (train.objective=grpo): the mean total reward of the eval prompts' generated answers (its eval `loss` is
+# minus it, so that lower is better there too).
+RL_METRICS: tuple[Metric, ...] = ("reward",)
 # How the champion is chosen when register.gate is not set.
 CHAMPION_METRIC: Metric = "loss"
 
@@ -177,8 +182,11 @@ GENERATE_DIRECTION: dict[str, str] = {
     "generate.rouge_l_f1": "max",
     "generate.tool_call_parse_rate": "max",
     "generate.tool_call_accuracy": "max",
+    "generate.reward": "max",
 }
 USER_SCORES = "generate.scores."
+# Online RL's reward functions' means over the eval answers (train.rl.rewards): generate.rewards.<name>, higher better.
+REWARD_SCORES = "generate.rewards."
 # A benchmark task's metric (eval.tasks): tasks.<task>.<metric>, its direction the gate's (each task has its own).
 TASK_METRICS = "tasks."
 # A metric's delta against the base model (eval.compare_base): delta.<metric>, improving the metric's own way.
@@ -199,6 +207,7 @@ class GateConfig(Section):
         description="Eval metric the gate compares (and the champion is ranked by): an eval.json key, dotted for the "
         f"generated answers' ({', '.join(GENERATE_DIRECTION)}, {USER_SCORES}<name> for eval.generate.scorer's); "
         f"{TASK_METRICS}<task>.<metric> for a benchmark task's (eval.tasks, e.g. {TASK_METRICS}arc_easy.acc); "
+        f"{REWARD_SCORES}<name> for a reward function's mean over the eval answers (train.objective=grpo); "
         f"{DELTA_PREFIX}<metric> for trained minus base (eval.compare_base), e.g. {DELTA_PREFIX}generate.exact_match.",
     )
     direction: Literal["min", "max"] | None = Field(
@@ -222,6 +231,8 @@ class GateConfig(Section):
             raise ValueError("set exactly one rule in register.gate: threshold, better_than, or min and/or max")
         known = {**METRIC_DIRECTION, **GENERATE_DIRECTION}
         name = self.metric.removeprefix(DELTA_PREFIX)  # a delta improves the way its metric does
+        if name.startswith(REWARD_SCORES) and len(name) > len(REWARD_SCORES):
+            known[name] = "max"  # a reward (train.rl.rewards) improves upwards, whichever it is
         own = (name.startswith(USER_SCORES) and len(name) > len(USER_SCORES)) or is_task_metric(name)
         if name not in known and not own:
             raise ValueError(

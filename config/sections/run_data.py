@@ -15,12 +15,13 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 from config.sections.base import STORAGE_FIX, Section, refuse_secrets, refuse_url_password
 
 # data.preference: what staging does with preference data (staging/preference.py).
-PreferenceMode = Literal["refuse", "chosen", "pairs"]
+PreferenceMode = Literal["refuse", "chosen", "pairs", "prompts"]
 # data.preference where it is empty and no objective implies one (a data section on its own, as staging's tests make):
 # supervised data, preference data refused. A run's config fills an empty one in from train.objective instead.
 SUPERVISED_PREFERENCE: PreferenceMode = "refuse"
 MAX_LENGTH = 1_048_576  # data.max_length's upper bound (the memory plan's search stops there too)
 PAIRS_UNPACKED = "data.packing: preference data is not packed (a pair is one row); leave data.packing empty or false"
+PROMPTS_UNPACKED = "data.packing: prompts are not packed (a prompt is one row); leave data.packing empty or false"
 
 
 class RunConfig(Section):
@@ -192,8 +193,16 @@ class DataConfig(Section):
         "records labelled true; records labelled false are not staged, but listed in rejects.jsonl and counted as "
         "undesirable in the manifest. pairs: staged as preference rows for a preference train.objective (a pair: "
         "its prompt once, the chosen and the rejected answer; KTO feedback: its prompt, its answer and the label); "
-        "a record that is not preference data is rejected. Empty: what train.objective trains on (refuse for sft, "
-        "pairs for dpo, ipo, kto and orpo); a setting that contradicts train.objective is refused.",
+        "a record that is not preference data is rejected. prompts: online RL's prompts (train.objective=grpo): "
+        "GSM8K's question and answer, OpenR1-Math's problem, solution and answer, or TRL's prompt (a text or a list of "
+        "messages), each staged as its prompt rendered by the chat template with the generation prompt, and its other "
+        "columns kept for the reward functions. Empty: what train.objective trains on (refuse for sft, pairs for dpo, "
+        "ipo, kto and orpo, prompts for grpo); a setting that contradicts train.objective is refused.",
+    )
+    require_answer: bool | None = Field(
+        None,
+        description="data.preference=prompts: a record without a reference answer (an 'answer' or 'solution' "
+        "column) is invalid (data.on_invalid says what then). Empty: required when train.rl.rewards has accuracy.",
     )
     mask_history: bool = Field(
         False, description="Train only the last assistant turn of each conversation; earlier turns are context."
@@ -292,6 +301,8 @@ class DataConfig(Section):
     def _pairs_unpacked(self) -> DataConfig:
         if self.preference == "pairs" and self.packing:
             raise ValueError(PAIRS_UNPACKED)
+        if self.preference == "prompts" and self.packing:
+            raise ValueError(PROMPTS_UNPACKED)
         return self
 
     @property

@@ -262,6 +262,19 @@ def test_bench_vision() -> None:
         assert result[f"data_time_s_{world}"] >= 0
 
 
+def test_bench_rl() -> None:
+    """Online RL: the generation service against transformers' generate on a toy Qwen2 (both generated every
+    completion's tokens), and one GRPO step's phases on 1 and 2 gloo ranks (each phase timed)."""
+    from tests.benchmarks import bench_rl
+
+    argv = ["--shape", "toy", "--vocab", "512", "--prompts", "2", "--group", "4", "--batch", "4"]
+    figures = bench_rl.main([*argv, "--max-new-tokens", "4", "--repeats", "1", "--steps", "1", "--warmup", "0"])
+    positive(figures["rollouts"], "tandem_tokens_per_s", "transformers_tokens_per_s", "ratio")
+    assert [row["world"] for row in figures["steps"]] == [1, 2]
+    for row in figures["steps"]:
+        assert row["step"][0] > 0 and all(row[phase][0] >= 0 for phase in bench_rl.PHASES), row
+
+
 @pytest.mark.parametrize("script", sorted(path.stem for path in HERE.glob("bench_*.py")))
 def test_every_benchmark_script_imports_and_parses_its_options(script: str, capsys: pytest.CaptureFixture) -> None:
     """In the default run, where the toy runs are not: an import or an option a change broke fails the build. `--help`

@@ -81,7 +81,8 @@ def _rank_files(root: str, rank_dir: str, with_root_files: bool) -> list[str]:
 class Saving:
     """What every save of a run is made with: the run's directory, this rank's place, the digest algorithm, whether
     frozen weights are left out (adapters), the manifest's `meta`, the host-memory snapshots of a background save (None:
-    written to disk at once), and the faults a test injects into the writer."""
+    written to disk at once), the faults a test injects into the writer, and the objective's own state (every rank's
+    trainer state holds the same; a resume reads rank 0's, on any world size)."""
 
     run_url: Location
     dist: Dist
@@ -90,6 +91,7 @@ class Saving:
     meta: dict[str, Any]
     snapshots: SnapshotEngine | None
     faults: Faults = NO_FAULTS
+    objective: dict[str, Any] | None = None  # what the objective keeps beside the engine (GRPO's window of rollouts)
 
 
 def begin_save(engine: Any, step: int, saving: Saving) -> SaveJob:
@@ -130,6 +132,8 @@ def begin_save(engine: Any, step: int, saving: Saving) -> SaveJob:
             time.perf_counter() - started,
         )
     state = {"step": step, "rank": dist.rank, "rng": rng_state()}  # fresh objects: no copy needed
+    if saving.objective is not None:
+        state["objective"] = saving.objective  # never changed after it is taken: the next window is a new object
     snapshot.files.append(Pending(os.path.join(root, rank_dir, TRAINER_STATE), state, 0))
     pending = {os.path.relpath(f.path, root) for f in snapshot.files}
     extra = [rel for rel in _rank_files(root, rank_dir, with_root_files=dist.is_main) if rel not in pending]
@@ -178,6 +182,14 @@ def deepspeed_layout(ckpt: CompleteCheckpoint, tag: str, wanted: Callable[[str],
         else:
             get_file(source, target)
     return root
+
+
+def objective_state(ckpt: CompleteCheckpoint) -> dict[str, Any] | None:
+    """What the objective kept in a checkpoint (rank 0's trainer state: the same on every rank), or None."""
+    url = join(ckpt.url, layout.rank_dir_name(0), TRAINER_STATE)
+    state = torch.load(io.BytesIO(read_bytes(url)), weights_only=False)  # our own, digest-verified
+    kept = state.get("objective")
+    return kept if isinstance(kept, dict) else None
 
 
 def load_checkpoint(engine: Any, ckpt: CompleteCheckpoint, dist: Dist, *, frozen_excluded: bool) -> int:

@@ -18,7 +18,7 @@ import torch
 from config.sections.model_train import size_in_bytes
 from storage.checkpoints import CompleteCheckpoint, apply_retention
 from storage.spec import Spec
-from trainer.checkpointing.deepspeed_io import Saving, begin_save, load_checkpoint
+from trainer.checkpointing.deepspeed_io import Saving, begin_save, load_checkpoint, objective_state
 from trainer.checkpointing.export import ExportSettings, export_final
 from trainer.checkpointing.reshard import check_sequence_groups, load_resharded
 from trainer.checkpointing.resume import check_compatible, choose_checkpoint
@@ -42,6 +42,18 @@ class InFlight(Protocol):
 
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Its result (None: `timeout` passed first); raises its error."""
+
+
+class Carried(Protocol):
+    """What a checkpoint keeps of the objective beside the engine (trainer/objectives/base.py)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Its state now (None: nothing)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Its state from a checkpoint."""
+        ...
 
 
 class CheckpointIO(Protocol):
@@ -201,8 +213,11 @@ class Checkpointer:
 class DeepSpeedIO:
     """CheckpointIO over a DeepSpeed engine and the run's checkpoints on storage."""
 
-    def __init__(self, engine: Any, spec: Spec, dist: Dist, faults: Faults, *, zero_stage: int) -> None:
+    def __init__(
+        self, engine: Any, spec: Spec, dist: Dist, faults: Faults, *, zero_stage: int, carried: Carried | None = None
+    ) -> None:
         self.engine, self.spec, self.dist, self.faults = engine, spec, dist, faults
+        self.carried = carried  # the objective, whose own state a checkpoint keeps beside the engine's
         train = spec.config.train
         self.zero_stage, self.method, self.adapters = zero_stage, train.method, train.method.trains_adapters
         self.algorithm = spec.config.data.digest_algorithm  # writers use the configured digest
@@ -222,7 +237,7 @@ class DeepSpeedIO:
 
     def load(self, ckpt: CompleteCheckpoint) -> int:
         if ckpt.manifest["world_size"] != self.dist.world_size:
-            return load_resharded(
+            step = load_resharded(
                 self.engine,
                 ckpt,
                 self.dist,
@@ -230,7 +245,11 @@ class DeepSpeedIO:
                 algorithm=self.algorithm,
                 seed=self.spec.config.train.seed,
             )
-        return load_checkpoint(self.engine, ckpt, self.dist, frozen_excluded=self.adapters)
+        else:
+            step = load_checkpoint(self.engine, ckpt, self.dist, frozen_excluded=self.adapters)
+        if self.carried is not None:
+            self.carried.load_state_dict(objective_state(ckpt))
+        return step
 
     def start_save(self, step: int) -> InFlight:
         meta = {
@@ -238,7 +257,10 @@ class DeepSpeedIO:
             "method": self.method.name,
             "sequence_parallel_size": self.dist.sequence_parallel,
         }
-        saving = Saving(self.spec.run, self.dist, self.algorithm, self.adapters, meta, self.snapshots, self.faults)
+        kept = self.carried.state_dict() if self.carried is not None else None
+        saving = Saving(
+            self.spec.run, self.dist, self.algorithm, self.adapters, meta, self.snapshots, self.faults, kept
+        )
         job = begin_save(self.engine, step, saving)
         return BackgroundSave(job, self.dist, self.writers, background=self.snapshots is not None)
 

@@ -45,6 +45,11 @@ def cache_inputs(spec: Spec) -> dict[str, Any] | None:
         "generate": generate.model_dump(mode="json") if generate.enabled else None,
         "seed": cfg.train.seed if generate.enabled and generate.temperature > 0 else None,
     }
+    if spec.rewards:  # online RL: its evaluation generates and scores with the run's rewards (their files by digest)
+        rl = cfg.train.rl.model_dump(mode="json", include={"max_completion_length", "top_p", "reward_weights"})
+        rl |= {"rewards": [ref.describe() for ref in spec.rewards], "generate": generate.model_dump()}
+        inputs["rl"] = {**rl, "tags": [cfg.train.rl.reasoning_tag, cfg.train.rl.answer_tag]}
+        inputs["seed"] = cfg.train.seed if generate.temperature > 0 else None
     if cfg.eval.tasks.names:  # only then: the keys of caches written before eval.tasks existed stay the same
         inputs["tasks"] = tasks_inputs(cfg.eval.tasks, cfg.train.seed)
     return inputs

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from config.objectives import SUPERVISED_DATA
 from core.errors import UserError
 from storage import layout
 from storage.fs import write_json_atomic
@@ -52,7 +53,7 @@ def evaluate(spec: Spec, model_url: Location, dist: Dist) -> dict[str, Any]:
         spec, model_url, dist, measure(model, objective, examples, spec, dist, tasks) | objective.eval_fields()
     )
     # Samples continue a prompt where its reference answer starts: examples have one, preference rows two or a label.
-    if spec.config.eval.generate_samples and not objective.objective.data.preference_rows:
+    if spec.config.eval.generate_samples and objective.objective.data == SUPERVISED_DATA:
         from trainer.evaluation.samples import write_samples
 
         remote = spec.config.model.trust_remote_code

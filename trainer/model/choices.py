@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from config.deepspeed import zero_stage
 from config.footprint import read_model_json
+from config.objectives import SUPERVISED_DATA
 from config.vision import is_vision_language
 from core.errors import UserError
 from storage.spec import Spec
@@ -56,7 +57,7 @@ def resolve(spec: Spec, dist: Dist) -> Choices:
     variable-length path for supervised rows only."""
     train = spec.config.train
     kernels = resolve_kernels(train.kernels, dist.device)
-    supervised = not train.objective.data.preference_rows
+    supervised = train.objective.data == SUPERVISED_DATA
     if is_vision_language(read_model_json(spec.model_path) or {}):
         return Choices(
             kernels, vision_attention(train.attention, dist), dist.device.type == "cuda", zero_stage(spec.deepspeed)

@@ -9,12 +9,19 @@ step, a prompt and an answer's index): the token at each position is the argmax 
 filtered log-probabilities plus Gumbel noise from that answer's own generator, which is a draw from the same
 distribution (the Gumbel-max trick) and makes the noise of an answer independent of the batch it shares, so how
 answers are batched and dealt to ranks does not change what is drawn.
+
+`complete` is what a training objective's rollouts take: each completion's tokens with its stop token kept (the model
+learns to stop), and whether it ended or ran out of tokens. Under ZeRO-3 a rank holds a share of every weight, and
+every forward pass gathers the others' shares, a collective that ranks generating different numbers of tokens could not
+keep in step; `whole_weights` gathers the whole model once for a generation phase instead (as TRL does), with
+DeepSpeed's per-module hooks taken off meanwhile, so each rank generates alone.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +60,9 @@ class GumbelSampler:
             logps = nucleus(logps, self.sampling.top_p)
         vocab = logps.shape[-1]
         uniform = torch.stack([torch.rand(vocab, generator=g, dtype=torch.float64) for g in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-300)))
+        # -log(-log(u)), in place: the same operations on the same values as out of place, without four copies of a
+        # rows x vocabulary float64 tensor at every token (rollouts sample many rows of a large vocabulary).
+        gumbel = uniform.clamp_(min=1e-300).log_().neg_().log_().neg_()
         return logps + gumbel.to(device=logps.device, dtype=logps.dtype)
 
 
@@ -87,6 +96,14 @@ class Pixels:
         }
 
 
+@dataclass(frozen=True)
+class Completion:
+    """A sampled completion: its tokens, its stop token last when it `ended` (else it reached max_new_tokens)."""
+
+    ids: list[int]
+    ended: bool
+
+
 class Generator:
     """Answers from `model` (any causal LM with transformers' `generate`: a PEFT model, a DeepSpeed engine's module;
     a vision-language model's prompts with their images) padded with `pad_id`, stopping at `stops`."""
@@ -105,6 +122,14 @@ class Generator:
     ) -> list[list[int]]:
         """Each prompt's new tokens up to (not including) its first stop token; `seeds`: one per prompt (unused at
         temperature 0); `pixels`: the prompts' images, in order."""
+        return [c.ids[:-1] if c.ended else c.ids for c in self.complete(prompts, sampling, seeds, pixels)]
+
+    @torch.no_grad()
+    def complete(
+        self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int], pixels: Pixels | None = None
+    ) -> list[Completion]:
+        """Each prompt's completion, its first stop token kept; `seeds`: one per prompt (unused at temperature 0);
+        `pixels`: the prompts' images, in order."""
         from transformers import GenerationConfig, LogitsProcessorList
 
         width = max(len(p) for p in prompts)
@@ -121,12 +146,52 @@ class Generator:
             generation_config=GenerationConfig(**config, eos_token_id=self.stops, pad_token_id=self.pad_id),
             logits_processor=processors,
             **(pixels.inputs(input_ids) if pixels is not None else {}),
+            # Each rank generates alone (a model whole on every rank, or gathered whole by `whole_weights`): not
+            # transformers' ZeRO-3 default, which all-reduces at every token until every rank's answers are done.
+            synced_gpus=False,
         )
         answers = []
         for row in out[:, width:].tolist():
-            cut = next((i for i, token in enumerate(row) if token in self.stops), len(row))
-            answers.append(row[:cut])
+            cut = next((i for i, token in enumerate(row) if token in self.stops), None)
+            answers.append(Completion(row, False) if cut is None else Completion(row[: cut + 1], True))
         return answers
+
+
+@contextmanager
+def whole_weights(engine: Any, zero3: bool) -> Iterator[Any]:
+    """The engine's model for a generation phase, in eval mode: under ZeRO-3 with every weight gathered whole on each
+    rank and DeepSpeed's per-module hooks off (a collective: every rank enters it), so that each rank generates alone;
+    as it is otherwise."""
+    module = getattr(engine, "module", engine)
+    training = module.training
+    module.eval()
+    try:
+        if not zero3:
+            yield module
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):
+            offload = engine.optimizer.parameter_offload
+            _remove_hooks(offload)
+            try:
+                yield module
+            finally:
+                coordinator = getattr(offload, "param_coordinator", None)
+                if coordinator is not None and not coordinator.is_invalid_trace():
+                    coordinator._invalidate_trace()  # the generation's passes are not the training's trace
+                offload._register_deepspeed_module(offload.module)
+    finally:
+        module.train(training)
+
+
+def _remove_hooks(offload: Any) -> None:
+    """DeepSpeed ZeRO-3's fetch-and-release hooks off every module (TRL's `remove_hooks`)."""
+    for _, param in offload.module.named_parameters():
+        param.ds_active_sub_modules.clear()
+    for hook in [*offload.forward_hooks, *offload.backward_hooks]:
+        hook.remove()
+    offload.forward_hooks, offload.backward_hooks = [], []
 
 
 def stop_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -18,7 +18,9 @@ settings; `objective` is that config object. It owns everything that differs fro
   accumulation and world size; it runs the model through the `Policy` (trainer/objectives/policy.py);
 - `end_step`: the step's loss, target tokens and its own metrics for metrics.jsonl, from the all-reduced sums;
 - `evaluate`: its metrics over rows of the eval split (sums all-reduced and divided once), `eval_fields`: what
-  eval.json records beside them, `summary`: the log line.
+  eval.json records beside them, `summary`: the log line;
+- `state_dict` / `load_state_dict`: what a checkpoint keeps of it beside the engine (GRPO's rollouts of a window that
+  spans several steps; None for the others), restored on resume on any world size.
 
 The contract is generic over the objective's micro-batch, scope and sums types, so each objective's own types are
 checked from `deal` to `end_step`. What every objective shares -- the step's timing, heartbeats, fault hooks,
@@ -31,11 +33,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
-from config.objectives import FEEDBACK_DATA, PAIR_DATA, SUPERVISED_DATA, DataKind, Objective, either, trained_on
+from config.objectives import (
+    FEEDBACK_DATA,
+    PAIR_DATA,
+    PROMPT_DATA,
+    SUPERVISED_DATA,
+    DataKind,
+    Objective,
+    either,
+    trained_on,
+)
 from core.errors import UserError
 from storage.shards import PAIR
 from storage.spec import Spec
@@ -94,8 +105,9 @@ class EvalOptions:
     images: Images | None = None
 
 
-# An objective's evaluation figures (eval.json's top level, the gate's metrics): numbers, its name, its reference.
-Metrics = dict[str, float | int | str | None]
+# An objective's evaluation figures (eval.json's top level, the gate's metrics): numbers, its name, its reference, and
+# GRPO's generated answers' figures (a `generate` section, as eval.generate's).
+Metrics = dict[str, float | int | str | dict[str, Any] | None]
 
 
 class TrainObjective(Protocol[BatchT, ScopeT, SumsT]):
@@ -142,9 +154,20 @@ class TrainObjective(Protocol[BatchT, ScopeT, SumsT]):
         """The evaluation's log line."""
         ...
 
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of it (None: nothing)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """What a checkpoint kept of it (None: nothing was)."""
+        ...
+
 
 def held_data(rows: Split) -> DataKind:
-    """What a non-empty split holds: supervised rows, pairs or KTO feedback (one kind a dataset: staging/stage.py)."""
+    """What a non-empty split holds: supervised rows, pairs, KTO feedback or prompts (one kind a dataset:
+    staging/stage.py)."""
+    if rows.prompts:
+        return PROMPT_DATA
     if not rows.preference:
         return SUPERVISED_DATA
     return PAIR_DATA if rows.feedback(0) == PAIR else FEEDBACK_DATA

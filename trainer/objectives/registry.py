@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from config.objectives import DPO, IPO, KTO, ORPO, SFT, Objective
+from config.objectives import DPO, GRPO, IPO, KTO, ORPO, SFT, Objective
 from config.sections.model_train import TrainConfig
 from trainer.objectives.base import TrainObjective
 from trainer.objectives.preference.kto import Kto
 from trainer.objectives.preference.pairs import Dpo, Ipo, Orpo
+from trainer.objectives.rl.objective import Grpo
 from trainer.objectives.sft import Sft
 
 # Each objective's batch, scope and sums types are its own: the registry holds them all, so its values are typed
@@ -28,6 +29,7 @@ IMPLEMENTATIONS: dict[Objective, Callable[[TrainConfig], AnyObjective]] = {
     IPO: Ipo.of,
     KTO: Kto.of,
     ORPO: Orpo.of,
+    GRPO: Grpo.of,
 }
 
 

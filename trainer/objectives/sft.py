@@ -16,7 +16,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -203,3 +203,10 @@ class Sft:
             f"eval loss {result['loss']:.4f} perplexity {result['perplexity']:.2f} token accuracy "
             f"{result['token_accuracy']:.4f} over {result['target_tokens']} target tokens"
         )
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Nothing beside the engine."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Nothing to restore."""

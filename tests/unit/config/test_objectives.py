@@ -14,9 +14,10 @@ from pydantic import ValidationError
 
 from config.loader import load_config
 from config.methods import FULL, LORA, QLORA
-from config.objectives import DPO, KTO, OBJECTIVES, ORPO, SFT, trained_on
+from config.objectives import DPO, GRPO, KTO, OBJECTIVES, ORPO, SFT, trained_on
 from config.schema import FinetuneConfig
 from config.sections.preference import PreferenceConfig
+from config.sections.rl import RlConfig
 from config.sections.run_data import DataConfig
 from core.errors import UserError
 from staging.identity import survey
@@ -36,11 +37,14 @@ def test_the_objective_is_the_registrys_object_and_its_name_in_files() -> None:
     assert (schema["enum"], schema["default"]) == (list(OBJECTIVES), "sft")  # the UI form's choices
     with pytest.raises(UserError) as info:
         load_config(None, ["train.objective=ppo"])
-    assert "train.objective: Input should be 'sft', 'dpo', 'ipo', 'kto' or 'orpo' (got 'ppo')" in str(info.value)
+    assert "train.objective: Input should be 'sft', 'dpo', 'ipo', 'kto', 'orpo' or 'grpo' (got 'ppo')" in str(
+        info.value
+    )
 
 
 @pytest.mark.parametrize(
-    ("objective", "preference"), [("sft", "refuse"), ("dpo", "pairs"), ("ipo", "pairs"), ("kto", "pairs")]
+    ("objective", "preference"),
+    [("sft", "refuse"), ("dpo", "pairs"), ("ipo", "pairs"), ("kto", "pairs"), ("grpo", "prompts")],
 )
 def test_an_empty_data_preference_is_what_the_objective_trains_on(objective: str, preference: str) -> None:
     cfg = FinetuneConfig.model_validate({"train": {"objective": objective}})
@@ -138,7 +142,8 @@ def test_each_objective_trains_on_one_kind_of_data() -> None:
     assert trained_on(SFT.data) == ["sft"]
     assert trained_on(DPO.data) == ["dpo", "ipo", "orpo"]
     assert trained_on(KTO.data) == ["kto"]
-    assert [o.name for o in OBJECTIVES.values() if o.reference] == ["dpo", "ipo", "kto"]
+    assert trained_on(GRPO.data) == ["grpo"]
+    assert [o.name for o in OBJECTIVES.values() if o.reference] == ["dpo", "ipo", "kto", "grpo"]
 
 
 def test_each_objective_describes_itself_for_the_card_and_eval_json() -> None:
@@ -156,3 +161,19 @@ def test_each_objective_describes_itself_for_the_card_and_eval_json() -> None:
     assert (SFT.reference_words(LORA), ORPO.reference_words(FULL)) == (None, None)
     assert DPO.reference_words(QLORA) == "the base model (qlora adapters disabled)"
     assert DPO.reference_words(FULL).startswith("the base model's log-probabilities, computed before training")
+
+
+def test_grpo_compares_with_a_reference_only_with_beta_and_says_which() -> None:
+    """GRPO's reference is the base model when train.rl.beta > 0 (TRL's default 0: none): the adapters disabled, or
+    under full fine-tuning a frozen copy; its card row names its settings."""
+    none, kl = RlConfig(), RlConfig(beta=0.04, epsilon_high=0.28)
+    assert GRPO.card(none, LORA, "/m") == (
+        "grpo (group size 8, beta 0, epsilon 0.2, epsilon high 0.2, loss dapo, scale rewards group, iterations 1, "
+        "temperature 1); no reference model"
+    )
+    assert GRPO.card(kl, LORA, "/m").endswith("; reference: the base model `/m` (the adapters disabled)")
+    assert GRPO.card(kl, FULL, "/m").endswith(
+        "; reference: the base model `/m`, a frozen copy loaded beside the policy"
+    )
+    assert GRPO.reference_words(LORA, none) is None
+    assert GRPO.reference_words(FULL, kl) == "the base model, a frozen copy loaded beside the policy"

@@ -120,3 +120,50 @@ def test_the_objectives_first_problem_is_named_data_then_method_then_gate() -> N
     assert "register.gate.metric=perplexity is not measured for train.objective=kto" in refusal(
         ["train.objective=kto", *gate]
     )
+
+
+GRPO = ["train.objective=grpo", "train.micro_batch_size=4", "train.global_batch_size=16"]
+
+
+def test_grpo_fills_in_its_prompts_their_length_and_whether_they_need_an_answer() -> None:
+    """data.preference=prompts; train.rl.max_prompt_length is the data.max_length prompts are staged with (set, it wins
+    over the preset's data.max_length), and a record needs its reference answer when accuracy is a reward."""
+    cfg = load_config(None, [*GRPO, "train.rl.max_prompt_length=200"])
+    assert (cfg.data.preference, cfg.data.max_length, cfg.train.rl.max_prompt_length) == ("prompts", 200, 200)
+    assert cfg.data.require_answer is True
+    other = load_config(None, [*GRPO, "data.max_length=300", "train.rl.rewards=[format]"])
+    assert (other.train.rl.max_prompt_length, other.data.require_answer) == (300, False)
+    assert load_config(None, [*GRPO, "data.require_answer=false"]).data.require_answer is False
+    assert load_config(None, [*GRPO, "data.max_length=300", "train.rl.max_prompt_length=64"]).data.max_length == 64
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["train.micro_batch_size=2", "train.global_batch_size=12"],
+            "train.objective=grpo: the global batch of 12 completions on 2 node(s) (train.micro_batch_size x "
+            "accumulation x ranks) is not a multiple of train.rl.num_generations=8; set train.global_batch_size to a "
+            "multiple of it",
+        ),
+        (["train.rl.rollout_batch_size=5"], "is not a multiple of train.rl.rollout_batch_size=5"),
+        (["eval.generate.enabled=true"], "eval.generate with train.objective=grpo: its evaluation generates"),
+        (["data.packing=true"], "data.packing: prompts are not packed"),
+        (
+            ["eval.compare_base=true", "register.gate={metric: delta.generate.rewards.format, min: 0}"],
+            "register.gate.metric=delta.generate.rewards.format: format is not one of train.rl.rewards (accuracy)",
+        ),
+        (["register.gate={metric: perplexity, threshold: 3}"], "register.gate.metric=perplexity is not measured"),
+    ],
+)
+def test_grpos_refusals_name_the_keys(overrides: list[str], expected: str) -> None:
+    assert expected in refusal([*GRPO, *overrides])
+
+
+def test_a_gate_on_a_rewards_delta_is_grpos_and_improves_upwards() -> None:
+    cfg = load_config(
+        None, [*GRPO, "eval.compare_base=true", "register.gate={metric: delta.generate.rewards.accuracy, min: 0}"]
+    )
+    assert cfg.register.gate is not None and cfg.register.gate.direction == "max"
+    expected = "register.gate.metric=generate.rewards.accuracy is not measured for train.objective=sft"
+    assert expected in refusal(["register.gate={metric: generate.rewards.accuracy, min: 0}"])

@@ -28,3 +28,14 @@ def test_loss_curve_plots_train_steps_and_eval_points(tmp_path) -> None:
     image = Image.open(io.BytesIO((run / "loss.png").read_bytes()))
     assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 200
     assert write_loss_plot(Location(str(tmp_path / "empty")), [], "none") is None
+
+
+def test_online_rls_rewards_go_on_a_second_axis_with_the_eval_reward() -> None:
+    from pipeline.loss_curve import render_png, reward_series
+
+    records = [{"step": 1, "loss": 0.0, "reward": 0.1}, {"event": "checkpoint", "step": 1}, {"step": 2, "loss": 0.0,
+               "reward": 0.4}]  # fmt: skip
+    assert reward_series(records) == ([1, 2], [0.1, 0.4])
+    assert reward_series([{"step": 1, "loss": 2.0}]) == ([], [])
+    png = render_png(([1, 2], [0.0, 0.0]), ([2], [-0.5]), "grpo", reward_series(records))
+    assert png.startswith(b"\x89PNG")

@@ -251,3 +251,31 @@ def test_an_image_models_card_shows_its_images_and_loads_it_with_its_processor(t
     snippet = load_snippet(entry(spec, SFT_METRICS))
     assert "base = AutoModelForImageTextToText.from_pretrained(" in snippet
     assert f'image_processor = AutoImageProcessor.from_pretrained("{spec.run}/final", backend="pil")' in snippet
+
+
+def test_a_grpo_card_names_its_rewards_by_digest_its_reward_metrics_and_its_training(tmp_path: Path) -> None:
+    reward = tmp_path / "reward.py"
+    reward.write_text("def digits(completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    spec = spec_for(tmp_path, ["train.objective=grpo", f"train.rl.rewards=[accuracy, {reward}:digits]",
+                               "train.rl.reward_weights=[1, 0.5]", "train.global_batch_size=16"])  # fmt: skip
+    digest = spec.rewards[1].digest or ""
+    generated = {"records": 8, "reward": 0.75, "rewards": {"accuracy": 0.5, "digits": 0.5}, "answers": []}
+    doc = entry(spec, {"loss": -0.75, "reward": 0.75, "records": 8, "generate": generated})
+    steps = [{"step": s, "loss": 0.0, "reward": s / 10, "rewards/digits/mean": s / 20, "step_time_s": 2.0,
+              "generation_s": 1.0, "entropy": 7.0} for s in range(1, 11)]  # fmt: skip
+    prompts = {"splits": {"train": {"records": 9, "tokens": 90, "prompts": 9, "target_tokens": 0},
+                          "eval": {"records": 1, "tokens": 10, "prompts": 1, "target_tokens": 0}},
+               "split": MANIFEST["split"]}  # fmt: skip
+    card = model_card(spec, doc, prompts, None, steps=steps)
+    method = table(card, "Method and configuration")
+    assert method["rewards"] == f"1 x `accuracy`; 0.5 x `{reward}:digits (sha256 {digest[:16]})`"
+    assert method["objective"].startswith("grpo (group size 8, beta 0,") and "no reference model" in method["objective"]
+    assert table(card, "Data")["train split"] == "9 records, 90 prompt tokens"
+    metrics = table(card, "Metrics")
+    assert metrics["eval loss (minus the mean reward)"] == "-0.7500"
+    assert metrics["reward `digits` (train.rl.rewards), mean"] == "0.5"
+    training = table(card, "Training")
+    assert training["mean reward, first -> last 5 steps"] == "0.3000 -> 0.8000"
+    assert training["reward `digits`, first -> last 5 steps"] == "0.1500 -> 0.4000"
+    assert training["generation's share of the step time"] == "50%"
+    assert doc["lineage"]["rewards"] == ["accuracy", f"{reward}:digits (sha256 {digest[:16]})"]

@@ -29,6 +29,19 @@ def test_an_eval_result_names_its_metrics_and_counts_by_objective() -> None:
     assert eval_metric_keys(preference)[:2] == ("loss", "reward_accuracy")
     assert eval_record_keys(preference)[-1] == "units"
     assert eval_record_keys({"loss": 1.0})[-4:] == ("loss_sum", "target_tokens", "correct_tokens", "examples")
+    online = {"loss": -0.5, "reward": 0.5, "records": 8}
+    assert (eval_metric_keys(online), eval_record_keys(online)) == (("loss", "reward"), ("loss", "reward", "records"))
+
+
+def test_online_rls_rewards_flatten_under_generate_rewards_and_get_deltas() -> None:
+    from storage.metrics import metric_deltas
+
+    trained = {"loss": -0.75, "reward": 0.75, "generate": {"reward": 0.75, "rewards": {"accuracy": 0.5, "fmt": 1.0}}}
+    base = {"loss": -0.25, "reward": 0.25, "generate": {"reward": 0.25, "rewards": {"accuracy": 0.25, "fmt": 0.25}}}
+    assert generate_metrics(trained) == {"generate.reward": 0.75, "generate.rewards.accuracy": 0.5,
+                                         "generate.rewards.fmt": 1.0}  # fmt: skip
+    deltas = metric_deltas(trained, base)
+    assert deltas["reward"] == 0.5 and deltas["generate"] == {"reward": 0.5, "rewards": {"accuracy": 0.25, "fmt": 0.75}}
 
 
 def test_the_generated_answers_figures_flatten_to_dotted_names_and_are_read_back_by_them() -> None:

@@ -76,3 +76,13 @@ def test_progress_is_logged_shown_and_tracked(prefect_server, tmp_path) -> None:
     assert float(artifact.data) == 50.0
     assert tracker.close("FINISHED", 30) == []
     assert last_event_step(tmp_path / "run" / "tensorboard") == 2  # both steps reached the run's tracking
+
+
+def test_online_rls_progress_line_has_its_reward_and_the_generations_share() -> None:
+    from tasks.train import progress_line
+
+    record = {"step": 3, "loss": 0.0, "tokens": 2216, "tokens_per_s": 2000.0, "reward": 0.6532, "generation_s": 0.96,
+              "step_time_s": 2.0}  # fmt: skip
+    assert progress_line(record, 40, 83.0) == (
+        "step 3/40 loss 0.0000 tokens 2216 tokens/s 2000 reward 0.6532 generation 48% of the step ETA 83 s"
+    )

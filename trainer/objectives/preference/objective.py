@@ -17,7 +17,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
@@ -233,6 +233,13 @@ class PreferenceObjective(ABC):
     def eval_fields(self) -> Metrics:
         """The reference model it compared with, in words (null without one)."""
         return {"reference": self.objective.reference_words(self.method)}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Nothing beside the engine (full fine-tuning's tables are on storage)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:  # noqa: B027 - every subclass's, deliberately
+        """Nothing to restore."""
 
     def summary(self, result: Metrics) -> str:
         """The evaluation's log line."""

@@ -124,7 +124,7 @@ def test_auto_on_cuda_takes_pytorchs_variable_length_attention_for_sft_without_f
     assert attention.resolve("auto", cuda, supervised=False) is Attention.SDPA  # preference rows stay padded
     with pytest.raises(UserError, match=r"^train.attention=varlen cannot run: its kernel needs a CUDA device"):
         attention.resolve("varlen", CPU)
-    with pytest.raises(ValueError, match=r"train.attention=varlen with train.objective=dpo: its preference rows"):
+    with pytest.raises(ValueError, match=r"train.attention=varlen with train.objective=dpo: its pairs are not"):
         TrainConfig(attention="varlen", objective="dpo")
 
 

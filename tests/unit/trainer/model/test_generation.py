@@ -77,3 +77,26 @@ def test_a_rows_seed_is_the_same_in_another_process() -> None:
     code = "from trainer.model.generation import row_seed; print(row_seed(42, 3, 1, 0))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert int(done.stdout) == row_seed(42, 3, 1, 0) and row_seed(42, 3, 1, 0) != row_seed(42, 3, 0, 1)
+
+
+def test_a_completion_keeps_its_stop_token_and_says_whether_it_ended(tiny_model: str) -> None:
+    """What rollouts take (`complete`): the stop token kept (the model learns to stop), `ended` False for a completion
+    that ran out of tokens; `generate` is the same tokens without it. With the model whole on every rank
+    (`whole_weights`, a plain model here: no gathering), each generates alone, in eval mode, and the mode comes back."""
+    from trainer.model.generation import whole_weights
+
+    model, tokenizer = tiny(tiny_model)
+    model.train()
+    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
+    with whole_weights(model, zero3=False) as module:
+        assert not module.training
+        generator = Generator.of(module, tokenizer, pad)
+        asked, seeds = prompts(tokenizer), [row_seed(3, i) for i in range(3)]
+        done = generator.complete(asked, Sampling(40, 1.5), seeds)
+        plain = generator.generate(asked, Sampling(40, 1.5), seeds)
+    assert model.training
+    for completion, answer in zip(done, plain, strict=True):
+        if completion.ended:
+            assert completion.ids[-1] in generator.stops and completion.ids[:-1] == answer
+        else:
+            assert len(completion.ids) == 40 and completion.ids == answer

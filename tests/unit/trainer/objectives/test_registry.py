@@ -13,6 +13,7 @@ from tests.unit.test_layout import ROOT, sources
 from trainer.objectives.preference.kto import Kto
 from trainer.objectives.preference.pairs import Dpo, Ipo, Orpo
 from trainer.objectives.registry import IMPLEMENTATIONS, build
+from trainer.objectives.rl.objective import Grpo
 from trainer.objectives.sft import Sft
 
 REGISTRY = ROOT / "config" / "objectives.py"
@@ -20,12 +21,15 @@ REGISTRY = ROOT / "config" / "objectives.py"
 
 def test_every_objective_has_one_implementation_built_with_its_settings() -> None:
     assert list(IMPLEMENTATIONS) == list(OBJECTIVES.values())
-    expected = {"sft": Sft, "dpo": Dpo, "ipo": Ipo, "kto": Kto, "orpo": Orpo}
+    expected = {"sft": Sft, "dpo": Dpo, "ipo": Ipo, "kto": Kto, "orpo": Orpo, "grpo": Grpo}
     for name, objective in OBJECTIVES.items():
-        train = TrainConfig.model_validate({"objective": name, "preference": {"beta": 0.25}, "loss_chunk_tokens": 64})
-        built = build(train)
+        settings = {"preference": {"beta": 0.25}, "rl": {"beta": 0.25}, "loss_chunk_tokens": 64}
+        built = build(TrainConfig.model_validate({"objective": name, **settings}))
         assert type(built) is expected[name] and built.objective is objective
-        assert built.chunk_tokens == 64 if isinstance(built, Sft) else built.beta == 0.25
+        if isinstance(built, Grpo):
+            assert built.rl.beta == 0.25
+        else:
+            assert built.chunk_tokens == 64 if isinstance(built, Sft) else built.beta == 0.25
 
 
 def names_compared(path: Path) -> list[int]:
