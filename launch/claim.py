@@ -25,7 +25,7 @@ from typing import Any
 
 from core.errors import EXIT_USER_ERROR, TandemError, UserError
 from core.processes import pid_alive
-from launch.diagnose import LOST_PEER, error_for
+from launch.diagnose import LOST_PEER, error_for, relay_line
 from storage import layout
 from storage.fs import exists, read_json, remove, write_json_atomic
 from storage.location import Location, join
@@ -122,7 +122,7 @@ class NodeClaim:
             return None
         return error_for(
             note["exit_code"],
-            f"node {self.node_rank} stopped: node {note['node_rank']} on {note['name']} failed: {note['message']}",
+            relay_line(self.node_rank, note["node_rank"], note["name"], note["message"]),
         )
 
     def _echo_in_grace(self) -> bool:

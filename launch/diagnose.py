@@ -17,6 +17,7 @@ from storage.location import Location, join
 
 TAIL_LINES = 15
 # How a rank says that a peer went away under it (gloo's and NCCL's words): its failure is an echo of another's.
+RELAYED = re.compile(r"\bnode \d+ stopped: node \d+ on .+? failed: ")
 LOST_PEER = re.compile(r"connection (?:reset|closed) by peer|broken pipe|remote process exited", re.IGNORECASE)
 POINTER = re.compile(r" \((?:log|traceback): [^()]*\)$")
 # torchrun's own report of a failed rank: its error line and traceback (unprefixed: a rank's lines carry
@@ -191,6 +192,16 @@ def without_torchrun_report(text: str) -> str:
             if rules == 2:
                 rules = None
     return "".join(kept)
+
+
+def relay_line(node_rank: int, peer_rank: int, peer_name: str, message: str) -> str:
+    """A node's line when it stopped because a peer of its attempt failed and said so (launch/claim.py)."""
+    return f"node {node_rank} stopped: node {peer_rank} on {peer_name} failed: {message}"
+
+
+def relayed(error: BaseException) -> bool:
+    """Whether a node's error only passes on a peer's failure (relay_line): the peer's own report is the cause."""
+    return RELAYED.search(str(error).partition("\n")[0]) is not None
 
 
 def lost_peer(error: BaseException) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.errors import EXIT_USER_ERROR
-from launch.diagnose import lost_peer
+from launch.diagnose import lost_peer, relayed
 
 POLL_S = 0.5
 SETTLE_S = 3.0  # after a first failure, how long the other members get to report theirs
@@ -54,8 +54,9 @@ class Member(Protocol):
 
 
 def echo(failure: Failure) -> bool:
-    """A member's own failure that only says its ranks lost a peer: another member's failure caused it."""
-    return failure.own and lost_peer(failure.error)
+    """A member's own failure that only says its ranks lost a peer, or that passes on a peer's failure (a node that
+    stopped because another said it failed): another member's failure caused it, and that one's report is the cause."""
+    return failure.own and (lost_peer(failure.error) or relayed(failure.error))
 
 
 def poll_each(pollers: Sequence[Poller]) -> None:

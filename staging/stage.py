@@ -173,14 +173,12 @@ def route(result: ChunkResult, splits: np.ndarray, writers: dict[str, SplitWrite
             picked = [record for record, keep in zip(batch.records, rows, strict=True) if keep]
             writer.add_prompts(batch.ids[tokens], batch.lengths[rows], batch.truncated[rows], picked)
             continue
-        pictures = [batch.images[i] for i in np.flatnonzero(rows)] if batch.images else []
         if isinstance(writer, PreferenceWriter):
             assert batch.segments is not None and batch.feedback is not None, "preference rows without segments"
-            ids = batch.ids[tokens]
-            writer.add_rows(
-                ids, batch.labels[tokens], batch.segments[rows], batch.feedback[rows], batch.truncated[rows]
-            )
+            segments, feedback = batch.segments[rows], batch.feedback[rows]
+            writer.add_rows(batch.ids[tokens], batch.labels[tokens], segments, feedback, batch.truncated[rows])
             continue
+        pictures = [batch.images[i] for i in np.flatnonzero(rows)] if batch.images else []
         writer.add(batch.ids[tokens], batch.labels[tokens], batch.lengths[rows], batch.truncated[rows], images=pictures)
 
 

@@ -262,6 +262,7 @@ def test_bench_vision() -> None:
         assert result[f"data_time_s_{world}"] >= 0
 
 
+@bench
 def test_bench_rl() -> None:
     """Online RL: the generation service against transformers' generate on a toy Qwen2 (both generated every
     completion's tokens), and one GRPO step's phases on 1 and 2 gloo ranks (each phase timed)."""

@@ -42,7 +42,8 @@ def test_the_form_schema_on_the_server_is_typed(deployed) -> None:
     defs = schema["definitions"]
     train, launch, run = (defs[name]["properties"] for name in ("TrainConfig", "LaunchConfig", "RunConfig"))
     assert train["method"]["enum"] == ["full", "lora", "qlora"]
-    assert train["objective"]["enum"] == ["sft", "dpo", "ipo", "kto", "orpo"]  # preference tuning, offered by the form
+    # preference tuning and online RL, offered by the form
+    assert train["objective"]["enum"] == ["sft", "dpo", "ipo", "kto", "orpo", "grpo"]
     assert defs["PreferenceConfig"]["properties"]["beta"]["exclusiveMinimum"] == 0.0
     assert (train["learning_rate"]["exclusiveMinimum"], train["learning_rate"]["maximum"]) == (0.0, 1.0)
     assert launch["backend"]["enum"] == ["local", "prefect", "slurm", "ssh", "kubernetes"]

@@ -127,8 +127,9 @@ def saved_whole(run: Path, step: int = 3) -> None:
 def test_a_hangup_or_termination_cancels_the_run(tmp_path, tiny_model, prefect_server, signum) -> None:
     process, run, out = start(tmp_path, tiny_model, "h")
     process.send_signal(signum)
-    assert process.wait(timeout=GONE_WAIT_S) == 128 + signum
+    code = process.wait(timeout=GONE_WAIT_S)
     text = out.read_text()
+    assert code == 128 + signum, text[-4000:]
     assert f"cancelled: run h cancelled by {signal.Signals(signum).name}: its nodes stopped after saving" in text
     assert "Finished in state Cancelled(" in text and "Traceback" not in text
     assert run_processes(run) == []

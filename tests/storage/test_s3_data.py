@@ -60,7 +60,8 @@ def test_stage_from_s3_to_s3_and_verify_by_reading_back(s3_bucket, tiny_model, t
     from storage.node_cache import NodeCache
 
     train = open_split(dataset, "train", NodeCache(tmp_path / "node-cache", 10**9), ref.manifest_digest)
-    assert len(train) == manifest["splits"]["train"]["records"] and all(len(i) == len(la) for i, la, _ in train)
+    assert len(train) == manifest["splits"]["train"]["records"]
+    assert all(len(row.input_ids) == len(row.labels) for row in train)
 
     messages.clear()
     assert stage_dataset(data, storage, tiny_model, progress=messages.append, bars=False) == ref

@@ -79,6 +79,22 @@ def test_a_node_whose_ranks_only_lost_a_peer_yields_to_the_node_whose_rank_died(
     assert info.value is killed
 
 
+def test_a_node_flow_run_that_passes_on_a_peers_failure_yields_to_the_peers_own_report() -> None:
+    """The prefect backend's node flow runs: node 0 read node 1's stop note and failed first with its words (its
+    own failure as the pipeline sees it); node 1's own report, a moment later, is the one raised."""
+    relay = RetryableError(
+        "train failed on node 0 (its flow run is Failed: Flow run encountered an exception: RetryableError: node 0 "
+        "stopped: node 1 on vm (127.0.0.1) failed: train failed on node 1, rank 1 was killed by SIGKILL (signal 9))"
+    )
+    killed = RetryableError("train failed on node 1 (its flow run is Failed: rank 1 was killed by SIGKILL (signal 9))")
+    with pytest.raises(RetryableError) as info:
+        supervise([Member(EXIT_RETRYABLE, 0.0, relay), Member(EXIT_RETRYABLE, 0.3, killed)], poll_s=0.05)
+    assert info.value is killed
+    with pytest.raises(RetryableError) as info:  # the peer never reports: the relay, which names it, is raised
+        supervise([Member(EXIT_RETRYABLE, 0.0, relay), Member(EXIT_RETRYABLE, 5.0, killed)], poll_s=0.05)
+    assert info.value is relay
+
+
 def test_a_poller_stops_the_loop_by_raising() -> None:
     class Stall:
         def poll(self) -> None:
