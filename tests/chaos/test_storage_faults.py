@@ -154,7 +154,9 @@ def test_s3_down_for_good_mid_run(chaos_run, chaos_rng, chaos_record, s3_stoppab
     after = chaos_rng.uniform(1.0, 8.0)
     outage = endpoint.outage(after, None)
     with pytest.raises(TandemError) as info:
-        train(staged, f"gone-{chaos_run}", ["launch.nnodes=2"])
+        # Long enough that the outage (1-8 s after this line) always falls inside training: the harness's 12 steps
+        # can be over before it when the ranks start warm (tests/README.md, "Warm starts").
+        train(staged, f"gone-{chaos_run}", ["launch.nnodes=2", "train.max_steps=400"])
     detect = time.monotonic() - outage.stopped_at  # type: ignore[attr-defined]
     first_line = str(info.value).splitlines()[0]
     endpoint.start()  # to audit what the failed run left
